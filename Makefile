@@ -1,0 +1,70 @@
+# Strata - the commands a user runs. README.md's quick start is `make run` and `make test`.
+#   make deps       install missing Debian packages (apt-get; idempotent, quiet when all present)
+#   make build      configure and build into build/
+#   make test       deps + build + every test that needs no GPU, then the sanitizer suite
+#   make test-slow  the long suites (ctest label `slow`)
+#   make bench      benchmarks; figures go to docs/BENCHMARKS.md by hand with the command used
+#   make run        deps + build + the main job
+#   make fuzz       libFuzzer targets (clang) into build-fuzz/
+BUILD      ?= build
+ASAN_BUILD ?= build-asan
+FUZZ_BUILD ?= build-fuzz
+JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
+CMAKE_ARGS ?=
+CTEST_ARGS ?=
+
+DEB_PKGS := pkg-config cmake make gcc liblmdb-dev lmdb-utils libzstd-dev libssl-dev libevent-dev \
+            libjansson-dev libxxhash-dev libcmocka-dev curl
+
+.PHONY: all deps build asan-build test test-slow test-gpu bench run fuzz clean
+
+all: build
+
+deps:
+	@missing=""; \
+	for p in $(DEB_PKGS); do \
+	  dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "make deps: installing$$missing"; \
+	  if [ "$$(id -u)" -ne 0 ]; then sudo=sudo; else sudo=; fi; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  $$sudo apt-get install -y -q $$missing >/dev/null 2>&1 || \
+	  { $$sudo apt-get update -q >/dev/null && $$sudo apt-get install -y -q $$missing >/dev/null; } || \
+	  { echo "make deps: apt-get could not install:$$missing" >&2; exit 1; }; \
+	fi
+
+build: deps
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_ARGS) >/dev/null
+	@cmake --build $(BUILD) -j $(JOBS)
+
+asan-build: deps
+	@cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DSTRATA_SANITIZE=ON -DSTRATA_CUDA=OFF $(CMAKE_ARGS) >/dev/null
+	@cmake --build $(ASAN_BUILD) -j $(JOBS)
+
+test: build asan-build
+	ctest --test-dir $(BUILD) -LE 'slow|gpu' --output-on-failure -j $(JOBS) $(CTEST_ARGS)
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  ctest --test-dir $(ASAN_BUILD) -L asan -LE 'slow|gpu' --output-on-failure -j $(JOBS) $(CTEST_ARGS)
+
+test-slow: build
+	ctest --test-dir $(BUILD) -L slow --output-on-failure $(CTEST_ARGS)
+
+test-gpu: deps
+	@cmake -S . -B build-gpu -DSTRATA_CUDA=ON $(CMAKE_ARGS) >/dev/null
+	@cmake --build build-gpu -j $(JOBS)
+	ctest --test-dir build-gpu -L gpu --output-on-failure $(CTEST_ARGS)
+
+bench: build
+	@bash bench/run.sh $(BUILD)
+
+run: build
+	@bash tools/run.sh $(BUILD)
+
+fuzz: deps
+	@CC=clang cmake -S . -B $(FUZZ_BUILD) -DSTRATA_FUZZ=ON -DSTRATA_CUDA=OFF >/dev/null
+	@cmake --build $(FUZZ_BUILD) -j $(JOBS)
+	@echo "fuzzers in $(FUZZ_BUILD)/tests/fuzz/ (run e.g. $(FUZZ_BUILD)/tests/fuzz/fuzz_file tests/fuzz/corpus/file)"
+
+clean:
+	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD) build-gpu

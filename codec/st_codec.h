@@ -1,0 +1,167 @@
+/*
+ * st_codec.h - Strata's bottom layer: the error space, element codecs (fp32 / bf16 / f16),
+ * slice-wise conversion with a bounded scratch, byte-shuffle + zstd framing, XXH3-64 checksums.
+ *
+ * Everything here is a pure function over caller-owned buffers, except the framing context
+ * (st_frame_ctx), which owns its zstd contexts and one shuffle block and nothing else.
+ * No function in this module does I/O. All functions are thread-safe; an st_frame_ctx must be
+ * used by one thread at a time.
+ *
+ * The error space of the whole project lives here because every module depends on this one:
+ * functions return int, 0 on success, a positive errno value for system errors, or a negative
+ * ST_E* code. The ST_E* values are part of the project's contract and are never renumbered.
+ * A function that fails with an ST_E* code may also record a detail string on the calling
+ * thread ("section KV 3: length 4096 exceeds the 100 bytes that remain"); st_errdetail()
+ * returns it until the next error recorded on that thread.
+ */
+#ifndef ST_CODEC_H
+#define ST_CODEC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- errors ----------------------------------------------------------------------------- */
+
+#define ST_ECORRUPT   (-4001) /* stored or received bytes fail a check (checksum, structure) */
+#define ST_EVERSION   (-4002) /* a format or schema version this build does not know */
+#define ST_EGEOMETRY  (-4003) /* state geometry does not match */
+#define ST_ECODEC     (-4004) /* unknown codec id, or a conversion a codec cannot do */
+#define ST_ETOOBIG    (-4005) /* a size beyond a configured or structural limit */
+#define ST_ENOTFOUND  (-4006) /* no such session, version, section, tensor ... */
+#define ST_ECONFLICT  (-4007) /* expected head version is not current */
+#define ST_ENOTSTRATA (-4008) /* input is not a Strata file at all (bad magic) */
+#define ST_EINVAL     (-4009) /* an invalid argument or request */
+#define ST_EMODEL     (-4010) /* model fingerprint does not match */
+#define ST_EFULL      (-4011) /* the store's map or the disk is full */
+#define ST_ELOSSY     (-4012) /* the operation would lose information (e.g. v1 from bf16 state) */
+#define ST_EBUSY      (-4013) /* resource in use, retry later */
+#define ST_ENOMEMGUARD (-4014) /* the memory guard refused (not enough available RAM) */
+#define ST_EIO        (-4015) /* an I/O step failed in a way errno does not describe */
+#define ST_EFIRST     (-4001)
+#define ST_ELAST      (-4015)
+
+/* Text for any return code: 0, a positive errno or an ST_E* code. Never NULL. */
+const char *st_strerror(int rc);
+
+/* The detail of the last error recorded on this thread ("" when none). Valid until the next
+ * st_error_set() on this thread. */
+const char *st_errdetail(void);
+
+/* Record a detail for rc on this thread and return rc, so that code can `return st_error_set(...)`.
+ * printf-style; the text is truncated at 511 bytes. */
+int st_error_set(int rc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Clear this thread's detail. */
+void st_error_clear(void);
+
+/* ---- element codecs ------------------------------------------------------------------------
+ * On-disk enum: values never change, new codecs are only ever added. */
+typedef enum st_codec_id {
+    ST_CODEC_FP32 = 0,
+    ST_CODEC_BF16 = 1,
+    ST_CODEC_F16 = 2,
+} st_codec_id;
+#define ST_CODEC_COUNT 3
+
+/* 0 if id is a known codec, ST_ECODEC (with detail) otherwise. */
+int st_codec_check(uint32_t id);
+/* Bytes per element (4, 2, 2); 0 for an unknown id. */
+size_t st_codec_elem_size(uint32_t id);
+/* "fp32", "bf16", "f16"; "unknown" for an unknown id. */
+const char *st_codec_name(uint32_t id);
+/* Parse a codec name; ST_ECODEC for an unknown name. */
+int st_codec_parse(const char *name, st_codec_id *out);
+
+/* Element conversion. n elements; dst and src must not overlap.
+ * Encode rounds to nearest, ties to even. NaN stays NaN (quiet; sign and the top payload bits
+ * kept), +-Inf stay +-Inf, finite values beyond the target's range become +-Inf, values below
+ * half the smallest subnormal become +-0, subnormals are produced as IEEE 754 says.
+ * Decode (widening to fp32) is exact. These dispatch to the best implementation this CPU has. */
+void st_codec_bf16_encode(uint16_t *dst, const float *src, size_t n);
+void st_codec_bf16_decode(float *dst, const uint16_t *src, size_t n);
+void st_codec_f16_encode(uint16_t *dst, const float *src, size_t n);
+void st_codec_f16_decode(float *dst, const uint16_t *src, size_t n);
+
+/* Instruction-set levels. st_codec_isa() says which one the dispatching functions use;
+ * st_codec_isa_set() forces one (tests, benchmarks): ST_EINVAL if this CPU lacks it. */
+typedef enum st_codec_isa_level {
+    ST_ISA_SCALAR = 0,
+    ST_ISA_AVX2 = 1,   /* AVX2 + F16C */
+    ST_ISA_AVX512 = 2, /* AVX-512 F + BW + VL */
+} st_codec_isa_level;
+st_codec_isa_level st_codec_isa(void);
+int st_codec_isa_set(st_codec_isa_level level);
+const char *st_codec_isa_name(st_codec_isa_level level);
+/* Highest level this CPU supports. */
+st_codec_isa_level st_codec_isa_best(void);
+
+/* Convert n elements from codec src_id to codec dst_id (any pair; fp32->fp32 is a copy).
+ * Pairs that do not involve fp32 go through fp32 in slices of the caller's scratch;
+ * scratch_cap must be at least ST_CODEC_SCRATCH_MIN and need not exceed ST_CODEC_SCRATCH_MAX.
+ * No allocation. Returns 0, or ST_ECODEC for an unknown id, ST_EINVAL for a scratch too small. */
+#define ST_CODEC_SCRATCH_MIN (64u * 1024u)
+#define ST_CODEC_SCRATCH_MAX (4u * 1024u * 1024u)
+int st_codec_convert(uint32_t dst_id, void *dst, uint32_t src_id, const void *src, size_t n,
+                     void *scratch, size_t scratch_cap);
+
+/* Error figures of a lossy round trip: compare a reference fp32 array with another
+ * (typically decoded) fp32 array. Accumulates into *st so it can run slice by slice. */
+typedef struct st_codec_errstat {
+    uint64_t n;             /* elements compared */
+    double max_abs;         /* max |a - b| over finite pairs */
+    double max_rel;         /* max |a - b| / |a| over finite pairs with a != 0 */
+    uint64_t sign_changes;  /* a and b both non-zero with opposite signs */
+    uint64_t new_zeros;     /* a != 0, b == 0 */
+    uint64_t new_nonfinite; /* a finite, b Inf or NaN */
+    uint64_t differ;        /* bit patterns differ */
+} st_codec_errstat;
+void st_codec_errstat_add(st_codec_errstat *st, const float *a, const float *b, size_t n);
+
+/* ---- lossless framing ----------------------------------------------------------------------
+ * A frame is a 16-byte header (see docs/FORMAT.md) followed by one zstd frame with its content
+ * size and content checksum. With shuffle, each block of up to ST_FRAME_BLOCK input bytes has
+ * its element bytes split into planes (all byte 0s, then all byte 1s, ...) before compression.
+ * Decoding caps the zstd window (ST_FRAME_WINDOWLOG_MAX) and refuses a declared size above the
+ * caller's dst_cap, so a hostile frame cannot make it allocate or write beyond a bound. */
+#define ST_FRAME_HEADER 16u
+#define ST_FRAME_BLOCK (1u << 20)
+#define ST_FRAME_WINDOWLOG_MAX 24
+#define ST_FRAME_LEVEL_DEFAULT 3
+
+typedef struct st_frame_ctx st_frame_ctx;
+/* Allocates the zstd contexts and one ST_FRAME_BLOCK buffer. NULL on ENOMEM. */
+st_frame_ctx *st_frame_ctx_new(void);
+void st_frame_ctx_free(st_frame_ctx *ctx); /* accepts NULL */
+
+/* Largest frame st_frame_encode can produce for src_len input bytes. */
+size_t st_frame_bound(size_t src_len);
+/* Encode src into dst. elem_size 0 or 1: no shuffle; 2, 4 or 8: shuffle planes of that width.
+ * level: zstd level 1..19 (0 means ST_FRAME_LEVEL_DEFAULT). */
+int st_frame_encode(st_frame_ctx *ctx, void *dst, size_t dst_cap, const void *src, size_t src_len,
+                    unsigned elem_size, int level, size_t *out_len);
+/* The decoded size a frame declares (after checking its header). ST_ECORRUPT on a bad header. */
+int st_frame_decoded_size(const void *src, size_t src_len, uint64_t *out);
+/* Decode a whole frame into dst. ST_ETOOBIG if the declared size exceeds dst_cap, ST_ECORRUPT on
+ * any malformed or mismatching input (including trailing bytes after the frame). */
+int st_frame_decode(st_frame_ctx *ctx, void *dst, size_t dst_cap, const void *src, size_t src_len,
+                    size_t *out_len);
+
+/* ---- checksums (XXH3-64, seed 0) ---------------------------------------------------------- */
+uint64_t st_checksum(const void *p, size_t n);
+/* Streaming: same result as st_checksum over the concatenation of all updates. */
+typedef struct st_checksum_state {
+    void *impl; /* XXH3_state_t, allocated by _init */
+} st_checksum_state;
+int st_checksum_init(st_checksum_state *s);           /* ENOMEM */
+void st_checksum_update(st_checksum_state *s, const void *p, size_t n);
+uint64_t st_checksum_final(const st_checksum_state *s);
+void st_checksum_free(st_checksum_state *s);           /* accepts a zeroed state */
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* ST_CODEC_H */

@@ -1,0 +1,61 @@
+/*
+ * st_error.c - the project's error space: texts for every code and a per-thread detail string.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "st_codec.h"
+
+static _Thread_local char st_detail[512];
+
+static const char *const st_error_text[] = {
+    [-(ST_ECORRUPT) - 4001] = "corrupt data",
+    [-(ST_EVERSION) - 4001] = "unsupported version",
+    [-(ST_EGEOMETRY) - 4001] = "incompatible state geometry",
+    [-(ST_ECODEC) - 4001] = "unknown or unsupported codec",
+    [-(ST_ETOOBIG) - 4001] = "size exceeds a limit",
+    [-(ST_ENOTFOUND) - 4001] = "not found",
+    [-(ST_ECONFLICT) - 4001] = "version conflict",
+    [-(ST_ENOTSTRATA) - 4001] = "not a Strata file",
+    [-(ST_EINVAL) - 4001] = "invalid argument",
+    [-(ST_EMODEL) - 4001] = "model fingerprint mismatch",
+    [-(ST_EFULL) - 4001] = "store or disk full",
+    [-(ST_ELOSSY) - 4001] = "operation would lose information",
+    [-(ST_EBUSY) - 4001] = "resource busy",
+    [-(ST_ENOMEMGUARD) - 4001] = "refused by the memory guard",
+    [-(ST_EIO) - 4001] = "input/output error",
+};
+
+const char *st_strerror(int rc)
+{
+    if (rc == 0)
+        return "success";
+    if (rc > 0)
+        return strerror(rc);
+    if (rc <= ST_EFIRST && rc >= ST_ELAST) {
+        const char *s = st_error_text[-rc - 4001];
+        if (s)
+            return s;
+    }
+    return "unknown error";
+}
+
+const char *st_errdetail(void)
+{
+    return st_detail;
+}
+
+int st_error_set(int rc, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(st_detail, sizeof st_detail, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+void st_error_clear(void)
+{
+    st_detail[0] = '\0';
+}
