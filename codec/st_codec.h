@@ -122,7 +122,7 @@ typedef struct st_codec_errstat {
 void st_codec_errstat_add(st_codec_errstat *st, const float *a, const float *b, size_t n);
 
 /* ---- lossless framing ----------------------------------------------------------------------
- * A frame is a 16-byte header (see docs/FORMAT.md) followed by one zstd frame with its content
+ * A frame is a 16-byte header (see docs/CODECS.md) followed by one zstd frame with its content
  * size and content checksum. With shuffle, each block of up to ST_FRAME_BLOCK input bytes has
  * its element bytes split into planes (all byte 0s, then all byte 1s, ...) before compression.
  * Decoding caps the zstd window (ST_FRAME_WINDOWLOG_MAX) and refuses a declared size above the
