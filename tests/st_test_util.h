@@ -21,7 +21,7 @@ static inline void st_test_tmpdir(char *dst, size_t cap, const char *name)
     if (!base || !*base)
         base = "/tmp";
     snprintf(dst, cap, "%s/%s.%d", base, name, (int)getpid());
-    char cmd[4200];
+    char cmd[8400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s' && mkdir -p '%s'", dst, dst);
     if (system(cmd) != 0)
         abort();
@@ -29,7 +29,7 @@ static inline void st_test_tmpdir(char *dst, size_t cap, const char *name)
 
 static inline void st_test_rmdir(const char *dir)
 {
-    char cmd[4200];
+    char cmd[8400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd) != 0)
         abort();

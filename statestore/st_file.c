@@ -1,0 +1,1903 @@
+/*
+ * st_file.c - the session file: writer (v1 and v2), reader, inspect, atomic replacement.
+ * docs/FORMAT.md describes the bytes; this file implements exactly that and nothing more.
+ *
+ * Invariants of the reader:
+ * 1. Every length read from the input is compared with the bytes that remain (in the file, or in
+ *    the section) before anything is allocated for it, with overflow-safe arithmetic.
+ * 2. Allocation is bounded by the file size plus the decoded sizes that compressed frames declare;
+ *    a frame must declare exactly its tensor's stored size, and the declared total is capped
+ *    (st_file_read_opts.max_decoded_bytes).
+ * 3. Sections are consumed strictly in order; each one is hashed while it is read and its
+ *    checksum compared before the next begins. The geometry and a compressed checkpoint's frames
+ *    are checksummed before they are parsed or decoded. When an error that damage could explain
+ *    (an unknown codec) is found inside a section, the rest of the section is hashed first and a
+ *    checksum mismatch is reported instead, because that is what a damaged byte really is. Memory
+ *    input is checksummed whole (every section) before parsing starts.
+ * 4. The image under construction belongs to the reader until the last check passes; on any error
+ *    it is freed and *out stays NULL.
+ *
+ * Invariants of the writer:
+ * 1. The output is a function of the image and the options only: no time, no uninitialised byte.
+ * 2. Memory stays bounded: st_file_write streams through a 1 MiB buffer and compresses one tensor
+ *    at a time; a section whose length is only known at its end (a compressed checkpoint) gets its
+ *    header, length and checksum written afterwards, the checksum computed by reading the payload
+ *    back in bounded pieces.
+ * 3. A writer that failed stays failed: the temp file is removed and the target never touched.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "st_store_int.h"
+
+#if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "session files are little-endian and tensors are stored as raw bytes: a little-endian host is required"
+#endif
+
+#define ST_HDR_LEN 64u
+#define ST_SEC_HDR_LEN 32u
+#define ST_SEC_HASHED 24u /* the section checksum covers these header bytes, then the payload */
+#define ST_GEOM_FIXED 48u
+#define ST_GEOM_REC 96u
+#define ST_CKPT_HDR 16u
+#define ST_CFLAG_ZSTD 1u
+#define ST_CFLAG_SHUFFLE 2u
+#define ST_IO_CHUNK (1u << 20)
+#define ST_DECODED_DEFAULT (32ull << 30)
+
+/* A fuzzing build (FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION, tests/fuzz/) lets the reader go on
+ * past checksum mismatches so the fuzzer reaches the structure checks behind them. Checksums are
+ * still computed. Never defined in a normal build. */
+#ifdef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION
+#define ST_SUM_OK(computed, recorded) ((void)(computed), (void)(recorded), 1)
+#else
+#define ST_SUM_OK(computed, recorded) ((computed) == (recorded))
+#endif
+
+static const uint8_t st_magic[8] = {'S', 'T', 'R', 'A', 'T', 'A', 's', 'f'};
+
+st_file_sys st_file_sys_ops = {write, pwrite, fsync, rename};
+
+void st_file_sys_reset(void)
+{
+    st_file_sys_ops.write = write;
+    st_file_sys_ops.pwrite = pwrite;
+    st_file_sys_ops.fsync = fsync;
+    st_file_sys_ops.rename = rename;
+}
+
+static void put32(uint8_t *p, uint32_t v)
+{
+    memcpy(p, &v, 4);
+}
+static void put64(uint8_t *p, uint64_t v)
+{
+    memcpy(p, &v, 8);
+}
+static uint32_t get32(const uint8_t *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+static uint64_t get64(const uint8_t *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+
+const char *st_section_type_name(uint32_t type)
+{
+    switch (type) {
+    case ST_SECTION_GEOMETRY: return "GEOMETRY";
+    case ST_SECTION_TOKENS: return "TOKENS";
+    case ST_SECTION_KV: return "KV";
+    case ST_SECTION_CHECKPOINT: return "CHECKPOINT";
+    case ST_SECTION_LOGITS: return "LOGITS";
+    default: return "unknown";
+    }
+}
+
+/* "KV[3]", "TOKENS", "type 9" */
+static void st_sec_label(char *out, size_t cap, uint32_t type, uint32_t index)
+{
+    if (type == ST_SECTION_KV || type == ST_SECTION_CHECKPOINT)
+        snprintf(out, cap, "%s[%u]", st_section_type_name(type), index);
+    else if (type >= ST_SECTION_GEOMETRY && type <= ST_SECTION_LOGITS)
+        snprintf(out, cap, "%s", st_section_type_name(type));
+    else
+        snprintf(out, cap, "type %u", type);
+}
+
+/* Bytes of a checkpoint's running tensors stored uncompressed in codec. */
+static uint64_t st_ckpt_stored_total(const st_geometry *g, uint32_t codec)
+{
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < g->n_tensors; i++)
+        if (g->tensors[i].role == ST_ROLE_RUNNING)
+            total += st_tensor_stored_bytes(&g->tensors[i], codec); /* bounded by ST_BYTES_MAX */
+    return total;
+}
+
+/* Shuffle width of a stored tensor: the stored element size. */
+static unsigned st_stored_elem_size(const st_tensor_desc *t, uint32_t codec)
+{
+    return (unsigned)(t->dtype == ST_DTYPE_F32 ? st_codec_elem_size(codec) : st_dtype_size(t->dtype));
+}
+
+/* ==== atomic replacement ====================================================================== */
+
+static int st_write_all(int fd, const void *p, size_t n)
+{
+    const uint8_t *b = p;
+    while (n > 0) {
+        ssize_t w = st_file_sys_ops.write(fd, b, n);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            return errno ? errno : EIO;
+        }
+        if (w == 0)
+            return EIO;
+        b += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+static int st_pwrite_all(int fd, const void *p, size_t n, uint64_t off)
+{
+    const uint8_t *b = p;
+    while (n > 0) {
+        ssize_t w = st_file_sys_ops.pwrite(fd, b, n, (off_t)off);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            return errno ? errno : EIO;
+        }
+        if (w == 0)
+            return EIO;
+        b += w;
+        n -= (size_t)w;
+        off += (uint64_t)w;
+    }
+    return 0;
+}
+
+static int st_pread_all(int fd, void *p, size_t n, uint64_t off)
+{
+    uint8_t *b = p;
+    while (n > 0) {
+        ssize_t r = pread(fd, b, n, (off_t)off);
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            return errno ? errno : EIO;
+        }
+        if (r == 0)
+            return ST_ECORRUPT; /* the file shrank under us */
+        b += r;
+        n -= (size_t)r;
+        off += (uint64_t)r;
+    }
+    return 0;
+}
+
+typedef struct st_atomic {
+    char *tmp;
+    char *dir;
+    int fd;
+} st_atomic;
+
+static atomic_uint st_tmp_counter;
+
+/* Create "<path>.tmp.<pid>.<n>" next to path. */
+static int st_atomic_begin(st_atomic *a, const char *path)
+{
+    size_t plen;
+    const char *slash;
+
+    a->tmp = NULL;
+    a->dir = NULL;
+    a->fd = -1;
+    if (!path || !path[0])
+        return st_error_set(ST_EINVAL, "write: empty path");
+    plen = strlen(path);
+    if (path[plen - 1] == '/')
+        return st_error_set(EISDIR, "write %s: path names a directory", path);
+    slash = strrchr(path, '/');
+    if (!slash)
+        a->dir = strdup(".");
+    else if (slash == path)
+        a->dir = strdup("/");
+    else
+        a->dir = strndup(path, (size_t)(slash - path));
+    a->tmp = malloc(plen + 48);
+    if (!a->dir || !a->tmp)
+        return st_error_set(ENOMEM, "write %s: out of memory", path);
+    for (int tries = 0; tries < 100; tries++) {
+        snprintf(a->tmp, plen + 48, "%s.tmp.%ld.%u", path, (long)getpid(),
+                 atomic_fetch_add(&st_tmp_counter, 1));
+        a->fd = open(a->tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+        if (a->fd >= 0)
+            return 0;
+        if (errno != EEXIST && errno != EINTR)
+            break;
+    }
+    {
+        int e = errno;
+        return st_error_set(e, "write %s: cannot create temp file %s: %s", path, a->tmp, strerror(e));
+    }
+}
+
+static void st_atomic_abort(st_atomic *a)
+{
+    if (a->fd >= 0)
+        close(a->fd);
+    if (a->tmp && a->fd >= 0)
+        unlink(a->tmp);
+    a->fd = -1;
+    free(a->tmp);
+    free(a->dir);
+    a->tmp = NULL;
+    a->dir = NULL;
+}
+
+/* fsync, close, rename over path, fsync the directory. Frees a in every case; on failure before
+ * the rename the temp file is removed and path is untouched. */
+static int st_atomic_commit(st_atomic *a, const char *path)
+{
+    int rc = 0, dfd;
+
+    if (st_file_sys_ops.fsync(a->fd) != 0) {
+        rc = errno ? errno : EIO;
+        st_error_set(rc, "write %s: fsync of %s failed: %s", path, a->tmp, strerror(rc));
+        goto fail;
+    }
+    if (close(a->fd) != 0) {
+        rc = errno ? errno : EIO;
+        a->fd = -1;
+        unlink(a->tmp);
+        st_error_set(rc, "write %s: close of %s failed: %s", path, a->tmp, strerror(rc));
+        goto fail;
+    }
+    a->fd = -1;
+    if (st_file_sys_ops.rename(a->tmp, path) != 0) {
+        rc = errno ? errno : EIO;
+        unlink(a->tmp);
+        st_error_set(rc, "write %s: rename from %s failed: %s", path, a->tmp, strerror(rc));
+        goto fail;
+    }
+    dfd = open(a->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0 || st_file_sys_ops.fsync(dfd) != 0) {
+        rc = errno ? errno : EIO;
+        st_error_set(rc, "write %s: fsync of directory %s failed: %s", path, a->dir, strerror(rc));
+    }
+    if (dfd >= 0)
+        close(dfd);
+    free(a->tmp);
+    free(a->dir);
+    a->tmp = a->dir = NULL;
+    return rc;
+fail:
+    st_atomic_abort(a);
+    return rc;
+}
+
+int st_file_replace(const char *path, const void *buf, size_t len)
+{
+    st_atomic a;
+    int rc;
+
+    if (!buf && len)
+        return st_error_set(ST_EINVAL, "replace %s: NULL buffer", path ? path : "(null)");
+    rc = st_atomic_begin(&a, path);
+    if (rc) {
+        st_atomic_abort(&a);
+        return rc;
+    }
+    rc = st_write_all(a.fd, buf, len);
+    if (rc) {
+        st_error_set(rc, "write %s: writing %s failed: %s", path, a.tmp, strerror(rc));
+        st_atomic_abort(&a);
+        return rc;
+    }
+    return st_atomic_commit(&a, path);
+}
+
+/* ==== writer ================================================================================== */
+
+/* Where the bytes go. Memory: buf holds the whole file. File: buf holds the bytes after
+ * `flushed` that are not written yet. off == flushed + len in both cases. */
+typedef struct st_sink {
+    int fd;
+    uint8_t *buf;
+    size_t len, cap;
+    uint64_t flushed;
+    uint64_t off;
+} st_sink;
+
+static int st_sink_flush(st_sink *s)
+{
+    int rc;
+    if (s->fd < 0 || s->len == 0)
+        return 0;
+    rc = st_write_all(s->fd, s->buf, s->len);
+    if (rc)
+        return st_error_set(rc, "writing the temp file: %s", strerror(rc));
+    s->flushed += s->len;
+    s->len = 0;
+    return 0;
+}
+
+static int st_sink_put(st_sink *s, const void *p, size_t n)
+{
+    int rc;
+    if (n == 0)
+        return 0;
+    if (s->fd < 0) {
+        if (n > s->cap - s->len) {
+            size_t cap = s->cap ? s->cap : 4096;
+            uint8_t *nb;
+            while (cap - s->len < n) {
+                if (cap > SIZE_MAX / 2)
+                    return st_error_set(ENOMEM, "write: output too large for memory");
+                cap *= 2;
+            }
+            nb = realloc(s->buf, cap);
+            if (!nb)
+                return st_error_set(ENOMEM, "write: out of memory for %zu bytes", cap);
+            s->buf = nb;
+            s->cap = cap;
+        }
+        memcpy(s->buf + s->len, p, n);
+        s->len += n;
+        s->off += n;
+        return 0;
+    }
+    if (n > s->cap - s->len) {
+        rc = st_sink_flush(s);
+        if (rc)
+            return rc;
+    }
+    if (n >= s->cap) {
+        rc = st_write_all(s->fd, p, n);
+        if (rc)
+            return st_error_set(rc, "writing the temp file: %s", strerror(rc));
+        s->flushed += n;
+    } else {
+        memcpy(s->buf + s->len, p, n);
+        s->len += n;
+    }
+    s->off += n;
+    return 0;
+}
+
+/* Overwrite bytes already emitted at [at, at+n). */
+static int st_sink_patch(st_sink *s, const void *p, size_t n, uint64_t at)
+{
+    const uint8_t *b = p;
+    if (s->fd < 0) {
+        memcpy(s->buf + at, p, n);
+        return 0;
+    }
+    if (at < s->flushed) {
+        size_t k = (size_t)(s->flushed - at < n ? s->flushed - at : n);
+        int rc = st_pwrite_all(s->fd, b, k, at);
+        if (rc)
+            return st_error_set(rc, "writing the temp file: %s", strerror(rc));
+        b += k;
+        n -= k;
+        at += k;
+    }
+    if (n)
+        memcpy(s->buf + (at - s->flushed), b, n);
+    return 0;
+}
+
+/* Read back emitted bytes [at, at+n) into dst. */
+static int st_sink_readback(st_sink *s, void *dst, size_t n, uint64_t at)
+{
+    int rc;
+    if (s->fd < 0) {
+        memcpy(dst, s->buf + at, n);
+        return 0;
+    }
+    rc = st_sink_flush(s);
+    if (rc)
+        return rc;
+    rc = st_pread_all(s->fd, dst, n, at);
+    if (rc)
+        return st_error_set(rc > 0 ? rc : ST_EIO, "reading back the temp file failed");
+    return 0;
+}
+
+typedef struct st_writer {
+    const st_image *img;
+    st_sink *s;
+    uint32_t version;
+    int level;
+    int shuffle;
+    st_frame_ctx *fctx;
+    uint8_t *fbuf;
+    size_t fbuf_cap;
+    st_checksum_state h;
+    int hashing;
+    uint64_t sec_start;
+    uint8_t sec_hdr[ST_SEC_HDR_LEN];
+    void (*progress)(void *, uint64_t, uint64_t);
+    void *progress_arg;
+    uint64_t done, total, last_report;
+} st_writer;
+
+static void st_w_progress(st_writer *w, uint64_t n, int force)
+{
+    w->done += n;
+    if (!w->progress)
+        return;
+    if (force || w->done - w->last_report >= (16u << 20)) {
+        w->last_report = w->done;
+        w->progress(w->progress_arg, w->done < w->total ? w->done : w->total, w->total);
+    }
+}
+
+/* Begin a section. length is the payload length, or UINT64_MAX when only known at its end. */
+static int st_w_sec_open(st_writer *w, uint32_t type, uint32_t index, uint64_t length)
+{
+    int rc;
+    memset(w->sec_hdr, 0, sizeof w->sec_hdr);
+    put32(w->sec_hdr + 0, type);
+    put32(w->sec_hdr + 4, index);
+    put64(w->sec_hdr + 8, length == UINT64_MAX ? 0 : length);
+    w->sec_start = w->s->off;
+    rc = st_sink_put(w->s, w->sec_hdr, ST_SEC_HDR_LEN);
+    if (rc)
+        return rc;
+    w->hashing = length != UINT64_MAX;
+    if (w->hashing) {
+        rc = st_checksum_init(&w->h);
+        if (rc)
+            return st_error_set(rc, "write: out of memory");
+        st_checksum_update(&w->h, w->sec_hdr, ST_SEC_HASHED);
+    }
+    return 0;
+}
+
+static int st_w_data(st_writer *w, const void *p, uint64_t n, uint64_t raw)
+{
+    const uint8_t *b = p;
+    while (n > 0) {
+        size_t k = n > (64u << 20) ? (64u << 20) : (size_t)n;
+        int rc = st_sink_put(w->s, b, k);
+        if (rc)
+            return rc;
+        if (w->hashing)
+            st_checksum_update(&w->h, b, k);
+        b += k;
+        n -= k;
+        if (raw) {
+            st_w_progress(w, k, 0);
+        }
+    }
+    return 0;
+}
+
+static int st_w_sec_close(st_writer *w)
+{
+    uint64_t sum;
+    int rc;
+
+    if (!w->hashing) {
+        /* length known now: hash header + payload read back in bounded pieces */
+        uint64_t len = w->s->off - w->sec_start - ST_SEC_HDR_LEN, at = 0;
+        uint8_t *chunk = malloc(ST_IO_CHUNK);
+        if (!chunk)
+            return st_error_set(ENOMEM, "write: out of memory");
+        put64(w->sec_hdr + 8, len);
+        rc = st_checksum_init(&w->h);
+        if (rc) {
+            free(chunk);
+            return st_error_set(rc, "write: out of memory");
+        }
+        st_checksum_update(&w->h, w->sec_hdr, ST_SEC_HASHED);
+        while (at < len) {
+            size_t k = len - at > ST_IO_CHUNK ? ST_IO_CHUNK : (size_t)(len - at);
+            rc = st_sink_readback(w->s, chunk, k, w->sec_start + ST_SEC_HDR_LEN + at);
+            if (rc) {
+                free(chunk);
+                st_checksum_free(&w->h);
+                return rc;
+            }
+            st_checksum_update(&w->h, chunk, k);
+            at += k;
+        }
+        free(chunk);
+    }
+    sum = st_checksum_final(&w->h);
+    st_checksum_free(&w->h);
+    put64(w->sec_hdr + 24, sum);
+    return st_sink_patch(w->s, w->sec_hdr, ST_SEC_HDR_LEN, w->sec_start);
+}
+
+static int st_w_geometry(st_writer *w)
+{
+    const st_geometry *g = &w->img->g;
+    uint8_t fixed[ST_GEOM_FIXED], rec[ST_GEOM_REC];
+    int rc;
+
+    rc = st_w_sec_open(w, ST_SECTION_GEOMETRY, 0, ST_GEOM_FIXED + (uint64_t)ST_GEOM_REC * g->n_tensors);
+    if (rc)
+        return rc;
+    memcpy(fixed, g->model_fp, ST_FINGERPRINT_LEN);
+    put32(fixed + 32, g->page_size);
+    put32(fixed + 36, g->n_ctx);
+    put32(fixed + 40, g->n_vocab);
+    put32(fixed + 44, g->n_tensors);
+    rc = st_w_data(w, fixed, sizeof fixed, 0);
+    for (uint32_t i = 0; i < g->n_tensors && !rc; i++) {
+        const st_tensor_desc *t = &g->tensors[i];
+        memset(rec, 0, sizeof rec);
+        memcpy(rec, t->name, strlen(t->name)); /* NUL-padded: the image keeps names canonical */
+        put32(rec + 48, t->role);
+        put32(rec + 52, t->dtype);
+        put32(rec + 56, t->ndim);
+        for (int d = 0; d < ST_TENSOR_NDIM_MAX; d++)
+            put64(rec + 64 + 8 * d, t->shape[d]);
+        rc = st_w_data(w, rec, sizeof rec, 0);
+    }
+    return rc ? rc : st_w_sec_close(w);
+}
+
+static int st_w_checkpoint(st_writer *w, uint32_t ci)
+{
+    const st_image *img = w->img;
+    const st_ckpt *c = &img->ckpt[ci];
+    uint8_t hdr[ST_CKPT_HDR];
+    int compressed = w->level > 0;
+    int rc;
+
+    memset(hdr, 0, sizeof hdr);
+    put64(hdr, c->position);
+    if (w->version >= ST_FILE_VERSION_2) {
+        put32(hdr + 8, c->codec);
+        put32(hdr + 12, compressed ? ST_CFLAG_ZSTD | (w->shuffle ? ST_CFLAG_SHUFFLE : 0) : 0);
+    }
+    rc = st_w_sec_open(w, ST_SECTION_CHECKPOINT, ci,
+                       compressed ? UINT64_MAX : ST_CKPT_HDR + st_ckpt_stored_total(&img->g, c->codec));
+    if (rc)
+        return rc;
+    rc = st_w_data(w, hdr, sizeof hdr, 0);
+    for (uint32_t i = 0; i < img->g.n_tensors && !rc; i++) {
+        const st_tensor_desc *t = &img->tensors[i];
+        uint64_t n;
+        size_t bound, flen;
+        uint8_t lenbuf[8];
+
+        if (t->role != ST_ROLE_RUNNING)
+            continue;
+        n = st_tensor_stored_bytes(t, c->codec);
+        if (!compressed) {
+            rc = st_w_data(w, c->t[i], n, 1);
+            continue;
+        }
+        if (n > SIZE_MAX / 2)
+            return st_error_set(ST_ETOOBIG, "write: checkpoint %u tensor %u too large to compress", ci, i);
+        bound = st_frame_bound((size_t)n);
+        if (bound == 0)
+            return st_error_set(ST_ETOOBIG, "write: checkpoint %u tensor %u too large to compress", ci, i);
+        if (bound > w->fbuf_cap) {
+            uint8_t *nb = realloc(w->fbuf, bound);
+            if (!nb)
+                return st_error_set(ENOMEM, "write: out of memory for a %zu-byte frame", bound);
+            w->fbuf = nb;
+            w->fbuf_cap = bound;
+        }
+        rc = st_frame_encode(w->fctx, w->fbuf, w->fbuf_cap, c->t[i], (size_t)n,
+                             w->shuffle ? st_stored_elem_size(t, c->codec) : 0, w->level, &flen);
+        if (rc) {
+            char d[400];
+            snprintf(d, sizeof d, "%s", st_errdetail());
+            return st_error_set(rc, "write: checkpoint %u tensor %u (\"%s\"): compression failed: %s",
+                                ci, i, t->name, d);
+        }
+        put64(lenbuf, flen);
+        rc = st_w_data(w, lenbuf, 8, 0);
+        if (!rc)
+            rc = st_w_data(w, w->fbuf, flen, 0);
+        st_w_progress(w, n, 0);
+    }
+    return rc ? rc : st_w_sec_close(w);
+}
+
+/* Decide the version; ST_ELOSSY / ST_EVERSION / ST_EINVAL for impossible requests. */
+static int st_w_plan(const st_image *img, const st_file_write_opts *opts, uint32_t *version,
+                     int *level, int *shuffle)
+{
+    uint32_t v = opts ? opts->version : 0;
+    int rc = st_image_check(img);
+    if (rc)
+        return rc;
+    *level = opts ? opts->compress : 0;
+    *shuffle = opts ? opts->shuffle != 0 : 0;
+    if (*level < 0 || *level > 19)
+        return st_error_set(ST_EINVAL, "write: compression level %d is not 1..19", *level);
+    if (v > ST_FILE_VERSION_MAX)
+        return st_error_set(ST_EVERSION, "write: session file version %u; this build writes 1 and 2", v);
+    if (v == 0) {
+        v = *level ? ST_FILE_VERSION_2 : ST_FILE_VERSION_1;
+        for (uint32_t c = 0; c < img->n_ckpt; c++)
+            if (img->ckpt[c].codec != ST_CODEC_FP32)
+                v = ST_FILE_VERSION_2;
+    }
+    if (v == ST_FILE_VERSION_1) {
+        if (*level)
+            return st_error_set(ST_ELOSSY, "write: format v1 cannot hold compressed checkpoints "
+                                "(write v2, or do not compress)");
+        for (uint32_t c = 0; c < img->n_ckpt; c++)
+            if (img->ckpt[c].codec != ST_CODEC_FP32)
+                return st_error_set(ST_ELOSSY, "write: checkpoint %u (position %llu) is %s: format v1 "
+                                    "holds only fp32 checkpoints (re-code to fp32 or write v2)", c,
+                                    (unsigned long long)img->ckpt[c].position,
+                                    st_codec_name(img->ckpt[c].codec));
+    }
+    *version = v;
+    return 0;
+}
+
+static int st_w_run(st_writer *w)
+{
+    const st_image *img = w->img;
+    const st_geometry *g = &img->g;
+    uint8_t hdr[ST_HDR_LEN];
+    uint32_t n_sections = 2 + img->n_ckpt + (img->n_logits ? 1 : 0);
+    int rc;
+
+    for (uint32_t i = 0; i < g->n_tensors; i++)
+        n_sections += g->tensors[i].role == ST_ROLE_KV;
+    memset(hdr, 0, sizeof hdr);
+    rc = st_sink_put(w->s, hdr, sizeof hdr); /* the real header goes in at the end */
+    if (!rc)
+        rc = st_w_geometry(w);
+    if (!rc)
+        rc = st_w_sec_open(w, ST_SECTION_TOKENS, 0, img->n_tokens * 4);
+    if (!rc)
+        rc = st_w_data(w, img->tokens, img->n_tokens * 4, 1);
+    if (!rc)
+        rc = st_w_sec_close(w);
+    for (uint32_t i = 0; i < g->n_tensors && !rc; i++) {
+        uint64_t len;
+        if (g->tensors[i].role != ST_ROLE_KV)
+            continue;
+        len = img->n_tokens * st_tensor_row_bytes(&g->tensors[i]);
+        rc = st_w_sec_open(w, ST_SECTION_KV, i, len);
+        if (!rc)
+            rc = st_w_data(w, img->kv[i], len, 1);
+        if (!rc)
+            rc = st_w_sec_close(w);
+    }
+    if (!rc && w->level) {
+        w->fctx = st_frame_ctx_new();
+        if (!w->fctx)
+            rc = st_error_set(ENOMEM, "write: out of memory for the compressor");
+    }
+    for (uint32_t c = 0; c < img->n_ckpt && !rc; c++)
+        rc = st_w_checkpoint(w, c);
+    if (!rc && img->n_logits) {
+        rc = st_w_sec_open(w, ST_SECTION_LOGITS, 0, (uint64_t)img->n_logits * 4);
+        if (!rc)
+            rc = st_w_data(w, img->logits, (uint64_t)img->n_logits * 4, 1);
+        if (!rc)
+            rc = st_w_sec_close(w);
+    }
+    if (rc)
+        return rc;
+    memcpy(hdr, st_magic, sizeof st_magic);
+    put32(hdr + 8, w->version);
+    put32(hdr + 12, ST_HDR_LEN);
+    put32(hdr + 16, 0);
+    put32(hdr + 20, n_sections);
+    put64(hdr + 24, w->s->off);
+    put64(hdr + 32, img->state_hash);
+    put64(hdr + 40, img->n_tokens);
+    put64(hdr + 48, 0);
+    put64(hdr + 56, st_checksum(hdr, 56));
+    rc = st_sink_patch(w->s, hdr, sizeof hdr, 0);
+    if (!rc)
+        rc = st_sink_flush(w->s);
+    if (!rc)
+        st_w_progress(w, 0, 1);
+    return rc;
+}
+
+static void st_w_init(st_writer *w, const st_image *img, st_sink *s, const st_file_write_opts *opts)
+{
+    memset(w, 0, sizeof *w);
+    w->img = img;
+    w->s = s;
+    if (opts) {
+        w->progress = opts->progress;
+        w->progress_arg = opts->progress_arg;
+    }
+    w->total = st_image_bytes(img);
+}
+
+static void st_w_fini(st_writer *w)
+{
+    st_frame_ctx_free(w->fctx);
+    free(w->fbuf);
+    st_checksum_free(&w->h);
+}
+
+int st_file_write_mem(const st_image *img, const st_file_write_opts *opts, uint8_t **out,
+                      size_t *out_len)
+{
+    st_sink s = {.fd = -1};
+    st_writer w;
+    int rc;
+
+    if (!out || !out_len)
+        return st_error_set(ST_EINVAL, "write: NULL output");
+    *out = NULL;
+    *out_len = 0;
+    st_w_init(&w, img, &s, opts);
+    rc = st_w_plan(img, opts, &w.version, &w.level, &w.shuffle);
+    if (!rc)
+        rc = st_w_run(&w);
+    st_w_fini(&w);
+    if (rc) {
+        free(s.buf);
+        return rc;
+    }
+    *out = s.buf;
+    *out_len = s.len;
+    return 0;
+}
+
+int st_file_write(const st_image *img, const char *path, const st_file_write_opts *opts)
+{
+    st_sink s = {.fd = -1};
+    st_writer w;
+    st_atomic a = {.fd = -1};
+    int rc;
+
+    st_w_init(&w, img, &s, opts);
+    rc = st_w_plan(img, opts, &w.version, &w.level, &w.shuffle);
+    if (rc)
+        goto fail;
+    rc = st_atomic_begin(&a, path);
+    if (rc)
+        goto fail;
+    s.fd = a.fd;
+    s.cap = ST_IO_CHUNK;
+    s.buf = malloc(s.cap);
+    if (!s.buf) {
+        rc = st_error_set(ENOMEM, "write %s: out of memory", path);
+        goto fail;
+    }
+    rc = st_w_run(&w);
+    if (rc) {
+        char d[400];
+        snprintf(d, sizeof d, "%s", st_errdetail());
+        st_error_set(rc, "write %s: %s", path, d);
+        goto fail;
+    }
+    st_w_fini(&w);
+    free(s.buf);
+    return st_atomic_commit(&a, path);
+fail:
+    st_w_fini(&w);
+    free(s.buf);
+    st_atomic_abort(&a);
+    return rc;
+}
+
+/* ==== reader ================================================================================== */
+
+typedef struct st_src {
+    const uint8_t *mem; /* memory input, or NULL */
+    int fd;             /* file input */
+    uint64_t len;
+} st_src;
+
+static int st_src_read(const st_src *s, void *dst, size_t n, uint64_t off)
+{
+    int rc;
+    if (s->mem) {
+        memcpy(dst, s->mem + off, n);
+        return 0;
+    }
+    rc = st_pread_all(s->fd, dst, n, off);
+    if (rc == ST_ECORRUPT)
+        return st_error_set(ST_ECORRUPT, "offset %llu: the file ended early (did it change while "
+                            "being read?)", (unsigned long long)off);
+    if (rc)
+        return st_error_set(rc, "read at offset %llu: %s", (unsigned long long)off, strerror(rc));
+    return 0;
+}
+
+/* The parsed file header. */
+typedef struct st_hdr {
+    uint32_t version;
+    uint32_t n_sections;
+    uint64_t file_len;
+    uint64_t state_hash;
+    uint64_t n_tokens;
+} st_hdr;
+
+static int st_hdr_parse(const st_src *s, st_hdr *h)
+{
+    uint8_t b[ST_HDR_LEN];
+    size_t have = s->len < ST_HDR_LEN ? (size_t)s->len : ST_HDR_LEN;
+    uint32_t v;
+    int rc;
+
+    memset(h, 0, sizeof *h);
+    rc = st_src_read(s, b, have, 0);
+    if (rc)
+        return rc;
+    if (have < sizeof st_magic) {
+        if (memcmp(b, st_magic, have) == 0)
+            return st_error_set(ST_ECORRUPT, "header: the file is %zu bytes, a header needs %u "
+                                "(truncated)", have, ST_HDR_LEN);
+        return st_error_set(ST_ENOTSTRATA, "not a Strata file: %zu bytes without the magic \"STRATAsf\"",
+                            have);
+    }
+    if (memcmp(b, st_magic, sizeof st_magic) != 0)
+        return st_error_set(ST_ENOTSTRATA, "not a Strata file: the first 8 bytes are not \"STRATAsf\"");
+    if (have < 12)
+        return st_error_set(ST_ECORRUPT, "header: the file is %zu bytes, a header needs %u (truncated)",
+                            have, ST_HDR_LEN);
+    v = get32(b + 8);
+    h->version = v;
+    if (v != ST_FILE_VERSION_1 && v != ST_FILE_VERSION_2)
+        return st_error_set(ST_EVERSION, "session file version %u; this build reads 1 and 2", v);
+    if (have < ST_HDR_LEN)
+        return st_error_set(ST_ECORRUPT, "header: the file is %zu bytes, a header needs %u (truncated)",
+                            have, ST_HDR_LEN);
+    if (!ST_SUM_OK(st_checksum(b, 56), get64(b + 56)))
+        return st_error_set(ST_ECORRUPT, "header at offset 0: checksum mismatch (recorded %016llx, "
+                            "computed %016llx)", (unsigned long long)get64(b + 56),
+                            (unsigned long long)st_checksum(b, 56));
+    if (get32(b + 12) != ST_HDR_LEN)
+        return st_error_set(ST_ECORRUPT, "header at offset 12: header_len %u, must be %u", get32(b + 12),
+                            ST_HDR_LEN);
+    if (get32(b + 16) != 0)
+        return st_error_set(ST_ECORRUPT, "header at offset 16: flags 0x%x, reserved bits must be 0",
+                            get32(b + 16));
+    if (get64(b + 48) != 0)
+        return st_error_set(ST_ECORRUPT, "header at offset 48: reserved field is %llu, must be 0",
+                            (unsigned long long)get64(b + 48));
+    h->n_sections = get32(b + 20);
+    h->file_len = get64(b + 24);
+    h->state_hash = get64(b + 32);
+    h->n_tokens = get64(b + 40);
+    if (h->file_len != s->len)
+        return st_error_set(ST_ECORRUPT, "header: the file is %llu bytes but its header says %llu (%s)",
+                            (unsigned long long)s->len, (unsigned long long)h->file_len,
+                            s->len < h->file_len ? "truncated" : "extended");
+    if (h->n_sections < 3 || h->n_sections > (s->len - ST_HDR_LEN) / ST_SEC_HDR_LEN)
+        return st_error_set(ST_ECORRUPT, "header at offset 20: %u sections cannot fit in %llu bytes "
+                            "(at least 3 are needed)", h->n_sections, (unsigned long long)s->len);
+    return 0;
+}
+
+/* Parse and check a GEOMETRY payload; tensors go into *tensors (malloc'd). */
+static int st_geometry_parse(const uint8_t *p, uint64_t len, st_geometry *g, st_tensor_desc **tensors)
+{
+    st_tensor_desc *t = NULL;
+    int rc;
+
+    *tensors = NULL;
+    memset(g, 0, sizeof *g);
+    if (len < ST_GEOM_FIXED)
+        return st_error_set(ST_ECORRUPT, "length %llu is shorter than the %u-byte geometry header",
+                            (unsigned long long)len, ST_GEOM_FIXED);
+    memcpy(g->model_fp, p, ST_FINGERPRINT_LEN);
+    g->page_size = get32(p + 32);
+    g->n_ctx = get32(p + 36);
+    g->n_vocab = get32(p + 40);
+    g->n_tensors = get32(p + 44);
+    if (g->n_tensors > ST_GEOMETRY_TENSORS_MAX)
+        return st_error_set(ST_ECORRUPT, "%u tensors exceed the limit of %u", g->n_tensors,
+                            ST_GEOMETRY_TENSORS_MAX);
+    if (len != ST_GEOM_FIXED + (uint64_t)ST_GEOM_REC * g->n_tensors)
+        return st_error_set(ST_ECORRUPT, "length %llu, but %u tensors need %llu",
+                            (unsigned long long)len, g->n_tensors,
+                            (unsigned long long)(ST_GEOM_FIXED + (uint64_t)ST_GEOM_REC * g->n_tensors));
+    t = calloc(g->n_tensors ? g->n_tensors : 1, sizeof *t);
+    if (!t)
+        return st_error_set(ENOMEM, "out of memory");
+    for (uint32_t i = 0; i < g->n_tensors; i++) {
+        const uint8_t *r = p + ST_GEOM_FIXED + (size_t)ST_GEOM_REC * i;
+        size_t nl = strnlen((const char *)r, ST_TENSOR_NAME_MAX);
+        memcpy(t[i].name, r, ST_TENSOR_NAME_MAX);
+        if (nl < ST_TENSOR_NAME_MAX)
+            for (size_t k = nl; k < ST_TENSOR_NAME_MAX; k++)
+                if (r[k] != 0) {
+                    rc = st_error_set(ST_ECORRUPT, "tensor %u: name padding byte %zu is not zero", i, k);
+                    goto fail;
+                }
+        t[i].role = get32(r + 48);
+        t[i].dtype = get32(r + 52);
+        t[i].ndim = get32(r + 56);
+        if (get32(r + 60) != 0) {
+            rc = st_error_set(ST_ECORRUPT, "tensor %u: reserved field is %u, must be 0", i, get32(r + 60));
+            goto fail;
+        }
+        for (int d = 0; d < ST_TENSOR_NDIM_MAX; d++)
+            t[i].shape[d] = get64(r + 64 + 8 * d);
+    }
+    g->tensors = t;
+    rc = st_geometry_check(g);
+    if (rc) {
+        char d[400];
+        snprintf(d, sizeof d, "%s", st_errdetail());
+        rc = st_error_set(ST_ECORRUPT, "%s", d);
+        goto fail;
+    }
+    *tensors = t;
+    return 0;
+fail:
+    free(t);
+    g->tensors = NULL;
+    return rc;
+}
+
+/* One section being read. */
+typedef struct st_sec {
+    uint32_t type, index;
+    uint64_t off;    /* of the section header */
+    uint64_t length; /* of the payload */
+    uint64_t checksum;
+    uint64_t done;   /* payload bytes consumed (and hashed) */
+    st_checksum_state h;
+} st_sec;
+
+typedef struct st_reader {
+    st_src src;
+    st_hdr hdr;
+    uint64_t off;
+    st_image *img;
+    uint64_t decoded, max_decoded;
+    st_frame_ctx *fctx;
+    uint8_t *tmp;
+    size_t tmp_cap;
+    void (*progress)(void *, uint64_t, uint64_t);
+    void *progress_arg;
+} st_reader;
+
+static int st_sec_errv(int rc, const st_sec *sec, const char *fmt, va_list ap)
+{
+    char label[32], msg[400];
+    st_sec_label(label, sizeof label, sec->type, sec->index);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    return st_error_set(rc, "section %s at offset %llu: %s", label, (unsigned long long)sec->off, msg);
+}
+
+__attribute__((format(printf, 3, 4))) static int st_sec_err(int rc, const st_sec *sec, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    rc = st_sec_errv(rc, sec, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+/* Bytes of a payload available as a pointer: into the input (memory) or into r->tmp (file).
+ * The caller has checked n against the section's remaining length. */
+static int st_rd_view(st_reader *r, uint64_t at, size_t n, const uint8_t **p)
+{
+    int rc;
+    if (r->src.mem) {
+        *p = r->src.mem + at;
+        return 0;
+    }
+    if (n > r->tmp_cap) {
+        uint8_t *nb = realloc(r->tmp, n ? n : 1);
+        if (!nb)
+            return st_error_set(ENOMEM, "read: out of memory for %zu bytes", n);
+        r->tmp = nb;
+        r->tmp_cap = n;
+    }
+    rc = st_src_read(&r->src, r->tmp, n, at);
+    if (rc)
+        return rc;
+    *p = r->tmp;
+    return 0;
+}
+
+static int st_sec_need(st_sec *sec, uint64_t n, const char *what)
+{
+    if (n > sec->length - sec->done)
+        return st_sec_err(ST_ECORRUPT, sec, "%s needs %llu bytes at payload offset %llu, only %llu "
+                          "remain in the section", what, (unsigned long long)n,
+                          (unsigned long long)sec->done, (unsigned long long)(sec->length - sec->done));
+    return 0;
+}
+
+/* Consume n payload bytes as a pointer (hashed). */
+static int st_sec_view(st_reader *r, st_sec *sec, size_t n, const uint8_t **p, const char *what)
+{
+    int rc = st_sec_need(sec, n, what);
+    if (!rc)
+        rc = st_rd_view(r, sec->off + ST_SEC_HDR_LEN + sec->done, n, p);
+    if (rc)
+        return rc;
+    st_checksum_update(&sec->h, *p, n);
+    sec->done += n;
+    return 0;
+}
+
+/* Consume n payload bytes into dst (hashed), in pieces so progress can be reported. */
+static int st_sec_read(st_reader *r, st_sec *sec, void *dst, uint64_t n, const char *what)
+{
+    uint8_t *d = dst;
+    int rc = st_sec_need(sec, n, what);
+    if (rc)
+        return rc;
+    while (n > 0) {
+        size_t k = n > (64u << 20) ? (64u << 20) : (size_t)n;
+        rc = st_src_read(&r->src, d, k, sec->off + ST_SEC_HDR_LEN + sec->done);
+        if (rc)
+            return rc;
+        st_checksum_update(&sec->h, d, k);
+        sec->done += k;
+        d += k;
+        n -= k;
+        if (r->progress)
+            r->progress(r->progress_arg, sec->off + ST_SEC_HDR_LEN + sec->done, r->hdr.file_len);
+    }
+    return 0;
+}
+
+/* Hash what is left of the section; 1 when the checksum matches. */
+static int st_sec_rest_ok(st_reader *r, st_sec *sec, int *ok)
+{
+    uint8_t *chunk = NULL;
+    *ok = 0;
+    if (!r->src.mem) {
+        chunk = malloc(ST_IO_CHUNK);
+        if (!chunk)
+            return st_error_set(ENOMEM, "read: out of memory");
+    }
+    while (sec->done < sec->length) {
+        uint64_t at = sec->off + ST_SEC_HDR_LEN + sec->done;
+        size_t k = sec->length - sec->done > ST_IO_CHUNK ? ST_IO_CHUNK
+                                                         : (size_t)(sec->length - sec->done);
+        if (r->src.mem) {
+            st_checksum_update(&sec->h, r->src.mem + at, k);
+        } else {
+            int rc = st_src_read(&r->src, chunk, k, at);
+            if (rc) {
+                free(chunk);
+                return rc;
+            }
+            st_checksum_update(&sec->h, chunk, k);
+        }
+        sec->done += k;
+    }
+    free(chunk);
+    *ok = ST_SUM_OK(st_checksum_final(&sec->h), sec->checksum);
+    return 0;
+}
+
+/* An error found inside a section that a damaged byte could explain: report the checksum
+ * mismatch instead when there is one. The current detail is kept otherwise. */
+static int st_sec_blame(st_reader *r, st_sec *sec, int rc)
+{
+    char d[512];
+    int ok, rc2;
+    snprintf(d, sizeof d, "%s", st_errdetail());
+    rc2 = st_sec_rest_ok(r, sec, &ok);
+    if (rc2)
+        return rc2;
+    if (!ok)
+        return st_sec_err(ST_ECORRUPT, sec, "checksum mismatch");
+    st_error_set(rc, "%s", d);
+    return rc;
+}
+
+static int st_sec_begin(st_reader *r, st_sec *sec, uint32_t type, uint32_t index, int logits_ok)
+{
+    uint8_t b[ST_SEC_HDR_LEN];
+    uint64_t remain;
+    int rc;
+
+    memset(sec, 0, sizeof *sec);
+    sec->type = type;
+    sec->index = index;
+    sec->off = r->off;
+    remain = r->src.len - r->off;
+    if (remain < ST_SEC_HDR_LEN)
+        return st_sec_err(ST_ECORRUPT, sec, "the section header needs %u bytes, %llu remain",
+                          ST_SEC_HDR_LEN, (unsigned long long)remain);
+    rc = st_src_read(&r->src, b, sizeof b, r->off);
+    if (rc)
+        return rc;
+    if (logits_ok && get32(b) == ST_SECTION_LOGITS) {
+        sec->type = type = ST_SECTION_LOGITS;
+        sec->index = index = 0;
+    }
+    if (get32(b) != type || get32(b + 4) != index) {
+        char want[32], got[32];
+        st_sec_label(want, sizeof want, type, index);
+        st_sec_label(got, sizeof got, get32(b), get32(b + 4));
+        return st_error_set(ST_ECORRUPT, "section at offset %llu: found %s where %s was expected",
+                            (unsigned long long)r->off, got, want);
+    }
+    if (get32(b + 16) != 0 || get32(b + 20) != 0)
+        return st_sec_err(ST_ECORRUPT, sec, "reserved header fields are 0x%x and 0x%x, must be 0",
+                          get32(b + 16), get32(b + 20));
+    sec->length = get64(b + 8);
+    sec->checksum = get64(b + 24);
+    if (sec->length > remain - ST_SEC_HDR_LEN)
+        return st_sec_err(ST_ECORRUPT, sec, "length %llu exceeds the %llu bytes that remain",
+                          (unsigned long long)sec->length,
+                          (unsigned long long)(remain - ST_SEC_HDR_LEN));
+    rc = st_checksum_init(&sec->h);
+    if (rc)
+        return st_error_set(rc, "read: out of memory");
+    st_checksum_update(&sec->h, b, ST_SEC_HASHED);
+    return 0;
+}
+
+static int st_sec_expect_len(st_sec *sec, uint64_t want, const char *what)
+{
+    if (sec->length != want)
+        return st_sec_err(ST_ECORRUPT, sec, "length %llu, but %s need %llu", (unsigned long long)sec->length,
+                          what, (unsigned long long)want);
+    return 0;
+}
+
+static int st_sec_end(st_reader *r, st_sec *sec)
+{
+    uint64_t sum;
+    if (sec->done != sec->length)
+        return st_sec_err(ST_ECORRUPT, sec, "length %llu, but its content ends after %llu bytes",
+                          (unsigned long long)sec->length, (unsigned long long)sec->done);
+    sum = st_checksum_final(&sec->h);
+    st_checksum_free(&sec->h);
+    if (!ST_SUM_OK(sum, sec->checksum))
+        return st_sec_err(ST_ECORRUPT, sec, "checksum mismatch (recorded %016llx, computed %016llx)",
+                          (unsigned long long)sec->checksum, (unsigned long long)sum);
+    r->off = sec->off + ST_SEC_HDR_LEN + sec->length;
+    if (r->progress)
+        r->progress(r->progress_arg, r->off, r->hdr.file_len);
+    return 0;
+}
+
+static int st_rd_geometry(st_reader *r, st_sec *sec)
+{
+    st_geometry g;
+    st_tensor_desc *t = NULL;
+    const uint8_t *p;
+    uint64_t sum;
+    int rc;
+
+    rc = st_sec_begin(r, sec, ST_SECTION_GEOMETRY, 0, 0);
+    if (rc)
+        return rc;
+    if (sec->length < ST_GEOM_FIXED ||
+        sec->length > ST_GEOM_FIXED + (uint64_t)ST_GEOM_REC * ST_GEOMETRY_TENSORS_MAX)
+        return st_sec_err(ST_ECORRUPT, sec, "length %llu is not a geometry of 0..%u tensors",
+                          (unsigned long long)sec->length, ST_GEOMETRY_TENSORS_MAX);
+    rc = st_sec_view(r, sec, (size_t)sec->length, &p, "the geometry");
+    if (rc)
+        return rc;
+    /* checksum first: a damaged geometry is reported as damage, not as a strange geometry */
+    sum = st_checksum_final(&sec->h);
+    if (!ST_SUM_OK(sum, sec->checksum))
+        return st_sec_err(ST_ECORRUPT, sec, "checksum mismatch (recorded %016llx, computed %016llx)",
+                          (unsigned long long)sec->checksum, (unsigned long long)sum);
+    rc = st_geometry_parse(p, sec->length, &g, &t);
+    if (rc) {
+        char d[400];
+        snprintf(d, sizeof d, "%s", st_errdetail());
+        return st_sec_err(rc, sec, "%s", d);
+    }
+    rc = st_image_create(&r->img, &g);
+    free(t);
+    if (rc)
+        return rc;
+    return st_sec_end(r, sec);
+}
+
+static int st_rd_checkpoint(st_reader *r, st_sec *sec, uint32_t ci)
+{
+    st_image *img = r->img;
+    const st_geometry *g = &img->g;
+    const uint8_t *p, *body = NULL;
+    uint64_t position, body_len = 0, at = 0;
+    uint32_t codec = ST_CODEC_FP32, cflags = 0;
+    int rc;
+
+    rc = st_sec_view(r, sec, ST_CKPT_HDR, &p, "the checkpoint header");
+    if (rc)
+        return rc;
+    position = get64(p);
+    if (r->hdr.version == ST_FILE_VERSION_1) {
+        if (get64(p + 8) != 0)
+            return st_sec_err(ST_ECORRUPT, sec, "reserved field is %llu, must be 0",
+                              (unsigned long long)get64(p + 8));
+    } else {
+        codec = get32(p + 8);
+        cflags = get32(p + 12);
+        if (cflags & ~(ST_CFLAG_ZSTD | ST_CFLAG_SHUFFLE))
+            return st_sec_err(ST_ECORRUPT, sec, "flags 0x%x: reserved bits set", cflags);
+        if ((cflags & ST_CFLAG_SHUFFLE) && !(cflags & ST_CFLAG_ZSTD))
+            return st_sec_err(ST_ECORRUPT, sec, "flags 0x%x: shuffle without compression", cflags);
+        if (st_codec_check(codec) != 0) {
+            st_sec_err(ST_ECODEC, sec, "unknown codec %u", codec);
+            return st_sec_blame(r, sec, ST_ECODEC);
+        }
+    }
+    if (position > r->hdr.n_tokens)
+        return st_sec_err(ST_ECORRUPT, sec, "position %llu exceeds the %llu tokens",
+                          (unsigned long long)position, (unsigned long long)r->hdr.n_tokens);
+    if (ci > 0 && position <= img->ckpt[ci - 1].position)
+        return st_sec_err(ST_ECORRUPT, sec, "position %llu is not after checkpoint %u's %llu",
+                          (unsigned long long)position, ci - 1,
+                          (unsigned long long)img->ckpt[ci - 1].position);
+    if (!(cflags & ST_CFLAG_ZSTD)) {
+        rc = st_sec_expect_len(sec, ST_CKPT_HDR + st_ckpt_stored_total(g, codec), "its tensors");
+        if (rc)
+            return rc;
+    }
+    if (cflags & ST_CFLAG_ZSTD) {
+        /* The frames are read whole (bounded by the section, so by the file) and the checksum is
+         * compared before any of them is decoded: damage is reported as damage, and a damaged
+         * file costs no decompressor. */
+        uint64_t sum;
+        body_len = sec->length - sec->done;
+        rc = st_sec_view(r, sec, (size_t)body_len, &body, "the frames");
+        if (rc)
+            return rc;
+        sum = st_checksum_final(&sec->h);
+        if (!ST_SUM_OK(sum, sec->checksum))
+            return st_sec_err(ST_ECORRUPT, sec, "checksum mismatch (recorded %016llx, computed %016llx)",
+                              (unsigned long long)sec->checksum, (unsigned long long)sum);
+    }
+    rc = st_image_ckpt_append_empty(img, position, codec, NULL);
+    if (rc)
+        return rc;
+    for (uint32_t i = 0; i < g->n_tensors; i++) {
+        const st_tensor_desc *t = &g->tensors[i];
+        uint64_t n, flen, dsz;
+        size_t out_len;
+        char what[96];
+
+        if (t->role != ST_ROLE_RUNNING)
+            continue;
+        n = st_tensor_stored_bytes(t, codec);
+        snprintf(what, sizeof what, "tensor %u (\"%s\")", i, t->name);
+        if (!(cflags & ST_CFLAG_ZSTD)) {
+            img->ckpt[ci].t[i] = malloc((size_t)(n ? n : 1));
+            if (!img->ckpt[ci].t[i])
+                return st_error_set(ENOMEM, "read: out of memory for %llu bytes", (unsigned long long)n);
+            rc = st_sec_read(r, sec, img->ckpt[ci].t[i], n, what);
+            if (rc)
+                return rc;
+            continue;
+        }
+        if (body_len - at < 8)
+            return st_sec_err(ST_ECORRUPT, sec, "%s: the frame length needs 8 bytes at payload offset "
+                              "%llu, only %llu remain in the section", what,
+                              (unsigned long long)(ST_CKPT_HDR + at), (unsigned long long)(body_len - at));
+        flen = get64(body + at);
+        if (flen > body_len - at - 8)
+            return st_sec_err(ST_ECORRUPT, sec, "%s: a frame of %llu bytes at payload offset %llu, only "
+                              "%llu remain in the section", what, (unsigned long long)flen,
+                              (unsigned long long)(ST_CKPT_HDR + at + 8),
+                              (unsigned long long)(body_len - at - 8));
+        p = body + at + 8;
+        at += 8 + flen;
+        rc = st_frame_decoded_size(p, (size_t)flen, &dsz);
+        if (rc) {
+            char d[300];
+            snprintf(d, sizeof d, "%s", st_errdetail());
+            return st_sec_err(rc, sec, "%s: bad frame: %s", what, d);
+        }
+        if (dsz != n)
+            return st_sec_err(ST_ECORRUPT, sec, "%s: frame declares %llu bytes, the tensor has %llu",
+                              what, (unsigned long long)dsz, (unsigned long long)n);
+        if (dsz > r->max_decoded - r->decoded)
+            return st_sec_err(ST_ETOOBIG, sec, "%s: decompressed sizes exceed the limit of %llu bytes",
+                              what, (unsigned long long)r->max_decoded);
+        r->decoded += dsz;
+        img->ckpt[ci].t[i] = malloc((size_t)(n ? n : 1));
+        if (!img->ckpt[ci].t[i])
+            return st_error_set(ENOMEM, "read: out of memory for %llu bytes", (unsigned long long)n);
+        if (!r->fctx) {
+            r->fctx = st_frame_ctx_new();
+            if (!r->fctx)
+                return st_error_set(ENOMEM, "read: out of memory for the decompressor");
+        }
+        rc = st_frame_decode(r->fctx, img->ckpt[ci].t[i], (size_t)n, p, (size_t)flen, &out_len);
+        if (!rc && out_len != n)
+            rc = st_error_set(ST_ECORRUPT, "decoded %zu bytes", out_len);
+        if (rc) {
+            char d[300];
+            snprintf(d, sizeof d, "%s", st_errdetail());
+            return st_sec_err(rc, sec, "%s: frame does not decode: %s", what, d);
+        }
+    }
+    if (cflags & ST_CFLAG_ZSTD && at != body_len)
+        return st_sec_err(ST_ECORRUPT, sec, "%llu bytes follow the last frame",
+                          (unsigned long long)(body_len - at));
+    return 0;
+}
+
+/* Memory input only: walk the section headers and compare every checksum before anything is
+ * parsed or allocated. Hashing memory costs far less than the copies that follow, and a damaged
+ * buffer (an upload, a fuzzer's input) is refused without building half an image. */
+static int st_rd_prepass(const st_reader *r)
+{
+    const uint8_t *m = r->src.mem;
+    uint64_t off = ST_HDR_LEN, len = r->src.len;
+
+    for (uint32_t s = 0; s < r->hdr.n_sections; s++) {
+        st_sec sec = {.off = off};
+        st_checksum_state cs = {0};
+        uint64_t sum;
+        int rc;
+
+        if (len - off < ST_SEC_HDR_LEN)
+            return st_error_set(ST_ECORRUPT, "section %u at offset %llu: the section header needs %u "
+                                "bytes, %llu remain", s, (unsigned long long)off, ST_SEC_HDR_LEN,
+                                (unsigned long long)(len - off));
+        sec.type = get32(m + off);
+        sec.index = get32(m + off + 4);
+        sec.length = get64(m + off + 8);
+        if (sec.length > len - off - ST_SEC_HDR_LEN)
+            return st_sec_err(ST_ECORRUPT, &sec, "length %llu exceeds the %llu bytes that remain",
+                              (unsigned long long)sec.length,
+                              (unsigned long long)(len - off - ST_SEC_HDR_LEN));
+        rc = st_checksum_init(&cs);
+        if (rc)
+            return st_error_set(rc, "read: out of memory");
+        st_checksum_update(&cs, m + off, ST_SEC_HASHED);
+        st_checksum_update(&cs, m + off + ST_SEC_HDR_LEN, (size_t)sec.length);
+        sum = st_checksum_final(&cs);
+        st_checksum_free(&cs);
+        if (!ST_SUM_OK(sum, get64(m + off + 24)))
+            return st_sec_err(ST_ECORRUPT, &sec, "checksum mismatch (recorded %016llx, computed %016llx)",
+                              (unsigned long long)get64(m + off + 24), (unsigned long long)sum);
+        off += ST_SEC_HDR_LEN + sec.length;
+    }
+    return 0;
+}
+
+static int st_rd_run(st_reader *r)
+{
+    st_sec sec = {0};
+    st_image *img;
+    uint32_t s, ci = 0, n_kv = 0;
+    int rc;
+
+    rc = st_hdr_parse(&r->src, &r->hdr);
+    if (rc)
+        return rc;
+    if (r->src.mem) {
+        rc = st_rd_prepass(r);
+        if (rc)
+            return rc;
+    }
+    r->off = ST_HDR_LEN;
+    rc = st_rd_geometry(r, &sec);
+    if (rc)
+        goto done;
+    img = r->img;
+    for (uint32_t i = 0; i < img->g.n_tensors; i++)
+        n_kv += img->tensors[i].role == ST_ROLE_KV;
+    if (r->hdr.n_tokens > img->g.n_ctx) {
+        rc = st_error_set(ST_ECORRUPT, "header at offset 40: %llu tokens exceed n_ctx %u",
+                          (unsigned long long)r->hdr.n_tokens, img->g.n_ctx);
+        goto done;
+    }
+    if (r->hdr.n_sections < 3 + n_kv) {
+        rc = st_error_set(ST_ECORRUPT, "header at offset 20: %u sections, but a geometry with %u K/V "
+                          "tensors needs at least %u", r->hdr.n_sections, n_kv, 3 + n_kv);
+        goto done;
+    }
+
+    rc = st_sec_begin(r, &sec, ST_SECTION_TOKENS, 0, 0);
+    if (!rc)
+        rc = st_sec_expect_len(&sec, r->hdr.n_tokens * 4, "the header's tokens");
+    if (!rc) {
+        /* the image's token buffer and K/V rows are sized here, one section at a time */
+        uint32_t *tok = malloc((size_t)(r->hdr.n_tokens ? r->hdr.n_tokens * 4 : 1));
+        if (!tok) {
+            rc = st_error_set(ENOMEM, "read: out of memory for %llu tokens",
+                              (unsigned long long)r->hdr.n_tokens);
+            goto done;
+        }
+        free(img->tokens);
+        img->tokens = tok;
+        img->n_tokens = r->hdr.n_tokens;
+        for (uint32_t i = 0; i < img->g.n_tensors; i++) {
+            free(img->kv[i]);
+            img->kv[i] = NULL;
+        }
+        rc = st_sec_read(r, &sec, tok, r->hdr.n_tokens * 4, "the tokens");
+    }
+    if (!rc)
+        rc = st_sec_end(r, &sec);
+    for (uint32_t i = 0; i < img->g.n_tensors && !rc; i++) {
+        uint64_t len;
+        if (img->tensors[i].role != ST_ROLE_KV)
+            continue;
+        len = img->n_tokens * st_tensor_row_bytes(&img->tensors[i]);
+        rc = st_sec_begin(r, &sec, ST_SECTION_KV, i, 0);
+        if (!rc)
+            rc = st_sec_expect_len(&sec, len, "its rows");
+        if (!rc) {
+            img->kv[i] = malloc((size_t)(len ? len : 1));
+            if (!img->kv[i])
+                rc = st_error_set(ENOMEM, "read: out of memory for %llu bytes", (unsigned long long)len);
+        }
+        if (!rc)
+            rc = st_sec_read(r, &sec, img->kv[i], len, "the rows");
+        if (!rc)
+            rc = st_sec_end(r, &sec);
+    }
+    for (s = 2 + n_kv; s < r->hdr.n_sections && !rc; s++) {
+        int last = s == r->hdr.n_sections - 1;
+        rc = st_sec_begin(r, &sec, ST_SECTION_CHECKPOINT, ci, last && ci > 0 && img->g.n_vocab > 0);
+        if (rc)
+            break;
+        if (sec.type == ST_SECTION_LOGITS) {
+            rc = st_sec_expect_len(&sec, (uint64_t)img->g.n_vocab * 4, "n_vocab logits");
+            if (!rc) {
+                img->logits = malloc((size_t)img->g.n_vocab * 4);
+                if (!img->logits)
+                    rc = st_error_set(ENOMEM, "read: out of memory for logits");
+                else
+                    img->n_logits = img->g.n_vocab;
+            }
+            if (!rc)
+                rc = st_sec_read(r, &sec, img->logits, (uint64_t)img->g.n_vocab * 4, "the logits");
+        } else {
+            rc = st_rd_checkpoint(r, &sec, ci);
+            ci++;
+        }
+        if (!rc)
+            rc = st_sec_end(r, &sec);
+    }
+    if (rc)
+        goto done;
+    if (r->off != r->src.len) {
+        rc = st_error_set(ST_ECORRUPT, "offset %llu: %llu bytes after the last section",
+                          (unsigned long long)r->off, (unsigned long long)(r->src.len - r->off));
+        goto done;
+    }
+    if (img->n_ckpt == 0 || img->ckpt[img->n_ckpt - 1].position != img->n_tokens) {
+        rc = st_error_set(ST_ECORRUPT, "the last checkpoint is at position %llu, not at the %llu tokens",
+                          img->n_ckpt ? (unsigned long long)img->ckpt[img->n_ckpt - 1].position : 0ull,
+                          (unsigned long long)img->n_tokens);
+        goto done;
+    }
+    img->state_hash = r->hdr.state_hash;
+    rc = st_image_check(img);
+    if (rc)
+        rc = st_error_set(ST_ECORRUPT, "image check: %s", st_errdetail());
+done:
+    st_checksum_free(&sec.h);
+    return rc;
+}
+
+static int st_rd_main(st_src src, const st_file_read_opts *opts, st_image **out)
+{
+    st_reader r;
+    int rc;
+
+    memset(&r, 0, sizeof r);
+    r.src = src;
+    r.max_decoded = opts && opts->max_decoded_bytes ? opts->max_decoded_bytes : ST_DECODED_DEFAULT;
+    if (opts) {
+        r.progress = opts->progress;
+        r.progress_arg = opts->progress_arg;
+    }
+    rc = st_rd_run(&r);
+    st_frame_ctx_free(r.fctx);
+    free(r.tmp);
+    if (rc) {
+        st_image_free(r.img);
+        return rc;
+    }
+    *out = r.img;
+    return 0;
+}
+
+int st_file_read_mem(const void *buf, size_t len, const st_file_read_opts *opts, st_image **out)
+{
+    static const uint8_t empty[1];
+    st_src src = {.mem = buf ? buf : empty, .fd = -1, .len = len};
+
+    if (!out)
+        return st_error_set(ST_EINVAL, "read: NULL output");
+    *out = NULL;
+    if (!buf && len)
+        return st_error_set(ST_EINVAL, "read: NULL buffer");
+    return st_rd_main(src, opts, out);
+}
+
+static int st_open_regular(const char *path, int *fd, uint64_t *len)
+{
+    struct stat stt;
+    int e;
+
+    *fd = -1;
+    if (!path)
+        return st_error_set(ST_EINVAL, "read: NULL path");
+    *fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (*fd < 0) {
+        e = errno;
+        return st_error_set(e, "%s: %s", path, strerror(e));
+    }
+    if (fstat(*fd, &stt) != 0) {
+        e = errno;
+        close(*fd);
+        *fd = -1;
+        return st_error_set(e, "%s: %s", path, strerror(e));
+    }
+    if (!S_ISREG(stt.st_mode)) {
+        close(*fd);
+        *fd = -1;
+        if (S_ISDIR(stt.st_mode))
+            return st_error_set(EISDIR, "%s: is a directory", path);
+        return st_error_set(ST_EINVAL, "%s: not a regular file", path);
+    }
+    *len = (uint64_t)stt.st_size;
+    return 0;
+}
+
+int st_file_read(const char *path, const st_file_read_opts *opts, st_image **out)
+{
+    st_src src = {.mem = NULL, .fd = -1};
+    int rc;
+
+    if (!out)
+        return st_error_set(ST_EINVAL, "read: NULL output");
+    *out = NULL;
+    rc = st_open_regular(path, &src.fd, &src.len);
+    if (rc)
+        return rc;
+    rc = st_rd_main(src, opts, out);
+    close(src.fd);
+    if (rc) {
+        char d[400];
+        snprintf(d, sizeof d, "%s", st_errdetail());
+        st_error_set(rc, "%s: %s", path, d);
+    }
+    return rc;
+}
+
+/* ==== inspect ================================================================================= */
+
+typedef struct st_insp {
+    st_src src;
+    st_file_info *info;
+    uint8_t *chunk;
+} st_insp;
+
+/* Record the current detail as the first error (keeps an earlier one). */
+static void st_insp_note(st_file_info *info, int rc)
+{
+    info->all_ok = 0;
+    if (info->first_error)
+        return;
+    info->first_error = rc;
+    snprintf(info->first_error_detail, sizeof info->first_error_detail, "%s", st_errdetail());
+}
+
+/* Structure checks of one section that need only its header and a few payload bytes.
+ * Records problems in info; returns nothing: the walk goes on. */
+static void st_insp_section(st_insp *in, st_file_section_info *si, uint32_t s, uint32_t n_kv,
+                            const uint32_t *kv_index, uint32_t *ci, uint64_t *last_pos)
+{
+    st_file_info *info = in->info;
+    const st_geometry *g = &info->geometry;
+    int have_geom = g->tensors != NULL;
+    st_sec sec = {.type = si->type, .index = si->index, .off = si->offset, .length = si->length};
+    uint32_t want_type, want_index = 0;
+    uint8_t b[ST_CKPT_HDR];
+    int reserved_bad;
+
+    if (s == 0)
+        want_type = ST_SECTION_GEOMETRY;
+    else if (s == 1)
+        want_type = ST_SECTION_TOKENS;
+    else if (have_geom && s < 2 + n_kv) {
+        want_type = ST_SECTION_KV;
+        want_index = kv_index[s - 2];
+    } else if (si->type == ST_SECTION_LOGITS && s == info->n_sections - 1 && *ci > 0) {
+        want_type = ST_SECTION_LOGITS;
+    } else if (have_geom) {
+        want_type = ST_SECTION_CHECKPOINT;
+        want_index = *ci;
+    } else {
+        want_type = si->type; /* no geometry: order cannot be checked past here */
+        want_index = si->index;
+    }
+    if (si->type != want_type || si->index != want_index) {
+        char want[32], got[32];
+        st_sec_label(want, sizeof want, want_type, want_index);
+        st_sec_label(got, sizeof got, si->type, si->index);
+        st_error_set(ST_ECORRUPT, "section at offset %llu: found %s where %s was expected",
+                     (unsigned long long)si->offset, got, want);
+        st_insp_note(info, ST_ECORRUPT);
+    }
+    if (si->type == ST_SECTION_TOKENS && si->length != info->n_tokens * 4) {
+        st_sec_err(ST_ECORRUPT, &sec, "length %llu, but %llu tokens need %llu",
+                   (unsigned long long)si->length, (unsigned long long)info->n_tokens,
+                   (unsigned long long)info->n_tokens * 4);
+        st_insp_note(info, ST_ECORRUPT);
+    }
+    if (si->type == ST_SECTION_KV && have_geom && si->index < g->n_tensors &&
+        g->tensors[si->index].role == ST_ROLE_KV &&
+        si->length != st_mul_sat(info->n_tokens, st_tensor_row_bytes(&g->tensors[si->index]))) {
+        st_sec_err(ST_ECORRUPT, &sec, "length %llu does not match %llu tokens of its rows",
+                   (unsigned long long)si->length, (unsigned long long)info->n_tokens);
+        st_insp_note(info, ST_ECORRUPT);
+    }
+    if (si->type == ST_SECTION_LOGITS && si->length != (uint64_t)g->n_vocab * 4) {
+        st_sec_err(ST_ECORRUPT, &sec, "length %llu, but n_vocab %u logits need %llu",
+                   (unsigned long long)si->length, g->n_vocab, (unsigned long long)g->n_vocab * 4);
+        st_insp_note(info, ST_ECORRUPT);
+    }
+    if (si->type != ST_SECTION_CHECKPOINT)
+        return;
+    (*ci)++;
+    if (si->length < ST_CKPT_HDR) {
+        st_sec_err(ST_ECORRUPT, &sec, "length %llu is shorter than a checkpoint header",
+                   (unsigned long long)si->length);
+        st_insp_note(info, ST_ECORRUPT);
+        return;
+    }
+    if (st_src_read(&in->src, b, sizeof b, si->offset + ST_SEC_HDR_LEN) != 0) {
+        st_insp_note(info, ST_ECORRUPT);
+        return;
+    }
+    si->position = get64(b);
+    si->codec = info->version == ST_FILE_VERSION_1 ? ST_CODEC_FP32 : get32(b + 8);
+    si->compressed = info->version == ST_FILE_VERSION_1 ? 0 : (get32(b + 12) & ST_CFLAG_ZSTD) != 0;
+    if (info->version == ST_FILE_VERSION_1)
+        reserved_bad = get64(b + 8) != 0;
+    else
+        reserved_bad = (get32(b + 12) & ~(ST_CFLAG_ZSTD | ST_CFLAG_SHUFFLE)) != 0 ||
+                       get32(b + 12) == ST_CFLAG_SHUFFLE;
+    if (reserved_bad) {
+        st_sec_err(ST_ECORRUPT, &sec, "reserved checkpoint fields are not 0");
+        st_insp_note(info, ST_ECORRUPT);
+    }
+    if (st_codec_check(si->codec) != 0) {
+        st_sec_err(ST_ECODEC, &sec, "unknown codec %u", si->codec);
+        st_insp_note(info, ST_ECODEC);
+        return;
+    }
+    if ((*ci > 1 && si->position <= *last_pos) || si->position > info->n_tokens) {
+        st_sec_err(ST_ECORRUPT, &sec, "position %llu out of order or beyond the %llu tokens",
+                   (unsigned long long)si->position, (unsigned long long)info->n_tokens);
+        st_insp_note(info, ST_ECORRUPT);
+    }
+    *last_pos = si->position;
+    if (!have_geom)
+        return;
+    if (!si->compressed) {
+        uint64_t want = ST_CKPT_HDR + st_ckpt_stored_total(g, si->codec);
+        if (si->length != want) {
+            st_sec_err(ST_ECORRUPT, &sec, "length %llu, but its tensors need %llu",
+                       (unsigned long long)si->length, (unsigned long long)want);
+            st_insp_note(info, ST_ECORRUPT);
+        }
+        return;
+    }
+    /* compressed: the chain of frame lengths must fill the section exactly */
+    {
+        uint64_t at = ST_CKPT_HDR;
+        for (uint32_t i = 0; i < g->n_tensors; i++) {
+            uint8_t lb[8];
+            uint64_t flen;
+            if (g->tensors[i].role != ST_ROLE_RUNNING)
+                continue;
+            if (si->length - at < 8 ||
+                st_src_read(&in->src, lb, 8, si->offset + ST_SEC_HDR_LEN + at) != 0 ||
+                (flen = get64(lb)) > si->length - at - 8) {
+                st_sec_err(ST_ECORRUPT, &sec, "tensor %u: frame does not fit in the section", i);
+                st_insp_note(info, ST_ECORRUPT);
+                return;
+            }
+            at += 8 + flen;
+        }
+        if (at != si->length) {
+            st_sec_err(ST_ECORRUPT, &sec, "length %llu, but its frames end after %llu bytes",
+                       (unsigned long long)si->length, (unsigned long long)at);
+            st_insp_note(info, ST_ECORRUPT);
+        }
+    }
+}
+
+static int st_insp_run(st_insp *in)
+{
+    st_file_info *info = in->info;
+    st_hdr h;
+    uint64_t off = ST_HDR_LEN, last_pos = 0;
+    uint32_t n_kv = 0, ci = 0, *kv_index = NULL;
+    int rc;
+
+    rc = st_hdr_parse(&in->src, &h);
+    info->version = h.version;
+    info->file_len = in->src.len;
+    if (rc)
+        return rc;
+    info->state_hash = h.state_hash;
+    info->n_tokens = h.n_tokens;
+    info->sections = calloc(h.n_sections, sizeof *info->sections); /* n_sections <= file_len / 32 */
+    in->chunk = malloc(in->src.len < ST_IO_CHUNK ? (size_t)in->src.len : ST_IO_CHUNK);
+    if (!info->sections || !in->chunk)
+        return st_error_set(ENOMEM, "inspect: out of memory");
+
+    for (uint32_t s = 0; s < h.n_sections; s++) {
+        st_file_section_info *si = &info->sections[s];
+        st_checksum_state cs = {0};
+        uint8_t b[ST_SEC_HDR_LEN];
+        uint64_t at = 0;
+
+        if (in->src.len - off < ST_SEC_HDR_LEN) {
+            rc = st_error_set(ST_ECORRUPT, "section %u at offset %llu: the section header needs %u "
+                              "bytes, %llu remain", s, (unsigned long long)off, ST_SEC_HDR_LEN,
+                              (unsigned long long)(in->src.len - off));
+            goto done;
+        }
+        rc = st_src_read(&in->src, b, sizeof b, off);
+        if (rc)
+            goto done;
+        si->type = get32(b);
+        si->index = get32(b + 4);
+        si->offset = off;
+        si->length = get64(b + 8);
+        si->checksum = get64(b + 24);
+        if (si->length > in->src.len - off - ST_SEC_HDR_LEN) {
+            st_sec sec = {.type = si->type, .index = si->index, .off = off};
+            rc = st_sec_err(ST_ECORRUPT, &sec, "length %llu exceeds the %llu bytes that remain",
+                            (unsigned long long)si->length,
+                            (unsigned long long)(in->src.len - off - ST_SEC_HDR_LEN));
+            goto done;
+        }
+        info->n_sections = s + 1;
+        rc = st_checksum_init(&cs);
+        if (rc) {
+            rc = st_error_set(rc, "inspect: out of memory");
+            goto done;
+        }
+        st_checksum_update(&cs, b, ST_SEC_HASHED);
+        while (at < si->length) {
+            size_t k = si->length - at > ST_IO_CHUNK ? ST_IO_CHUNK : (size_t)(si->length - at);
+            rc = st_src_read(&in->src, in->chunk, k, off + ST_SEC_HDR_LEN + at);
+            if (rc) {
+                st_checksum_free(&cs);
+                goto done;
+            }
+            st_checksum_update(&cs, in->chunk, k);
+            at += k;
+        }
+        si->checksum_ok = st_checksum_final(&cs) == si->checksum;
+        st_checksum_free(&cs);
+        if (!si->checksum_ok) {
+            st_sec sec = {.type = si->type, .index = si->index, .off = off};
+            st_sec_err(ST_ECORRUPT, &sec, "checksum mismatch");
+            st_insp_note(info, ST_ECORRUPT);
+        }
+        if (get32(b + 16) != 0 || get32(b + 20) != 0) {
+            st_sec sec = {.type = si->type, .index = si->index, .off = off};
+            st_sec_err(ST_ECORRUPT, &sec, "reserved header fields are not 0");
+            st_insp_note(info, ST_ECORRUPT);
+        }
+        if (s == 0 && si->type == ST_SECTION_GEOMETRY && si->checksum_ok &&
+            si->length <= ST_GEOM_FIXED + (uint64_t)ST_GEOM_REC * ST_GEOMETRY_TENSORS_MAX) {
+            /* the payload is at most ~384 KiB: parse it whole */
+            uint8_t *gp = malloc(si->length ? (size_t)si->length : 1);
+            st_tensor_desc *t = NULL;
+            if (!gp) {
+                rc = st_error_set(ENOMEM, "inspect: out of memory");
+                goto done;
+            }
+            rc = st_src_read(&in->src, gp, (size_t)si->length, off + ST_SEC_HDR_LEN);
+            if (!rc)
+                rc = st_geometry_parse(gp, si->length, &info->geometry, &t);
+            free(gp);
+            if (rc) {
+                st_sec sec = {.type = si->type, .index = si->index, .off = off};
+                char d[400];
+                snprintf(d, sizeof d, "%s", st_errdetail());
+                st_sec_err(ST_ECORRUPT, &sec, "%s", d);
+                st_insp_note(info, ST_ECORRUPT);
+                memset(&info->geometry, 0, sizeof info->geometry);
+                rc = 0;
+            } else {
+                info->geometry.tensors = t;
+                kv_index = calloc(t ? info->geometry.n_tensors + 1 : 1, sizeof *kv_index);
+                if (!kv_index) {
+                    rc = st_error_set(ENOMEM, "inspect: out of memory");
+                    goto done;
+                }
+                for (uint32_t i = 0; i < info->geometry.n_tensors; i++)
+                    if (t[i].role == ST_ROLE_KV)
+                        kv_index[n_kv++] = i;
+                if (h.n_tokens > info->geometry.n_ctx) {
+                    st_error_set(ST_ECORRUPT, "header at offset 40: %llu tokens exceed n_ctx %u",
+                                 (unsigned long long)h.n_tokens, info->geometry.n_ctx);
+                    st_insp_note(info, ST_ECORRUPT);
+                }
+            }
+        }
+        st_insp_section(in, si, s, info->geometry.tensors ? n_kv : 0, kv_index, &ci, &last_pos);
+        off += ST_SEC_HDR_LEN + si->length;
+    }
+    if (off != in->src.len) {
+        st_error_set(ST_ECORRUPT, "offset %llu: %llu bytes after the last section",
+                     (unsigned long long)off, (unsigned long long)(in->src.len - off));
+        st_insp_note(info, ST_ECORRUPT);
+    }
+    if (info->geometry.tensors && (ci == 0 || last_pos != h.n_tokens)) {
+        st_error_set(ST_ECORRUPT, "the last checkpoint is at position %llu, not at the %llu tokens",
+                     (unsigned long long)last_pos, (unsigned long long)h.n_tokens);
+        st_insp_note(info, ST_ECORRUPT);
+    }
+    if (!info->geometry.tensors && info->first_error == 0) {
+        st_error_set(ST_ECORRUPT, "no readable geometry");
+        st_insp_note(info, ST_ECORRUPT);
+    }
+    rc = 0;
+done:
+    free(kv_index);
+    return rc;
+}
+
+int st_file_inspect(const char *path, st_file_info *info)
+{
+    st_insp in;
+    int rc;
+
+    if (!info)
+        return st_error_set(ST_EINVAL, "inspect: NULL info");
+    memset(info, 0, sizeof *info);
+    memset(&in, 0, sizeof in);
+    in.info = info;
+    in.src.fd = -1;
+    rc = st_open_regular(path, &in.src.fd, &in.src.len);
+    if (!rc) {
+        info->all_ok = 1;
+        rc = st_insp_run(&in);
+        close(in.src.fd);
+        free(in.chunk);
+    }
+    if (rc) {
+        char d[400];
+        snprintf(d, sizeof d, "%s", st_errdetail());
+        st_error_set(rc, "%s: %s", path ? path : "(null)", d);
+        info->all_ok = 0;
+        if (!info->first_error) {
+            info->first_error = rc;
+            snprintf(info->first_error_detail, sizeof info->first_error_detail, "%s", st_errdetail());
+        }
+    }
+    return rc;
+}
+
+void st_file_info_free(st_file_info *info)
+{
+    if (!info)
+        return;
+    free((void *)info->geometry.tensors);
+    free(info->sections);
+    memset(info, 0, sizeof *info);
+}

@@ -1,0 +1,682 @@
+/*
+ * st_image.c - geometry and dtype helpers, and the in-memory state image.
+ *
+ * The image's invariants are listed in st_store_int.h. Every mutating function either succeeds
+ * completely or leaves the image as it was (allocations happen before anything is replaced).
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "st_store_int.h"
+
+/* ---- dtypes and sizes ---------------------------------------------------------------------- */
+
+static const char *const st_dtype_names[ST_DTYPE_COUNT] = {"f32", "f16", "bf16", "i8", "i32", "i64"};
+static const uint8_t st_dtype_sizes[ST_DTYPE_COUNT] = {4, 2, 2, 1, 4, 8};
+
+const char *st_dtype_name(uint32_t dtype)
+{
+    return dtype < ST_DTYPE_COUNT ? st_dtype_names[dtype] : "unknown";
+}
+
+size_t st_dtype_size(uint32_t dtype)
+{
+    return dtype < ST_DTYPE_COUNT ? st_dtype_sizes[dtype] : 0;
+}
+
+uint64_t st_mul_sat(uint64_t a, uint64_t b)
+{
+    uint64_t r;
+    if (__builtin_mul_overflow(a, b, &r))
+        return UINT64_MAX;
+    return r;
+}
+
+static uint64_t st_add_sat(uint64_t a, uint64_t b)
+{
+    uint64_t r;
+    if (__builtin_add_overflow(a, b, &r))
+        return UINT64_MAX;
+    return r;
+}
+
+uint64_t st_tensor_elems(const st_tensor_desc *t)
+{
+    uint64_t n = 1;
+    if (!t || t->ndim < 1 || t->ndim > ST_TENSOR_NDIM_MAX)
+        return 0;
+    for (uint32_t d = 0; d < t->ndim; d++)
+        n = st_mul_sat(n, t->shape[d]);
+    return n;
+}
+
+uint64_t st_tensor_row_bytes(const st_tensor_desc *t)
+{
+    uint64_t n;
+    if (!t || t->ndim < 1 || t->ndim > ST_TENSOR_NDIM_MAX)
+        return 0;
+    n = st_dtype_size(t->dtype);
+    for (uint32_t d = 1; d < t->ndim; d++)
+        n = st_mul_sat(n, t->shape[d]);
+    return n;
+}
+
+uint64_t st_tensor_stored_bytes(const st_tensor_desc *t, uint32_t codec)
+{
+    size_t es;
+    if (!t)
+        return 0;
+    es = t->dtype == ST_DTYPE_F32 ? st_codec_elem_size(codec) : st_dtype_size(t->dtype);
+    return st_mul_sat(st_tensor_elems(t), es);
+}
+
+/* ---- geometry ------------------------------------------------------------------------------ */
+
+static int st_name_valid(const char *name, size_t *len)
+{
+    size_t n = 0;
+    while (n < ST_TENSOR_NAME_MAX && name[n] != '\0') {
+        if ((unsigned char)name[n] < 0x20 || (unsigned char)name[n] > 0x7e) {
+            *len = n;
+            return 0;
+        }
+        n++;
+    }
+    *len = n;
+    return n > 0 && n < ST_TENSOR_NAME_MAX;
+}
+
+int st_geometry_check(const st_geometry *g)
+{
+    uint64_t total = 0;
+
+    if (!g)
+        return st_error_set(ST_EINVAL, "geometry: NULL");
+    if (g->page_size < 1)
+        return st_error_set(ST_EGEOMETRY, "geometry: page_size is 0");
+    if (g->n_ctx < 1)
+        return st_error_set(ST_EGEOMETRY, "geometry: n_ctx is 0");
+    if (g->n_tensors > ST_GEOMETRY_TENSORS_MAX)
+        return st_error_set(ST_EGEOMETRY, "geometry: %u tensors exceed the limit of %u", g->n_tensors,
+                            ST_GEOMETRY_TENSORS_MAX);
+    if (g->n_tensors > 0 && !g->tensors)
+        return st_error_set(ST_EINVAL, "geometry: %u tensors but no tensor array", g->n_tensors);
+    total = st_mul_sat(g->n_ctx, 4) + st_mul_sat(g->n_vocab, 4);
+
+    for (uint32_t i = 0; i < g->n_tensors; i++) {
+        const st_tensor_desc *t = &g->tensors[i];
+        size_t len;
+        uint64_t bytes;
+
+        if (!st_name_valid(t->name, &len)) {
+            if (len == 0 && t->name[0] == '\0')
+                return st_error_set(ST_EGEOMETRY, "geometry: tensor %u: empty name", i);
+            if (len == ST_TENSOR_NAME_MAX)
+                return st_error_set(ST_EGEOMETRY, "geometry: tensor %u: name not NUL-terminated "
+                                    "within %d bytes", i, ST_TENSOR_NAME_MAX);
+            return st_error_set(ST_EGEOMETRY, "geometry: tensor %u: name byte %zu (0x%02x) is not "
+                                "printable ASCII", i, len, (unsigned char)t->name[len]);
+        }
+        for (uint32_t j = 0; j < i; j++)
+            if (strcmp(g->tensors[j].name, t->name) == 0)
+                return st_error_set(ST_EGEOMETRY, "geometry: tensor %u: name \"%s\" already used by "
+                                    "tensor %u", i, t->name, j);
+        if (t->role != ST_ROLE_RUNNING && t->role != ST_ROLE_KV)
+            return st_error_set(ST_EGEOMETRY, "geometry: tensor %u (\"%s\"): unknown role %u", i,
+                                t->name, t->role);
+        if (t->dtype >= ST_DTYPE_COUNT)
+            return st_error_set(ST_EGEOMETRY, "geometry: tensor %u (\"%s\"): unknown dtype %u", i,
+                                t->name, t->dtype);
+        if (t->ndim < 1 || t->ndim > ST_TENSOR_NDIM_MAX)
+            return st_error_set(ST_EGEOMETRY, "geometry: tensor %u (\"%s\"): ndim %u is not 1..%d", i,
+                                t->name, t->ndim, ST_TENSOR_NDIM_MAX);
+        for (uint32_t d = 0; d < ST_TENSOR_NDIM_MAX; d++) {
+            if (d < t->ndim && t->shape[d] < 1)
+                return st_error_set(ST_EGEOMETRY, "geometry: tensor %u (\"%s\"): shape[%u] is 0", i,
+                                    t->name, d);
+            if (d >= t->ndim && t->shape[d] != 0)
+                return st_error_set(ST_EGEOMETRY, "geometry: tensor %u (\"%s\"): unused shape[%u] is "
+                                    "%llu, must be 0", i, t->name, d, (unsigned long long)t->shape[d]);
+        }
+        if (t->role == ST_ROLE_KV) {
+            if (t->shape[0] != g->n_ctx)
+                return st_error_set(ST_EGEOMETRY, "geometry: K/V tensor %u (\"%s\"): shape[0] %llu is "
+                                    "not n_ctx %u", i, t->name, (unsigned long long)t->shape[0],
+                                    g->n_ctx);
+            bytes = st_mul_sat(st_tensor_row_bytes(t), g->n_ctx);
+        } else {
+            /* the widest form a checkpoint may hold: fp32 for f32 tensors */
+            bytes = st_mul_sat(st_tensor_elems(t), st_dtype_size(t->dtype));
+        }
+        if (bytes > ST_BYTES_MAX)
+            return st_error_set(ST_EGEOMETRY, "geometry: tensor %u (\"%s\"): size overflows", i,
+                                t->name);
+        total += bytes;
+        if (total > ST_BYTES_MAX)
+            return st_error_set(ST_EGEOMETRY, "geometry: total size overflows at tensor %u (\"%s\")",
+                                i, t->name);
+    }
+    return 0;
+}
+
+static void st_fp_hex(char *out, const uint8_t *fp)
+{
+    for (int i = 0; i < 4; i++)
+        sprintf(out + 2 * i, "%02x", fp[i]);
+    strcpy(out + 8, "...");
+}
+
+static void st_shape_str(char *out, size_t cap, const st_tensor_desc *t)
+{
+    size_t o = 0;
+    o += (size_t)snprintf(out + o, cap - o, "[");
+    for (uint32_t d = 0; d < t->ndim && d < ST_TENSOR_NDIM_MAX && o < cap; d++)
+        o += (size_t)snprintf(out + o, cap - o, "%s%llu", d ? "," : "",
+                              (unsigned long long)t->shape[d]);
+    if (o < cap)
+        snprintf(out + o, cap - o, "]");
+}
+
+int st_geometry_compare(const st_geometry *a, const st_geometry *b)
+{
+    if (!a || !b)
+        return st_error_set(ST_EINVAL, "geometry compare: NULL geometry");
+    if (memcmp(a->model_fp, b->model_fp, ST_FINGERPRINT_LEN) != 0) {
+        char ha[16], hb[16];
+        st_fp_hex(ha, a->model_fp);
+        st_fp_hex(hb, b->model_fp);
+        return st_error_set(ST_EMODEL, "model fingerprint %s vs %s", ha, hb);
+    }
+    if (a->page_size != b->page_size)
+        return st_error_set(ST_EGEOMETRY, "incompatible K/V geometry: page_size %u vs %u",
+                            a->page_size, b->page_size);
+    if (a->n_ctx != b->n_ctx)
+        return st_error_set(ST_EGEOMETRY, "incompatible K/V geometry: n_ctx %u vs %u", a->n_ctx,
+                            b->n_ctx);
+    if (a->n_vocab != b->n_vocab)
+        return st_error_set(ST_EGEOMETRY, "incompatible geometry: n_vocab %u vs %u", a->n_vocab,
+                            b->n_vocab);
+    for (uint32_t i = 0; i < a->n_tensors && i < b->n_tensors; i++) {
+        const st_tensor_desc *x = &a->tensors[i], *y = &b->tensors[i];
+        const char *what = x->role == ST_ROLE_KV ? "K/V" : "state";
+        if (strncmp(x->name, y->name, ST_TENSOR_NAME_MAX) != 0)
+            return st_error_set(ST_EGEOMETRY, "incompatible %s geometry: tensor %u name \"%.47s\" vs "
+                                "\"%.47s\"", what, i, x->name, y->name);
+        if (x->role != y->role)
+            return st_error_set(ST_EGEOMETRY, "incompatible %s geometry: tensor %u (\"%.47s\") role "
+                                "%s vs %s", what, i, x->name,
+                                x->role == ST_ROLE_KV ? "kv" : "running",
+                                y->role == ST_ROLE_KV ? "kv" : "running");
+        if (x->dtype != y->dtype)
+            return st_error_set(ST_EGEOMETRY, "incompatible %s geometry: tensor %u (\"%.47s\") dtype "
+                                "%s vs %s", what, i, x->name, st_dtype_name(x->dtype),
+                                st_dtype_name(y->dtype));
+        if (x->ndim != y->ndim || memcmp(x->shape, y->shape, sizeof x->shape) != 0) {
+            char sa[96], sb[96];
+            st_shape_str(sa, sizeof sa, x);
+            st_shape_str(sb, sizeof sb, y);
+            return st_error_set(ST_EGEOMETRY, "incompatible %s geometry: tensor %u (\"%.47s\") shape "
+                                "%s vs %s", what, i, x->name, sa, sb);
+        }
+    }
+    if (a->n_tensors != b->n_tensors)
+        return st_error_set(ST_EGEOMETRY, "incompatible geometry: %u tensors vs %u", a->n_tensors,
+                            b->n_tensors);
+    return 0;
+}
+
+/* ---- image --------------------------------------------------------------------------------- */
+
+static uint8_t *st_alloc0(uint64_t n)
+{
+    if (n > SIZE_MAX)
+        return NULL;
+    return calloc(n ? (size_t)n : 1, 1);
+}
+
+static void st_ckpt_release(const st_image *img, st_ckpt *c)
+{
+    if (!c->t)
+        return;
+    for (uint32_t i = 0; i < img->g.n_tensors; i++)
+        free(c->t[i]);
+    free(c->t);
+    c->t = NULL;
+}
+
+void st_image_free(st_image *img)
+{
+    if (!img)
+        return;
+    for (uint32_t c = 0; c < img->n_ckpt; c++)
+        st_ckpt_release(img, &img->ckpt[c]);
+    free(img->ckpt);
+    if (img->kv)
+        for (uint32_t i = 0; i < img->g.n_tensors; i++)
+            free(img->kv[i]);
+    free(img->kv);
+    free(img->tokens);
+    free(img->logits);
+    free(img->tensors);
+    free(img);
+}
+
+int st_image_create(st_image **out, const st_geometry *g)
+{
+    st_image *img = NULL;
+    int rc;
+
+    if (!out)
+        return st_error_set(ST_EINVAL, "image create: NULL output");
+    *out = NULL;
+    rc = st_geometry_check(g);
+    if (rc)
+        return rc;
+    img = calloc(1, sizeof *img);
+    if (!img)
+        goto nomem;
+    img->g = *g;
+    img->tensors = calloc(g->n_tensors ? g->n_tensors : 1, sizeof *img->tensors);
+    img->kv = calloc(g->n_tensors ? g->n_tensors : 1, sizeof *img->kv);
+    img->tokens = malloc(sizeof(uint32_t));
+    if (!img->tensors || !img->kv || !img->tokens)
+        goto nomem;
+    if (g->n_tensors)
+        memcpy(img->tensors, g->tensors, g->n_tensors * sizeof *img->tensors);
+    img->g.tensors = img->tensors;
+    for (uint32_t i = 0; i < g->n_tensors; i++) {
+        /* canonical names: everything after the NUL is zero, so images compare and write
+         * deterministically whatever the caller left there */
+        size_t len = strlen(img->tensors[i].name);
+        memset(img->tensors[i].name + len, 0, ST_TENSOR_NAME_MAX - len);
+        if (img->tensors[i].role == ST_ROLE_KV) {
+            img->kv[i] = malloc(1);
+            if (!img->kv[i])
+                goto nomem;
+        }
+    }
+    *out = img;
+    return 0;
+nomem:
+    st_image_free(img);
+    return st_error_set(ENOMEM, "image create: out of memory");
+}
+
+const st_geometry *st_image_geometry(const st_image *img)
+{
+    return img ? &img->g : NULL;
+}
+
+uint64_t st_image_n_tokens(const st_image *img)
+{
+    return img ? img->n_tokens : 0;
+}
+
+const uint32_t *st_image_tokens(const st_image *img)
+{
+    return img ? img->tokens : NULL;
+}
+
+int st_image_tokens_set(st_image *img, const uint32_t *tokens, uint64_t n)
+{
+    uint64_t old;
+
+    if (!img)
+        return st_error_set(ST_EINVAL, "tokens set: NULL image");
+    if (n > img->g.n_ctx)
+        return st_error_set(ST_EINVAL, "tokens set: %llu tokens exceed n_ctx %u",
+                            (unsigned long long)n, img->g.n_ctx);
+    if (n > 0 && !tokens)
+        return st_error_set(ST_EINVAL, "tokens set: %llu tokens but no array", (unsigned long long)n);
+    old = img->n_tokens;
+    /* Phase 1: grow every buffer that must grow. A buffer grown before a later failure is only
+     * larger than needed, which the invariants allow, so the image stays as it was. */
+    if (n > old) {
+        uint32_t *t = realloc(img->tokens, (size_t)n * sizeof *t);
+        if (!t)
+            return st_error_set(ENOMEM, "tokens set: out of memory for %llu tokens",
+                                (unsigned long long)n);
+        img->tokens = t;
+        for (uint32_t i = 0; i < img->g.n_tensors; i++) {
+            uint8_t *k;
+            if (img->tensors[i].role != ST_ROLE_KV)
+                continue;
+            k = realloc(img->kv[i], (size_t)(n * st_tensor_row_bytes(&img->tensors[i])));
+            if (!k)
+                return st_error_set(ENOMEM, "tokens set: out of memory for K/V tensor %u", i);
+            img->kv[i] = k;
+        }
+    }
+    /* Phase 2: nothing can fail any more. */
+    for (uint32_t i = 0; i < img->g.n_tensors; i++) {
+        uint64_t row;
+        if (img->tensors[i].role != ST_ROLE_KV)
+            continue;
+        row = st_tensor_row_bytes(&img->tensors[i]);
+        if (n > old) {
+            memset(img->kv[i] + old * row, 0, (size_t)((n - old) * row));
+        } else if (n < old && n > 0) {
+            uint8_t *k = realloc(img->kv[i], (size_t)(n * row));
+            if (k)
+                img->kv[i] = k;
+        }
+    }
+    if (n > 0)
+        memcpy(img->tokens, tokens, (size_t)n * sizeof *tokens);
+    img->n_tokens = n;
+    return 0;
+}
+
+void *st_image_kv(st_image *img, uint32_t ti, uint64_t *len)
+{
+    return (void *)st_image_kv_const(img, ti, len);
+}
+
+const void *st_image_kv_const(const st_image *img, uint32_t ti, uint64_t *len)
+{
+    if (len)
+        *len = 0;
+    if (!img || ti >= img->g.n_tensors || img->tensors[ti].role != ST_ROLE_KV)
+        return NULL;
+    if (len)
+        *len = img->n_tokens * st_tensor_row_bytes(&img->tensors[ti]);
+    return img->kv[ti];
+}
+
+uint64_t st_image_kv_pages(const st_image *img)
+{
+    if (!img)
+        return 0;
+    return (img->n_tokens + img->g.page_size - 1) / img->g.page_size;
+}
+
+int st_image_ckpt_append_empty(st_image *img, uint64_t position, uint32_t codec, uint32_t *index)
+{
+    int rc;
+    st_ckpt *c;
+
+    if (!img)
+        return st_error_set(ST_EINVAL, "checkpoint add: NULL image");
+    rc = st_codec_check(codec);
+    if (rc)
+        return rc;
+    if (position > img->g.n_ctx)
+        return st_error_set(ST_EINVAL, "checkpoint add: position %llu exceeds n_ctx %u",
+                            (unsigned long long)position, img->g.n_ctx);
+    if (img->n_ckpt > 0 && position <= img->ckpt[img->n_ckpt - 1].position)
+        return st_error_set(ST_EINVAL, "checkpoint add: position %llu is not after the last "
+                            "checkpoint's %llu", (unsigned long long)position,
+                            (unsigned long long)img->ckpt[img->n_ckpt - 1].position);
+    if (img->n_ckpt >= UINT32_MAX - ST_GEOMETRY_TENSORS_MAX - 8)
+        return st_error_set(ST_ETOOBIG, "checkpoint add: too many checkpoints");
+    if (img->n_ckpt == img->cap_ckpt) {
+        uint32_t cap = img->cap_ckpt ? img->cap_ckpt * 2 : 4;
+        st_ckpt *nc = realloc(img->ckpt, (size_t)cap * sizeof *nc);
+        if (!nc)
+            return st_error_set(ENOMEM, "checkpoint add: out of memory");
+        img->ckpt = nc;
+        img->cap_ckpt = cap;
+    }
+    c = &img->ckpt[img->n_ckpt];
+    c->position = position;
+    c->codec = codec;
+    c->t = calloc(img->g.n_tensors ? img->g.n_tensors : 1, sizeof *c->t);
+    if (!c->t)
+        return st_error_set(ENOMEM, "checkpoint add: out of memory");
+    if (index)
+        *index = img->n_ckpt;
+    img->n_ckpt++;
+    return 0;
+}
+
+int st_image_checkpoint_add(st_image *img, uint64_t position, uint32_t codec, uint32_t *index)
+{
+    uint32_t ci;
+    int rc = st_image_ckpt_append_empty(img, position, codec, &ci);
+    if (rc)
+        return rc;
+    for (uint32_t i = 0; i < img->g.n_tensors; i++) {
+        if (img->tensors[i].role != ST_ROLE_RUNNING)
+            continue;
+        img->ckpt[ci].t[i] = st_alloc0(st_tensor_stored_bytes(&img->tensors[i], codec));
+        if (!img->ckpt[ci].t[i]) {
+            st_ckpt_release(img, &img->ckpt[ci]);
+            img->n_ckpt--;
+            return st_error_set(ENOMEM, "checkpoint add: out of memory for tensor %u", i);
+        }
+    }
+    if (index)
+        *index = ci;
+    return 0;
+}
+
+uint32_t st_image_n_checkpoints(const st_image *img)
+{
+    return img ? img->n_ckpt : 0;
+}
+
+int st_image_checkpoint_info(const st_image *img, uint32_t ci, uint64_t *position, uint32_t *codec)
+{
+    if (!img || ci >= img->n_ckpt)
+        return st_error_set(ST_ENOTFOUND, "checkpoint %u: no such checkpoint (%u in the image)", ci,
+                            img ? img->n_ckpt : 0);
+    if (position)
+        *position = img->ckpt[ci].position;
+    if (codec)
+        *codec = img->ckpt[ci].codec;
+    return 0;
+}
+
+void *st_image_checkpoint_tensor(st_image *img, uint32_t ci, uint32_t ti, uint64_t *len)
+{
+    return (void *)st_image_checkpoint_tensor_const(img, ci, ti, len);
+}
+
+const void *st_image_checkpoint_tensor_const(const st_image *img, uint32_t ci, uint32_t ti,
+                                             uint64_t *len)
+{
+    if (len)
+        *len = 0;
+    if (!img || ci >= img->n_ckpt || ti >= img->g.n_tensors ||
+        img->tensors[ti].role != ST_ROLE_RUNNING)
+        return NULL;
+    if (len)
+        *len = st_tensor_stored_bytes(&img->tensors[ti], img->ckpt[ci].codec);
+    return img->ckpt[ci].t[ti];
+}
+
+int st_image_checkpoint_recode(st_image *img, uint32_t ci, uint32_t codec, void *scratch,
+                               size_t scratch_cap)
+{
+    uint8_t **nt = NULL;
+    st_ckpt *c;
+    int rc = 0;
+
+    if (!img || ci >= img->n_ckpt)
+        return st_error_set(ST_ENOTFOUND, "checkpoint %u: no such checkpoint", ci);
+    rc = st_codec_check(codec);
+    if (rc)
+        return rc;
+    c = &img->ckpt[ci];
+    if (c->codec == codec)
+        return 0;
+    nt = calloc(img->g.n_tensors ? img->g.n_tensors : 1, sizeof *nt);
+    if (!nt)
+        return st_error_set(ENOMEM, "checkpoint recode: out of memory");
+    for (uint32_t i = 0; i < img->g.n_tensors; i++) {
+        const st_tensor_desc *t = &img->tensors[i];
+        uint64_t n;
+        if (t->role != ST_ROLE_RUNNING || t->dtype != ST_DTYPE_F32)
+            continue;
+        n = st_tensor_elems(t);
+        nt[i] = st_alloc0(st_tensor_stored_bytes(t, codec));
+        if (!nt[i]) {
+            rc = st_error_set(ENOMEM, "checkpoint recode: out of memory for tensor %u", i);
+            goto done;
+        }
+        rc = st_codec_convert(codec, nt[i], c->codec, c->t[i], (size_t)n, scratch, scratch_cap);
+        if (rc) {
+            if (!st_errdetail()[0])
+                st_error_set(rc, "checkpoint %u recode %s -> %s: tensor %u (\"%s\") failed", ci,
+                             st_codec_name(c->codec), st_codec_name(codec), i, t->name);
+            goto done;
+        }
+    }
+    /* every conversion succeeded: swap the f32 tensors in, other dtypes stay as they are */
+    for (uint32_t i = 0; i < img->g.n_tensors; i++) {
+        if (!nt[i])
+            continue;
+        free(c->t[i]);
+        c->t[i] = nt[i];
+        nt[i] = NULL;
+    }
+    c->codec = codec;
+done:
+    for (uint32_t i = 0; i < img->g.n_tensors; i++)
+        free(nt[i]);
+    free(nt);
+    return rc;
+}
+
+int st_image_checkpoint_remove(st_image *img, uint32_t ci)
+{
+    if (!img || ci >= img->n_ckpt)
+        return st_error_set(ST_ENOTFOUND, "checkpoint %u: no such checkpoint", ci);
+    st_ckpt_release(img, &img->ckpt[ci]);
+    memmove(&img->ckpt[ci], &img->ckpt[ci + 1], (img->n_ckpt - ci - 1) * sizeof *img->ckpt);
+    img->n_ckpt--;
+    return 0;
+}
+
+int st_image_logits_set(st_image *img, const float *logits, uint32_t n)
+{
+    float *l;
+
+    if (!img)
+        return st_error_set(ST_EINVAL, "logits set: NULL image");
+    if (n == 0) {
+        free(img->logits);
+        img->logits = NULL;
+        img->n_logits = 0;
+        return 0;
+    }
+    if (n != img->g.n_vocab)
+        return st_error_set(ST_EINVAL, "logits set: %u logits but n_vocab is %u", n, img->g.n_vocab);
+    if (!logits)
+        return st_error_set(ST_EINVAL, "logits set: NULL array");
+    l = malloc((size_t)n * sizeof *l);
+    if (!l)
+        return st_error_set(ENOMEM, "logits set: out of memory");
+    memcpy(l, logits, (size_t)n * sizeof *l);
+    free(img->logits);
+    img->logits = l;
+    img->n_logits = n;
+    return 0;
+}
+
+const float *st_image_logits(const st_image *img, uint32_t *n)
+{
+    if (n)
+        *n = img ? img->n_logits : 0;
+    return img ? img->logits : NULL;
+}
+
+void st_image_state_hash_set(st_image *img, uint64_t h)
+{
+    if (img)
+        img->state_hash = h;
+}
+
+uint64_t st_image_state_hash(const st_image *img)
+{
+    return img ? img->state_hash : 0;
+}
+
+int st_image_check(const st_image *img)
+{
+    if (!img)
+        return st_error_set(ST_EINVAL, "image check: NULL image");
+    if (img->n_ckpt == 0)
+        return st_error_set(ST_EINVAL, "image incomplete: no checkpoint");
+    for (uint32_t c = 0; c < img->n_ckpt; c++) {
+        int rc = st_codec_check(img->ckpt[c].codec);
+        if (rc)
+            return st_error_set(rc, "image: checkpoint %u has unknown codec %u", c, img->ckpt[c].codec);
+        if (c > 0 && img->ckpt[c].position <= img->ckpt[c - 1].position)
+            return st_error_set(ST_EINVAL, "image: checkpoint %u position %llu is not after "
+                                "checkpoint %u's %llu", c, (unsigned long long)img->ckpt[c].position,
+                                c - 1, (unsigned long long)img->ckpt[c - 1].position);
+        if (img->ckpt[c].position > img->n_tokens)
+            return st_error_set(ST_EINVAL, "image: checkpoint %u position %llu exceeds %llu tokens", c,
+                                (unsigned long long)img->ckpt[c].position,
+                                (unsigned long long)img->n_tokens);
+    }
+    if (img->ckpt[img->n_ckpt - 1].position != img->n_tokens)
+        return st_error_set(ST_EINVAL, "image incomplete: the last checkpoint is at position %llu, "
+                            "not at the %llu tokens", (unsigned long long)img->ckpt[img->n_ckpt - 1].position,
+                            (unsigned long long)img->n_tokens);
+    if (img->n_logits != 0 && img->n_logits != img->g.n_vocab)
+        return st_error_set(ST_EINVAL, "image: %u logits but n_vocab is %u", img->n_logits,
+                            img->g.n_vocab);
+    return 0;
+}
+
+uint64_t st_image_bytes(const st_image *img)
+{
+    uint64_t total;
+
+    if (!img)
+        return 0;
+    total = img->n_tokens * 4 + (uint64_t)img->n_logits * 4;
+    for (uint32_t i = 0; i < img->g.n_tensors; i++) {
+        const st_tensor_desc *t = &img->tensors[i];
+        if (t->role == ST_ROLE_KV) {
+            total = st_add_sat(total, st_mul_sat(img->n_tokens, st_tensor_row_bytes(t)));
+            continue;
+        }
+        for (uint32_t c = 0; c < img->n_ckpt; c++)
+            total = st_add_sat(total, st_tensor_stored_bytes(t, img->ckpt[c].codec));
+    }
+    return total;
+}
+
+int st_image_clone(st_image **out, const st_image *img)
+{
+    st_image *c = NULL;
+    int rc;
+
+    if (!out || !img)
+        return st_error_set(ST_EINVAL, "image clone: NULL argument");
+    *out = NULL;
+    rc = st_image_create(&c, &img->g);
+    if (rc)
+        return rc;
+    rc = st_image_tokens_set(c, img->tokens, img->n_tokens);
+    if (rc)
+        goto fail;
+    for (uint32_t i = 0; i < img->g.n_tensors; i++)
+        if (img->tensors[i].role == ST_ROLE_KV && img->n_tokens)
+            memcpy(c->kv[i], img->kv[i],
+                   (size_t)(img->n_tokens * st_tensor_row_bytes(&img->tensors[i])));
+    for (uint32_t k = 0; k < img->n_ckpt; k++) {
+        uint32_t ci;
+        rc = st_image_checkpoint_add(c, img->ckpt[k].position, img->ckpt[k].codec, &ci);
+        if (rc)
+            goto fail;
+        for (uint32_t i = 0; i < img->g.n_tensors; i++)
+            if (img->tensors[i].role == ST_ROLE_RUNNING)
+                memcpy(c->ckpt[ci].t[i], img->ckpt[k].t[i],
+                       (size_t)st_tensor_stored_bytes(&img->tensors[i], img->ckpt[k].codec));
+    }
+    rc = st_image_logits_set(c, img->logits, img->n_logits);
+    if (rc)
+        goto fail;
+    c->state_hash = img->state_hash;
+    *out = c;
+    return 0;
+fail:
+    st_image_free(c);
+    return rc;
+}

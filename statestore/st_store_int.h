@@ -1,0 +1,65 @@
+/*
+ * st_store_int.h - statestore internals shared by st_image.c, st_file.c and white-box tests.
+ * Nothing outside statestore/ and tests/statestore/ includes this header.
+ */
+#ifndef ST_STORE_INT_H
+#define ST_STORE_INT_H
+
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "st_store.h"
+
+/* Every byte size of a checked geometry (each tensor at n_ctx tokens, each checkpoint tensor in
+ * the widest codec, their sum) stays at or below this, so sums of a few of them never overflow
+ * and every size fits an off_t. */
+#define ST_BYTES_MAX ((uint64_t)INT64_MAX / 8)
+
+/* One checkpoint: t[ti] is the stored bytes of running tensor ti (NULL for K/V tensors). */
+typedef struct st_ckpt {
+    uint64_t position;
+    uint32_t codec;
+    uint8_t **t;
+} st_ckpt;
+
+/* Invariants of a complete image (the reader builds one step by step and frees it on error):
+ * 1. g.tensors == tensors, a private copy that passed st_geometry_check.
+ * 2. tokens holds n_tokens values (n_tokens <= n_ctx); kv[ti] holds n_tokens rows for every
+ *    K/V tensor and is NULL for running ones; every buffer is allocated with at least 1 byte so a
+ *    valid tensor never yields NULL.
+ * 3. ckpt[0..n_ckpt) have strictly increasing positions <= n_ctx and known codecs; ckpt[c].t[ti]
+ *    holds st_tensor_stored_bytes(desc, codec) bytes for every running tensor.
+ * 4. logits is NULL with n_logits 0, or holds n_vocab floats. */
+struct st_image {
+    st_geometry g;
+    st_tensor_desc *tensors;
+    uint64_t n_tokens;
+    uint32_t *tokens;
+    uint8_t **kv;
+    uint32_t n_ckpt, cap_ckpt;
+    st_ckpt *ckpt;
+    float *logits;
+    uint32_t n_logits;
+    uint64_t state_hash;
+};
+
+/* Append a checkpoint whose tensor pointers are all NULL (the reader fills them one by one after
+ * checking each size). Same position rules as st_image_checkpoint_add. */
+int st_image_ckpt_append_empty(st_image *img, uint64_t position, uint32_t codec, uint32_t *index);
+
+/* Saturating products: UINT64_MAX on overflow. */
+uint64_t st_mul_sat(uint64_t a, uint64_t b);
+
+/* The file system as the session-file writer sees it. Tests replace entries to fail the Nth
+ * call; production code never changes this table. Not thread-safe to modify. */
+typedef struct st_file_sys {
+    ssize_t (*write)(int fd, const void *buf, size_t n);
+    ssize_t (*pwrite)(int fd, const void *buf, size_t n, off_t off);
+    int (*fsync)(int fd);
+    int (*rename)(const char *from, const char *to);
+} st_file_sys;
+extern st_file_sys st_file_sys_ops;
+/* Put the real functions back. */
+void st_file_sys_reset(void);
+
+#endif /* ST_STORE_INT_H */

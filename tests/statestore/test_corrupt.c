@@ -1,0 +1,146 @@
+/*
+ * test_corrupt.c - every single-byte change, every truncation and an extension of the golden
+ * files must end in a typed error: never success, never a crash (CI runs this under ASan+UBSan).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "st_golden.h"
+#include "st_store.h"
+#include "st_test_util.h"
+
+#define GOLDEN_DIR ST_TEST_DATA "/golden"
+
+static int typed(int rc)
+{
+    return rc == ST_ECORRUPT || rc == ST_ENOTSTRATA || rc == ST_EVERSION || rc == ST_ECODEC ||
+           rc == ST_ETOOBIG;
+}
+
+static void expect_refused(const uint8_t *b, size_t len, const char *name, const char *what, size_t at)
+{
+    st_image *img = NULL;
+    int rc = st_file_read_mem(b, len, NULL, &img);
+    if (!typed(rc))
+        fail_msg("%s, %s at offset %zu: read returned %d (%s), detail: %s", name, what, at, rc,
+                 st_strerror(rc), st_errdetail());
+    assert_null(img);
+}
+
+static unsigned char *load(const char *name, size_t *len)
+{
+    char path[4096];
+    unsigned char *f;
+    snprintf(path, sizeof path, "%s/%s", GOLDEN_DIR, name);
+    f = st_test_slurp(path, len);
+    if (!f)
+        fail_msg("golden file %s is missing", path);
+    return f;
+}
+
+static void test_corrupt_mem(void **state)
+{
+    (void)state;
+    for (size_t g = 0; g < ST_GOLDEN_COUNT; g++) {
+        const char *name = st_goldens[g].name;
+        size_t len = 0;
+        unsigned char *f = load(name, &len);
+        uint8_t *c = malloc(len + 1);
+        st_image *img = NULL;
+
+        /* the intact file reads */
+        assert_int_equal(st_file_read_mem(f, len, NULL, &img), 0);
+        st_image_free(img);
+
+        for (size_t i = 0; i < len; i++) {
+            memcpy(c, f, len);
+            c[i] ^= 0xff;
+            expect_refused(c, len, name, "byte xor 0xff", i);
+            c[i] = (uint8_t)(f[i] + 1);
+            expect_refused(c, len, name, "byte + 1", i);
+        }
+        for (size_t n = 0; n < len; n++)
+            expect_refused(f, n, name, "truncation", n);
+        memcpy(c, f, len);
+        c[len] = 0;
+        expect_refused(c, len + 1, name, "extension by a zero byte", len);
+        c[len] = 0xa5;
+        expect_refused(c, len + 1, name, "extension by 0xa5", len);
+
+        free(c);
+        free(f);
+    }
+}
+
+/* The file reader (its pread path checks section by section, without the memory reader's
+ * checksum pre-pass) and inspect on damaged files: every byte flipped, a stride of truncations.
+ * Inspect must never call a damaged file all_ok. */
+static void test_corrupt_file(void **state)
+{
+    char dir[1024], path[1200];
+    (void)state;
+
+    st_test_tmpdir(dir, sizeof dir, "test_corrupt");
+    snprintf(path, sizeof path, "%s/c.stsf", dir);
+    for (size_t g = 0; g < ST_GOLDEN_COUNT; g++) {
+        const char *name = st_goldens[g].name;
+        size_t len = 0;
+        unsigned char *f = load(name, &len);
+        size_t stride = 1;
+        int fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0644);
+        assert_true(fd >= 0);
+        assert_int_equal(pwrite(fd, f, len, 0), (ssize_t)len);
+
+        for (size_t i = 0; i < len; i += stride) {
+            st_image *img = NULL;
+            st_file_info info;
+            uint8_t v = (uint8_t)(f[i] ^ 0xff);
+            int rc;
+
+            assert_int_equal(pwrite(fd, &v, 1, (off_t)i), 1);
+            rc = st_file_read(path, NULL, &img);
+            if (!typed(rc))
+                fail_msg("%s: file read with byte %zu flipped: %d (%s) %s", name, i, rc,
+                         st_strerror(rc), st_errdetail());
+            rc = st_file_inspect(path, &info);
+            if (rc == 0 && info.all_ok)
+                fail_msg("%s: inspect calls the file ok with byte %zu flipped", name, i);
+            if (rc == 0 && !typed(info.first_error))
+                fail_msg("%s: inspect first_error %d with byte %zu flipped", name, info.first_error, i);
+            if (rc != 0 && !typed(rc))
+                fail_msg("%s: inspect returned %d with byte %zu flipped", name, rc, i);
+            st_file_info_free(&info);
+            assert_int_equal(pwrite(fd, &f[i], 1, (off_t)i), 1);
+        }
+        for (size_t n = 0; n < len; n += 13) {
+            st_image *img = NULL;
+            assert_int_equal(ftruncate(fd, (off_t)n), 0);
+            int rc = st_file_read(path, NULL, &img);
+            if (!typed(rc))
+                fail_msg("%s: file read truncated at %zu: %d %s", name, n, rc, st_errdetail());
+            assert_int_equal(pwrite(fd, f, len, 0), (ssize_t)len);
+        }
+        close(fd);
+        free(f);
+    }
+    st_test_rmdir(dir);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_corrupt_mem),
+        cmocka_unit_test(test_corrupt_file),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,779 @@
+/*
+ * test_file.c - session files: round trips (v1, v2, compressed or not, forced versions), ST_ELOSSY,
+ * atomic and durable writes under injected failures, the reader's typed errors and their details,
+ * inspect.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "st_store.h"
+#include "st_store_int.h"
+#include "st_test_image.h"
+#include "st_test_util.h"
+
+static const uint32_t all_fp32[3] = {ST_CODEC_FP32, ST_CODEC_FP32, ST_CODEC_FP32};
+static const uint32_t mixed[3] = {ST_CODEC_F16, ST_CODEC_FP32, ST_CODEC_BF16};
+
+static char tmpdir[1024];
+
+static void put_u32(uint8_t *p, uint32_t v)
+{
+    memcpy(p, &v, 4);
+}
+static void put_u64(uint8_t *p, uint64_t v)
+{
+    memcpy(p, &v, 8);
+}
+static uint32_t get_u32(const uint8_t *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+static uint64_t get_u64(const uint8_t *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+
+/* Re-seal a file after editing: section checksums and the header checksum recomputed, so a test
+ * can build a structurally wrong file whose checksums are right. */
+static void reseal(uint8_t *b, size_t len)
+{
+    uint64_t off = 64;
+    uint32_t n = get_u32(b + 20);
+    for (uint32_t s = 0; s < n && off + 32 <= len; s++) {
+        uint64_t l = get_u64(b + off + 8);
+        st_checksum_state cs;
+        if (off + 32 + l > len)
+            break;
+        assert_int_equal(st_checksum_init(&cs), 0);
+        st_checksum_update(&cs, b + off, 24);
+        st_checksum_update(&cs, b + off + 32, l);
+        put_u64(b + off + 24, st_checksum_final(&cs));
+        st_checksum_free(&cs);
+        off += 32 + l;
+    }
+    put_u64(b + 56, st_checksum(b, 56));
+}
+
+/* Offset of section s's header. */
+static uint64_t section_off(const uint8_t *b, uint32_t s)
+{
+    uint64_t off = 64;
+    for (uint32_t i = 0; i < s; i++)
+        off += 32 + get_u64(b + off + 8);
+    return off;
+}
+
+static int count_entries(const char *dir)
+{
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    int n = 0;
+    assert_non_null(d);
+    while ((e = readdir(d)) != NULL)
+        if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0)
+            n++;
+    closedir(d);
+    return n;
+}
+
+static void roundtrip(const st_image *img, const st_file_write_opts *o, uint32_t want_version)
+{
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    st_image *back = NULL;
+
+    assert_int_equal(st_file_write_mem(img, o, &buf, &len), 0);
+    assert_true(len > 64);
+    assert_memory_equal(buf, "STRATAsf", 8);
+    assert_int_equal(get_u32(buf + 8), want_version);
+    assert_int_equal(get_u64(buf + 24), len);
+    assert_int_equal(st_file_read_mem(buf, len, NULL, &back), 0);
+    assert_int_equal(st_test_image_equal(img, back), 0);
+    st_image_free(back);
+
+    /* the file writer produces the same bytes, and the file reader reads them */
+    char path[1200];
+    snprintf(path, sizeof path, "%s/rt.stsf", tmpdir);
+    assert_int_equal(st_file_write(img, path, o), 0);
+    size_t flen = 0;
+    unsigned char *fb = st_test_slurp(path, &flen);
+    assert_non_null(fb);
+    assert_int_equal(flen, len);
+    assert_memory_equal(fb, buf, len);
+    free(fb);
+    assert_int_equal(st_file_read(path, NULL, &back), 0);
+    assert_int_equal(st_test_image_equal(img, back), 0);
+    st_image_free(back);
+    assert_int_equal(count_entries(tmpdir), 1); /* no temp left behind */
+    unlink(path);
+    free(buf);
+}
+
+static void test_roundtrips(void **state)
+{
+    st_image *a = NULL, *b = NULL, *m = NULL;
+    st_file_write_opts o;
+    (void)state;
+
+    assert_int_equal(st_test_image_small(&a, 1, all_fp32), 0);
+    assert_int_equal(st_test_image_small(&b, 2, mixed), 0);
+    assert_int_equal(st_test_image_minimal(&m, 3), 0);
+
+    roundtrip(a, NULL, 1);                       /* automatic: all fp32 -> v1 */
+    roundtrip(m, NULL, 1);
+    memset(&o, 0, sizeof o);
+    roundtrip(b, &o, 2);                         /* automatic: bf16/f16 -> v2 */
+    o.version = 2;
+    roundtrip(a, &o, 2);                         /* v2 forced for fp32 */
+    o.version = 1;
+    roundtrip(a, &o, 1);
+    o.version = 0;
+    o.compress = 3;
+    roundtrip(a, &o, 2);                         /* compression -> v2 */
+    o.shuffle = 1;
+    roundtrip(a, &o, 2);
+    roundtrip(b, &o, 2);
+    roundtrip(m, &o, 2);
+    o.compress = 19;
+    o.shuffle = 0;
+    roundtrip(b, &o, 2);
+    o.compress = 1;
+    o.version = 2;
+    o.shuffle = 1;
+    roundtrip(b, &o, 2);
+
+    /* a v1 read gives fp32 checkpoints */
+    uint8_t *buf;
+    size_t len = 0;
+    st_image *back;
+    uint32_t codec;
+    assert_int_equal(st_file_write_mem(a, NULL, &buf, &len), 0);
+    assert_int_equal(st_file_read_mem(buf, len, NULL, &back), 0);
+    for (uint32_t c = 0; c < st_image_n_checkpoints(back); c++) {
+        st_image_checkpoint_info(back, c, NULL, &codec);
+        assert_int_equal(codec, ST_CODEC_FP32);
+    }
+    st_image_free(back);
+    free(buf);
+
+    /* no logits: no LOGITS section */
+    assert_int_equal(st_image_logits_set(a, NULL, 0), 0);
+    roundtrip(a, NULL, 1);
+    st_image_free(a);
+    st_image_free(b);
+    st_image_free(m);
+}
+
+static void test_versions_lossy(void **state)
+{
+    st_image *b = NULL, *a = NULL;
+    st_file_write_opts o = {0};
+    uint8_t *buf = (uint8_t *)1;
+    size_t len = 1;
+    char path[1200];
+    (void)state;
+
+    assert_int_equal(st_test_image_small(&b, 2, mixed), 0);
+    assert_int_equal(st_test_image_small(&a, 1, all_fp32), 0);
+    o.version = 1;
+    assert_int_equal(st_file_write_mem(b, &o, &buf, &len), ST_ELOSSY);
+    assert_null(buf);
+    assert_non_null(strstr(st_errdetail(), "checkpoint 0"));
+    assert_non_null(strstr(st_errdetail(), "f16"));
+    o.compress = 3;
+    assert_int_equal(st_file_write_mem(a, &o, &buf, &len), ST_ELOSSY);
+    assert_non_null(strstr(st_errdetail(), "compress"));
+    o.compress = 0;
+    o.version = 3;
+    assert_int_equal(st_file_write_mem(a, &o, &buf, &len), ST_EVERSION);
+    o.version = 0;
+    o.compress = 20;
+    assert_int_equal(st_file_write_mem(a, &o, &buf, &len), ST_EINVAL);
+    o.compress = -1;
+    assert_int_equal(st_file_write_mem(a, &o, &buf, &len), ST_EINVAL);
+
+    /* ST_ELOSSY from st_file_write leaves no file */
+    snprintf(path, sizeof path, "%s/lossy.stsf", tmpdir);
+    o.version = 1;
+    o.compress = 0;
+    assert_int_equal(st_file_write(b, path, &o), ST_ELOSSY);
+    assert_int_equal(count_entries(tmpdir), 0);
+
+    /* incomplete images are refused */
+    assert_int_equal(st_image_checkpoint_remove(a, 2), 0);
+    assert_int_equal(st_file_write_mem(a, NULL, &buf, &len), ST_EINVAL);
+    assert_non_null(strstr(st_errdetail(), "last checkpoint"));
+    st_image_free(a);
+    st_image_free(b);
+}
+
+/* The v1 writer is deterministic and does not depend on anything but the image. */
+static void test_deterministic(void **state)
+{
+    st_image *a = NULL, *c = NULL;
+    uint8_t *b1, *b2;
+    size_t l1, l2;
+    st_file_write_opts o = {.compress = 3, .shuffle = 1};
+    (void)state;
+    assert_int_equal(st_test_image_small(&a, 11, mixed), 0);
+    assert_int_equal(st_file_write_mem(a, NULL, &b1, &l1), 0);
+    assert_int_equal(st_image_clone(&c, a), 0);
+    assert_int_equal(st_file_write_mem(c, NULL, &b2, &l2), 0);
+    assert_int_equal(l1, l2);
+    assert_memory_equal(b1, b2, l1);
+    free(b1);
+    free(b2);
+    assert_int_equal(st_file_write_mem(a, &o, &b1, &l1), 0);
+    assert_int_equal(st_file_write_mem(c, &o, &b2, &l2), 0);
+    assert_int_equal(l1, l2);
+    assert_memory_equal(b1, b2, l1);
+    free(b1);
+    free(b2);
+    st_image_free(a);
+    st_image_free(c);
+}
+
+struct prog {
+    uint64_t calls, last_done, total;
+    int monotonic;
+};
+static void on_progress(void *arg, uint64_t done, uint64_t total)
+{
+    struct prog *p = arg;
+    if (p->calls && done < p->last_done)
+        p->monotonic = 0;
+    p->calls++;
+    p->last_done = done;
+    p->total = total;
+}
+
+static void test_progress(void **state)
+{
+    st_image *a = NULL, *back = NULL;
+    struct prog pw = {.monotonic = 1}, pr = {.monotonic = 1};
+    st_file_write_opts o = {.compress = 3, .shuffle = 1, .progress = on_progress, .progress_arg = &pw};
+    st_file_read_opts ro = {.progress = on_progress, .progress_arg = &pr};
+    char path[1200];
+    (void)state;
+
+    assert_int_equal(st_test_image_small(&a, 5, mixed), 0);
+    snprintf(path, sizeof path, "%s/prog.stsf", tmpdir);
+    assert_int_equal(st_file_write(a, path, &o), 0);
+    assert_true(pw.calls >= 1);
+    assert_true(pw.monotonic);
+    assert_int_equal(pw.last_done, pw.total);
+    assert_int_equal(pw.total, st_image_bytes(a));
+    assert_int_equal(st_file_read(path, &ro, &back), 0);
+    assert_true(pr.calls >= 1);
+    assert_true(pr.monotonic);
+    assert_int_equal(pr.last_done, pr.total);
+    struct stat stt;
+    assert_int_equal(stat(path, &stt), 0);
+    assert_int_equal(pr.total, (uint64_t)stt.st_size);
+    unlink(path);
+    st_image_free(a);
+    st_image_free(back);
+}
+
+/* ---- fault injection ---------------------------------------------------------------------- */
+
+static int fail_at, calls;
+static ssize_t bad_write(int fd, const void *b, size_t n)
+{
+    if (++calls == fail_at) {
+        errno = ENOSPC;
+        return -1;
+    }
+    if (calls == fail_at + 1000) /* never */
+        return 0;
+    /* short writes exercise the retry loop */
+    return write(fd, b, n > 7 ? n / 2 : n);
+}
+static ssize_t bad_pwrite(int fd, const void *b, size_t n, off_t off)
+{
+    if (++calls == fail_at) {
+        errno = EIO;
+        return -1;
+    }
+    return pwrite(fd, b, n, off);
+}
+static int bad_fsync(int fd)
+{
+    if (++calls == fail_at) {
+        errno = EIO;
+        return -1;
+    }
+    return fsync(fd);
+}
+static int bad_rename(const char *a, const char *b)
+{
+    if (++calls == fail_at) {
+        errno = EXDEV;
+        return -1;
+    }
+    return rename(a, b);
+}
+
+static void check_untouched(const char *path)
+{
+    size_t len = 0;
+    unsigned char *b = st_test_slurp(path, &len);
+    assert_non_null(b);
+    assert_int_equal(len, 3);
+    assert_memory_equal(b, "OLD", 3);
+    free(b);
+    assert_int_equal(count_entries(tmpdir), 1); /* no temp file left */
+}
+
+static void test_atomic_write(void **state)
+{
+    st_image *a = NULL;
+    char path[1200], dpath[1200];
+    st_file_write_opts o = {.compress = 3, .shuffle = 1};
+    int failures = 0;
+    (void)state;
+
+    assert_int_equal(st_test_image_small(&a, 9, mixed), 0);
+    snprintf(path, sizeof path, "%s/target.stsf", tmpdir);
+    assert_int_equal(st_test_spit(path, "OLD", 3), 0);
+
+    /* fail the Nth write / pwrite / fsync / rename: the target stays, no temp is left */
+    for (int which = 0; which < 4; which++) {
+        for (fail_at = 1;; fail_at++) {
+            int rc;
+            calls = 0;
+            st_file_sys_reset();
+            if (which == 0)
+                st_file_sys_ops.write = bad_write;
+            else if (which == 1)
+                st_file_sys_ops.pwrite = bad_pwrite;
+            else if (which == 2)
+                st_file_sys_ops.fsync = bad_fsync;
+            else
+                st_file_sys_ops.rename = bad_rename;
+            rc = st_file_write(a, path, which == 3 ? NULL : &o);
+            st_file_sys_reset();
+            if (rc == 0) {
+                /* ran out of calls to fail: the last success really wrote the file */
+                st_image *back = NULL;
+                assert_int_equal(st_file_read(path, NULL, &back), 0);
+                assert_int_equal(st_test_image_equal(a, back), 0);
+                st_image_free(back);
+                assert_int_equal(st_test_spit(path, "OLD", 3), 0);
+                break;
+            }
+            failures++;
+            assert_true(rc > 0);
+            if (which == 2 && fail_at == 2) {
+                /* the fsync of the directory comes after the rename: its failure is reported,
+                 * with the complete new file in place */
+                st_image *back = NULL;
+                assert_int_equal(rc, EIO);
+                assert_int_equal(st_file_read(path, NULL, &back), 0);
+                st_image_free(back);
+                assert_int_equal(count_entries(tmpdir), 1);
+                assert_int_equal(st_test_spit(path, "OLD", 3), 0);
+                break;
+            }
+            check_untouched(path);
+        }
+    }
+    assert_true(failures >= 5);
+
+    /* st_file_replace under the same faults */
+    for (fail_at = 1; fail_at <= 1; fail_at++) {
+        calls = 0;
+        st_file_sys_ops.write = bad_write;
+        assert_int_equal(st_file_replace(path, "NEWDATA", 7), ENOSPC);
+        st_file_sys_reset();
+        check_untouched(path);
+    }
+    assert_int_equal(st_file_replace(path, "NEWDATA", 7), 0);
+    size_t len = 0;
+    unsigned char *b = st_test_slurp(path, &len);
+    assert_int_equal(len, 7);
+    assert_memory_equal(b, "NEWDATA", 7);
+    free(b);
+    unlink(path);
+
+    /* a target that cannot be renamed over (a non-empty directory) */
+    snprintf(dpath, sizeof dpath, "%s/adir", tmpdir);
+    assert_int_equal(mkdir(dpath, 0755), 0);
+    snprintf(path, sizeof path, "%s/adir/x", tmpdir);
+    assert_int_equal(st_test_spit(path, "OLD", 3), 0);
+    int rc = st_file_write(a, dpath, NULL);
+    assert_true(rc == EISDIR || rc == ENOTEMPTY || rc == EEXIST);
+    assert_int_equal(count_entries(tmpdir), 1);
+    assert_int_equal(count_entries(dpath), 1);
+    /* a directory that does not exist */
+    snprintf(path, sizeof path, "%s/nope/x.stsf", tmpdir);
+    assert_int_equal(st_file_write(a, path, NULL), ENOENT);
+    assert_non_null(strstr(st_errdetail(), "nope"));
+    /* trailing slash */
+    snprintf(path, sizeof path, "%s/", tmpdir);
+    assert_int_equal(st_file_write(a, path, NULL), EISDIR);
+    st_test_rmdir(dpath);
+    assert_int_equal(count_entries(tmpdir), 0);
+    st_image_free(a);
+}
+
+/* ---- reader errors ------------------------------------------------------------------------- */
+
+static void expect_read(const uint8_t *b, size_t len, int want, const char *detail)
+{
+    st_image *img = (st_image *)1;
+    int rc = st_file_read_mem(b, len, NULL, &img);
+    if (rc != want)
+        fail_msg("read: %d (%s), expected %d; detail: %s", rc, st_strerror(rc), want, st_errdetail());
+    assert_null(img);
+    if (detail && !strstr(st_errdetail(), detail))
+        fail_msg("detail \"%s\" lacks \"%s\"", st_errdetail(), detail);
+}
+
+static void test_reader_errors(void **state)
+{
+    st_image *a = NULL;
+    uint8_t *buf, *c;
+    size_t len = 0;
+    (void)state;
+
+    assert_int_equal(st_test_image_small(&a, 4, mixed), 0);
+    st_file_write_opts o = {.compress = 3, .shuffle = 1};
+    assert_int_equal(st_file_write_mem(a, &o, &buf, &len), 0);
+    c = malloc(len + 64);
+
+    expect_read(buf, 0, ST_ECORRUPT, "truncated");
+    expect_read((const uint8_t *)"GIF89a", 6, ST_ENOTSTRATA, NULL);
+    expect_read((const uint8_t *)"STRAT", 5, ST_ECORRUPT, NULL);
+    memcpy(c, buf, len);
+    c[0] = 'X';
+    expect_read(c, len, ST_ENOTSTRATA, "not a Strata file");
+    assert_string_equal(st_strerror(ST_ENOTSTRATA), "not a Strata file");
+
+    /* a v3 file: ST_EVERSION naming it, even with everything else wrong */
+    memcpy(c, buf, len);
+    put_u32(c + 8, 3);
+    expect_read(c, len, ST_EVERSION, "session file version 3; this build reads 1 and 2");
+    expect_read(c, 12, ST_EVERSION, "version 3");
+    memset(c + 12, 0xff, 52);
+    expect_read(c, 64, ST_EVERSION, "version 3");
+    memcpy(c, buf, len);
+    put_u32(c + 8, 0);
+    expect_read(c, len, ST_EVERSION, "version 0");
+
+    /* header checks */
+    memcpy(c, buf, len);
+    c[40] ^= 1;
+    expect_read(c, len, ST_ECORRUPT, "header at offset 0: checksum mismatch");
+    expect_read(buf, len - 1, ST_ECORRUPT, "truncated");
+    memcpy(c, buf, len);
+    c[len] = 0;
+    expect_read(c, len + 1, ST_ECORRUPT, "extended");
+    memcpy(c, buf, len);
+    put_u32(c + 16, 1);
+    reseal(c, len);
+    expect_read(c, len, ST_ECORRUPT, "flags");
+    memcpy(c, buf, len);
+    put_u64(c + 48, 1);
+    reseal(c, len);
+    expect_read(c, len, ST_ECORRUPT, "reserved");
+    memcpy(c, buf, len);
+    put_u32(c + 20, 1u << 30);
+    reseal(c, len);
+    expect_read(c, len, ST_ECORRUPT, "sections cannot fit");
+    memcpy(c, buf, len);
+    put_u64(c + 40, 33); /* n_tokens beyond n_ctx */
+    reseal(c, len);
+    expect_read(c, len, ST_ECORRUPT, "exceed n_ctx");
+
+    /* a section length beyond the file: named with its index and offset */
+    uint64_t kv3 = section_off(buf, 3); /* GEOMETRY, TOKENS, KV[0], KV[3] */
+    memcpy(c, buf, len);
+    assert_int_equal(get_u32(c + kv3), ST_SECTION_KV);
+    assert_int_equal(get_u32(c + kv3 + 4), 3);
+    put_u64(c + kv3 + 8, 1ull << 40);
+    reseal(c, len);
+    char want[128];
+    snprintf(want, sizeof want, "section KV[3] at offset %llu: length 1099511627776 exceeds the %llu "
+             "bytes that remain", (unsigned long long)kv3, (unsigned long long)(len - kv3 - 32));
+    expect_read(c, len, ST_ECORRUPT, want);
+
+    /* a section checksum */
+    memcpy(c, buf, len);
+    c[kv3 + 40] ^= 0x10;
+    snprintf(want, sizeof want, "section KV[3] at offset %llu: checksum mismatch", (unsigned long long)kv3);
+    expect_read(c, len, ST_ECORRUPT, want);
+
+    /* wrong section order */
+    memcpy(c, buf, len);
+    put_u32(c + kv3 + 4, 5);
+    reseal(c, len);
+    expect_read(c, len, ST_ECORRUPT, "found KV[5] where KV[3] was expected");
+
+    /* reserved section header fields */
+    memcpy(c, buf, len);
+    put_u32(c + kv3 + 20, 1);
+    reseal(c, len);
+    expect_read(c, len, ST_ECORRUPT, "reserved");
+
+    /* an unknown codec, correctly checksummed: ST_ECODEC; the same damage unsealed: checksum */
+    uint64_t ck0 = section_off(buf, 4);
+    assert_int_equal(get_u32(buf + ck0), ST_SECTION_CHECKPOINT);
+    memcpy(c, buf, len);
+    put_u32(c + ck0 + 32 + 8, 7);
+    expect_read(c, len, ST_ECORRUPT, "checksum mismatch");
+    reseal(c, len);
+    expect_read(c, len, ST_ECODEC, "unknown codec 7");
+    /* reserved checkpoint flag bits; shuffle without compression */
+    memcpy(c, buf, len);
+    put_u32(c + ck0 + 32 + 12, 0x7);
+    reseal(c, len);
+    expect_read(c, len, ST_ECORRUPT, "reserved bits");
+    /* positions */
+    memcpy(c, buf, len);
+    put_u64(c + ck0 + 32, 40);
+    reseal(c, len);
+    expect_read(c, len, ST_ECORRUPT, "position 40 exceeds");
+    uint64_t ck1 = section_off(buf, 5);
+    memcpy(c, buf, len);
+    put_u64(c + ck1 + 32, 3); /* equal to checkpoint 0's */
+    reseal(c, len);
+    expect_read(c, len, ST_ECORRUPT, "is not after checkpoint 0");
+
+    /* a frame that declares more than its tensor */
+    memcpy(c, buf, len);
+    /* first frame of CHECKPOINT[0]: u64 length at +16 of the payload, frame header after it;
+     * its decoded size is at frame byte 8 */
+    put_u64(c + ck0 + 32 + 16 + 8 + 8, 1ull << 40);
+    reseal(c, len);
+    expect_read(c, len, ST_ECORRUPT, "frame declares 1099511627776 bytes");
+    /* a frame length beyond the section */
+    memcpy(c, buf, len);
+    put_u64(c + ck0 + 32 + 16, 1ull << 33);
+    reseal(c, len);
+    expect_read(c, len, ST_ECORRUPT, "remain in the section");
+
+    /* the decoded cap: ST_ETOOBIG */
+    st_image *img = NULL;
+    st_file_read_opts ro = {.max_decoded_bytes = 100};
+    assert_int_equal(st_file_read_mem(buf, len, &ro, &img), ST_ETOOBIG);
+    assert_null(img);
+    assert_non_null(strstr(st_errdetail(), "limit of 100 bytes"));
+    ro.max_decoded_bytes = 1u << 20;
+    assert_int_equal(st_file_read_mem(buf, len, &ro, &img), 0);
+    st_image_free(img);
+
+    /* the geometry is checked (a K/V tensor not spanning n_ctx) */
+    uint64_t g0 = 64;
+    memcpy(c, buf, len);
+    put_u64(c + g0 + 32 + 48 + 64, 31); /* tensor 0 shape[0] */
+    reseal(c, len);
+    expect_read(c, len, ST_ECORRUPT, "section GEOMETRY at offset 64");
+    /* name padding */
+    memcpy(c, buf, len);
+    c[g0 + 32 + 48 + 40] = 'z';
+    reseal(c, len);
+    expect_read(c, len, ST_ECORRUPT, "padding");
+
+    /* trailing bytes within file_len (an extra section) */
+    memcpy(c, buf, len);
+    memset(c + len, 0, 32);
+    put_u64(c + 24, len + 32);
+    reseal(c, len + 32);
+    expect_read(c, len + 32, ST_ECORRUPT, "after the last section");
+
+    /* the file reader: errors name the path; not a regular file */
+    char path[1200];
+    snprintf(path, sizeof path, "%s/bad.stsf", tmpdir);
+    memcpy(c, buf, len);
+    c[kv3 + 40] ^= 0x10;
+    assert_int_equal(st_test_spit(path, c, len), 0);
+    assert_int_equal(st_file_read(path, NULL, &img), ST_ECORRUPT);
+    assert_non_null(strstr(st_errdetail(), path));
+    assert_non_null(strstr(st_errdetail(), "checksum mismatch"));
+    /* the file reader checks section by section: an unknown codec in a damaged section is
+     * reported as the damage, in an intact one as ST_ECODEC; frames are checked too */
+    memcpy(c, buf, len);
+    put_u32(c + ck0 + 32 + 8, 7);
+    assert_int_equal(st_test_spit(path, c, len), 0);
+    assert_int_equal(st_file_read(path, NULL, &img), ST_ECORRUPT);
+    assert_non_null(strstr(st_errdetail(), "CHECKPOINT[0]"));
+    assert_non_null(strstr(st_errdetail(), "checksum mismatch"));
+    reseal(c, len);
+    assert_int_equal(st_test_spit(path, c, len), 0);
+    assert_int_equal(st_file_read(path, NULL, &img), ST_ECODEC);
+    assert_non_null(strstr(st_errdetail(), "unknown codec 7"));
+    memcpy(c, buf, len);
+    put_u64(c + ck0 + 32 + 16 + 8 + 8, 1ull << 40);
+    assert_int_equal(st_test_spit(path, c, len), 0);
+    assert_int_equal(st_file_read(path, NULL, &img), ST_ECORRUPT);
+    assert_non_null(strstr(st_errdetail(), "checksum mismatch"));
+    reseal(c, len);
+    assert_int_equal(st_test_spit(path, c, len), 0);
+    assert_int_equal(st_file_read(path, NULL, &img), ST_ECORRUPT);
+    assert_non_null(strstr(st_errdetail(), "frame declares 1099511627776 bytes"));
+    assert_int_equal(st_file_read(path, &ro, &img), ST_ECORRUPT);
+    ro.max_decoded_bytes = 100;
+    assert_int_equal(st_test_spit(path, buf, len), 0);
+    assert_int_equal(st_file_read(path, &ro, &img), ST_ETOOBIG);
+    assert_null(img);
+    unlink(path);
+    assert_int_equal(st_file_read(tmpdir, NULL, &img), EISDIR);
+    assert_int_equal(st_file_read(path, NULL, &img), ENOENT);
+
+    free(c);
+    free(buf);
+    st_image_free(a);
+}
+
+static void test_inspect(void **state)
+{
+    st_image *a = NULL;
+    size_t len = 0;
+    st_file_info info;
+    char path[1200];
+    (void)state;
+
+    assert_int_equal(st_test_image_small(&a, 8, mixed), 0);
+    st_file_write_opts o = {.compress = 3, .shuffle = 1};
+    snprintf(path, sizeof path, "%s/insp.stsf", tmpdir);
+    assert_int_equal(st_file_write(a, path, &o), 0);
+
+    assert_int_equal(st_file_inspect(path, &info), 0);
+    assert_true(info.all_ok);
+    assert_int_equal(info.first_error, 0);
+    assert_int_equal(info.version, 2);
+    assert_int_equal(info.n_tokens, 11);
+    assert_int_equal(info.state_hash, st_image_state_hash(a));
+    assert_int_equal(st_geometry_compare(&info.geometry, st_image_geometry(a)), 0);
+    assert_int_equal(info.n_sections, 2 + 2 + 3 + 1);
+    assert_int_equal(info.sections[0].type, ST_SECTION_GEOMETRY);
+    assert_int_equal(info.sections[0].offset, 64);
+    assert_int_equal(info.sections[1].type, ST_SECTION_TOKENS);
+    assert_int_equal(info.sections[1].length, 11 * 4);
+    assert_int_equal(info.sections[3].type, ST_SECTION_KV);
+    assert_int_equal(info.sections[3].index, 3);
+    for (uint32_t c = 0; c < 3; c++) {
+        st_file_section_info *s = &info.sections[4 + c];
+        assert_int_equal(s->type, ST_SECTION_CHECKPOINT);
+        assert_int_equal(s->index, c);
+        assert_int_equal(s->codec, mixed[c]);
+        assert_int_equal(s->compressed, 1);
+    }
+    assert_int_equal(info.sections[4].position, 3);
+    assert_int_equal(info.sections[6].position, 11);
+    assert_int_equal(info.sections[7].type, ST_SECTION_LOGITS);
+    for (uint32_t s = 0; s < info.n_sections; s++)
+        assert_true(info.sections[s].checksum_ok);
+    uint64_t kv_off = info.sections[3].offset;
+    uint64_t ck_off = info.sections[5].offset, ck_len = info.sections[5].length;
+    st_file_info_free(&info);
+    st_file_info_free(NULL);
+
+    /* damage KV[3] and CHECKPOINT[1]: those two are bad, the rest ok, the walk completes */
+    unsigned char *b = st_test_slurp(path, &len);
+    b[kv_off + 33] ^= 0x40;
+    b[ck_off + 32 + ck_len - 1] ^= 0x01;
+    assert_int_equal(st_test_spit(path, b, len), 0);
+    assert_int_equal(st_file_inspect(path, &info), 0);
+    assert_false(info.all_ok);
+    assert_int_equal(info.first_error, ST_ECORRUPT);
+    assert_non_null(strstr(info.first_error_detail, "KV[3]"));
+    assert_int_equal(info.n_sections, 8);
+    for (uint32_t s = 0; s < info.n_sections; s++)
+        assert_int_equal(info.sections[s].checksum_ok, s != 3 && s != 5);
+    st_file_info_free(&info);
+
+    /* v1: codec fp32, not compressed */
+    assert_int_equal(st_file_write(a, path, &(st_file_write_opts){.version = 2}), 0);
+    st_image *w = NULL;
+    static unsigned char scratch[ST_CODEC_SCRATCH_MIN];
+    assert_int_equal(st_image_clone(&w, a), 0);
+    for (uint32_t c = 0; c < 3; c++)
+        assert_int_equal(st_image_checkpoint_recode(w, c, ST_CODEC_FP32, scratch, sizeof scratch), 0);
+    assert_int_equal(st_file_write(w, path, NULL), 0);
+    assert_int_equal(st_file_inspect(path, &info), 0);
+    assert_true(info.all_ok);
+    assert_int_equal(info.version, 1);
+    assert_int_equal(info.sections[5].codec, ST_CODEC_FP32);
+    assert_int_equal(info.sections[5].compressed, 0);
+    assert_int_equal(info.sections[5].position, 7);
+    st_file_info_free(&info);
+
+    /* truncated: the walk stops with an error naming the section */
+    free(b);
+    b = st_test_slurp(path, &len);
+    assert_int_equal(st_test_spit(path, b, len - 10), 0);
+    assert_int_equal(st_file_inspect(path, &info), ST_ECORRUPT);
+    assert_false(info.all_ok);
+    assert_int_equal(info.version, 1);
+    st_file_info_free(&info);
+    /* fix the header so the walk itself meets the short section */
+    put_u64(b + 24, len - 10);
+    put_u64(b + 56, st_checksum(b, 56));
+    assert_int_equal(st_test_spit(path, b, len - 10), 0);
+    assert_int_equal(st_file_inspect(path, &info), ST_ECORRUPT);
+    assert_non_null(strstr(info.first_error_detail, "LOGITS"));
+    assert_non_null(strstr(info.first_error_detail, "exceeds"));
+    assert_int_equal(info.n_sections, 7); /* the ones walked */
+    st_file_info_free(&info);
+
+    /* not a Strata file; a version 3 file */
+    assert_int_equal(st_test_spit(path, "hello world, this is not it", 27), 0);
+    assert_int_equal(st_file_inspect(path, &info), ST_ENOTSTRATA);
+    st_file_info_free(&info);
+    put_u32(b + 8, 3);
+    assert_int_equal(st_test_spit(path, b, len), 0);
+    assert_int_equal(st_file_inspect(path, &info), ST_EVERSION);
+    assert_int_equal(info.version, 3);
+    st_file_info_free(&info);
+
+    assert_string_equal(st_section_type_name(ST_SECTION_KV), "KV");
+    assert_string_equal(st_section_type_name(ST_SECTION_CHECKPOINT), "CHECKPOINT");
+    assert_string_equal(st_section_type_name(42), "unknown");
+
+    unlink(path);
+    free(b);
+    st_image_free(w);
+    st_image_free(a);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    st_test_tmpdir(tmpdir, sizeof tmpdir, "test_file");
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    st_test_rmdir(tmpdir);
+    return 0;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_roundtrips),    cmocka_unit_test(test_versions_lossy),
+        cmocka_unit_test(test_deterministic), cmocka_unit_test(test_progress),
+        cmocka_unit_test(test_atomic_write),  cmocka_unit_test(test_reader_errors),
+        cmocka_unit_test(test_inspect),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

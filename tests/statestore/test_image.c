@@ -1,0 +1,434 @@
+/*
+ * test_image.c - the image API and the geometry helpers.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "st_store.h"
+#include "st_test_image.h"
+
+static void desc(st_tensor_desc *t, const char *name, uint32_t role, uint32_t dtype, uint32_t ndim,
+                 uint64_t d0, uint64_t d1, uint64_t d2)
+{
+    memset(t, 0, sizeof *t);
+    strcpy(t->name, name);
+    t->role = role;
+    t->dtype = dtype;
+    t->ndim = ndim;
+    t->shape[0] = d0;
+    t->shape[1] = ndim > 1 ? d1 : 0;
+    t->shape[2] = ndim > 2 ? d2 : 0;
+}
+
+/* page_size 4, n_ctx 32, n_vocab 16, seven tensors */
+static void small_geometry(st_geometry *g, st_tensor_desc t[7])
+{
+    memset(g, 0, sizeof *g);
+    for (int i = 0; i < ST_FINGERPRINT_LEN; i++)
+        g->model_fp[i] = (uint8_t)(i * 37 + 1);
+    g->page_size = 4;
+    g->n_ctx = 32;
+    g->n_vocab = 16;
+    g->n_tensors = 7;
+    desc(&t[0], "attn.0.k", ST_ROLE_KV, ST_DTYPE_F16, 3, 32, 2, 8);
+    desc(&t[1], "ssm.0.state", ST_ROLE_RUNNING, ST_DTYPE_F32, 3, 2, 16, 16);
+    desc(&t[2], "attn.0.v", ST_ROLE_KV, ST_DTYPE_F16, 3, 32, 2, 8);
+    desc(&t[3], "ssm.0.conv", ST_ROLE_RUNNING, ST_DTYPE_F32, 2, 3, 32, 0);
+    desc(&t[4], "attn.1.kq", ST_ROLE_KV, ST_DTYPE_I8, 2, 32, 16, 0);
+    desc(&t[5], "pos", ST_ROLE_RUNNING, ST_DTYPE_I64, 1, 1, 0, 0);
+    desc(&t[6], "ssm.0.gate", ST_ROLE_RUNNING, ST_DTYPE_BF16, 1, 8, 0, 0);
+    g->tensors = t;
+}
+
+static void test_dtype_helpers(void **state)
+{
+    (void)state;
+    assert_string_equal(st_dtype_name(ST_DTYPE_F32), "f32");
+    assert_string_equal(st_dtype_name(ST_DTYPE_BF16), "bf16");
+    assert_string_equal(st_dtype_name(ST_DTYPE_I64), "i64");
+    assert_string_equal(st_dtype_name(99), "unknown");
+    assert_int_equal(st_dtype_size(ST_DTYPE_F32), 4);
+    assert_int_equal(st_dtype_size(ST_DTYPE_F16), 2);
+    assert_int_equal(st_dtype_size(ST_DTYPE_I8), 1);
+    assert_int_equal(st_dtype_size(ST_DTYPE_I64), 8);
+    assert_int_equal(st_dtype_size(ST_DTYPE_COUNT), 0);
+
+    st_tensor_desc t = {.name = "x", .role = ST_ROLE_RUNNING, .dtype = ST_DTYPE_F32, .ndim = 3,
+                        .shape = {2, 3, 5, 0}};
+    assert_int_equal(st_tensor_elems(&t), 30);
+    assert_int_equal(st_tensor_stored_bytes(&t, ST_CODEC_FP32), 120);
+    assert_int_equal(st_tensor_stored_bytes(&t, ST_CODEC_BF16), 60);
+    assert_int_equal(st_tensor_stored_bytes(&t, ST_CODEC_F16), 60);
+    t.dtype = ST_DTYPE_I32; /* other dtypes stored unchanged whatever the codec */
+    assert_int_equal(st_tensor_stored_bytes(&t, ST_CODEC_BF16), 120);
+    t.dtype = ST_DTYPE_F16;
+    assert_int_equal(st_tensor_row_bytes(&t), 30);
+    t.ndim = 1;
+    t.shape[1] = t.shape[2] = 0;
+    assert_int_equal(st_tensor_row_bytes(&t), 2);
+}
+
+static void test_geometry_check(void **state)
+{
+    st_tensor_desc t[7];
+    st_geometry g;
+    (void)state;
+
+    small_geometry(&g, t);
+    assert_int_equal(st_geometry_check(&g), 0);
+
+    small_geometry(&g, t);
+    g.page_size = 0;
+    assert_int_equal(st_geometry_check(&g), ST_EGEOMETRY);
+    small_geometry(&g, t);
+    g.n_ctx = 0;
+    assert_int_equal(st_geometry_check(&g), ST_EGEOMETRY);
+
+    small_geometry(&g, t);
+    strcpy(t[3].name, "attn.0.k"); /* duplicate of tensor 0 */
+    assert_int_equal(st_geometry_check(&g), ST_EGEOMETRY);
+    assert_non_null(strstr(st_errdetail(), "already used"));
+
+    small_geometry(&g, t);
+    t[2].name[0] = '\0';
+    assert_int_equal(st_geometry_check(&g), ST_EGEOMETRY);
+    small_geometry(&g, t);
+    t[2].name[3] = '\n';
+    assert_int_equal(st_geometry_check(&g), ST_EGEOMETRY);
+    assert_non_null(strstr(st_errdetail(), "printable"));
+    small_geometry(&g, t);
+    memset(t[2].name, 'a', ST_TENSOR_NAME_MAX); /* no NUL within 48 */
+    assert_int_equal(st_geometry_check(&g), ST_EGEOMETRY);
+
+    small_geometry(&g, t);
+    t[1].role = 2;
+    assert_int_equal(st_geometry_check(&g), ST_EGEOMETRY);
+    small_geometry(&g, t);
+    t[1].dtype = ST_DTYPE_COUNT;
+    assert_int_equal(st_geometry_check(&g), ST_EGEOMETRY);
+    small_geometry(&g, t);
+    t[1].ndim = 0;
+    assert_int_equal(st_geometry_check(&g), ST_EGEOMETRY);
+    small_geometry(&g, t);
+    t[1].ndim = 5;
+    assert_int_equal(st_geometry_check(&g), ST_EGEOMETRY);
+    small_geometry(&g, t);
+    t[1].shape[1] = 0; /* used dim of 0 */
+    assert_int_equal(st_geometry_check(&g), ST_EGEOMETRY);
+    small_geometry(&g, t);
+    t[5].shape[3] = 1; /* unused dim not 0 */
+    assert_int_equal(st_geometry_check(&g), ST_EGEOMETRY);
+    small_geometry(&g, t);
+    t[0].shape[0] = 31; /* K/V must span n_ctx */
+    assert_int_equal(st_geometry_check(&g), ST_EGEOMETRY);
+    assert_non_null(strstr(st_errdetail(), "n_ctx"));
+
+    small_geometry(&g, t);
+    t[1].shape[0] = t[1].shape[1] = t[1].shape[2] = 1ull << 30; /* 2^90 elements */
+    assert_int_equal(st_geometry_check(&g), ST_EGEOMETRY);
+    assert_non_null(strstr(st_errdetail(), "overflow"));
+    small_geometry(&g, t);
+    t[1].shape[0] = 1ull << 62; /* fits in u64 elements, bytes overflow */
+    t[1].ndim = 1;
+    t[1].shape[1] = t[1].shape[2] = 0;
+    assert_int_equal(st_geometry_check(&g), ST_EGEOMETRY);
+
+    small_geometry(&g, t);
+    g.n_tensors = ST_GEOMETRY_TENSORS_MAX + 1;
+    assert_int_equal(st_geometry_check(&g), ST_EGEOMETRY);
+
+    /* no tensors at all is a valid (if useless) geometry */
+    small_geometry(&g, t);
+    g.n_tensors = 0;
+    g.tensors = NULL;
+    assert_int_equal(st_geometry_check(&g), 0);
+    assert_int_equal(st_geometry_check(NULL), ST_EINVAL);
+}
+
+static void test_geometry_compare(void **state)
+{
+    st_tensor_desc ta[7], tb[7];
+    st_geometry a, b;
+    (void)state;
+
+    small_geometry(&a, ta);
+    small_geometry(&b, tb);
+    assert_int_equal(st_geometry_compare(&a, &b), 0);
+
+    b.page_size = 256;
+    a.page_size = 1;
+    assert_int_equal(st_geometry_compare(&a, &b), ST_EGEOMETRY);
+    assert_string_equal(st_errdetail(), "incompatible K/V geometry: page_size 1 vs 256");
+
+    small_geometry(&a, ta);
+    small_geometry(&b, tb);
+    a.model_fp[0] = 0x3f;
+    a.model_fp[1] = 0x2a;
+    b.model_fp[0] = 0x9c;
+    b.model_fp[1] = 0x1b;
+    assert_int_equal(st_geometry_compare(&a, &b), ST_EMODEL);
+    assert_non_null(strstr(st_errdetail(), "model fingerprint 3f2a"));
+    assert_non_null(strstr(st_errdetail(), " vs 9c1b"));
+
+    small_geometry(&a, ta);
+    small_geometry(&b, tb);
+    tb[3].dtype = ST_DTYPE_BF16;
+    assert_int_equal(st_geometry_compare(&a, &b), ST_EGEOMETRY);
+    assert_non_null(strstr(st_errdetail(), "ssm.0.conv"));
+    assert_non_null(strstr(st_errdetail(), "f32 vs bf16"));
+
+    small_geometry(&b, tb);
+    tb[2].shape[2] = 16;
+    assert_int_equal(st_geometry_compare(&a, &b), ST_EGEOMETRY);
+    assert_non_null(strstr(st_errdetail(), "[32,2,8] vs [32,2,16]"));
+
+    small_geometry(&b, tb);
+    b.n_tensors = 6;
+    assert_int_equal(st_geometry_compare(&a, &b), ST_EGEOMETRY);
+    assert_non_null(strstr(st_errdetail(), "7 tensors vs 6"));
+
+    small_geometry(&b, tb);
+    b.n_ctx = 64;
+    assert_int_equal(st_geometry_compare(&a, &b), ST_EGEOMETRY);
+    assert_non_null(strstr(st_errdetail(), "n_ctx 32 vs 64"));
+}
+
+static void test_image_build(void **state)
+{
+    st_tensor_desc t[7];
+    st_geometry g;
+    st_image *img = NULL;
+    uint32_t tokens[20];
+    uint64_t len;
+    (void)state;
+
+    small_geometry(&g, t);
+    t[1].name[20] = 'x'; /* garbage after the NUL: ignored and zeroed in the image's copy */
+    assert_int_equal(st_image_create(&img, &g), 0);
+    assert_int_equal(st_image_geometry(img)->tensors[1].name[20], 0);
+    assert_ptr_not_equal(st_image_geometry(img)->tensors, t);
+    memset(t, 0xee, sizeof t); /* the image keeps its own copy */
+    small_geometry(&g, t);
+    assert_int_equal(st_geometry_compare(st_image_geometry(img), &g), 0);
+
+    assert_int_equal(st_image_n_tokens(img), 0);
+    assert_int_equal(st_image_n_checkpoints(img), 0);
+    assert_int_equal(st_image_kv_pages(img), 0);
+    assert_non_null(st_image_kv(img, 0, &len));
+    assert_int_equal(len, 0);
+    assert_null(st_image_kv(img, 1, &len)); /* running tensor */
+    assert_null(st_image_kv(img, 7, &len));
+    assert_int_equal(st_image_check(img), ST_EINVAL); /* no checkpoint */
+
+    for (uint32_t i = 0; i < 20; i++)
+        tokens[i] = 1000 + i;
+    assert_int_equal(st_image_tokens_set(img, tokens, 33), ST_EINVAL); /* > n_ctx */
+    assert_int_equal(st_image_tokens_set(img, NULL, 3), ST_EINVAL);
+    assert_int_equal(st_image_tokens_set(img, tokens, 10), 0);
+    assert_int_equal(st_image_n_tokens(img), 10);
+    assert_int_equal(st_image_tokens(img)[9], 1009);
+    assert_int_equal(st_image_kv_pages(img), 3); /* page_size 4 */
+    uint8_t *k = st_image_kv(img, 0, &len);
+    assert_int_equal(len, 10 * 2 * 8 * 2);
+    for (uint64_t i = 0; i < len; i++)
+        assert_int_equal(k[i], 0); /* new rows are zero */
+    for (uint64_t i = 0; i < len; i++)
+        k[i] = (uint8_t)(i * 7 + 1);
+    k = st_image_kv(img, 4, &len);
+    assert_int_equal(len, 10 * 16);
+
+    /* grow: old rows kept, new rows zero */
+    assert_int_equal(st_image_tokens_set(img, tokens, 16), 0);
+    k = st_image_kv(img, 0, &len);
+    assert_int_equal(len, 16 * 32);
+    for (uint64_t i = 0; i < 10 * 32; i++)
+        assert_int_equal(k[i], (uint8_t)(i * 7 + 1));
+    for (uint64_t i = 10 * 32; i < len; i++)
+        assert_int_equal(k[i], 0);
+    /* shrink: kept prefix */
+    assert_int_equal(st_image_tokens_set(img, tokens, 4), 0);
+    k = st_image_kv(img, 0, &len);
+    assert_int_equal(len, 4 * 32);
+    for (uint64_t i = 0; i < len; i++)
+        assert_int_equal(k[i], (uint8_t)(i * 7 + 1));
+    assert_int_equal(st_image_tokens_set(img, NULL, 0), 0);
+    assert_int_equal(st_image_kv_pages(img), 0);
+    assert_int_equal(st_image_tokens_set(img, tokens, 12), 0);
+
+    /* checkpoints: strictly increasing, zeroed, sized by codec */
+    uint32_t ci = 99;
+    assert_int_equal(st_image_checkpoint_add(img, 4, ST_CODEC_FP32, &ci), 0);
+    assert_int_equal(ci, 0);
+    assert_int_equal(st_image_checkpoint_add(img, 4, ST_CODEC_FP32, &ci), ST_EINVAL);
+    assert_int_equal(st_image_checkpoint_add(img, 3, ST_CODEC_FP32, &ci), ST_EINVAL);
+    assert_int_equal(st_image_checkpoint_add(img, 33, ST_CODEC_FP32, &ci), ST_EINVAL);
+    assert_int_equal(st_image_checkpoint_add(img, 8, 7, &ci), ST_ECODEC);
+    assert_int_equal(st_image_checkpoint_add(img, 8, ST_CODEC_BF16, &ci), 0);
+    assert_int_equal(ci, 1);
+    assert_int_equal(st_image_n_checkpoints(img), 2);
+    uint8_t *x = st_image_checkpoint_tensor(img, 1, 1, &len);
+    assert_non_null(x);
+    assert_int_equal(len, 512 * 2);
+    for (uint64_t i = 0; i < len; i++)
+        assert_int_equal(x[i], 0);
+    assert_non_null(st_image_checkpoint_tensor(img, 1, 5, &len));
+    assert_int_equal(len, 8); /* i64 unchanged */
+    assert_non_null(st_image_checkpoint_tensor(img, 1, 6, &len));
+    assert_int_equal(len, 16); /* bf16 dtype, 8 elements */
+    assert_null(st_image_checkpoint_tensor(img, 1, 0, &len)); /* K/V */
+    assert_null(st_image_checkpoint_tensor(img, 2, 1, &len));
+    uint64_t pos;
+    uint32_t codec;
+    assert_int_equal(st_image_checkpoint_info(img, 1, &pos, &codec), 0);
+    assert_int_equal(pos, 8);
+    assert_int_equal(codec, ST_CODEC_BF16);
+    assert_int_equal(st_image_checkpoint_info(img, 2, &pos, &codec), ST_ENOTFOUND);
+
+    /* incomplete until the last checkpoint sits at n_tokens */
+    assert_int_equal(st_image_check(img), ST_EINVAL);
+    assert_int_equal(st_image_checkpoint_add(img, 12, ST_CODEC_F16, &ci), 0);
+    assert_int_equal(st_image_check(img), 0);
+
+    /* logits */
+    float logits[16] = {1.5f};
+    uint32_t nl;
+    assert_int_equal(st_image_logits_set(img, logits, 15), ST_EINVAL);
+    assert_null(st_image_logits(img, &nl));
+    assert_int_equal(nl, 0);
+    assert_int_equal(st_image_logits_set(img, logits, 16), 0);
+    assert_true(st_image_logits(img, &nl)[0] == 1.5f);
+    assert_int_equal(nl, 16);
+    assert_int_equal(st_image_check(img), 0);
+
+    st_image_state_hash_set(img, 0x1234);
+    assert_int_equal(st_image_state_hash(img), 0x1234);
+
+    uint64_t want = 12 * 4 + 16 * 4 + 12 * (32 + 32 + 16) + (2048 + 384 + 8 + 16) +
+                    (1024 + 192 + 8 + 16) * 2;
+    assert_int_equal(st_image_bytes(img), want);
+
+    /* remove the middle checkpoint */
+    assert_int_equal(st_image_checkpoint_remove(img, 1), 0);
+    assert_int_equal(st_image_n_checkpoints(img), 2);
+    assert_int_equal(st_image_checkpoint_info(img, 1, &pos, &codec), 0);
+    assert_int_equal(pos, 12);
+    assert_int_equal(codec, ST_CODEC_F16);
+    assert_int_equal(st_image_checkpoint_remove(img, 2), ST_ENOTFOUND);
+    assert_int_equal(st_image_check(img), 0);
+
+    st_image_free(img);
+    st_image_free(NULL);
+}
+
+static void test_image_clone(void **state)
+{
+    static const uint32_t codecs[3] = {ST_CODEC_F16, ST_CODEC_FP32, ST_CODEC_BF16};
+    st_image *a = NULL, *b = NULL;
+    (void)state;
+
+    assert_int_equal(st_test_image_small(&a, 42, codecs), 0);
+    assert_int_equal(st_image_check(a), 0);
+    assert_int_equal(st_image_clone(&b, a), 0);
+    assert_int_equal(st_test_image_equal(a, b), 0);
+    /* deep: changing the clone leaves the original */
+    uint64_t len;
+    uint8_t *p = st_image_checkpoint_tensor(b, 2, 1, &len);
+    p[0] ^= 1;
+    assert_int_not_equal(st_test_image_equal(a, b), 0);
+    st_image_free(a);
+    st_image_free(b);
+}
+
+static void test_image_recode(void **state)
+{
+    static const uint32_t codecs[3] = {ST_CODEC_FP32, ST_CODEC_FP32, ST_CODEC_FP32};
+    static unsigned char scratch[ST_CODEC_SCRATCH_MIN];
+    st_image *img = NULL;
+    uint64_t len, len2;
+    uint32_t codec;
+    (void)state;
+
+    assert_int_equal(st_test_image_small(&img, 7, codecs), 0);
+    const float *f = st_image_checkpoint_tensor_const(img, 2, 1, &len);
+    float *orig = malloc(len);
+    memcpy(orig, f, len);
+    const void *i64 = st_image_checkpoint_tensor_const(img, 2, 4, &len2);
+    int64_t pos_val;
+    memcpy(&pos_val, i64, 8);
+
+    assert_int_equal(st_image_checkpoint_recode(img, 2, 9, scratch, sizeof scratch), ST_ECODEC);
+    assert_int_equal(st_image_checkpoint_recode(img, 3, ST_CODEC_BF16, scratch, sizeof scratch),
+                     ST_ENOTFOUND);
+    assert_int_equal(st_image_checkpoint_recode(img, 2, ST_CODEC_BF16, scratch, sizeof scratch), 0);
+    st_image_checkpoint_info(img, 2, NULL, &codec);
+    assert_int_equal(codec, ST_CODEC_BF16);
+    const uint16_t *h = st_image_checkpoint_tensor_const(img, 2, 1, &len2);
+    assert_int_equal(len2, len / 2);
+    uint16_t want[64];
+    assert_int_equal(len, 64 * 4);
+    st_codec_bf16_encode(want, orig, 64);
+    assert_memory_equal(h, want, sizeof want);
+    /* other dtypes unchanged */
+    i64 = st_image_checkpoint_tensor_const(img, 2, 4, &len2);
+    assert_int_equal(len2, 8);
+    assert_memory_equal(i64, &pos_val, 8);
+
+    /* widen back: exact for every bf16 value */
+    assert_int_equal(st_image_checkpoint_recode(img, 2, ST_CODEC_FP32, scratch, sizeof scratch), 0);
+    f = st_image_checkpoint_tensor_const(img, 2, 1, &len2);
+    assert_int_equal(len2, len);
+    float wide[64];
+    st_codec_bf16_decode(wide, want, 64);
+    assert_memory_equal(f, wide, sizeof wide);
+    /* fp32 -> f16 needs no scratch; f16 -> bf16 goes through fp32 slices in the scratch, so a
+     * scratch too small fails and leaves the checkpoint as it was */
+    assert_int_equal(st_image_checkpoint_recode(img, 2, ST_CODEC_F16, scratch, 16), 0);
+    const void *before = st_image_checkpoint_tensor_const(img, 2, 1, &len2);
+    assert_int_equal(st_image_checkpoint_recode(img, 2, ST_CODEC_BF16, scratch, 16), ST_EINVAL);
+    st_image_checkpoint_info(img, 2, NULL, &codec);
+    assert_int_equal(codec, ST_CODEC_F16);
+    assert_ptr_equal(st_image_checkpoint_tensor_const(img, 2, 1, &len2), before);
+    assert_int_equal(st_image_checkpoint_recode(img, 2, ST_CODEC_BF16, scratch, sizeof scratch), 0);
+    st_image_checkpoint_info(img, 2, NULL, &codec);
+    assert_int_equal(codec, ST_CODEC_BF16);
+    assert_int_equal(st_image_check(img), 0);
+    free(orig);
+    st_image_free(img);
+}
+
+static void test_image_minimal(void **state)
+{
+    st_image *img = NULL;
+    (void)state;
+    assert_int_equal(st_test_image_minimal(&img, 1), 0);
+    assert_int_equal(st_image_check(img), 0);
+    assert_int_equal(st_image_n_tokens(img), 0);
+    assert_int_equal(st_image_bytes(img), 16);
+    st_image_free(img);
+
+    /* bad arguments */
+    assert_int_equal(st_image_create(NULL, NULL), ST_EINVAL);
+    st_image *x = (st_image *)1;
+    assert_int_equal(st_image_create(&x, NULL), ST_EINVAL);
+    assert_null(x);
+    assert_int_equal(st_image_tokens_set(NULL, NULL, 0), ST_EINVAL);
+    assert_int_equal(st_image_n_checkpoints(NULL), 0);
+    assert_null(st_image_geometry(NULL));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_dtype_helpers),   cmocka_unit_test(test_geometry_check),
+        cmocka_unit_test(test_geometry_compare), cmocka_unit_test(test_image_build),
+        cmocka_unit_test(test_image_clone),     cmocka_unit_test(test_image_recode),
+        cmocka_unit_test(test_image_minimal),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
