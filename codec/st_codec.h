@@ -161,6 +161,38 @@ void st_checksum_update(st_checksum_state *s, const void *p, size_t n);
 uint64_t st_checksum_final(const st_checksum_state *s);
 void st_checksum_free(st_checksum_state *s);           /* accepts a zeroed state */
 
+/* ---- GPU codecs (built with CUDA: ST_HAVE_CUDA) ------------------------------------------
+ * st_codec_convert's element conversions over GPU memory, producing exactly the bytes the CPU
+ * codecs produce, NaN payloads and subnormals included (docs/CODECS.md, "GPU codecs"). A build
+ * without CUDA has these functions too: they return ST_EINVAL ("built without CUDA"), and
+ * st_codec_cuda_available() returns 0, so callers link either way.
+ * They act on the calling thread's current CUDA device. A failed CUDA call returns ST_EIO
+ * (ENOMEM when CUDA is out of memory) with a detail naming the call and the CUDA error;
+ * cudaError_t never appears in this API. Nothing is allocated. Thread-safe. */
+
+/* 1 when this build has CUDA and a CUDA device is present; 0 otherwise, with the reason in
+ * st_errdetail() ("built without CUDA", "no CUDA device", a driver error). */
+int st_codec_cuda_available(void);
+
+/* Enqueue the conversion of n elements of codec src_id at src_dev into codec dst_id at dst_dev
+ * on stream (a cudaStream_t; NULL is the default stream) and return without waiting. Any of the
+ * nine pairs; same codec is a device-to-device copy; bf16 <-> f16 goes through fp32 in registers
+ * (no scratch). Buffers: memory the current device can address (its own device memory, managed
+ * memory, or mapped pinned host memory), each holding its n elements, at any byte offset; the
+ * fast path wants src and dst to reach a 16-byte (fp32) / 8-byte (16-bit) boundary at the
+ * same element (true for cudaMalloc'd buffers at element offsets that are multiples of 4).
+ * They must not overlap.
+ * Returns 0; ST_ECODEC for an unknown id; ST_EINVAL for a NULL buffer with n > 0, host memory
+ * the device cannot address, memory of another device, overlapping buffers or an n whose byte
+ * count overflows; ST_EIO if the launch fails. A failure while the kernel runs shows at the next
+ * synchronisation (st_codec_cuda_sync). n == 0 does nothing. */
+int st_codec_cuda_convert(uint32_t dst_id, void *dst_dev, uint32_t src_id, const void *src_dev,
+                          size_t n, void *stream);
+
+/* Wait until the work queued on stream (a cudaStream_t; NULL: the default stream) is done.
+ * 0, or ST_EIO naming the CUDA error (an earlier kernel's failure shows here). */
+int st_codec_cuda_sync(void *stream);
+
 #ifdef __cplusplus
 }
 #endif
