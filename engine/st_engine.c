@@ -1,0 +1,129 @@
+/*
+ * st_engine.c - an engine: a model, a backend chosen from the table, its thread pool, the
+ * options, and the geometry the backend publishes.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "st_engine_int.h"
+
+static const st_backend *const k_backends[] = {&st_backend_cpu};
+
+void st_engine_opts_default(st_engine_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->backend = NULL;
+    o->n_threads = 0;
+    o->ubatch = 2048;
+    o->n_ctx = 0;
+    o->page_size = 256;
+    o->kv_dtype = UINT32_MAX;
+    o->prompt_cache = 6;
+    o->prompt_cache_every = 0;
+    o->prompt_cache_root = 0;
+    o->force_scalar = 0;
+}
+
+void st_engine_free(st_engine *e)
+{
+    if (!e)
+        return;
+    if (e->be && e->bctx)
+        e->be->destroy(e->bctx);
+    st_pool_free(e->pool);
+    pthread_mutex_destroy(&e->lock);
+    free(e);
+}
+
+int st_engine_new(const st_model *m, const st_engine_opts *o, st_engine **out)
+{
+    *out = NULL;
+    st_engine_opts d;
+    if (!o) {
+        st_engine_opts_default(&d);
+        o = &d;
+    }
+    st_engine *e = calloc(1, sizeof *e);
+    int rc;
+    if (!e)
+        return st_error_set(ENOMEM, "engine");
+    pthread_mutex_init(&e->lock, NULL);
+    e->m = m;
+    e->o = *o;
+    const char *bn = o->backend ? o->backend : "cpu";
+    for (size_t i = 0; i < sizeof k_backends / sizeof k_backends[0]; i++)
+        if (!strcmp(k_backends[i]->name, bn))
+            e->be = k_backends[i];
+    if (!e->be) {
+        rc = st_error_set(ST_EINVAL, "engine: no backend \"%s\" in this build (cpu)", bn);
+        goto fail;
+    }
+    e->o.backend = e->be->name;
+    if (e->o.n_threads == 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        e->o.n_threads = n > 0 ? (uint32_t)n : 1;
+    }
+    if (e->o.ubatch == 0)
+        e->o.ubatch = 2048;
+    if (e->o.n_ctx == 0)
+        e->o.n_ctx = m->hp.n_ctx;
+    if (e->o.page_size == 0)
+        e->o.page_size = 256;
+    if (e->o.kv_dtype == UINT32_MAX)
+        e->o.kv_dtype = m->hp.kv_dtype;
+    if (e->o.ubatch > 65536 || e->o.n_ctx > (1u << 24) || e->o.page_size > 65536 ||
+        e->o.n_threads > 1024 || e->o.prompt_cache > 64) {
+        rc = st_error_set(ST_EINVAL, "engine: ubatch %u (<= 65536), context %u (<= %u), page size "
+                          "%u (<= 65536), threads %u (<= 1024), prompt cache %u (<= 64)",
+                          e->o.ubatch, e->o.n_ctx, 1u << 24, e->o.page_size, e->o.n_threads,
+                          e->o.prompt_cache);
+        goto fail;
+    }
+    if (e->o.kv_dtype != ST_DTYPE_F16 && e->o.kv_dtype != ST_DTYPE_I8) {
+        rc = st_error_set(ST_EINVAL, "engine: K/V dtype %s (f16 or i8)",
+                          st_dtype_name(e->o.kv_dtype));
+        goto fail;
+    }
+    e->kern.vec = !o->force_scalar && st_kern_cpu_has_avx2();
+    if ((rc = st_pool_new(e->o.n_threads, &e->pool)))
+        goto fail;
+    if ((rc = e->be->create(e, &e->bctx)))
+        goto fail;
+    const st_tensor_desc *descs;
+    uint32_t n;
+    if ((rc = e->be->tensors(e->bctx, &descs, &n)))
+        goto fail;
+    memcpy(e->geom.model_fp, m->fp, ST_FINGERPRINT_LEN);
+    e->geom.page_size = e->o.page_size;
+    e->geom.n_ctx = e->o.n_ctx;
+    e->geom.n_vocab = m->hp.n_vocab;
+    e->geom.n_tensors = n;
+    e->geom.tensors = descs;
+    if ((rc = st_geometry_check(&e->geom)))
+        goto fail;
+    *out = e;
+    return 0;
+fail:
+    st_engine_free(e);
+    return rc;
+}
+
+const st_engine_opts *st_engine_opts_get(const st_engine *e)
+{
+    return &e->o;
+}
+
+const char *st_engine_isa(const st_engine *e)
+{
+    return e->kern.vec ? "avx2+fma" : "scalar";
+}
+
+uint64_t st_engine_running_bytes(const st_engine *e, uint32_t ti)
+{
+    const st_tensor_desc *d = &e->geom.tensors[ti];
+    if (d->role != ST_ROLE_RUNNING)
+        return 0;
+    return st_tensor_elems(d) * st_dtype_size(d->dtype);
+}

@@ -1,0 +1,276 @@
+/*
+ * st_engine.h - Strata's attached inference engine: GGUF files, the strata-hybrid model
+ * (Gated DeltaNet + grouped-query attention), a byte-level tokenizer, backends behind a table of
+ * function pointers (CPU today), slots with a conversation cache of running-state checkpoints,
+ * and snapshot / restore of a slot to and from an st_image.
+ *
+ * Threads: an st_model is immutable after loading and may be shared. An st_engine serialises
+ * compute internally (one slot computes at a time; its thread pool does the parallel work), so
+ * slots of one engine may be used from different threads, but one slot must be used by one
+ * thread at a time. The GGUF reader is immutable after opening.
+ *
+ * Determinism: with the same model, the same tokens and the same options, every logit is
+ * bit-identical whatever the thread count, the --ubatch chunking and the instruction set used
+ * (see docs/ENGINE.md, "Determinism rules").
+ *
+ * Errors: see st_codec.h. Every function that fails records a detail (st_errdetail()).
+ */
+#ifndef ST_ENGINE_H
+#define ST_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "st_codec.h"
+#include "st_store.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- GGUF ---------------------------------------------------------------------------------
+ * Reader: the file is mapped read-only; every count, length, type, dimension and offset is
+ * checked against the bytes of the file before use. Versions 2 and 3 are read; general.alignment
+ * (u32, a power of two) defaults to 32. Errors: ST_ENOTSTRATA (not a GGUF file: bad magic),
+ * ST_EVERSION, ST_ECORRUPT (structure; the detail names the field and offset), ST_ETOOBIG,
+ * an errno. */
+typedef enum st_gguf_type {
+    ST_GGUF_UINT8 = 0,
+    ST_GGUF_INT8 = 1,
+    ST_GGUF_UINT16 = 2,
+    ST_GGUF_INT16 = 3,
+    ST_GGUF_UINT32 = 4,
+    ST_GGUF_INT32 = 5,
+    ST_GGUF_FLOAT32 = 6,
+    ST_GGUF_BOOL = 7,
+    ST_GGUF_STRING = 8,
+    ST_GGUF_ARRAY = 9,
+    ST_GGUF_UINT64 = 10,
+    ST_GGUF_INT64 = 11,
+    ST_GGUF_FLOAT64 = 12,
+} st_gguf_type;
+
+/* ggml tensor types this engine computes with; the reader knows the sizes of every standard
+ * ggml type so that any GGUF file can be opened and listed. */
+#define ST_GGML_F32 0
+#define ST_GGML_F16 1
+#define ST_GGML_BF16 30
+
+#define ST_GGUF_MAX_DIMS 4
+#define ST_GGUF_DEFAULT_ALIGNMENT 32
+
+typedef struct st_gguf st_gguf;
+
+typedef struct st_gguf_tensor {
+    const char *name;    /* NUL-terminated copy owned by the reader */
+    uint32_t type;       /* ggml type */
+    uint32_t n_dims;
+    uint64_t dims[ST_GGUF_MAX_DIMS]; /* ne[0] is the fastest-varying (row length) */
+    uint64_t offset;     /* relative to the data section */
+    uint64_t nbytes;
+    const void *data;    /* inside the mapping, valid until st_gguf_close */
+} st_gguf_tensor;
+
+int st_gguf_open(const char *path, st_gguf **out);
+/* Parse a buffer the caller keeps alive and unchanged until st_gguf_close. */
+int st_gguf_open_mem(const void *buf, size_t len, st_gguf **out);
+void st_gguf_close(st_gguf *g); /* accepts NULL */
+
+uint32_t st_gguf_version(const st_gguf *g);
+uint32_t st_gguf_alignment(const st_gguf *g);
+uint64_t st_gguf_n_kv(const st_gguf *g);
+uint64_t st_gguf_n_tensors(const st_gguf *g);
+/* Key i's name and type (ST_GGUF_ARRAY for arrays; *elem_type and *count describe them). */
+const char *st_gguf_kv_key(const st_gguf *g, uint64_t i);
+uint32_t st_gguf_kv_type(const st_gguf *g, uint64_t i, uint32_t *elem_type, uint64_t *count);
+/* Index of a key, or -1. */
+int64_t st_gguf_find(const st_gguf *g, const char *key);
+/* Typed getters: ST_ENOTFOUND if absent, ST_ECORRUPT (with detail) if of another type. Integer
+ * getters accept any integer type whose value fits. The string is not NUL-terminated in the
+ * file: *out points into the mapping, *len is its length. */
+int st_gguf_get_u32(const st_gguf *g, const char *key, uint32_t *out);
+int st_gguf_get_u64(const st_gguf *g, const char *key, uint64_t *out);
+int st_gguf_get_f32(const st_gguf *g, const char *key, float *out);
+int st_gguf_get_str(const st_gguf *g, const char *key, const char **out, uint64_t *len);
+const st_gguf_tensor *st_gguf_tensor_at(const st_gguf *g, uint64_t i);
+const st_gguf_tensor *st_gguf_tensor_find(const st_gguf *g, const char *name);
+const char *st_gguf_type_name(uint32_t ggml_type);   /* "f32", "q4_K", ...; "unknown" */
+const char *st_gguf_kv_type_name(uint32_t kv_type);
+
+/* Writer: collects keys and tensors, then writes a GGUF v3 file atomically (temp file in the
+ * same directory, fsync, rename, directory fsync). Tensor data is borrowed until the write. */
+typedef struct st_gguf_writer st_gguf_writer;
+int st_gguf_writer_new(st_gguf_writer **out, uint32_t alignment /* 0: 32 */);
+void st_gguf_writer_free(st_gguf_writer *w); /* accepts NULL */
+int st_gguf_writer_set_str(st_gguf_writer *w, const char *key, const char *val);
+int st_gguf_writer_set_u32(st_gguf_writer *w, const char *key, uint32_t val);
+int st_gguf_writer_set_u64(st_gguf_writer *w, const char *key, uint64_t val);
+int st_gguf_writer_set_f32(st_gguf_writer *w, const char *key, float val);
+int st_gguf_writer_set_bool(st_gguf_writer *w, const char *key, int val);
+/* An array of n elements of a fixed-size type (not STRING / ARRAY); the bytes are copied. */
+int st_gguf_writer_set_arr(st_gguf_writer *w, const char *key, uint32_t elem_type,
+                           const void *elems, uint64_t n);
+int st_gguf_writer_add_tensor(st_gguf_writer *w, const char *name, uint32_t ggml_type,
+                              uint32_t n_dims, const uint64_t *dims, const void *data);
+int st_gguf_writer_write(st_gguf_writer *w, const char *path);
+
+/* ---- model --------------------------------------------------------------------------------
+ * Architecture "strata-hybrid"; docs/ENGINE.md gives the math and the GGUF keys. */
+#define ST_ARCH "strata-hybrid"
+#define ST_PATTERN_MAX 64
+
+/* Byte-level tokenizer: ids 0..255 are bytes, then these. */
+#define ST_TOKEN_BOS 256u
+#define ST_TOKEN_EOS 257u
+#define ST_TOKEN_SEP 258u /* turn separator */
+#define ST_VOCAB_BYTES 259u
+
+typedef struct st_model_hparams {
+    uint32_t n_vocab;       /* >= 259: the byte tokenizer's ids */
+    uint32_t n_embd;
+    uint32_t n_layer;
+    uint32_t n_ff;          /* SwiGLU hidden width */
+    uint32_t n_ctx;         /* trained context length (the default slot context) */
+    uint32_t n_head;        /* attention query heads */
+    uint32_t n_head_kv;     /* attention K/V heads (divides n_head) */
+    uint32_t head_dim;      /* attention head width (even: RoPE rotates pairs) */
+    uint32_t ssm_heads;     /* DeltaNet heads */
+    uint32_t ssm_dk;        /* DeltaNet key (and query) width per head */
+    uint32_t ssm_dv;        /* DeltaNet value width per head */
+    uint32_t ssm_conv;      /* short convolution kernel (4) */
+    float rms_eps;
+    float rope_base;
+    char pattern[ST_PATTERN_MAX]; /* 'D' (DeltaNet) / 'A' (attention), repeated over layers */
+    uint32_t kv_dtype;      /* default K/V dtype: ST_DTYPE_F16 or ST_DTYPE_I8 */
+    uint32_t wtype;         /* weight type written by st_model_write_seeded: ST_GGML_F32/F16/BF16 */
+} st_model_hparams;
+
+/* Fill hp with a named preset: "tiny" (tests), "small" (demo), "bench". ST_EINVAL otherwise. */
+int st_model_preset(const char *name, st_model_hparams *hp);
+/* Structural check of hyperparameters (ranges, divisibility, pattern). */
+int st_model_hparams_check(const st_model_hparams *hp);
+/* 'D' or 'A' for layer il. */
+char st_model_layer_kind(const st_model_hparams *hp, uint32_t il);
+/* Write a strata-hybrid GGUF with weights drawn from a seeded generator (no meaningful text). */
+int st_model_write_seeded(const st_model_hparams *hp, uint64_t seed, const char *name,
+                          const char *path);
+/* Bytes of running state per checkpoint and of K/V per token this geometry implies. */
+uint64_t st_model_state_bytes(const st_model_hparams *hp);
+uint64_t st_model_kv_bytes_per_token(const st_model_hparams *hp, uint32_t kv_dtype);
+uint64_t st_model_n_params(const st_model_hparams *hp);
+
+typedef struct st_model st_model;
+/* Load a GGUF model. ST_EINVAL (detail) for an architecture other than strata-hybrid or missing
+ * or misshapen tensors; GGUF errors as above. */
+int st_model_load(const char *path, st_model **out);
+void st_model_free(st_model *m); /* accepts NULL */
+const st_model_hparams *st_model_hparams_get(const st_model *m);
+/* SHA-256 over the architecture parameters and the tensor data. */
+const uint8_t *st_model_fingerprint(const st_model *m);
+/* Lower-case hex of the first n bytes of fp into dst (2n+1 bytes). */
+void st_fingerprint_hex(char *dst, const uint8_t *fp, size_t n);
+
+/* Tokenizer. Encode writes at most cap ids (returns the count needed); decode writes the bytes
+ * of byte tokens (special tokens produce nothing) and returns the count needed. */
+size_t st_tokenize(const char *text, size_t len, uint32_t *ids, size_t cap);
+size_t st_detokenize(const uint32_t *ids, size_t n, char *dst, size_t cap);
+
+/* ---- engine and slots ---------------------------------------------------------------------- */
+typedef struct st_engine st_engine;
+typedef struct st_slot st_slot;
+
+typedef struct st_engine_opts {
+    const char *backend;       /* NULL or "cpu" */
+    uint32_t n_threads;        /* 0: online CPUs */
+    uint32_t ubatch;           /* prompt chunk in tokens (0: 2048) */
+    uint32_t n_ctx;            /* 0: the model's */
+    uint32_t page_size;        /* K/V tokens per page (0: 256) */
+    uint32_t kv_dtype;         /* 0xffffffff: the model's default; ST_DTYPE_F16 or ST_DTYPE_I8 */
+    uint32_t prompt_cache;     /* max checkpoints kept per slot (K); 0 disables the cache */
+    uint32_t prompt_cache_every; /* checkpoint every N prompt tokens, rounded up to chunks (0 off) */
+    uint32_t prompt_cache_root;  /* checkpoint at the end of a system prompt >= N tokens (0 off) */
+    int force_scalar;          /* 1: never use the vector kernels (results are identical) */
+} st_engine_opts;
+/* Defaults: cpu, all CPUs, ubatch 2048, model n_ctx, page 256, model kv dtype, cache 6, every 0,
+ * root 0. */
+void st_engine_opts_default(st_engine_opts *o);
+
+int st_engine_new(const st_model *m, const st_engine_opts *o, st_engine **out);
+void st_engine_free(st_engine *e); /* accepts NULL; free its slots first */
+const st_engine_opts *st_engine_opts_get(const st_engine *e);
+const char *st_engine_isa(const st_engine *e); /* "avx2+fma" or "scalar" */
+
+int st_slot_new(st_engine *e, st_slot **out);
+void st_slot_free(st_slot *s); /* accepts NULL */
+/* Forget the conversation and every checkpoint. */
+void st_slot_reset(st_slot *s);
+
+/* The geometry the backend publishes for this slot (borrowed; valid for the slot's life). */
+const st_geometry *st_slot_geometry(const st_slot *s);
+
+typedef struct st_eval_stats {
+    uint64_t reused;        /* prompt tokens not recomputed (held K/V + running state) */
+    uint64_t computed;      /* prompt tokens read */
+    uint64_t mounted_at;    /* position of the checkpoint mounted (UINT64_MAX: none) */
+    uint32_t checkpoints;   /* checkpoints held afterwards */
+} st_eval_stats;
+
+/* Make the slot hold exactly tokens[0..n) and the logits after the last one. The longest prefix
+ * it already holds is reused: the live state when it holds a prefix of tokens, otherwise the
+ * deepest checkpoint at or before the divergence (K/V cut there); the rest is read in chunks
+ * whose boundaries are those of a full read. system_len (0: none) marks the end of a system
+ * prompt, where a root checkpoint is taken when system_len >= prompt_cache_root. A turn-boundary
+ * checkpoint is taken at n. n >= 1. On error the slot is reset (it holds nothing). */
+int st_slot_eval(st_slot *s, const uint32_t *tokens, uint64_t n, uint64_t system_len,
+                 st_eval_stats *stats);
+/* Append one token (decode). */
+int st_slot_decode(st_slot *s, uint32_t token);
+uint64_t st_slot_n_tokens(const st_slot *s);
+const uint32_t *st_slot_tokens(const st_slot *s);
+/* Logits after the last token (n_vocab floats), or NULL when the slot holds none. */
+const float *st_slot_logits(const st_slot *s, uint32_t *n);
+/* Pick the next token from the logits: temp <= 0 is greedy (lowest id wins ties); otherwise a
+ * softmax at temp sampled with a generator keyed by (seed, position), so a conversation split
+ * across processes samples the same tokens. */
+int st_slot_sample(const st_slot *s, float temp, uint64_t seed, uint32_t *token);
+
+/* Conversation-cache checkpoints held (positions in increasing order). */
+uint32_t st_slot_n_checkpoints(const st_slot *s);
+uint64_t st_slot_checkpoint_pos(const st_slot *s, uint32_t i);
+
+/* Hash of the live conversation (tokens, K/V rows, running state), as recorded in images.
+ * codec: the running state as it would be after a round trip through that codec. */
+int st_slot_state_hash(const st_slot *s, uint32_t codec, uint64_t *out);
+
+/* Snapshot: a session image carries the live state and the deepest other checkpoint (the resume
+ * point); a park image carries the whole chain. Running state in codec (fp32 or bf16), K/V in its
+ * own dtype, the logits, and the state hash. The slot is not changed. */
+#define ST_SNAPSHOT_SESSION 0
+#define ST_SNAPSHOT_PARK 1
+int st_slot_snapshot(st_slot *s, int mode, uint32_t codec, st_image **out);
+/* Restore: the model fingerprint and the geometry are compared first (ST_EMODEL /
+ * ST_EGEOMETRY, the detail naming the difference), then the image is checked and loaded into
+ * fresh buffers, the state hash is verified (ST_ECORRUPT), and only then swapped in. On any error
+ * the slot is exactly as it was. */
+int st_slot_restore(st_slot *s, const st_image *img);
+
+/* ---- conversation cache retention -----------------------------------------------------------
+ * One pure function. Entries are the checkpoints held; ticks are a logical clock. With k >= 2
+ * the root (the deepest entry flagged root) is pinned and the victim is the least recently used
+ * of the others (ties: older creation, then lower position). With k < 2 nothing is pinned and
+ * the victim is the first created (FIFO). Returns the index of the entry to evict when n > k,
+ * else -1. */
+typedef struct st_cache_entry {
+    uint64_t position;
+    uint64_t created;   /* tick when taken */
+    uint64_t last_used; /* tick when taken or last mounted through */
+    int root;           /* taken at the end of a system prompt */
+} st_cache_entry;
+int64_t st_cache_victim(const st_cache_entry *e, size_t n, size_t k);
+/* Index of the deepest entry with position <= pos, or -1. */
+int64_t st_cache_mount_point(const st_cache_entry *e, size_t n, uint64_t pos);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* ST_ENGINE_H */

@@ -1,0 +1,164 @@
+/*
+ * st_engine_int.h - engine internals shared by the files of engine/ and white-box tests.
+ * Nothing outside engine/ and tests/engine/ includes this header.
+ */
+#ifndef ST_ENGINE_INT_H
+#define ST_ENGINE_INT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "st_engine.h"
+
+/* ---- model ------------------------------------------------------------------------------- */
+
+/* A matrix of rows (outputs) x cols (inputs), row-major, ggml type: weights in the mapping, or
+ * K rows of one head in a K/V page (stride: elements from one row to the next; 0: cols). */
+#define ST_GGML_I8 24
+typedef struct st_wmat {
+    const void *data;
+    uint32_t type; /* ST_GGML_F32 / F16 / BF16, and I8 for K/V pages */
+    uint32_t rows, cols;
+    uint32_t stride;
+} st_wmat;
+
+typedef struct st_layer {
+    char kind; /* 'D' or 'A' */
+    float *attn_norm, *ffn_norm; /* n_embd */
+    /* attention */
+    st_wmat wq, wk, wv, wo;
+    /* Gated DeltaNet */
+    st_wmat sq, sk, sv, sgate, sout, salpha, sbeta;
+    float *conv_w;   /* [channels][ssm_conv] */
+    float *a_log;    /* [ssm_heads] */
+    float *dt_bias;  /* [ssm_heads] */
+    float *ssm_norm; /* [ssm_dv] */
+    /* feed-forward */
+    st_wmat ffn_gate, ffn_up, ffn_down;
+} st_layer;
+
+struct st_model {
+    st_model_hparams hp;
+    st_gguf *gguf;
+    st_wmat tok_embd; /* rows = n_vocab, cols = n_embd */
+    st_wmat output;   /* rows = n_vocab, cols = n_embd */
+    float *output_norm;
+    st_layer *layers;
+    uint8_t fp[ST_FINGERPRINT_LEN];
+};
+
+/* ---- kernels (st_kernels.c) -------------------------------------------------------------
+ * Every reduction has one fixed order, the same in the vector and the scalar code:
+ * a dot product of length K keeps 8 lanes, lane l accumulating elements k = 8j + l with a fused
+ * multiply-add in increasing j; the lanes are summed as ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7));
+ * the K mod 8 tail elements are then added in order, each with a fused multiply-add. */
+typedef struct st_kern {
+    int vec; /* 1: AVX2+FMA+F16C */
+} st_kern;
+
+int st_kern_cpu_has_avx2(void);
+float st_kern_dot(const st_kern *k, const float *a, const float *b, uint32_t n);
+/* Y[t*ldy + r] = dot(W row r, X[t*ldx ...]) for r in [r0, r1), t in [t0, t1). */
+void st_kern_matmul(const st_kern *k, const st_wmat *w, const float *x, uint32_t ldx, float *y,
+                    uint32_t ldy, uint32_t r0, uint32_t r1, uint32_t t0, uint32_t t1);
+/* Row r of W widened to f32 (exact). */
+void st_kern_row_f32(const st_wmat *w, uint32_t r, float *dst);
+/* Attention's weighted sum of values for nq (1..4) queries over value rows j in [j0, j1):
+ * for each query i and element d, in increasing j:
+ *   out[i*ldo + d] = fma(w, V[j][d], out[i*ldo + d]),  w = p[i*ldp + j] (f16 values) or
+ *   w = p[i*ldp + j] * vscale[(j - j0) * sstride] (i8 values).
+ * v points at row j0 (type ST_GGML_F16 or ST_GGML_I8), vstride elements apart. */
+void st_kern_pv(const st_kern *k, float *out, uint32_t ldo, const float *p, uint32_t ldp,
+                uint32_t nq, const void *v, uint32_t type, uint32_t vstride,
+                const float *vscale, uint32_t sstride, uint32_t j0, uint32_t j1, uint32_t hd);
+/* The Gated-DeltaNet recurrence of one head over T tokens: M [dk][dv] row-major, rows ldm apart
+ * (M is S transposed; a block of dv columns may be done alone); token t's q, k, v at q + t*xs,
+ * kk + t*xs, v + t*xs; alpha, beta at t*as; its output at out + t*os. u: 2*dv floats. */
+void st_kern_delta_scan(const st_kern *k, float *M, size_t ldm, uint32_t dk, uint32_t dv, uint32_t T,
+                        const float *q, const float *kk, const float *v, size_t xs,
+                        const float *alpha, const float *beta, size_t as, float *out, size_t os,
+                        float *u);
+/* The DeltaNet causal convolution (kernel 4) of channels [c0, c1) over T tokens, before SiLU;
+ * st: the last three inputs ([3][C], oldest first), updated; wT: weights transposed, [4][C]. */
+void st_kern_conv(const st_kern *k, const float *x, size_t ldx, float *y, size_t ldy, float *st,
+                  uint32_t C, const float *wT, uint32_t c0, uint32_t c1, uint32_t T);
+float st_f16_to_f32(uint16_t h);
+float st_bf16_to_f32(uint16_t h);
+
+/* ---- memory (st_mem.c) ---------------------------------------------------------------------
+ * Zeroed; large sizes backed by transparent huge pages where the kernel allows. Release with
+ * free(). */
+void *st_big_alloc(size_t n);
+
+/* ---- thread pool (st_pool.c) --------------------------------------------------------------- */
+typedef struct st_pool st_pool;
+typedef void (*st_task_fn)(void *ctx, uint32_t task, uint32_t thread);
+int st_pool_new(uint32_t n_threads, st_pool **out);
+void st_pool_free(st_pool *p);
+uint32_t st_pool_size(const st_pool *p);
+/* Run fn(ctx, i, thread) for every i in [0, n_tasks) across the pool and wait. work is an
+ * estimate of the arithmetic in the whole run: below ST_POOL_MIN_WORK the caller runs every task
+ * itself, since waking other threads would cost more than it saves (results are the same). */
+#define ST_POOL_MIN_WORK 262144u
+void st_pool_run(st_pool *p, uint32_t n_tasks, st_task_fn fn, void *ctx, uint64_t work);
+
+/* ---- backends ------------------------------------------------------------------------------
+ * A backend owns the buffers of a slot's state (running tensors and the K/V arena) and publishes
+ * them as geometry tensors. Everything outside the backend reaches them only through these
+ * functions, by geometry tensor index. */
+typedef struct st_backend {
+    const char *name;
+    int (*create)(st_engine *e, void **bctx);
+    void (*destroy)(void *bctx);
+    /* The tensors this backend publishes (owned by the backend context). */
+    int (*tensors)(void *bctx, const st_tensor_desc **descs, uint32_t *n);
+    int (*state_new)(void *bctx, void **st);
+    void (*state_free)(void *bctx, void *st);
+    /* Zero running state, position 0 (K/V rows are not cleared: rows >= position are unused). */
+    void (*state_reset)(void *bctx, void *st);
+    /* Read tokens at positions pos0.. (pos0 must be the state's position); logits of the last
+     * token into logits when not NULL. */
+    int (*forward)(void *bctx, void *st, const uint32_t *tokens, uint32_t n, uint64_t pos0,
+                   float *logits);
+    int (*running_read)(void *bctx, void *st, uint32_t ti, void *dst, uint64_t len);
+    int (*running_write)(void *bctx, void *st, uint32_t ti, const void *src, uint64_t len);
+    int (*kv_read)(void *bctx, void *st, uint32_t ti, uint64_t row0, uint64_t nrows, void *dst);
+    int (*kv_write)(void *bctx, void *st, uint32_t ti, uint64_t row0, uint64_t nrows,
+                    const void *src);
+} st_backend;
+
+extern const st_backend st_backend_cpu;
+
+struct st_engine {
+    const st_model *m;
+    st_engine_opts o;
+    const st_backend *be;
+    void *bctx;
+    st_kern kern;
+    st_pool *pool;
+    pthread_mutex_t lock; /* one slot computes at a time */
+    st_geometry geom;     /* tensors point into the backend's list */
+};
+
+/* A conversation-cache checkpoint: host copies of every running tensor. */
+typedef struct st_slot_ckpt {
+    st_cache_entry e;
+    uint8_t **t; /* per geometry tensor (NULL for K/V tensors) */
+} st_slot_ckpt;
+
+struct st_slot {
+    st_engine *e;
+    void *st;          /* backend state */
+    uint32_t *tokens;  /* n_ctx capacity */
+    uint64_t n_tokens;
+    float *logits;     /* n_vocab */
+    int has_logits;
+    st_slot_ckpt *ck;  /* ordered by position */
+    uint32_t n_ck;
+    uint64_t tick;
+};
+
+/* Running-state bytes of geometry tensor ti (0 for K/V). */
+uint64_t st_engine_running_bytes(const st_engine *e, uint32_t ti);
+
+#endif /* ST_ENGINE_INT_H */

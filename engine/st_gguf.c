@@ -1,0 +1,911 @@
+/*
+ * st_gguf.c - GGUF reader (mmap, every field checked) and writer (v3, atomic).
+ *
+ * Reader invariants, established by st_gguf_parse before a handle is returned:
+ * 1. Every key and tensor name lies inside the buffer; keys are unique and non-empty, tensor
+ *    names are unique, non-empty and NUL-free (a NUL-terminated copy is kept).
+ * 2. Every value (arrays included, nested to ST_GGUF_NEST_MAX) lies inside the header region that
+ *    was walked; counts were checked against the bytes that remain before anything was allocated.
+ * 3. The alignment is general.alignment (a u32 power of two) or 32; the data section starts at
+ *    the header end rounded up to it and lies inside the buffer.
+ * 4. Every tensor has 1..4 dimensions >= 1 whose product does not overflow, a known ggml type
+ *    whose block size divides ne[0], an offset that is a multiple of the alignment, and bytes
+ *    [offset, offset + nbytes) inside the data section, not overlapping any other tensor.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "st_engine.h"
+
+#define GGUF_MAGIC 0x46554747u /* "GGUF" little-endian */
+#define ST_GGUF_NEST_MAX 4
+
+/* ---- ggml type table --------------------------------------------------------------------- */
+typedef struct ggml_type_info {
+    const char *name;
+    uint32_t block;  /* elements per block (0: no such type) */
+    uint32_t bytes;  /* bytes per block */
+} ggml_type_info;
+
+static const ggml_type_info k_types[] = {
+    [0] = {"f32", 1, 4},        [1] = {"f16", 1, 2},         [2] = {"q4_0", 32, 18},
+    [3] = {"q4_1", 32, 20},     [6] = {"q5_0", 32, 22},      [7] = {"q5_1", 32, 24},
+    [8] = {"q8_0", 32, 34},     [9] = {"q8_1", 32, 36},      [10] = {"q2_K", 256, 84},
+    [11] = {"q3_K", 256, 110},  [12] = {"q4_K", 256, 144},   [13] = {"q5_K", 256, 176},
+    [14] = {"q6_K", 256, 210},  [15] = {"q8_K", 256, 292},   [16] = {"iq2_xxs", 256, 66},
+    [17] = {"iq2_xs", 256, 74}, [18] = {"iq3_xxs", 256, 98}, [19] = {"iq1_s", 256, 50},
+    [20] = {"iq4_nl", 32, 18},  [21] = {"iq3_s", 256, 110},  [22] = {"iq2_s", 256, 82},
+    [23] = {"iq4_xs", 256, 136}, [24] = {"i8", 1, 1},        [25] = {"i16", 1, 2},
+    [26] = {"i32", 1, 4},       [27] = {"i64", 1, 8},        [28] = {"f64", 1, 8},
+    [29] = {"iq1_m", 256, 56},  [30] = {"bf16", 1, 2},       [34] = {"tq1_0", 256, 54},
+    [35] = {"tq2_0", 256, 66},  [39] = {"mxfp4", 32, 17},
+};
+#define N_TYPES (sizeof k_types / sizeof k_types[0])
+
+static const ggml_type_info *type_info(uint32_t t)
+{
+    if (t >= N_TYPES || k_types[t].block == 0)
+        return NULL;
+    return &k_types[t];
+}
+
+const char *st_gguf_type_name(uint32_t t)
+{
+    const ggml_type_info *ti = type_info(t);
+    return ti ? ti->name : "unknown";
+}
+
+static const char *const k_kv_names[] = {"u8",  "i8",     "u16",  "i16", "u32", "i32", "f32",
+                                         "bool", "string", "array", "u64", "i64", "f64"};
+
+const char *st_gguf_kv_type_name(uint32_t t)
+{
+    return t < sizeof k_kv_names / sizeof k_kv_names[0] ? k_kv_names[t] : "unknown";
+}
+
+/* Size of a fixed-size value type, 0 for string / array / unknown. */
+static size_t kv_fixed_size(uint32_t t)
+{
+    switch (t) {
+    case ST_GGUF_UINT8: case ST_GGUF_INT8: case ST_GGUF_BOOL: return 1;
+    case ST_GGUF_UINT16: case ST_GGUF_INT16: return 2;
+    case ST_GGUF_UINT32: case ST_GGUF_INT32: case ST_GGUF_FLOAT32: return 4;
+    case ST_GGUF_UINT64: case ST_GGUF_INT64: case ST_GGUF_FLOAT64: return 8;
+    default: return 0;
+    }
+}
+
+/* ---- reader ---------------------------------------------------------------------------- */
+typedef struct gguf_kv {
+    const uint8_t *key;
+    uint64_t key_len;
+    uint32_t type;
+    uint32_t elem_type; /* arrays */
+    uint64_t count;     /* arrays */
+    const uint8_t *val; /* value bytes (array: first element) */
+    char *key_z;        /* NUL-terminated copy */
+} gguf_kv;
+
+struct st_gguf {
+    const uint8_t *buf;
+    size_t len;
+    int mapped;
+    uint32_t version;
+    uint32_t alignment;
+    uint64_t n_kv, n_tensors;
+    gguf_kv *kv;
+    st_gguf_tensor *tensors;
+    uint64_t data_off;
+};
+
+typedef struct cursor {
+    const uint8_t *p;
+    size_t off, len;
+} cursor;
+
+static int cur_need(cursor *c, uint64_t n, const char *what)
+{
+    if (n > c->len - c->off)
+        return st_error_set(ST_ECORRUPT, "gguf: %s at offset %zu needs %llu bytes, %zu remain",
+                            what, c->off, (unsigned long long)n, c->len - c->off);
+    return 0;
+}
+
+static int cur_u32(cursor *c, uint32_t *v, const char *what)
+{
+    int rc = cur_need(c, 4, what);
+    if (rc)
+        return rc;
+    memcpy(v, c->p + c->off, 4);
+    c->off += 4;
+    return 0;
+}
+
+static int cur_u64(cursor *c, uint64_t *v, const char *what)
+{
+    int rc = cur_need(c, 8, what);
+    if (rc)
+        return rc;
+    memcpy(v, c->p + c->off, 8);
+    c->off += 8;
+    return 0;
+}
+
+static int cur_str(cursor *c, const uint8_t **s, uint64_t *n, const char *what)
+{
+    int rc = cur_u64(c, n, what);
+    if (rc)
+        return rc;
+    if ((rc = cur_need(c, *n, what)))
+        return rc;
+    *s = c->p + c->off;
+    c->off += (size_t)*n;
+    return 0;
+}
+
+/* Skip one value of type t, checking it lies in the buffer. */
+static int skip_value(cursor *c, uint32_t t, int depth, const char *key)
+{
+    size_t fs = kv_fixed_size(t);
+    int rc;
+    if (fs) {
+        if ((rc = cur_need(c, fs, key)))
+            return rc;
+        c->off += fs;
+        return 0;
+    }
+    if (t == ST_GGUF_STRING) {
+        const uint8_t *s;
+        uint64_t n;
+        return cur_str(c, &s, &n, key);
+    }
+    if (t != ST_GGUF_ARRAY)
+        return st_error_set(ST_ECORRUPT, "gguf: key \"%.64s\": unknown value type %u at offset %zu",
+                            key, t, c->off);
+    if (depth >= ST_GGUF_NEST_MAX)
+        return st_error_set(ST_ECORRUPT, "gguf: key \"%.64s\": arrays nested deeper than %d", key,
+                            ST_GGUF_NEST_MAX);
+    uint32_t et;
+    uint64_t cnt;
+    rc = cur_u32(c, &et, key);
+    if (!rc)
+        rc = cur_u64(c, &cnt, key);
+    if (rc)
+        return rc;
+    size_t efs = kv_fixed_size(et);
+    if (efs) {
+        if (cnt > (c->len - c->off) / efs)
+            return st_error_set(ST_ECORRUPT, "gguf: key \"%.64s\": array of %llu %s exceeds the %zu "
+                                "bytes that remain", key, (unsigned long long)cnt,
+                                st_gguf_kv_type_name(et), c->len - c->off);
+        c->off += (size_t)cnt * efs;
+        return 0;
+    }
+    if (et != ST_GGUF_STRING && et != ST_GGUF_ARRAY)
+        return st_error_set(ST_ECORRUPT, "gguf: key \"%.64s\": unknown array element type %u", key,
+                            et);
+    /* every string or array element takes at least 8 bytes */
+    if (cnt > (c->len - c->off) / 8)
+        return st_error_set(ST_ECORRUPT, "gguf: key \"%.64s\": array of %llu elements exceeds the "
+                            "%zu bytes that remain", key, (unsigned long long)cnt, c->len - c->off);
+    for (uint64_t i = 0; i < cnt; i++)
+        if ((rc = skip_value(c, et, depth + 1, key)))
+            return rc;
+    return 0;
+}
+
+void st_gguf_close(st_gguf *g)
+{
+    if (!g)
+        return;
+    if (g->kv)
+        for (uint64_t i = 0; i < g->n_kv; i++)
+            free(g->kv[i].key_z);
+    free(g->kv);
+    if (g->tensors)
+        for (uint64_t i = 0; i < g->n_tensors; i++)
+            free((char *)g->tensors[i].name);
+    free(g->tensors);
+    if (g->mapped && g->buf)
+        munmap((void *)g->buf, g->len);
+    free(g);
+}
+
+static int cmp_off(const void *a, const void *b)
+{
+    const st_gguf_tensor *x = *(const st_gguf_tensor *const *)a;
+    const st_gguf_tensor *y = *(const st_gguf_tensor *const *)b;
+    return x->offset < y->offset ? -1 : x->offset > y->offset;
+}
+
+static int parse(st_gguf *g)
+{
+    cursor c = {g->buf, 0, g->len};
+    uint32_t magic;
+    int rc;
+    const st_gguf_tensor **order = NULL;
+    if (g->len < 4 || (memcpy(&magic, g->buf, 4), magic != GGUF_MAGIC))
+        return st_error_set(ST_ENOTSTRATA, "gguf: bad magic (not a GGUF file)");
+    c.off = 4;
+    if ((rc = cur_u32(&c, &g->version, "header version")))
+        return rc;
+    if (g->version != 2 && g->version != 3) {
+        if ((g->version & 0xffff) == 0 && g->version != 0)
+            return st_error_set(ST_EVERSION, "gguf: big-endian file (version field 0x%08x) is not "
+                                "supported", g->version);
+        return st_error_set(ST_EVERSION, "gguf: version %u not supported (2 and 3 are)",
+                            g->version);
+    }
+    if ((rc = cur_u64(&c, &g->n_tensors, "header tensor_count")) ||
+        (rc = cur_u64(&c, &g->n_kv, "header metadata_kv_count")))
+        return rc;
+    /* each KV takes >= 8 (key length) + 1 (key) + 4 (type) + 1 bytes; each tensor >= 8+1+4+8+4+8 */
+    if (g->n_kv > (c.len - c.off) / 14)
+        return st_error_set(ST_ECORRUPT, "gguf: metadata_kv_count %llu exceeds what the %zu "
+                            "remaining bytes can hold", (unsigned long long)g->n_kv,
+                            c.len - c.off);
+    if (g->n_tensors > (c.len - c.off) / 33)
+        return st_error_set(ST_ECORRUPT, "gguf: tensor_count %llu exceeds what the %zu remaining "
+                            "bytes can hold", (unsigned long long)g->n_tensors, c.len - c.off);
+    g->kv = calloc(g->n_kv ? g->n_kv : 1, sizeof *g->kv);
+    g->tensors = calloc(g->n_tensors ? g->n_tensors : 1, sizeof *g->tensors);
+    if (!g->kv || !g->tensors)
+        return st_error_set(ENOMEM, "gguf: allocating %llu keys and %llu tensors",
+                            (unsigned long long)g->n_kv, (unsigned long long)g->n_tensors);
+    g->alignment = ST_GGUF_DEFAULT_ALIGNMENT;
+    for (uint64_t i = 0; i < g->n_kv; i++) {
+        gguf_kv *kv = &g->kv[i];
+        size_t at = c.off;
+        if ((rc = cur_str(&c, &kv->key, &kv->key_len, "metadata key")))
+            return rc;
+        if (kv->key_len == 0 || kv->key_len > 65535 || memchr(kv->key, 0, kv->key_len))
+            return st_error_set(ST_ECORRUPT, "gguf: metadata key %llu at offset %zu: empty, longer "
+                                "than 65535 bytes or containing NUL", (unsigned long long)i, at);
+        kv->key_z = strndup((const char *)kv->key, kv->key_len);
+        if (!kv->key_z)
+            return st_error_set(ENOMEM, "gguf: key copy");
+        for (uint64_t j = 0; j < i; j++)
+            if (g->kv[j].key_len == kv->key_len && !memcmp(g->kv[j].key, kv->key, kv->key_len))
+                return st_error_set(ST_ECORRUPT, "gguf: duplicate metadata key \"%.64s\"",
+                                    kv->key_z);
+        if ((rc = cur_u32(&c, &kv->type, kv->key_z)))
+            return rc;
+        if (kv->type == ST_GGUF_ARRAY) {
+            size_t save = c.off;
+            if ((rc = cur_u32(&c, &kv->elem_type, kv->key_z)) ||
+                (rc = cur_u64(&c, &kv->count, kv->key_z)))
+                return rc;
+            kv->val = c.p + c.off;
+            c.off = save;
+        } else {
+            kv->val = c.p + c.off;
+        }
+        if ((rc = skip_value(&c, kv->type, 0, kv->key_z)))
+            return rc;
+        if (!strcmp(kv->key_z, "general.alignment")) {
+            uint32_t a;
+            if (kv->type != ST_GGUF_UINT32)
+                return st_error_set(ST_ECORRUPT, "gguf: general.alignment has type %s, not u32",
+                                    st_gguf_kv_type_name(kv->type));
+            memcpy(&a, kv->val, 4);
+            if (a == 0 || (a & (a - 1)) || a > (1u << 20))
+                return st_error_set(ST_ECORRUPT, "gguf: general.alignment %u is not a power of two "
+                                    "in 1..1048576", a);
+            g->alignment = a;
+        }
+    }
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        st_gguf_tensor *t = &g->tensors[i];
+        const uint8_t *name;
+        uint64_t name_len;
+        size_t at = c.off;
+        if ((rc = cur_str(&c, &name, &name_len, "tensor name")))
+            return rc;
+        if (name_len == 0 || name_len > 255 || memchr(name, 0, name_len))
+            return st_error_set(ST_ECORRUPT, "gguf: tensor %llu at offset %zu: name empty, longer "
+                                "than 255 bytes or containing NUL", (unsigned long long)i, at);
+        t->name = strndup((const char *)name, name_len);
+        if (!t->name)
+            return st_error_set(ENOMEM, "gguf: tensor name copy");
+        if ((rc = cur_u32(&c, &t->n_dims, t->name)))
+            return rc;
+        if (t->n_dims < 1 || t->n_dims > ST_GGUF_MAX_DIMS)
+            return st_error_set(ST_ECORRUPT, "gguf: tensor \"%.64s\": %u dimensions (1..%d)", t->name,
+                                t->n_dims, ST_GGUF_MAX_DIMS);
+        uint64_t ne = 1;
+        for (uint32_t d = 0; d < t->n_dims; d++) {
+            if ((rc = cur_u64(&c, &t->dims[d], t->name)))
+                return rc;
+            if (t->dims[d] == 0 || t->dims[d] > (uint64_t)INT64_MAX / ne)
+                return st_error_set(ST_ECORRUPT, "gguf: tensor \"%.64s\": dimension %u is %llu "
+                                    "(zero or overflowing)", t->name, d,
+                                    (unsigned long long)t->dims[d]);
+            ne *= t->dims[d];
+        }
+        for (uint32_t d = t->n_dims; d < ST_GGUF_MAX_DIMS; d++)
+            t->dims[d] = 1;
+        if ((rc = cur_u32(&c, &t->type, t->name)) || (rc = cur_u64(&c, &t->offset, t->name)))
+            return rc;
+        const ggml_type_info *ti = type_info(t->type);
+        if (!ti)
+            return st_error_set(ST_ECORRUPT, "gguf: tensor \"%.64s\": unknown ggml type %u", t->name,
+                                t->type);
+        if (t->dims[0] % ti->block)
+            return st_error_set(ST_ECORRUPT, "gguf: tensor \"%.64s\": ne[0] %llu is not a multiple "
+                                "of the %s block size %u", t->name,
+                                (unsigned long long)t->dims[0], ti->name, ti->block);
+        if (ne / ti->block > (uint64_t)INT64_MAX / ti->bytes)
+            return st_error_set(ST_ECORRUPT, "gguf: tensor \"%.64s\": byte size overflows", t->name);
+        t->nbytes = ne / ti->block * ti->bytes;
+        for (uint64_t j = 0; j < i; j++)
+            if (!strcmp(g->tensors[j].name, t->name))
+                return st_error_set(ST_ECORRUPT, "gguf: duplicate tensor name \"%.64s\"", t->name);
+    }
+    uint64_t data_off = ((uint64_t)c.off + g->alignment - 1) / g->alignment * g->alignment;
+    if (g->n_tensors > 0 && data_off > g->len)
+        return st_error_set(ST_ECORRUPT, "gguf: data section at %llu starts beyond the end of the "
+                            "file (%zu bytes)", (unsigned long long)data_off, g->len);
+    g->data_off = data_off;
+    uint64_t data_len = data_off <= g->len ? g->len - data_off : 0;
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        st_gguf_tensor *t = &g->tensors[i];
+        if (t->offset % g->alignment)
+            return st_error_set(ST_ECORRUPT, "gguf: tensor \"%.64s\": offset %llu is not a "
+                                "multiple of the alignment %u", t->name,
+                                (unsigned long long)t->offset, g->alignment);
+        if (t->offset > data_len || t->nbytes > data_len - t->offset)
+            return st_error_set(ST_ECORRUPT, "gguf: tensor \"%.64s\": bytes [%llu, +%llu) exceed the "
+                                "data section of %llu bytes (file truncated?)", t->name,
+                                (unsigned long long)t->offset, (unsigned long long)t->nbytes,
+                                (unsigned long long)data_len);
+        t->data = g->buf + data_off + t->offset;
+    }
+    if (g->n_tensors > 1) {
+        order = malloc(g->n_tensors * sizeof *order);
+        if (!order)
+            return st_error_set(ENOMEM, "gguf: tensor order");
+        for (uint64_t i = 0; i < g->n_tensors; i++)
+            order[i] = &g->tensors[i];
+        qsort(order, g->n_tensors, sizeof *order, cmp_off);
+        for (uint64_t i = 1; i < g->n_tensors; i++)
+            if (order[i - 1]->offset + order[i - 1]->nbytes > order[i]->offset) {
+                rc = st_error_set(ST_ECORRUPT, "gguf: tensors \"%.64s\" and \"%.64s\" overlap",
+                                  order[i - 1]->name, order[i]->name);
+                free(order);
+                return rc;
+            }
+        free(order);
+    }
+    return 0;
+}
+
+int st_gguf_open_mem(const void *buf, size_t len, st_gguf **out)
+{
+    *out = NULL;
+    st_gguf *g = calloc(1, sizeof *g);
+    if (!g)
+        return st_error_set(ENOMEM, "gguf: handle");
+    g->buf = buf;
+    g->len = len;
+    int rc = parse(g);
+    if (rc) {
+        st_gguf_close(g);
+        return rc;
+    }
+    *out = g;
+    return 0;
+}
+
+int st_gguf_open(const char *path, st_gguf **out)
+{
+    *out = NULL;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return st_error_set(errno, "gguf: open %s", path);
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) {
+        int e = errno;
+        close(fd);
+        return st_error_set(e, "gguf: stat %s", path);
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        close(fd);
+        return st_error_set(ST_EINVAL, "gguf: %s is not a regular file", path);
+    }
+    if (sb.st_size < 4) {
+        close(fd);
+        return st_error_set(ST_ENOTSTRATA, "gguf: %s: %lld bytes, too short for a GGUF header", path,
+                            (long long)sb.st_size);
+    }
+    void *m = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    int e = errno;
+    close(fd);
+    if (m == MAP_FAILED)
+        return st_error_set(e, "gguf: mmap %s", path);
+    st_gguf *g = calloc(1, sizeof *g);
+    if (!g) {
+        munmap(m, (size_t)sb.st_size);
+        return st_error_set(ENOMEM, "gguf: handle");
+    }
+    g->buf = m;
+    g->len = (size_t)sb.st_size;
+    g->mapped = 1;
+    int rc = parse(g);
+    if (rc) {
+        char d[512];
+        snprintf(d, sizeof d, "%s", st_errdetail());
+        st_gguf_close(g);
+        return st_error_set(rc, "%s: %s", path, d);
+    }
+    *out = g;
+    return 0;
+}
+
+uint32_t st_gguf_version(const st_gguf *g) { return g->version; }
+uint32_t st_gguf_alignment(const st_gguf *g) { return g->alignment; }
+uint64_t st_gguf_n_kv(const st_gguf *g) { return g->n_kv; }
+uint64_t st_gguf_n_tensors(const st_gguf *g) { return g->n_tensors; }
+
+const char *st_gguf_kv_key(const st_gguf *g, uint64_t i)
+{
+    return i < g->n_kv ? g->kv[i].key_z : NULL;
+}
+
+uint32_t st_gguf_kv_type(const st_gguf *g, uint64_t i, uint32_t *elem_type, uint64_t *count)
+{
+    if (i >= g->n_kv)
+        return UINT32_MAX;
+    if (elem_type)
+        *elem_type = g->kv[i].elem_type;
+    if (count)
+        *count = g->kv[i].count;
+    return g->kv[i].type;
+}
+
+int64_t st_gguf_find(const st_gguf *g, const char *key)
+{
+    for (uint64_t i = 0; i < g->n_kv; i++)
+        if (!strcmp(g->kv[i].key_z, key))
+            return (int64_t)i;
+    return -1;
+}
+
+static int get_int(const st_gguf *g, const char *key, uint64_t max, uint64_t *out)
+{
+    int64_t i = st_gguf_find(g, key);
+    if (i < 0)
+        return st_error_set(ST_ENOTFOUND, "gguf: key %s missing", key);
+    const gguf_kv *kv = &g->kv[i];
+    const uint8_t *p = kv->val;
+    int64_t s = 0;
+    uint64_t u = 0;
+    int is_signed = 0;
+    switch (kv->type) {
+    case ST_GGUF_UINT8: u = p[0]; break;
+    case ST_GGUF_INT8: s = (int8_t)p[0]; is_signed = 1; break;
+    case ST_GGUF_UINT16: { uint16_t v; memcpy(&v, p, 2); u = v; break; }
+    case ST_GGUF_INT16: { int16_t v; memcpy(&v, p, 2); s = v; is_signed = 1; break; }
+    case ST_GGUF_UINT32: { uint32_t v; memcpy(&v, p, 4); u = v; break; }
+    case ST_GGUF_INT32: { int32_t v; memcpy(&v, p, 4); s = v; is_signed = 1; break; }
+    case ST_GGUF_UINT64: memcpy(&u, p, 8); break;
+    case ST_GGUF_INT64: memcpy(&s, p, 8); is_signed = 1; break;
+    default:
+        return st_error_set(ST_ECORRUPT, "gguf: key %s has type %s, not an integer", key,
+                            st_gguf_kv_type_name(kv->type));
+    }
+    if (is_signed) {
+        if (s < 0)
+            return st_error_set(ST_ECORRUPT, "gguf: key %s is negative (%lld)", key, (long long)s);
+        u = (uint64_t)s;
+    }
+    if (u > max)
+        return st_error_set(ST_ECORRUPT, "gguf: key %s value %llu out of range", key,
+                            (unsigned long long)u);
+    *out = u;
+    return 0;
+}
+
+int st_gguf_get_u32(const st_gguf *g, const char *key, uint32_t *out)
+{
+    uint64_t v;
+    int rc = get_int(g, key, UINT32_MAX, &v);
+    if (!rc)
+        *out = (uint32_t)v;
+    return rc;
+}
+
+int st_gguf_get_u64(const st_gguf *g, const char *key, uint64_t *out)
+{
+    return get_int(g, key, UINT64_MAX, out);
+}
+
+int st_gguf_get_f32(const st_gguf *g, const char *key, float *out)
+{
+    int64_t i = st_gguf_find(g, key);
+    if (i < 0)
+        return st_error_set(ST_ENOTFOUND, "gguf: key %s missing", key);
+    const gguf_kv *kv = &g->kv[i];
+    if (kv->type == ST_GGUF_FLOAT32) {
+        memcpy(out, kv->val, 4);
+        return 0;
+    }
+    if (kv->type == ST_GGUF_FLOAT64) {
+        double d;
+        memcpy(&d, kv->val, 8);
+        *out = (float)d;
+        return 0;
+    }
+    return st_error_set(ST_ECORRUPT, "gguf: key %s has type %s, not a float", key,
+                        st_gguf_kv_type_name(kv->type));
+}
+
+int st_gguf_get_str(const st_gguf *g, const char *key, const char **out, uint64_t *len)
+{
+    int64_t i = st_gguf_find(g, key);
+    if (i < 0)
+        return st_error_set(ST_ENOTFOUND, "gguf: key %s missing", key);
+    const gguf_kv *kv = &g->kv[i];
+    if (kv->type != ST_GGUF_STRING)
+        return st_error_set(ST_ECORRUPT, "gguf: key %s has type %s, not a string", key,
+                            st_gguf_kv_type_name(kv->type));
+    memcpy(len, kv->val, 8);
+    *out = (const char *)kv->val + 8;
+    return 0;
+}
+
+const st_gguf_tensor *st_gguf_tensor_at(const st_gguf *g, uint64_t i)
+{
+    return i < g->n_tensors ? &g->tensors[i] : NULL;
+}
+
+const st_gguf_tensor *st_gguf_tensor_find(const st_gguf *g, const char *name)
+{
+    for (uint64_t i = 0; i < g->n_tensors; i++)
+        if (!strcmp(g->tensors[i].name, name))
+            return &g->tensors[i];
+    return NULL;
+}
+
+/* ---- writer ------------------------------------------------------------------------------ */
+typedef struct wkv {
+    char *key;
+    uint32_t type;
+    uint32_t elem_type;
+    uint64_t count;
+    uint8_t *val; /* fixed value, string bytes, or array elements */
+    uint64_t val_len;
+} wkv;
+
+typedef struct wtensor {
+    char *name;
+    uint32_t type, n_dims;
+    uint64_t dims[ST_GGUF_MAX_DIMS];
+    uint64_t nbytes, offset;
+    const void *data;
+} wtensor;
+
+struct st_gguf_writer {
+    uint32_t alignment;
+    wkv *kv;
+    size_t n_kv, cap_kv;
+    wtensor *t;
+    size_t n_t, cap_t;
+    uint64_t data_len;
+    int failed;
+};
+
+int st_gguf_writer_new(st_gguf_writer **out, uint32_t alignment)
+{
+    *out = NULL;
+    if (alignment == 0)
+        alignment = ST_GGUF_DEFAULT_ALIGNMENT;
+    if (alignment & (alignment - 1))
+        return st_error_set(ST_EINVAL, "gguf writer: alignment %u is not a power of two", alignment);
+    st_gguf_writer *w = calloc(1, sizeof *w);
+    if (!w)
+        return st_error_set(ENOMEM, "gguf writer");
+    w->alignment = alignment;
+    *out = w;
+    return st_gguf_writer_set_u32(w, "general.alignment", alignment);
+}
+
+void st_gguf_writer_free(st_gguf_writer *w)
+{
+    if (!w)
+        return;
+    for (size_t i = 0; i < w->n_kv; i++) {
+        free(w->kv[i].key);
+        free(w->kv[i].val);
+    }
+    for (size_t i = 0; i < w->n_t; i++)
+        free(w->t[i].name);
+    free(w->kv);
+    free(w->t);
+    free(w);
+}
+
+static int w_fail(st_gguf_writer *w, int rc)
+{
+    w->failed = rc;
+    return rc;
+}
+
+static int w_add(st_gguf_writer *w, const char *key, uint32_t type, uint32_t et, uint64_t count,
+                 const void *val, uint64_t len)
+{
+    if (w->failed)
+        return st_error_set(w->failed, "gguf writer: failed earlier");
+    if (!key || !*key)
+        return w_fail(w, st_error_set(ST_EINVAL, "gguf writer: empty key"));
+    for (size_t i = 0; i < w->n_kv; i++)
+        if (!strcmp(w->kv[i].key, key))
+            return w_fail(w, st_error_set(ST_EINVAL, "gguf writer: duplicate key %s", key));
+    if (w->n_kv == w->cap_kv) {
+        size_t cap = w->cap_kv ? w->cap_kv * 2 : 16;
+        wkv *n = realloc(w->kv, cap * sizeof *n);
+        if (!n)
+            return w_fail(w, st_error_set(ENOMEM, "gguf writer: keys"));
+        w->kv = n;
+        w->cap_kv = cap;
+    }
+    wkv *kv = &w->kv[w->n_kv];
+    memset(kv, 0, sizeof *kv);
+    kv->key = strdup(key);
+    kv->val = malloc(len ? len : 1);
+    if (!kv->key || !kv->val) {
+        free(kv->key);
+        free(kv->val);
+        return w_fail(w, st_error_set(ENOMEM, "gguf writer: key %s", key));
+    }
+    if (len)
+        memcpy(kv->val, val, len);
+    kv->type = type;
+    kv->elem_type = et;
+    kv->count = count;
+    kv->val_len = len;
+    w->n_kv++;
+    return 0;
+}
+
+int st_gguf_writer_set_str(st_gguf_writer *w, const char *key, const char *val)
+{
+    return w_add(w, key, ST_GGUF_STRING, 0, 0, val, strlen(val));
+}
+int st_gguf_writer_set_u32(st_gguf_writer *w, const char *key, uint32_t val)
+{
+    return w_add(w, key, ST_GGUF_UINT32, 0, 0, &val, 4);
+}
+int st_gguf_writer_set_u64(st_gguf_writer *w, const char *key, uint64_t val)
+{
+    return w_add(w, key, ST_GGUF_UINT64, 0, 0, &val, 8);
+}
+int st_gguf_writer_set_f32(st_gguf_writer *w, const char *key, float val)
+{
+    return w_add(w, key, ST_GGUF_FLOAT32, 0, 0, &val, 4);
+}
+int st_gguf_writer_set_bool(st_gguf_writer *w, const char *key, int val)
+{
+    uint8_t b = val ? 1 : 0;
+    return w_add(w, key, ST_GGUF_BOOL, 0, 0, &b, 1);
+}
+int st_gguf_writer_set_arr(st_gguf_writer *w, const char *key, uint32_t elem_type,
+                           const void *elems, uint64_t n)
+{
+    size_t es = kv_fixed_size(elem_type);
+    if (!es || n > (UINT64_MAX / 2) / es)
+        return w_fail(w, st_error_set(ST_EINVAL, "gguf writer: key %s: array element type %u not "
+                                      "supported", key, elem_type));
+    return w_add(w, key, ST_GGUF_ARRAY, elem_type, n, elems, n * es);
+}
+
+int st_gguf_writer_add_tensor(st_gguf_writer *w, const char *name, uint32_t type, uint32_t n_dims,
+                              const uint64_t *dims, const void *data)
+{
+    if (w->failed)
+        return st_error_set(w->failed, "gguf writer: failed earlier");
+    const ggml_type_info *ti = type_info(type);
+    if (!ti || n_dims < 1 || n_dims > ST_GGUF_MAX_DIMS || !name || !*name || strlen(name) > 255)
+        return w_fail(w, st_error_set(ST_EINVAL, "gguf writer: tensor %s: bad type, name or dims",
+                                      name ? name : "(null)"));
+    for (size_t i = 0; i < w->n_t; i++)
+        if (!strcmp(w->t[i].name, name))
+            return w_fail(w, st_error_set(ST_EINVAL, "gguf writer: duplicate tensor %s", name));
+    uint64_t ne = 1;
+    for (uint32_t d = 0; d < n_dims; d++) {
+        if (dims[d] == 0 || dims[d] > ((uint64_t)1 << 40) / ne)
+            return w_fail(w, st_error_set(ST_EINVAL, "gguf writer: tensor %s: dimension %u", name, d));
+        ne *= dims[d];
+    }
+    if (dims[0] % ti->block)
+        return w_fail(w, st_error_set(ST_EINVAL, "gguf writer: tensor %s: ne[0] not a multiple of "
+                                      "the block", name));
+    if (w->n_t == w->cap_t) {
+        size_t cap = w->cap_t ? w->cap_t * 2 : 64;
+        wtensor *n = realloc(w->t, cap * sizeof *n);
+        if (!n)
+            return w_fail(w, st_error_set(ENOMEM, "gguf writer: tensors"));
+        w->t = n;
+        w->cap_t = cap;
+    }
+    wtensor *t = &w->t[w->n_t];
+    memset(t, 0, sizeof *t);
+    t->name = strdup(name);
+    if (!t->name)
+        return w_fail(w, st_error_set(ENOMEM, "gguf writer: tensor %s", name));
+    t->type = type;
+    t->n_dims = n_dims;
+    memcpy(t->dims, dims, n_dims * sizeof *dims);
+    t->nbytes = ne / ti->block * ti->bytes;
+    t->offset = w->data_len;
+    t->data = data;
+    w->data_len += (t->nbytes + w->alignment - 1) / w->alignment * w->alignment;
+    w->n_t++;
+    return 0;
+}
+
+/* Buffered writer over a file descriptor. */
+typedef struct wbuf {
+    int fd;
+    uint8_t b[1 << 16];
+    size_t n;
+    uint64_t total;
+    int err;
+} wbuf;
+
+static void wb_flush(wbuf *b)
+{
+    size_t off = 0;
+    while (!b->err && off < b->n) {
+        ssize_t r = write(b->fd, b->b + off, b->n - off);
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            b->err = errno;
+        } else {
+            off += (size_t)r;
+        }
+    }
+    b->n = 0;
+}
+
+static void wb_put(wbuf *b, const void *p, size_t n)
+{
+    const uint8_t *s = p;
+    b->total += n;
+    while (n && !b->err) {
+        if (b->n == sizeof b->b)
+            wb_flush(b);
+        size_t k = sizeof b->b - b->n;
+        if (k > n)
+            k = n;
+        memcpy(b->b + b->n, s, k);
+        b->n += k;
+        s += k;
+        n -= k;
+    }
+}
+
+static void wb_u32(wbuf *b, uint32_t v) { wb_put(b, &v, 4); }
+static void wb_u64(wbuf *b, uint64_t v) { wb_put(b, &v, 8); }
+static void wb_str(wbuf *b, const char *s, uint64_t n)
+{
+    wb_u64(b, n);
+    wb_put(b, s, (size_t)n);
+}
+
+static void wb_pad(wbuf *b, uint32_t align)
+{
+    static const uint8_t zeros[64];
+    while (b->total % align) {
+        size_t k = align - b->total % align;
+        wb_put(b, zeros, k > sizeof zeros ? sizeof zeros : k);
+    }
+}
+
+int st_gguf_writer_write(st_gguf_writer *w, const char *path)
+{
+    if (w->failed)
+        return st_error_set(w->failed, "gguf writer: failed earlier");
+    char *tmp = NULL, *dir = NULL;
+    wbuf *b = NULL;
+    int fd = -1, rc = 0;
+    if (asprintf(&tmp, "%s.tmp.%d", path, (int)getpid()) < 0) {
+        tmp = NULL;
+        rc = st_error_set(ENOMEM, "gguf writer: path");
+        goto done;
+    }
+    b = calloc(1, sizeof *b);
+    if (!b) {
+        rc = st_error_set(ENOMEM, "gguf writer: buffer");
+        goto done;
+    }
+    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        rc = st_error_set(errno, "gguf writer: create %s", tmp);
+        goto done;
+    }
+    b->fd = fd;
+    wb_u32(b, GGUF_MAGIC);
+    wb_u32(b, 3);
+    wb_u64(b, w->n_t);
+    wb_u64(b, w->n_kv);
+    for (size_t i = 0; i < w->n_kv; i++) {
+        const wkv *kv = &w->kv[i];
+        wb_str(b, kv->key, strlen(kv->key));
+        wb_u32(b, kv->type);
+        if (kv->type == ST_GGUF_STRING) {
+            wb_str(b, (const char *)kv->val, kv->val_len);
+        } else if (kv->type == ST_GGUF_ARRAY) {
+            wb_u32(b, kv->elem_type);
+            wb_u64(b, kv->count);
+            wb_put(b, kv->val, (size_t)kv->val_len);
+        } else {
+            wb_put(b, kv->val, (size_t)kv->val_len);
+        }
+    }
+    for (size_t i = 0; i < w->n_t; i++) {
+        const wtensor *t = &w->t[i];
+        wb_str(b, t->name, strlen(t->name));
+        wb_u32(b, t->n_dims);
+        for (uint32_t d = 0; d < t->n_dims; d++)
+            wb_u64(b, t->dims[d]);
+        wb_u32(b, t->type);
+        wb_u64(b, t->offset);
+    }
+    wb_pad(b, w->alignment);
+    for (size_t i = 0; i < w->n_t; i++) {
+        wb_put(b, w->t[i].data, (size_t)w->t[i].nbytes);
+        wb_pad(b, w->alignment);
+    }
+    wb_flush(b);
+    if (b->err) {
+        rc = st_error_set(b->err, "gguf writer: write %s", tmp);
+        goto done;
+    }
+    if (fsync(fd) != 0) {
+        rc = st_error_set(errno, "gguf writer: fsync %s", tmp);
+        goto done;
+    }
+    if (close(fd) != 0) {
+        fd = -1;
+        rc = st_error_set(errno, "gguf writer: close %s", tmp);
+        goto done;
+    }
+    fd = -1;
+    if (rename(tmp, path) != 0) {
+        rc = st_error_set(errno, "gguf writer: rename to %s", path);
+        goto done;
+    }
+    dir = strdup(path);
+    if (dir) {
+        char *slash = strrchr(dir, '/');
+        const char *d = ".";
+        if (slash) {
+            *slash = '\0';
+            d = *dir ? dir : "/";
+        }
+        int dfd = open(d, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dfd >= 0) {
+            fsync(dfd);
+            close(dfd);
+        }
+    }
+done:
+    if (fd >= 0)
+        close(fd);
+    if (rc && tmp)
+        unlink(tmp);
+    if (rc)
+        w->failed = rc;
+    free(tmp);
+    free(dir);
+    free(b);
+    return rc;
+}

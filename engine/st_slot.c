@@ -1,0 +1,727 @@
+/*
+ * st_slot.c - slots: a conversation live in the engine, its conversation cache of running-state
+ * checkpoints, sampling, the state hash, and snapshot / restore to and from an st_image.
+ *
+ * Invariants:
+ * 1. The backend state holds tokens[0..n_tokens): its position is n_tokens and its K/V rows
+ *    [0, n_tokens) are those of these tokens. has_logits says logits are the last token's.
+ * 2. The checkpoints ck[0..n_ck) have strictly increasing positions <= n_tokens and hold the
+ *    running state after tokens[0..position): they lie on the branch the K/V arena holds. When
+ *    the slot moves to another branch, every checkpoint past the point where it left is dropped.
+ * 3. At most prompt_cache checkpoints are held; st_cache_victim chooses which one goes.
+ * 4. A prompt is read in chunks whose ends are the multiples of ubatch, the end of a system
+ *    prompt that gets a root checkpoint, and the prompt's end. A read that resumes at a
+ *    checkpoint starts at one of these points, so it is cut exactly as a full read would be.
+ * 5. Restore builds a complete new backend state and checkpoint chain, verifies them (positions,
+ *    state hash), and only then swaps them in; the old ones are freed after the swap.
+ * 6. The state hash is XXH3-64 over: n_tokens (u64), the tokens (u32 each), then for each
+ *    geometry tensor in order: K/V rows [0, n_tokens) as stored; f32 running tensors rounded to
+ *    bf16 (so the hash survives a conversion of the stored state between fp32 and bf16); other
+ *    running tensors as stored.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "st_engine_int.h"
+
+#define SCRATCH_BYTES (4u * 1024u * 1024u)
+
+static void ck_free(const st_engine *e, st_slot_ckpt *ck)
+{
+    if (!ck->t)
+        return;
+    for (uint32_t ti = 0; ti < e->geom.n_tensors; ti++)
+        free(ck->t[ti]);
+    free(ck->t);
+    ck->t = NULL;
+}
+
+static int ck_alloc(const st_engine *e, st_slot_ckpt *ck)
+{
+    memset(ck, 0, sizeof *ck);
+    ck->t = calloc(e->geom.n_tensors, sizeof *ck->t);
+    if (!ck->t)
+        return st_error_set(ENOMEM, "checkpoint");
+    for (uint32_t ti = 0; ti < e->geom.n_tensors; ti++) {
+        uint64_t b = st_engine_running_bytes(e, ti);
+        if (!b)
+            continue;
+        if (!(ck->t[ti] = st_big_alloc(b))) {
+            ck_free(e, ck);
+            return st_error_set(ENOMEM, "checkpoint: %llu bytes", (unsigned long long)b);
+        }
+    }
+    return 0;
+}
+
+static void chain_free(const st_engine *e, st_slot_ckpt *ck, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++)
+        ck_free(e, &ck[i]);
+    free(ck);
+}
+
+static void ck_remove(st_slot *s, uint32_t i)
+{
+    ck_free(s->e, &s->ck[i]);
+    memmove(&s->ck[i], &s->ck[i + 1], (s->n_ck - i - 1) * sizeof *s->ck);
+    s->n_ck--;
+}
+
+/* Drop every checkpoint deeper than pos. */
+static void ck_cut(st_slot *s, uint64_t pos)
+{
+    while (s->n_ck && s->ck[s->n_ck - 1].e.position > pos)
+        ck_remove(s, s->n_ck - 1);
+}
+
+int st_slot_new(st_engine *e, st_slot **out)
+{
+    *out = NULL;
+    st_slot *s = calloc(1, sizeof *s);
+    int rc;
+    if (!s)
+        return st_error_set(ENOMEM, "slot");
+    s->e = e;
+    s->tokens = malloc((size_t)e->o.n_ctx * sizeof *s->tokens);
+    s->logits = malloc((size_t)e->m->hp.n_vocab * sizeof *s->logits);
+    s->ck = calloc(e->o.prompt_cache + 1, sizeof *s->ck);
+    if (!s->tokens || !s->logits || !s->ck) {
+        st_slot_free(s);
+        return st_error_set(ENOMEM, "slot");
+    }
+    if ((rc = e->be->state_new(e->bctx, &s->st))) {
+        st_slot_free(s);
+        return rc;
+    }
+    e->be->state_reset(e->bctx, s->st);
+    *out = s;
+    return 0;
+}
+
+void st_slot_free(st_slot *s)
+{
+    if (!s)
+        return;
+    if (s->st)
+        s->e->be->state_free(s->e->bctx, s->st);
+    if (s->ck)
+        chain_free(s->e, s->ck, s->n_ck);
+    free(s->tokens);
+    free(s->logits);
+    free(s);
+}
+
+static void reset_locked(st_slot *s)
+{
+    s->e->be->state_reset(s->e->bctx, s->st);
+    s->n_tokens = 0;
+    s->has_logits = 0;
+    while (s->n_ck)
+        ck_remove(s, s->n_ck - 1);
+}
+
+void st_slot_reset(st_slot *s)
+{
+    pthread_mutex_lock(&s->e->lock);
+    reset_locked(s);
+    pthread_mutex_unlock(&s->e->lock);
+}
+
+const st_geometry *st_slot_geometry(const st_slot *s)
+{
+    return &s->e->geom;
+}
+
+uint64_t st_slot_n_tokens(const st_slot *s) { return s->n_tokens; }
+const uint32_t *st_slot_tokens(const st_slot *s) { return s->tokens; }
+uint32_t st_slot_n_checkpoints(const st_slot *s) { return s->n_ck; }
+
+uint64_t st_slot_checkpoint_pos(const st_slot *s, uint32_t i)
+{
+    return i < s->n_ck ? s->ck[i].e.position : UINT64_MAX;
+}
+
+const float *st_slot_logits(const st_slot *s, uint32_t *n)
+{
+    if (!s->has_logits) {
+        if (n)
+            *n = 0;
+        return NULL;
+    }
+    if (n)
+        *n = s->e->m->hp.n_vocab;
+    return s->logits;
+}
+
+/* ---- conversation cache ------------------------------------------------------------------ */
+static int ckpt_take(st_slot *s, uint64_t pos, int root)
+{
+    st_engine *e = s->e;
+    int rc;
+    if (e->o.prompt_cache == 0)
+        return 0;
+    for (uint32_t i = 0; i < s->n_ck; i++)
+        if (s->ck[i].e.position == pos) {
+            s->ck[i].e.root |= root;
+            s->ck[i].e.last_used = ++s->tick;
+            return 0;
+        }
+    st_slot_ckpt ck;
+    if ((rc = ck_alloc(e, &ck)))
+        return rc;
+    for (uint32_t ti = 0; ti < e->geom.n_tensors; ti++)
+        if (ck.t[ti] && (rc = e->be->running_read(e->bctx, s->st, ti, ck.t[ti],
+                                                  st_engine_running_bytes(e, ti)))) {
+            ck_free(e, &ck);
+            return rc;
+        }
+    ck.e.position = pos;
+    ck.e.created = ck.e.last_used = ++s->tick;
+    ck.e.root = root;
+    uint32_t at = s->n_ck;
+    while (at > 0 && s->ck[at - 1].e.position > pos)
+        at--;
+    memmove(&s->ck[at + 1], &s->ck[at], (s->n_ck - at) * sizeof *s->ck);
+    s->ck[at] = ck;
+    s->n_ck++;
+    while (s->n_ck > e->o.prompt_cache) {
+        st_cache_entry ents[65];
+        for (uint32_t i = 0; i < s->n_ck; i++)
+            ents[i] = s->ck[i].e;
+        int64_t v = st_cache_victim(ents, s->n_ck, e->o.prompt_cache);
+        if (v < 0)
+            break;
+        ck_remove(s, (uint32_t)v);
+    }
+    return 0;
+}
+
+/* Load checkpoint i into the live state and cut the conversation there. */
+static int ckpt_mount(st_slot *s, uint32_t i)
+{
+    st_engine *e = s->e;
+    int rc;
+    for (uint32_t ti = 0; ti < e->geom.n_tensors; ti++)
+        if (s->ck[i].t[ti] && (rc = e->be->running_write(e->bctx, s->st, ti, s->ck[i].t[ti],
+                                                         st_engine_running_bytes(e, ti))))
+            return rc;
+    s->n_tokens = s->ck[i].e.position;
+    s->has_logits = 0;
+    s->ck[i].e.last_used = ++s->tick;
+    ck_cut(s, s->n_tokens);
+    return 0;
+}
+
+/* ---- reading ------------------------------------------------------------------------------ */
+static int read_range(st_slot *s, const uint32_t *tokens, uint64_t n, uint64_t system_len)
+{
+    st_engine *e = s->e;
+    const st_engine_opts *o = &e->o;
+    uint64_t ub = o->ubatch;
+    int root_on = o->prompt_cache && o->prompt_cache_root && system_len >= o->prompt_cache_root &&
+                  system_len <= n;
+    uint64_t every = 0;
+    if (o->prompt_cache && o->prompt_cache_every)
+        every = ((uint64_t)o->prompt_cache_every + ub - 1) / ub * ub;
+    uint64_t p = s->n_tokens;
+    int rc;
+    while (p < n) {
+        uint64_t end = (p / ub + 1) * ub;
+        if (end > n)
+            end = n;
+        if (root_on && system_len > p && system_len < end)
+            end = system_len;
+        rc = e->be->forward(e->bctx, s->st, tokens + p, (uint32_t)(end - p), p,
+                            end == n ? s->logits : NULL);
+        if (rc)
+            return rc;
+        memcpy(s->tokens + p, tokens + p, (end - p) * sizeof *tokens);
+        s->n_tokens = p = end;
+        if (root_on && p == system_len) {
+            if ((rc = ckpt_take(s, p, 1)))
+                return rc;
+        } else if (every && p % every == 0 && p < n) {
+            if ((rc = ckpt_take(s, p, 0)))
+                return rc;
+        }
+    }
+    s->has_logits = 1;
+    return 0;
+}
+
+int st_slot_eval(st_slot *s, const uint32_t *tokens, uint64_t n, uint64_t system_len,
+                 st_eval_stats *stats)
+{
+    st_engine *e = s->e;
+    st_eval_stats st = {0, 0, UINT64_MAX, 0};
+    int rc = 0;
+    if (n == 0 || n > e->o.n_ctx)
+        return st_error_set(n ? ST_ETOOBIG : ST_EINVAL, "eval: %llu tokens (1..%u, the context)",
+                            (unsigned long long)n, e->o.n_ctx);
+    for (uint64_t i = 0; i < n; i++)
+        if (tokens[i] >= e->m->hp.n_vocab)
+            return st_error_set(ST_EINVAL, "eval: token %llu is %u, outside the vocabulary of %u",
+                                (unsigned long long)i, tokens[i], e->m->hp.n_vocab);
+    pthread_mutex_lock(&e->lock);
+    uint64_t L = 0;
+    while (L < s->n_tokens && L < n && s->tokens[L] == tokens[L])
+        L++;
+    int live_ok = L == s->n_tokens && (L < n || s->has_logits);
+    if (!live_ok) {
+        /* diverged (or nothing to read and no logits): mount the deepest checkpoint <= L that
+         * leaves at least one token to read */
+        uint64_t limit = L < n ? L : n - 1;
+        st_cache_entry ents[65];
+        for (uint32_t i = 0; i < s->n_ck; i++)
+            ents[i] = s->ck[i].e;
+        int64_t c = st_cache_mount_point(ents, s->n_ck, limit);
+        if (c >= 0) {
+            if ((rc = ckpt_mount(s, (uint32_t)c)))
+                goto fail;
+            st.mounted_at = s->n_tokens;
+        } else {
+            reset_locked(s);
+        }
+    }
+    st.reused = s->n_tokens;
+    st.computed = n - s->n_tokens;
+    if (s->n_tokens < n && (rc = read_range(s, tokens, n, system_len)))
+        goto fail;
+    if ((rc = ckpt_take(s, n, 0)))
+        goto fail;
+    st.checkpoints = s->n_ck;
+    pthread_mutex_unlock(&e->lock);
+    if (stats)
+        *stats = st;
+    return 0;
+fail:
+    reset_locked(s);
+    pthread_mutex_unlock(&e->lock);
+    return rc;
+}
+
+int st_slot_decode(st_slot *s, uint32_t token)
+{
+    st_engine *e = s->e;
+    if (s->n_tokens + 1 > e->o.n_ctx)
+        return st_error_set(ST_ETOOBIG, "decode: the context of %u tokens is full", e->o.n_ctx);
+    pthread_mutex_lock(&e->lock);
+    int rc = e->be->forward(e->bctx, s->st, &token, 1, s->n_tokens, s->logits);
+    if (!rc) {
+        s->tokens[s->n_tokens++] = token;
+        s->has_logits = 1;
+    }
+    pthread_mutex_unlock(&e->lock);
+    return rc;
+}
+
+/* ---- sampling ------------------------------------------------------------------------------ */
+static uint64_t mix64(uint64_t z)
+{
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+int st_slot_sample(const st_slot *s, float temp, uint64_t seed, uint32_t *token)
+{
+    uint32_t V = s->e->m->hp.n_vocab;
+    if (!s->has_logits)
+        return st_error_set(ST_EINVAL, "sample: the slot holds no logits");
+    const float *l = s->logits;
+    uint32_t best = 0;
+    float m = -INFINITY;
+    for (uint32_t i = 0; i < V; i++)
+        if (l[i] > m) {
+            m = l[i];
+            best = i;
+        }
+    if (!(temp > 0.0f) || !isfinite(temp) || !isfinite(m)) {
+        *token = best;
+        return 0;
+    }
+    double sum = 0.0;
+    for (uint32_t i = 0; i < V; i++)
+        if (l[i] == l[i])
+            sum += exp(((double)l[i] - m) / temp);
+    double u = (double)(mix64(mix64(seed) ^ s->n_tokens) >> 11) * 0x1p-53 * sum, acc = 0.0;
+    for (uint32_t i = 0; i < V; i++) {
+        if (l[i] != l[i])
+            continue;
+        acc += exp(((double)l[i] - m) / temp);
+        if (acc > u) {
+            *token = i;
+            return 0;
+        }
+    }
+    *token = best;
+    return 0;
+}
+
+/* ---- state hash ------------------------------------------------------------------------------ */
+static int state_hash(st_engine *e, void *bst, const uint32_t *tokens, uint64_t n, uint64_t *out)
+{
+    const st_geometry *g = &e->geom;
+    st_checksum_state cs = {0};
+    uint8_t *buf = NULL;
+    uint16_t *h16 = NULL;
+    int rc = st_checksum_init(&cs);
+    if (rc)
+        return st_error_set(rc, "state hash");
+    uint64_t maxb = SCRATCH_BYTES;
+    for (uint32_t ti = 0; ti < g->n_tensors; ti++)
+        if (st_engine_running_bytes(e, ti) > maxb)
+            maxb = st_engine_running_bytes(e, ti);
+    buf = malloc(maxb);
+    h16 = malloc(SCRATCH_BYTES / 2);
+    if (!buf || !h16) {
+        rc = st_error_set(ENOMEM, "state hash: scratch");
+        goto done;
+    }
+    uint64_t n_le = n;
+    st_checksum_update(&cs, &n_le, 8);
+    st_checksum_update(&cs, tokens, n * sizeof *tokens);
+    for (uint32_t ti = 0; ti < g->n_tensors; ti++) {
+        const st_tensor_desc *d = &g->tensors[ti];
+        if (d->role == ST_ROLE_KV) {
+            uint64_t rb = st_tensor_row_bytes(d), per = SCRATCH_BYTES / rb;
+            if (per == 0)
+                per = 1;
+            if (rb > maxb) {
+                rc = st_error_set(ST_EINVAL, "state hash: K/V row of %llu bytes",
+                                  (unsigned long long)rb);
+                goto done;
+            }
+            for (uint64_t r = 0; r < n; r += per) {
+                uint64_t k = n - r < per ? n - r : per;
+                if ((rc = e->be->kv_read(e->bctx, bst, ti, r, k, buf)))
+                    goto done;
+                st_checksum_update(&cs, buf, k * rb);
+            }
+            continue;
+        }
+        uint64_t b = st_engine_running_bytes(e, ti);
+        if ((rc = e->be->running_read(e->bctx, bst, ti, buf, b)))
+            goto done;
+        if (d->dtype != ST_DTYPE_F32) {
+            st_checksum_update(&cs, buf, b);
+            continue;
+        }
+        const float *f = (const float *)buf;
+        uint64_t ne = b / 4, per = SCRATCH_BYTES / 4;
+        for (uint64_t i = 0; i < ne; i += per) {
+            uint64_t k = ne - i < per ? ne - i : per;
+            st_codec_bf16_encode(h16, f + i, k);
+            st_checksum_update(&cs, h16, k * 2);
+        }
+    }
+    *out = st_checksum_final(&cs);
+done:
+    st_checksum_free(&cs);
+    free(buf);
+    free(h16);
+    return rc;
+}
+
+int st_slot_state_hash(const st_slot *s, uint32_t codec, uint64_t *out)
+{
+    (void)codec; /* the hash rounds f32 state to bf16 whatever the codec: see invariant 6 */
+    pthread_mutex_lock(&s->e->lock);
+    int rc = state_hash(s->e, s->st, s->tokens, s->n_tokens, out);
+    pthread_mutex_unlock(&s->e->lock);
+    return rc;
+}
+
+/* ---- snapshot --------------------------------------------------------------------------------- */
+static int add_ckpt(st_engine *e, st_image *img, uint64_t pos, const st_slot_ckpt *ck, void *bst,
+                    uint32_t codec, void *scratch)
+{
+    uint32_t ci;
+    int rc = st_image_checkpoint_add(img, pos, ST_CODEC_FP32, &ci);
+    if (rc)
+        return rc;
+    for (uint32_t ti = 0; ti < e->geom.n_tensors; ti++) {
+        uint64_t b = st_engine_running_bytes(e, ti), len = 0;
+        if (!b)
+            continue;
+        void *dst = st_image_checkpoint_tensor(img, ci, ti, &len);
+        if (!dst || len != b)
+            return st_error_set(ST_EINVAL, "snapshot: checkpoint tensor %s: %llu bytes, expected "
+                                "%llu", e->geom.tensors[ti].name, (unsigned long long)len,
+                                (unsigned long long)b);
+        if (ck)
+            memcpy(dst, ck->t[ti], b);
+        else if ((rc = e->be->running_read(e->bctx, bst, ti, dst, b)))
+            return rc;
+    }
+    if (codec != ST_CODEC_FP32)
+        return st_image_checkpoint_recode(img, ci, codec, scratch, SCRATCH_BYTES);
+    return 0;
+}
+
+int st_slot_snapshot(st_slot *s, int mode, uint32_t codec, st_image **out)
+{
+    st_engine *e = s->e;
+    st_image *img = NULL;
+    void *scratch = NULL;
+    uint64_t h = 0;
+    int rc;
+    *out = NULL;
+    if ((rc = st_codec_check(codec)))
+        return rc;
+    if (mode != ST_SNAPSHOT_SESSION && mode != ST_SNAPSHOT_PARK)
+        return st_error_set(ST_EINVAL, "snapshot: mode %d", mode);
+    pthread_mutex_lock(&e->lock);
+    if (!s->has_logits || s->n_tokens == 0) {
+        rc = st_error_set(ST_EINVAL, "snapshot: the slot holds no conversation");
+        goto done;
+    }
+    if (!(scratch = malloc(SCRATCH_BYTES))) {
+        rc = st_error_set(ENOMEM, "snapshot: scratch");
+        goto done;
+    }
+    if ((rc = st_image_create(&img, &e->geom)) ||
+        (rc = st_image_tokens_set(img, s->tokens, s->n_tokens)))
+        goto done;
+    for (uint32_t ti = 0; ti < e->geom.n_tensors; ti++) {
+        if (e->geom.tensors[ti].role != ST_ROLE_KV)
+            continue;
+        uint64_t len = 0;
+        void *dst = st_image_kv(img, ti, &len);
+        if (len != s->n_tokens * st_tensor_row_bytes(&e->geom.tensors[ti])) {
+            rc = st_error_set(ST_EINVAL, "snapshot: K/V tensor %s: image holds %llu bytes",
+                              e->geom.tensors[ti].name, (unsigned long long)len);
+            goto done;
+        }
+        if ((rc = e->be->kv_read(e->bctx, s->st, ti, 0, s->n_tokens, dst)))
+            goto done;
+    }
+    /* resume checkpoints: every earlier one (park) or the deepest earlier one (session) */
+    uint32_t first = 0, end = 0;
+    while (end < s->n_ck && s->ck[end].e.position < s->n_tokens)
+        end++;
+    if (mode == ST_SNAPSHOT_SESSION && end > 0)
+        first = end - 1;
+    for (uint32_t i = first; i < end; i++)
+        if ((rc = add_ckpt(e, img, s->ck[i].e.position, &s->ck[i], NULL, codec, scratch)))
+            goto done;
+    if ((rc = add_ckpt(e, img, s->n_tokens, NULL, s->st, codec, scratch)))
+        goto done;
+    if ((rc = st_image_logits_set(img, s->logits, e->m->hp.n_vocab)))
+        goto done;
+    if ((rc = state_hash(e, s->st, s->tokens, s->n_tokens, &h)))
+        goto done;
+    st_image_state_hash_set(img, h);
+    if ((rc = st_image_check(img)))
+        goto done;
+    *out = img;
+    img = NULL;
+done:
+    pthread_mutex_unlock(&e->lock);
+    st_image_free(img);
+    free(scratch);
+    return rc;
+}
+
+/* ---- restore ---------------------------------------------------------------------------------- */
+/* Checkpoint ci of img, widened to f32, into per-tensor buffers (dst[ti] of running bytes). */
+static int load_ckpt(st_engine *e, const st_image *img, uint32_t ci, uint8_t **dst, void *scratch)
+{
+    uint64_t pos;
+    uint32_t codec;
+    int rc = st_image_checkpoint_info(img, ci, &pos, &codec);
+    if (rc)
+        return rc;
+    for (uint32_t ti = 0; ti < e->geom.n_tensors; ti++) {
+        const st_tensor_desc *d = &e->geom.tensors[ti];
+        uint64_t b = st_engine_running_bytes(e, ti), len = 0;
+        if (!b)
+            continue;
+        const void *src = st_image_checkpoint_tensor_const(img, ci, ti, &len);
+        if (!src || len != st_tensor_stored_bytes(d, codec))
+            return st_error_set(ST_ECORRUPT, "restore: checkpoint %u tensor %s: %llu bytes", ci,
+                                d->name, (unsigned long long)len);
+        if (d->dtype == ST_DTYPE_F32) {
+            if ((rc = st_codec_convert(ST_CODEC_FP32, dst[ti], codec, src, b / 4, scratch,
+                                       SCRATCH_BYTES)))
+                return rc;
+        } else {
+            memcpy(dst[ti], src, b);
+        }
+        if (!strcmp(d->name, "pos")) {
+            int64_t p;
+            memcpy(&p, dst[ti], 8);
+            if (p < 0 || (uint64_t)p != pos)
+                return st_error_set(ST_ECORRUPT, "restore: checkpoint %u at %llu holds position "
+                                    "%lld", ci, (unsigned long long)pos, (long long)p);
+        }
+    }
+    return 0;
+}
+
+/* Checkpoint ci of img straight into a backend state: f32 tensors stored in another codec are
+ * widened through one reused buffer, everything else is written from the image as it is. */
+static int load_live(st_engine *e, const st_image *img, uint32_t ci, void *bst, void *scratch)
+{
+    uint64_t pos;
+    uint32_t codec;
+    uint8_t *tmp = NULL;
+    int rc = st_image_checkpoint_info(img, ci, &pos, &codec);
+    for (uint32_t ti = 0; !rc && ti < e->geom.n_tensors; ti++) {
+        const st_tensor_desc *d = &e->geom.tensors[ti];
+        uint64_t b = st_engine_running_bytes(e, ti), len = 0;
+        if (!b)
+            continue;
+        const void *src = st_image_checkpoint_tensor_const(img, ci, ti, &len);
+        if (!src || len != st_tensor_stored_bytes(d, codec)) {
+            rc = st_error_set(ST_ECORRUPT, "restore: live state tensor %s: %llu bytes", d->name,
+                              (unsigned long long)len);
+            break;
+        }
+        if (d->dtype == ST_DTYPE_F32 && codec != ST_CODEC_FP32) {
+            if (!tmp) {
+                uint64_t maxb = 0;
+                for (uint32_t i = 0; i < e->geom.n_tensors; i++)
+                    if (st_engine_running_bytes(e, i) > maxb)
+                        maxb = st_engine_running_bytes(e, i);
+                if (!(tmp = st_big_alloc(maxb))) {
+                    rc = st_error_set(ENOMEM, "restore: widening buffer");
+                    break;
+                }
+            }
+            if ((rc = st_codec_convert(ST_CODEC_FP32, tmp, codec, src, b / 4, scratch,
+                                       SCRATCH_BYTES)))
+                break;
+            src = tmp;
+        }
+        if (!strcmp(d->name, "pos")) {
+            int64_t p;
+            memcpy(&p, src, 8);
+            if (p < 0 || (uint64_t)p != pos) {
+                rc = st_error_set(ST_ECORRUPT, "restore: live state at %llu holds position %lld",
+                                  (unsigned long long)pos, (long long)p);
+                break;
+            }
+        }
+        rc = e->be->running_write(e->bctx, bst, ti, src, b);
+    }
+    free(tmp);
+    return rc;
+}
+
+int st_slot_restore(st_slot *s, const st_image *img)
+{
+    st_engine *e = s->e;
+    const st_backend *be = e->be;
+    void *ns = NULL, *scratch = NULL;
+    st_slot_ckpt *chain = NULL;
+    uint32_t n_chain = 0;
+    uint64_t h = 0;
+    int rc;
+    const st_geometry *g = st_image_geometry(img);
+    if ((rc = st_geometry_compare(&e->geom, g))) {
+        char d[512];
+        snprintf(d, sizeof d, "%s", st_errdetail());
+        if (rc == ST_EMODEL)
+            return st_error_set(rc, "restore: the state was made under another model (%s; this "
+                                "engine runs the first)", d);
+        return st_error_set(rc, "restore: %s", d);
+    }
+    if ((rc = st_image_check(img)))
+        return rc;
+    uint64_t n = st_image_n_tokens(img);
+    const uint32_t *tokens = st_image_tokens(img);
+    uint32_t nl = 0;
+    const float *logits = st_image_logits(img, &nl);
+    if (n == 0 || !logits || nl != e->m->hp.n_vocab)
+        return st_error_set(ST_ECORRUPT, "restore: the image holds %llu tokens and %u logits "
+                            "(need >= 1 and %u)", (unsigned long long)n, nl, e->m->hp.n_vocab);
+    for (uint64_t i = 0; i < n; i++)
+        if (tokens[i] >= e->m->hp.n_vocab)
+            return st_error_set(ST_ECORRUPT, "restore: token %llu is %u, outside the vocabulary",
+                                (unsigned long long)i, tokens[i]);
+    uint32_t nck = st_image_n_checkpoints(img);
+    if (!(scratch = malloc(SCRATCH_BYTES)))
+        return st_error_set(ENOMEM, "restore: scratch");
+    pthread_mutex_lock(&e->lock);
+    if ((rc = be->state_new(e->bctx, &ns)))
+        goto done;
+    be->state_reset(e->bctx, ns);
+    for (uint32_t ti = 0; ti < g->n_tensors; ti++) {
+        if (g->tensors[ti].role != ST_ROLE_KV)
+            continue;
+        uint64_t len = 0;
+        const void *src = st_image_kv_const(img, ti, &len);
+        if (len != n * st_tensor_row_bytes(&g->tensors[ti])) {
+            rc = st_error_set(ST_ECORRUPT, "restore: K/V tensor %s holds %llu bytes",
+                              g->tensors[ti].name, (unsigned long long)len);
+            goto done;
+        }
+        if ((rc = be->kv_write(e->bctx, ns, ti, 0, n, src)))
+            goto done;
+    }
+    if ((rc = load_live(e, img, nck - 1, ns, scratch)))
+        goto done;
+    /* resume checkpoints: the deepest prompt_cache of them */
+    uint32_t keep = nck - 1, skip = 0;
+    if (keep > e->o.prompt_cache) {
+        skip = keep - e->o.prompt_cache;
+        keep = e->o.prompt_cache;
+    }
+    chain = calloc(e->o.prompt_cache + 1, sizeof *chain);
+    if (!chain) {
+        rc = st_error_set(ENOMEM, "restore: checkpoints");
+        goto done;
+    }
+    for (uint32_t i = 0; i < keep; i++) {
+        uint64_t pos;
+        uint32_t codec;
+        st_image_checkpoint_info(img, skip + i, &pos, &codec);
+        if ((rc = ck_alloc(e, &chain[n_chain])))
+            goto done;
+        n_chain++;
+        if ((rc = load_ckpt(e, img, skip + i, chain[n_chain - 1].t, scratch)))
+            goto done;
+        chain[n_chain - 1].e.position = pos;
+    }
+    if ((rc = state_hash(e, ns, tokens, n, &h)))
+        goto done;
+    if (st_image_state_hash(img) == 0) {
+        rc = st_error_set(ST_ECORRUPT, "restore: the image carries no state hash");
+        goto done;
+    }
+    if (h != st_image_state_hash(img)) {
+        rc = st_error_set(ST_ECORRUPT, "restore: state hash mismatch: recorded %016llx, the "
+                          "restored state hashes to %016llx", (unsigned long long)st_image_state_hash(img),
+                          (unsigned long long)h);
+        goto done;
+    }
+    /* swap */
+    be->state_free(e->bctx, s->st);
+    s->st = ns;
+    ns = NULL;
+    chain_free(e, s->ck, s->n_ck);
+    s->ck = chain;
+    s->n_ck = n_chain;
+    chain = NULL;
+    n_chain = 0;
+    for (uint32_t i = 0; i < s->n_ck; i++)
+        s->ck[i].e.created = s->ck[i].e.last_used = ++s->tick;
+    memcpy(s->tokens, tokens, n * sizeof *tokens);
+    s->n_tokens = n;
+    memcpy(s->logits, logits, (size_t)nl * sizeof *logits);
+    s->has_logits = 1;
+done:
+    pthread_mutex_unlock(&e->lock);
+    if (ns)
+        be->state_free(e->bctx, ns);
+    if (chain)
+        chain_free(e, chain, n_chain);
+    free(scratch);
+    return rc;
+}

@@ -1,0 +1,382 @@
+/*
+ * test_engine_model.c - the model and the CPU backend: results bit-identical across thread
+ * counts, prompt chunk sizes and the scalar / vector kernels; odd shapes, int8 K/V, f16 and bf16
+ * weights; the DeltaNet step against a direct evaluation of its formula; fingerprints, presets,
+ * the published geometry and sampling.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include <cmocka.h>
+
+#include "engine_test.h"
+#include "st_engine_int.h"
+
+static char g_dir[4096];
+
+static const char *k_text = "The quick brown fox jumps over the lazy dog; 0123456789 and more "
+                            "text to read past a few chunks of the prompt.";
+
+/* Read the prompt, generate n_gen greedy tokens; return every logit vector concatenated. */
+static float *run(const char *model, const st_engine_opts *o, uint32_t n_gen, uint32_t *gen_out)
+{
+    st_model *m = NULL;
+    st_engine *e = NULL;
+    st_slot *s = NULL;
+    uint32_t toks[512];
+    uint64_t n = et_tokens(toks, k_text);
+    assert_int_equal(st_model_load(model, &m), 0);
+    int rc = st_engine_new(m, o, &e);
+    if (rc)
+        fail_msg("engine: %s", st_errdetail());
+    assert_int_equal(st_slot_new(e, &s), 0);
+    uint32_t V = st_model_hparams_get(m)->n_vocab;
+    float *all = malloc((size_t)(n_gen + 1) * V * sizeof *all);
+    assert_non_null(all);
+    assert_int_equal(st_slot_eval(s, toks, n, 0, NULL), 0);
+    for (uint32_t i = 0; i <= n_gen; i++) {
+        uint32_t nl = 0;
+        const float *l = st_slot_logits(s, &nl);
+        assert_int_equal(nl, V);
+        memcpy(all + (size_t)i * V, l, V * sizeof *l);
+        for (uint32_t k = 0; k < V; k++)
+            assert_true(isfinite(l[k]));
+        if (i == n_gen)
+            break;
+        uint32_t t;
+        assert_int_equal(st_slot_sample(s, 0.0f, 0, &t), 0);
+        if (gen_out)
+            gen_out[i] = t;
+        assert_int_equal(st_slot_decode(s, t), 0);
+    }
+    st_slot_free(s);
+    st_engine_free(e);
+    st_model_free(m);
+    return all;
+}
+
+static void check_invariance(const char *model, uint32_t V)
+{
+    st_engine_opts base;
+    st_engine_opts_default(&base);
+    base.n_threads = 1;
+    base.force_scalar = 1;
+    const uint32_t n_gen = 6;
+    float *ref = run(model, &base, n_gen, NULL);
+    struct {
+        uint32_t threads, ubatch;
+        int scalar;
+    } v[] = {{1, 2048, 0}, {2, 2048, 0}, {3, 2048, 0}, {2, 1, 0}, {3, 5, 0},
+             {1, 7, 1},    {4, 3, 1},    {2, 64, 0}};
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+        st_engine_opts o = base;
+        o.n_threads = v[i].threads;
+        o.ubatch = v[i].ubatch;
+        o.force_scalar = v[i].scalar;
+        float *got = run(model, &o, n_gen, NULL);
+        if (memcmp(ref, got, (size_t)(n_gen + 1) * V * sizeof *ref) != 0)
+            fail_msg("logits differ with %u threads, ubatch %u, %s kernels", v[i].threads,
+                     v[i].ubatch, v[i].scalar ? "scalar" : "vector");
+        free(got);
+    }
+    free(ref);
+}
+
+static void test_invariance_tiny(void **state)
+{
+    char path[4200];
+    et_model(path, sizeof path, g_dir, "tiny.gguf", 1, NULL);
+    check_invariance(path, ST_VOCAB_BYTES);
+}
+
+static void odd(st_model_hparams *hp)
+{
+    hp->n_vocab = 300;
+    hp->n_embd = 36;
+    hp->n_ff = 44;
+    hp->n_layer = 3;
+    snprintf(hp->pattern, sizeof hp->pattern, "DAD");
+    hp->n_head = 3;
+    hp->n_head_kv = 1;
+    hp->head_dim = 6;
+    hp->ssm_heads = 3;
+    hp->ssm_dk = 5;
+    hp->ssm_dv = 12;
+}
+
+static void test_invariance_odd_shapes(void **state)
+{
+    char path[4200];
+    et_model(path, sizeof path, g_dir, "odd.gguf", 3, odd);
+    check_invariance(path, 300);
+}
+
+static void i8_f16w(st_model_hparams *hp)
+{
+    hp->kv_dtype = ST_DTYPE_I8;
+    hp->wtype = ST_GGML_F16;
+}
+
+static void bf16w(st_model_hparams *hp)
+{
+    hp->wtype = ST_GGML_BF16;
+    snprintf(hp->pattern, sizeof hp->pattern, "AD");
+}
+
+static void test_invariance_i8_f16_bf16(void **state)
+{
+    char path[4200];
+    et_model(path, sizeof path, g_dir, "i8.gguf", 5, i8_f16w);
+    check_invariance(path, ST_VOCAB_BYTES);
+    et_model(path, sizeof path, g_dir, "bf16.gguf", 6, bf16w);
+    check_invariance(path, ST_VOCAB_BYTES);
+}
+
+/* The kernel's step against S_t = a S (I - b k k^T) + b v k^T, o = S_t q, in double. */
+static void test_deltanet_formula(void **state)
+{
+    const uint32_t dk = 11, dv = 13;
+    float M[11 * 13], Mv[11 * 13], k[11], q[11], v[13], out[13], outv[13], scr[26];
+    double S[13][11], Sn[13][11];
+    uint64_t r = 99;
+    for (uint32_t i = 0; i < dk * dv; i++) {
+        r = r * 6364136223846793005ull + 1;
+        M[i] = (float)((double)(r >> 40) / (double)(1u << 24) - 0.5);
+    }
+    double nk = 0;
+    for (uint32_t i = 0; i < dk; i++) {
+        k[i] = (float)sin(i + 1.0);
+        q[i] = (float)cos(i * 0.7);
+        nk += (double)k[i] * k[i];
+    }
+    for (uint32_t i = 0; i < dk; i++)
+        k[i] = (float)(k[i] / sqrt(nk));
+    for (uint32_t j = 0; j < dv; j++)
+        v[j] = (float)(0.1 * j - 0.4);
+    float a = 0.93f, b = 0.4f;
+    for (uint32_t j = 0; j < dv; j++)
+        for (uint32_t i = 0; i < dk; i++)
+            S[j][i] = M[i * dv + j];
+    /* S (I - b k k^T) */
+    for (uint32_t j = 0; j < dv; j++)
+        for (uint32_t i = 0; i < dk; i++) {
+            double acc = 0;
+            for (uint32_t l = 0; l < dk; l++)
+                acc += S[j][l] * ((l == i ? 1.0 : 0.0) - (double)b * k[l] * k[i]);
+            Sn[j][i] = a * acc + (double)b * v[j] * k[i];
+        }
+    memcpy(Mv, M, sizeof M);
+    st_kern ks = {0}, kv = {st_kern_cpu_has_avx2()};
+    st_kern_delta_scan(&ks, M, dv, dk, dv, 1, q, k, v, 0, &a, &b, 0, out, 0, scr);
+    st_kern_delta_scan(&kv, Mv, dv, dk, dv, 1, q, k, v, 0, &a, &b, 0, outv, 0, scr);
+    assert_memory_equal(M, Mv, sizeof M);
+    assert_memory_equal(out, outv, sizeof out);
+    for (uint32_t j = 0; j < dv; j++) {
+        double o = 0;
+        for (uint32_t i = 0; i < dk; i++) {
+            assert_true(fabs(M[i * dv + j] - Sn[j][i]) < 1e-5);
+            o += Sn[j][i] * q[i];
+        }
+        assert_true(fabs(out[j] - o) < 1e-5);
+    }
+}
+
+/* Three tokens in one scan equal three scans of one token, in both kernels. */
+static void test_deltanet_scan_chunking(void **state)
+{
+    const uint32_t dk = 9, dv = 20, T = 3, xs = 64;
+    float x[3 * 64], al[3] = {0.9f, 0.5f, 0.99f}, be[3] = {0.3f, 0.7f, 0.1f};
+    float M1[9 * 20], M2[9 * 20], o1[3 * 20], o2[3 * 20], scr[40];
+    for (uint32_t i = 0; i < sizeof x / sizeof x[0]; i++)
+        x[i] = (float)sin(i * 0.37) * 0.5f;
+    for (int vec = 0; vec < 2; vec++) {
+        st_kern k = {vec && st_kern_cpu_has_avx2()};
+        for (uint32_t i = 0; i < dk * dv; i++)
+            M1[i] = M2[i] = (float)cos(i * 0.11) * 0.1f;
+        st_kern_delta_scan(&k, M1, dv, dk, dv, T, x, x + 16, x + 32, xs, al, be, 1, o1, dv, scr);
+        for (uint32_t t = 0; t < T; t++)
+            st_kern_delta_scan(&k, M2, dv, dk, dv, 1, x + t * xs, x + 16 + t * xs, x + 32 + t * xs, 0,
+                               al + t, be + t, 0, o2 + t * dv, 0, scr);
+        assert_memory_equal(M1, M2, sizeof M1);
+        assert_memory_equal(o1, o2, sizeof o1);
+        /* columns in two blocks (11 and 9 wide) of the same matrix */
+        for (uint32_t i = 0; i < dk * dv; i++)
+            M2[i] = (float)cos(i * 0.11) * 0.1f;
+        st_kern_delta_scan(&k, M2, dv, dk, 11, T, x, x + 16, x + 32, xs, al, be, 1, o2, dv, scr);
+        st_kern_delta_scan(&k, M2 + 11, dv, dk, 9, T, x, x + 16, x + 32 + 11, xs, al, be, 1,
+                           o2 + 11, dv, scr);
+        assert_memory_equal(M1, M2, sizeof M1);
+        assert_memory_equal(o1, o2, sizeof o1);
+    }
+}
+
+static void test_fingerprint(void **state)
+{
+    char a[4200], b[4200], c[4200];
+    et_model(a, sizeof a, g_dir, "fa.gguf", 7, NULL);
+    et_model(b, sizeof b, g_dir, "fb.gguf", 7, NULL);
+    et_model(c, sizeof c, g_dir, "fc.gguf", 8, NULL);
+    st_model *ma = NULL, *mb = NULL, *mc = NULL;
+    assert_int_equal(st_model_load(a, &ma), 0);
+    assert_int_equal(st_model_load(b, &mb), 0);
+    assert_int_equal(st_model_load(c, &mc), 0);
+    assert_memory_equal(st_model_fingerprint(ma), st_model_fingerprint(mb), ST_FINGERPRINT_LEN);
+    assert_memory_not_equal(st_model_fingerprint(ma), st_model_fingerprint(mc),
+                            ST_FINGERPRINT_LEN);
+    char hex[65];
+    st_fingerprint_hex(hex, st_model_fingerprint(ma), ST_FINGERPRINT_LEN);
+    assert_int_equal(strlen(hex), 64);
+    st_model_free(ma);
+    st_model_free(mb);
+    st_model_free(mc);
+}
+
+static void test_presets(void **state)
+{
+    st_model_hparams hp;
+    assert_int_equal(st_model_preset("bench", &hp), 0);
+    assert_int_equal(st_model_hparams_check(&hp), 0);
+    uint64_t sb = st_model_state_bytes(&hp);
+    assert_true(sb > 115000000ull && sb < 121000000ull);
+    assert_int_equal(st_model_kv_bytes_per_token(&hp, ST_DTYPE_F16), 15360);
+    assert_int_equal(st_model_preset("small", &hp), 0);
+    assert_int_equal(st_model_hparams_check(&hp), 0);
+    assert_true(st_model_n_params(&hp) > 1000000 && st_model_n_params(&hp) < 20000000);
+    assert_int_equal(st_model_preset("huge", &hp), ST_EINVAL);
+    assert_int_equal(st_model_preset("tiny", &hp), 0);
+    snprintf(hp.pattern, sizeof hp.pattern, "DXA");
+    assert_int_equal(st_model_hparams_check(&hp), ST_EINVAL);
+    assert_int_equal(st_model_preset("tiny", &hp), 0);
+    hp.n_head_kv = 3;
+    assert_int_equal(st_model_hparams_check(&hp), ST_EINVAL);
+}
+
+static void test_geometry_published(void **state)
+{
+    char path[4200];
+    et_model(path, sizeof path, g_dir, "geo.gguf", 1, NULL);
+    st_model *m = NULL;
+    st_engine *e = NULL;
+    st_slot *s = NULL;
+    assert_int_equal(st_model_load(path, &m), 0);
+    st_engine_opts o;
+    st_engine_opts_default(&o);
+    o.n_threads = 1;
+    o.page_size = 64;
+    o.kv_dtype = ST_DTYPE_I8;
+    assert_int_equal(st_engine_new(m, &o, &e), 0);
+    assert_int_equal(st_slot_new(e, &s), 0);
+    const st_geometry *g = st_slot_geometry(s);
+    assert_int_equal(st_geometry_check(g), 0);
+    assert_int_equal(g->page_size, 64);
+    assert_int_equal(g->n_ctx, 2048);
+    assert_int_equal(g->n_vocab, ST_VOCAB_BYTES);
+    assert_memory_equal(g->model_fp, st_model_fingerprint(m), ST_FINGERPRINT_LEN);
+    uint64_t running = 0;
+    int saw_k = 0, saw_scale = 0, saw_pos = 0;
+    for (uint32_t i = 0; i < g->n_tensors; i++) {
+        const st_tensor_desc *d = &g->tensors[i];
+        if (d->role == ST_ROLE_RUNNING)
+            running += st_tensor_elems(d) * st_dtype_size(d->dtype);
+        if (!strcmp(d->name, "blk.0.ssm_state")) {
+            assert_int_equal(d->ndim, 3);
+            assert_int_equal(d->shape[0], 2);
+            assert_int_equal(d->shape[1], 16);
+            assert_int_equal(d->shape[2], 16);
+        }
+        if (!strcmp(d->name, "blk.0.conv_state")) {
+            assert_int_equal(d->shape[0], 3);
+            assert_int_equal(d->shape[1], 2 * (16 + 16 + 16));
+        }
+        if (!strcmp(d->name, "blk.3.k")) {
+            saw_k = 1;
+            assert_int_equal(d->role, ST_ROLE_KV);
+            assert_int_equal(d->dtype, ST_DTYPE_I8);
+            assert_int_equal(d->shape[0], 2048);
+            assert_int_equal(st_tensor_row_bytes(d), 2 * 16);
+        }
+        if (!strcmp(d->name, "blk.3.k_scale")) {
+            saw_scale = 1;
+            assert_int_equal(d->dtype, ST_DTYPE_F32);
+            assert_int_equal(st_tensor_row_bytes(d), 2 * 4);
+        }
+        if (!strcmp(d->name, "pos")) {
+            saw_pos = 1;
+            assert_int_equal(d->dtype, ST_DTYPE_I64);
+        }
+    }
+    assert_true(saw_k && saw_scale && saw_pos);
+    assert_int_equal(running, st_model_state_bytes(st_model_hparams_get(m)));
+    st_slot_free(s);
+    st_engine_free(e);
+    st_model_free(m);
+}
+
+static void test_sampling(void **state)
+{
+    char path[4200];
+    et_model(path, sizeof path, g_dir, "samp.gguf", 1, NULL);
+    st_model *m = NULL;
+    st_engine *e = NULL;
+    st_slot *s = NULL;
+    assert_int_equal(st_model_load(path, &m), 0);
+    assert_int_equal(st_engine_new(m, NULL, &e), 0);
+    assert_int_equal(st_slot_new(e, &s), 0);
+    uint32_t t;
+    assert_int_equal(st_slot_sample(s, 0.0f, 1, &t), ST_EINVAL); /* no logits yet */
+    uint32_t toks[256];
+    uint64_t n = et_tokens(toks, "sampling");
+    assert_int_equal(st_slot_eval(s, toks, n, 0, NULL), 0);
+    uint32_t nl;
+    const float *l = st_slot_logits(s, &nl);
+    uint32_t best = 0;
+    for (uint32_t i = 1; i < nl; i++)
+        if (l[i] > l[best])
+            best = i;
+    assert_int_equal(st_slot_sample(s, 0.0f, 1, &t), 0);
+    assert_int_equal(t, best);
+    uint32_t a, b, differ = 0;
+    for (uint64_t seed = 0; seed < 32; seed++) {
+        assert_int_equal(st_slot_sample(s, 1.0f, seed, &a), 0);
+        assert_int_equal(st_slot_sample(s, 1.0f, seed, &b), 0);
+        assert_int_equal(a, b);
+        assert_true(a < nl);
+        differ += a != best;
+    }
+    assert_true(differ > 0);
+    st_slot_free(s);
+    st_engine_free(e);
+    st_model_free(m);
+}
+
+static int setup(void **state)
+{
+    st_test_tmpdir(g_dir, sizeof g_dir, "engine_model");
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    st_test_rmdir(g_dir);
+    return 0;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_invariance_tiny),
+        cmocka_unit_test(test_invariance_odd_shapes),
+        cmocka_unit_test(test_invariance_i8_f16_bf16),
+        cmocka_unit_test(test_deltanet_formula),
+        cmocka_unit_test(test_deltanet_scan_chunking),
+        cmocka_unit_test(test_fingerprint),
+        cmocka_unit_test(test_presets),
+        cmocka_unit_test(test_geometry_published),
+        cmocka_unit_test(test_sampling),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,0 +1,404 @@
+/*
+ * test_engine_slot.c - slots: snapshot / restore identity (fp32 exact, bf16 completes), restores
+ * that must fail leave the slot exactly as it was, the conversation cache (root checkpoint,
+ * periodic checkpoints, prefix reuse identical to a full read), park images.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include <cmocka.h>
+
+#include "engine_test.h"
+
+static char g_dir[4096];
+static char g_model[4200], g_other[4200];
+
+typedef struct rig {
+    st_model *m;
+    st_engine *e;
+    st_slot *s;
+} rig;
+
+static void rig_open(rig *r, const char *model, const st_engine_opts *o)
+{
+    memset(r, 0, sizeof *r);
+    assert_int_equal(st_model_load(model, &r->m), 0);
+    int rc = st_engine_new(r->m, o, &r->e);
+    if (rc)
+        fail_msg("engine: %s", st_errdetail());
+    assert_int_equal(st_slot_new(r->e, &r->s), 0);
+}
+
+static void rig_close(rig *r)
+{
+    st_slot_free(r->s);
+    st_engine_free(r->e);
+    st_model_free(r->m);
+}
+
+static st_engine_opts opts(uint32_t threads)
+{
+    st_engine_opts o;
+    st_engine_opts_default(&o);
+    o.n_threads = threads;
+    return o;
+}
+
+/* Generate n greedy tokens (fed back), into out. */
+static void gen(st_slot *s, uint32_t n, uint32_t *out, float temp)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t t;
+        assert_int_equal(st_slot_sample(s, temp, 42, &t), 0);
+        out[i] = t;
+        assert_int_equal(st_slot_decode(s, t), 0);
+    }
+}
+
+static void test_restore_identity(void **state)
+{
+    const uint32_t N = 24, K = 9;
+    uint32_t toks[256], a[64], b[64];
+    uint64_t n = et_tokens(toks, "Restore me, token for token.");
+    st_engine_opts o = opts(2);
+    for (int codec = 0; codec < 2; codec++) {
+        rig r1, r2, r3;
+        rig_open(&r1, g_model, &o);
+        assert_int_equal(st_slot_eval(r1.s, toks, n, 0, NULL), 0);
+        gen(r1.s, N, a, 0.7f);
+        uint32_t nl;
+        float *final = malloc(ST_VOCAB_BYTES * sizeof *final);
+        memcpy(final, st_slot_logits(r1.s, &nl), ST_VOCAB_BYTES * sizeof *final);
+
+        rig_open(&r2, g_model, &o);
+        assert_int_equal(st_slot_eval(r2.s, toks, n, 0, NULL), 0);
+        gen(r2.s, K, b, 0.7f);
+        st_image *img = NULL;
+        uint32_t c = codec ? ST_CODEC_BF16 : ST_CODEC_FP32;
+        assert_int_equal(st_slot_snapshot(r2.s, ST_SNAPSHOT_SESSION, c, &img), 0);
+        uint8_t *file = NULL;
+        size_t flen = 0;
+        assert_int_equal(st_file_write_mem(img, NULL, &file, &flen), 0);
+        st_image_free(img);
+        img = NULL;
+        rig_close(&r2);
+
+        rig_open(&r3, g_model, &o);
+        assert_int_equal(st_file_read_mem(file, flen, NULL, &img), 0);
+        int rc = st_slot_restore(r3.s, img);
+        if (rc)
+            fail_msg("restore (%s): %s", codec ? "bf16" : "fp32", st_errdetail());
+        st_image_free(img);
+        free(file);
+        assert_int_equal(st_slot_n_tokens(r3.s), n + K);
+        gen(r3.s, N - K, b + K, 0.7f);
+        if (!codec) {
+            assert_memory_equal(a, b, N * sizeof *a);
+            assert_memory_equal(final, st_slot_logits(r3.s, &nl), ST_VOCAB_BYTES * sizeof *final);
+        } else {
+            /* the first K tokens came before the save */
+            assert_memory_equal(a, b, K * sizeof *a);
+            const float *l = st_slot_logits(r3.s, &nl);
+            for (uint32_t i = 0; i < nl; i++)
+                assert_true(isfinite(l[i]));
+        }
+        free(final);
+        rig_close(&r1);
+        rig_close(&r3);
+    }
+}
+
+/* Everything observable about a slot, to check that a failed restore changed nothing. */
+typedef struct obs {
+    uint64_t n, hash;
+    uint32_t n_ck;
+    float logits[ST_VOCAB_BYTES];
+} obs;
+
+static void observe(st_slot *s, obs *o)
+{
+    uint32_t nl;
+    o->n = st_slot_n_tokens(s);
+    o->n_ck = st_slot_n_checkpoints(s);
+    assert_int_equal(st_slot_state_hash(s, ST_CODEC_FP32, &o->hash), 0);
+    memcpy(o->logits, st_slot_logits(s, &nl), sizeof o->logits);
+}
+
+static void same(st_slot *s, const obs *o)
+{
+    obs now;
+    observe(s, &now);
+    assert_int_equal(now.n, o->n);
+    assert_int_equal(now.n_ck, o->n_ck);
+    assert_int_equal(now.hash, o->hash);
+    assert_memory_equal(now.logits, o->logits, sizeof o->logits);
+}
+
+static void test_failed_restore_leaves_slot(void **state)
+{
+    uint32_t toks[256], t1[16], t2[16];
+    uint64_t n = et_tokens(toks, "a conversation that must survive bad restores");
+    st_engine_opts o = opts(1);
+    rig r, donor, ref;
+    rig_open(&r, g_model, &o);
+    rig_open(&donor, g_model, &o);
+    rig_open(&ref, g_model, &o);
+    assert_int_equal(st_slot_eval(r.s, toks, n, 0, NULL), 0);
+    assert_int_equal(st_slot_eval(ref.s, toks, n, 0, NULL), 0);
+    uint32_t other[256];
+    uint64_t on = et_tokens(other, "another conversation entirely");
+    assert_int_equal(st_slot_eval(donor.s, other, on, 0, NULL), 0);
+    obs before;
+    observe(r.s, &before);
+
+    st_image *img = NULL;
+    /* 1. a wrong state hash */
+    assert_int_equal(st_slot_snapshot(donor.s, ST_SNAPSHOT_SESSION, ST_CODEC_FP32, &img), 0);
+    st_image_state_hash_set(img, st_image_state_hash(img) ^ 1);
+    assert_int_equal(st_slot_restore(r.s, img), ST_ECORRUPT);
+    assert_non_null(strstr(st_errdetail(), "state hash"));
+    same(r.s, &before);
+    /* 2. K/V never written: zeros cannot pass for the conversation */
+    st_image_state_hash_set(img, st_image_state_hash(img) ^ 1);
+    const st_geometry *g = st_image_geometry(img);
+    for (uint32_t ti = 0; ti < g->n_tensors; ti++)
+        if (g->tensors[ti].role == ST_ROLE_KV) {
+            uint64_t len = 0;
+            void *kv = st_image_kv(img, ti, &len);
+            memset(kv, 0, len);
+        }
+    assert_int_equal(st_slot_restore(r.s, img), ST_ECORRUPT);
+    same(r.s, &before);
+    /* 3. running state zeroed */
+    st_image_free(img);
+    assert_int_equal(st_slot_snapshot(donor.s, ST_SNAPSHOT_SESSION, ST_CODEC_FP32, &img), 0);
+    uint32_t last = st_image_n_checkpoints(img) - 1;
+    g = st_image_geometry(img);
+    for (uint32_t ti = 0; ti < g->n_tensors; ti++)
+        if (st_image_geometry(img)->tensors[ti].role == ST_ROLE_RUNNING &&
+            st_image_geometry(img)->tensors[ti].dtype == ST_DTYPE_F32) {
+            uint64_t len = 0;
+            void *t = st_image_checkpoint_tensor(img, last, ti, &len);
+            memset(t, 0, len);
+        }
+    assert_int_equal(st_slot_restore(r.s, img), ST_ECORRUPT);
+    same(r.s, &before);
+    st_image_free(img);
+    img = NULL;
+    /* 4. another geometry: page size */
+    st_engine_opts o64 = o;
+    o64.page_size = 64;
+    rig p64;
+    rig_open(&p64, g_model, &o64);
+    assert_int_equal(st_slot_eval(p64.s, other, on, 0, NULL), 0);
+    assert_int_equal(st_slot_snapshot(p64.s, ST_SNAPSHOT_SESSION, ST_CODEC_FP32, &img), 0);
+    assert_int_equal(st_slot_restore(r.s, img), ST_EGEOMETRY);
+    assert_non_null(strstr(st_errdetail(), "page_size 256 vs 64"));
+    same(r.s, &before);
+    st_image_free(img);
+    rig_close(&p64);
+    /* 5. another model */
+    rig om;
+    rig_open(&om, g_other, &o);
+    assert_int_equal(st_slot_eval(om.s, other, on, 0, NULL), 0);
+    assert_int_equal(st_slot_snapshot(om.s, ST_SNAPSHOT_SESSION, ST_CODEC_FP32, &img), 0);
+    assert_int_equal(st_slot_restore(r.s, img), ST_EMODEL);
+    assert_non_null(strstr(st_errdetail(), "fingerprint"));
+    same(r.s, &before);
+    st_image_free(img);
+    rig_close(&om);
+    /* the slot still continues exactly like one that saw none of this */
+    gen(r.s, 12, t1, 0.0f);
+    gen(ref.s, 12, t2, 0.0f);
+    assert_memory_equal(t1, t2, 12 * sizeof *t1);
+    rig_close(&r);
+    rig_close(&donor);
+    rig_close(&ref);
+}
+
+static void build_conv(uint32_t *dst, uint64_t *n, uint64_t *sys_end, const char *sys,
+                       const char *user)
+{
+    *n = et_tokens(dst, sys);
+    *sys_end = *n;
+    dst[(*n)++] = ST_TOKEN_SEP;
+    size_t ul = strlen(user);
+    *n += st_tokenize(user, ul, dst + *n, ul);
+}
+
+static void test_prefix_reuse(void **state)
+{
+    const char *sys = "You are a careful assistant. Keep every answer short and exact, please.";
+    uint32_t c1[512], c2[512], g1[16], g2[16];
+    uint64_t n1, n2, se1, se2;
+    build_conv(c1, &n1, &se1, sys, "What is a recurrent state?");
+    build_conv(c2, &n2, &se2, sys, "And a K/V cache, how is it paged?");
+    st_engine_opts o = opts(2);
+    o.ubatch = 16;
+    o.prompt_cache_root = 32;
+    o.prompt_cache = 4;
+    rig r, fresh;
+    rig_open(&r, g_model, &o);
+    rig_open(&fresh, g_model, &o);
+    st_eval_stats es;
+    assert_int_equal(st_slot_eval(r.s, c1, n1, se1, &es), 0);
+    assert_int_equal(es.computed, n1);
+    /* root at the end of the system prompt, turn boundary at n1 */
+    assert_int_equal(st_slot_n_checkpoints(r.s), 2);
+    assert_int_equal(st_slot_checkpoint_pos(r.s, 0), se1);
+    assert_int_equal(st_slot_checkpoint_pos(r.s, 1), n1);
+    uint32_t tmp[8];
+    gen(r.s, 8, tmp, 0.0f);
+    /* a new conversation sharing the system prompt resumes from the root */
+    assert_int_equal(st_slot_eval(r.s, c2, n2, se2, &es), 0);
+    assert_int_equal(es.mounted_at, se2);
+    assert_int_equal(es.reused, se2);
+    assert_int_equal(es.computed, n2 - se2);
+    assert_int_equal(st_slot_checkpoint_pos(r.s, 0), se2);
+    gen(r.s, 16, g1, 0.0f);
+    /* exactly the tokens and logits of a full read */
+    assert_int_equal(st_slot_eval(fresh.s, c2, n2, se2, &es), 0);
+    assert_int_equal(es.computed, n2);
+    gen(fresh.s, 16, g2, 0.0f);
+    assert_memory_equal(g1, g2, sizeof g1);
+    uint32_t nl;
+    assert_memory_equal(st_slot_logits(r.s, &nl), st_slot_logits(fresh.s, &nl),
+                        ST_VOCAB_BYTES * sizeof(float));
+    /* the first conversation again: root mounted, same as its own full read */
+    assert_int_equal(st_slot_eval(r.s, c1, n1, se1, &es), 0);
+    assert_int_equal(es.mounted_at, se1);
+    gen(r.s, 8, g1, 0.0f);
+    st_slot_reset(fresh.s);
+    assert_int_equal(st_slot_eval(fresh.s, c1, n1, se1, &es), 0);
+    gen(fresh.s, 8, g2, 0.0f);
+    assert_memory_equal(g1, g2, 8 * sizeof *g1);
+    /* a prompt diverging before any checkpoint is a full read */
+    uint32_t c3[64];
+    uint64_t n3 = et_tokens(c3, "Different from the very start.");
+    assert_int_equal(st_slot_eval(r.s, c3, n3, 0, &es), 0);
+    assert_int_equal(es.mounted_at, UINT64_MAX);
+    assert_int_equal(es.computed, n3);
+    rig_close(&r);
+    rig_close(&fresh);
+}
+
+static void test_periodic_and_park(void **state)
+{
+    char text[200];
+    memset(text, 'x', sizeof text - 1);
+    text[sizeof text - 1] = '\0';
+    for (size_t i = 0; i < sizeof text - 1; i++)
+        text[i] = (char)('a' + (i * 7) % 26);
+    uint32_t toks[256];
+    uint64_t n = et_tokens(toks, text);
+    st_engine_opts o = opts(2);
+    o.ubatch = 32;
+    o.prompt_cache_every = 40; /* rounded up to 64 */
+    o.prompt_cache = 6;
+    rig r;
+    rig_open(&r, g_model, &o);
+    assert_int_equal(st_slot_eval(r.s, toks, n, 0, NULL), 0);
+    assert_int_equal(n, 200);
+    assert_int_equal(st_slot_n_checkpoints(r.s), 4);
+    assert_int_equal(st_slot_checkpoint_pos(r.s, 0), 64);
+    assert_int_equal(st_slot_checkpoint_pos(r.s, 1), 128);
+    assert_int_equal(st_slot_checkpoint_pos(r.s, 2), 192);
+    assert_int_equal(st_slot_checkpoint_pos(r.s, 3), 200);
+    uint32_t g[8];
+    gen(r.s, 4, g, 0.0f);
+    /* park image: the whole chain plus the live state */
+    st_image *img = NULL;
+    assert_int_equal(st_slot_snapshot(r.s, ST_SNAPSHOT_PARK, ST_CODEC_BF16, &img), 0);
+    assert_int_equal(st_image_n_checkpoints(img), 5);
+    st_image *sess = NULL;
+    assert_int_equal(st_slot_snapshot(r.s, ST_SNAPSHOT_SESSION, ST_CODEC_FP32, &sess), 0);
+    assert_int_equal(st_image_n_checkpoints(sess), 2);
+    uint64_t pos;
+    uint32_t codec;
+    assert_int_equal(st_image_checkpoint_info(sess, 0, &pos, &codec), 0);
+    assert_int_equal(pos, 200);
+    st_image_free(sess);
+    rig r2;
+    rig_open(&r2, g_model, &o);
+    assert_int_equal(st_slot_restore(r2.s, img), 0);
+    st_image_free(img);
+    assert_int_equal(st_slot_n_checkpoints(r2.s), 4);
+    /* diverge at 150: mounts the checkpoint at 128 (bf16-widened) and reads the rest */
+    toks[150] = 'Z';
+    st_eval_stats es;
+    assert_int_equal(st_slot_eval(r2.s, toks, n, 0, &es), 0);
+    assert_int_equal(es.mounted_at, 128);
+    assert_int_equal(es.computed, n - 128);
+    /* the fp32 chain of the original slot mounts at the same point; identical to a full read */
+    assert_int_equal(st_slot_eval(r.s, toks, n, 0, &es), 0);
+    assert_int_equal(es.mounted_at, 128);
+    uint32_t g1[8], g2[8];
+    gen(r.s, 8, g1, 0.0f);
+    rig fr;
+    rig_open(&fr, g_model, &o);
+    assert_int_equal(st_slot_eval(fr.s, toks, n, 0, NULL), 0);
+    gen(fr.s, 8, g2, 0.0f);
+    assert_memory_equal(g1, g2, sizeof g1);
+    rig_close(&fr);
+    rig_close(&r);
+    rig_close(&r2);
+}
+
+static void test_cache_limits(void **state)
+{
+    uint32_t toks[600];
+    char text[520];
+    for (size_t i = 0; i < sizeof text - 1; i++)
+        text[i] = (char)('a' + (i * 5) % 26);
+    text[sizeof text - 1] = '\0';
+    uint64_t n = et_tokens(toks, text);
+    st_engine_opts o = opts(1);
+    o.ubatch = 16;
+    o.prompt_cache_every = 16;
+    o.prompt_cache = 3;
+    rig r;
+    rig_open(&r, g_model, &o);
+    assert_int_equal(st_slot_eval(r.s, toks, n, 0, NULL), 0);
+    assert_int_equal(st_slot_n_checkpoints(r.s), 3);
+    /* with LRU and no root, the newest three remain */
+    assert_int_equal(st_slot_checkpoint_pos(r.s, 2), n);
+    rig_close(&r);
+    o.prompt_cache = 0;
+    rig_open(&r, g_model, &o);
+    assert_int_equal(st_slot_eval(r.s, toks, n, 0, NULL), 0);
+    assert_int_equal(st_slot_n_checkpoints(r.s), 0);
+    uint32_t bad = 9999;
+    assert_int_equal(st_slot_eval(r.s, &bad, 1, 0, NULL), ST_EINVAL);
+    assert_int_equal(st_slot_eval(r.s, toks, 0, 0, NULL), ST_EINVAL);
+    rig_close(&r);
+}
+
+static int setup(void **state)
+{
+    st_test_tmpdir(g_dir, sizeof g_dir, "engine_slot");
+    et_model(g_model, sizeof g_model, g_dir, "tiny.gguf", 1, NULL);
+    et_model(g_other, sizeof g_other, g_dir, "other.gguf", 2, NULL);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    st_test_rmdir(g_dir);
+    return 0;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_restore_identity),
+        cmocka_unit_test(test_failed_restore_leaves_slot),
+        cmocka_unit_test(test_prefix_reuse),
+        cmocka_unit_test(test_periodic_and_park),
+        cmocka_unit_test(test_cache_limits),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,0 +1,357 @@
+/*
+ * strata - the command-line runner of the attached engine.
+ *
+ *   strata generate -m MODEL -p PROMPT -n N [options]
+ *   strata info -m MODEL
+ *
+ * stdout carries only the generated text (or token ids with --tokens); logs and timings go to
+ * stderr. With --session-in the prompt continues the restored conversation (after a turn
+ * separator); --session-out saves the conversation after generation.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "st_engine.h"
+#include "st_store.h"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: strata generate -m MODEL -p PROMPT -n N [options]\n"
+            "       strata info -m MODEL\n"
+            "options of generate:\n"
+            "  --temp T                 0 (default) is greedy\n"
+            "  --seed S                 sampling seed (default 1)\n"
+            "  --ignore-eos             keep generating after the end-of-sequence token\n"
+            "  --threads N              compute threads (default: all CPUs)\n"
+            "  --ubatch N               prompt chunk in tokens (default 2048)\n"
+            "  --ctx N                  context length (default: the model's)\n"
+            "  --page-size N            K/V page size in tokens (default 256)\n"
+            "  --kv-dtype f16|i8        K/V dtype (default: the model's)\n"
+            "  --system TEXT            a system prompt before PROMPT\n"
+            "  --prompt-cache K         checkpoints kept (default 6)\n"
+            "  --prompt-cache-every N   checkpoint every N prompt tokens\n"
+            "  --prompt-cache-root N    checkpoint at the end of a system prompt >= N tokens\n"
+            "  --session-in FILE        continue the conversation saved in FILE\n"
+            "  --session-out FILE       save the conversation after generation\n"
+            "  --session-state-codec fp32|bf16   running-state codec of the saved file\n"
+            "  --dump-logits FILE       write the final logits (f32, little-endian)\n"
+            "  --tokens                 print token ids instead of text\n"
+            "  --scalar                 use the scalar kernels (same results, slower)\n");
+}
+
+static int num(const char *flag, const char *v, unsigned long long max, unsigned long long *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long x = v ? strtoull(v, &end, 0) : 0;
+    if (!v || errno || *end || end == v || x > max) {
+        fprintf(stderr, "strata: %s needs a number (<= %llu), got \"%s\"\n", flag, max,
+                v ? v : "");
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+static int fail(const char *what, int rc)
+{
+    fprintf(stderr, "strata: %s: %s: %s\n", what, st_strerror(rc), st_errdetail());
+    return 1;
+}
+
+static int cmd_info(const char *model)
+{
+    st_model *m = NULL;
+    int rc = st_model_load(model, &m);
+    if (rc)
+        return fail("loading the model", rc);
+    const st_model_hparams *hp = st_model_hparams_get(m);
+    char fp[65];
+    st_fingerprint_hex(fp, st_model_fingerprint(m), ST_FINGERPRINT_LEN);
+    printf("model        %s\n", model);
+    printf("fingerprint  %s\n", fp);
+    printf("layers       %u, pattern %s\n", hp->n_layer, hp->pattern);
+    printf("embedding    %u, feed-forward %u, vocab %u, context %u\n", hp->n_embd, hp->n_ff,
+           hp->n_vocab, hp->n_ctx);
+    printf("attention    %u heads, %u K/V heads, width %u, K/V %s\n", hp->n_head, hp->n_head_kv,
+           hp->head_dim, st_dtype_name(hp->kv_dtype));
+    printf("deltanet     %u heads, dk %u, dv %u, conv %u\n", hp->ssm_heads, hp->ssm_dk, hp->ssm_dv,
+           hp->ssm_conv);
+    printf("parameters   %.3f M\n", (double)st_model_n_params(hp) / 1e6);
+    printf("state        %llu B per checkpoint, K/V %llu B per token\n",
+           (unsigned long long)st_model_state_bytes(hp),
+           (unsigned long long)st_model_kv_bytes_per_token(hp, hp->kv_dtype));
+    st_model_free(m);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    const char *model = NULL, *prompt = NULL, *system = NULL, *sess_in = NULL, *sess_out = NULL;
+    const char *dump = NULL;
+    unsigned long long n_gen = 16, seed = 1, v;
+    float temp = 0.0f;
+    int ignore_eos = 0, print_tokens = 0;
+    st_codec_id codec = ST_CODEC_FP32;
+    st_engine_opts eo;
+    st_engine_opts_default(&eo);
+    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    const char *cmd = argv[1];
+    if (strcmp(cmd, "generate") && strcmp(cmd, "info")) {
+        fprintf(stderr, "strata: unknown command %s\n", cmd);
+        usage(stderr);
+        return 2;
+    }
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--ignore-eos")) {
+            ignore_eos = 1;
+            continue;
+        }
+        if (!strcmp(a, "--tokens")) {
+            print_tokens = 1;
+            continue;
+        }
+        if (!strcmp(a, "--scalar")) {
+            eo.force_scalar = 1;
+            continue;
+        }
+        if (!val) {
+            fprintf(stderr, "strata: unknown or incomplete option %s\n", a);
+            return 2;
+        }
+        i++;
+        if (!strcmp(a, "-m") || !strcmp(a, "--model"))
+            model = val;
+        else if (!strcmp(a, "-p") || !strcmp(a, "--prompt"))
+            prompt = val;
+        else if (!strcmp(a, "--system"))
+            system = val;
+        else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
+            if (num(a, val, 1u << 24, &n_gen))
+                return 2;
+        } else if (!strcmp(a, "--temp")) {
+            char *end;
+            temp = strtof(val, &end);
+            if (*end || end == val || temp < 0.0f) {
+                fprintf(stderr, "strata: --temp needs a number >= 0\n");
+                return 2;
+            }
+        } else if (!strcmp(a, "--seed")) {
+            if (num(a, val, UINT64_MAX, &seed))
+                return 2;
+        } else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) {
+            if (num(a, val, 1024, &v))
+                return 2;
+            eo.n_threads = (uint32_t)v;
+        } else if (!strcmp(a, "--ubatch") || !strcmp(a, "-ub")) {
+            if (num(a, val, 65536, &v) || v == 0)
+                return 2;
+            eo.ubatch = (uint32_t)v;
+        } else if (!strcmp(a, "--ctx") || !strcmp(a, "-c")) {
+            if (num(a, val, 1u << 24, &v))
+                return 2;
+            eo.n_ctx = (uint32_t)v;
+        } else if (!strcmp(a, "--page-size")) {
+            if (num(a, val, 65536, &v) || v == 0)
+                return 2;
+            eo.page_size = (uint32_t)v;
+        } else if (!strcmp(a, "--kv-dtype")) {
+            if (!strcmp(val, "f16"))
+                eo.kv_dtype = ST_DTYPE_F16;
+            else if (!strcmp(val, "i8"))
+                eo.kv_dtype = ST_DTYPE_I8;
+            else {
+                fprintf(stderr, "strata: --kv-dtype f16 or i8\n");
+                return 2;
+            }
+        } else if (!strcmp(a, "--prompt-cache")) {
+            if (num(a, val, 64, &v))
+                return 2;
+            eo.prompt_cache = (uint32_t)v;
+        } else if (!strcmp(a, "--prompt-cache-every")) {
+            if (num(a, val, 1u << 24, &v))
+                return 2;
+            eo.prompt_cache_every = (uint32_t)v;
+        } else if (!strcmp(a, "--prompt-cache-root")) {
+            if (num(a, val, 1u << 24, &v))
+                return 2;
+            eo.prompt_cache_root = (uint32_t)v;
+        } else if (!strcmp(a, "--session-in"))
+            sess_in = val;
+        else if (!strcmp(a, "--session-out"))
+            sess_out = val;
+        else if (!strcmp(a, "--session-state-codec")) {
+            if (st_codec_parse(val, &codec) || (codec != ST_CODEC_FP32 && codec != ST_CODEC_BF16)) {
+                fprintf(stderr, "strata: --session-state-codec fp32 or bf16\n");
+                return 2;
+            }
+        } else if (!strcmp(a, "--dump-logits"))
+            dump = val;
+        else {
+            fprintf(stderr, "strata: unknown option %s\n", a);
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (!model) {
+        fprintf(stderr, "strata: -m MODEL is required\n");
+        return 2;
+    }
+    if (!strcmp(cmd, "info"))
+        return cmd_info(model);
+    if (!prompt)
+        prompt = "";
+
+    st_model *m = NULL;
+    st_engine *e = NULL;
+    st_slot *s = NULL;
+    st_image *img = NULL;
+    uint32_t *toks = NULL, *gen = NULL;
+    int rc, ret = 1;
+    double t0 = now_s();
+    if ((rc = st_model_load(model, &m))) {
+        ret = fail("loading the model", rc);
+        goto done;
+    }
+    if ((rc = st_engine_new(m, &eo, &e))) {
+        ret = fail("starting the engine", rc);
+        goto done;
+    }
+    if ((rc = st_slot_new(e, &s))) {
+        ret = fail("creating a slot", rc);
+        goto done;
+    }
+    const st_engine_opts *o = st_engine_opts_get(e);
+    double t_load = now_s() - t0;
+    fprintf(stderr, "strata: model %s loaded in %.3f s (%s, %u threads, ubatch %u, context %u)\n",
+            model, t_load, st_engine_isa(e), o->n_threads, o->ubatch, o->n_ctx);
+
+    size_t sys_len = system ? strlen(system) : 0, p_len = strlen(prompt);
+    uint64_t held = 0, system_end = 0;
+    if (sess_in) {
+        double tr = now_s();
+        if ((rc = st_file_read(sess_in, NULL, &img))) {
+            ret = fail("reading the session", rc);
+            goto done;
+        }
+        if ((rc = st_slot_restore(s, img))) {
+            ret = fail("restoring the session", rc);
+            goto done;
+        }
+        st_image_free(img);
+        img = NULL;
+        held = st_slot_n_tokens(s);
+        fprintf(stderr, "strata: restored %s: %llu tokens in %.3f s\n", sess_in,
+                (unsigned long long)held, now_s() - tr);
+    }
+    /* the conversation: what is held, then BOS (new) or a turn separator (continued), the
+     * system prompt and the prompt */
+    uint64_t cap = held + 2 + sys_len + p_len;
+    toks = malloc(cap * sizeof *toks);
+    gen = malloc((n_gen ? n_gen : 1) * sizeof *gen);
+    if (!toks || !gen) {
+        fprintf(stderr, "strata: out of memory\n");
+        goto done;
+    }
+    uint64_t n = 0;
+    if (held)
+        memcpy(toks, st_slot_tokens(s), held * sizeof *toks);
+    n = held;
+    if (!held || sys_len || p_len)
+        toks[n++] = held ? ST_TOKEN_SEP : ST_TOKEN_BOS;
+    if (sys_len) {
+        n += st_tokenize(system, sys_len, toks + n, sys_len);
+        system_end = n;
+        if (p_len)
+            toks[n++] = ST_TOKEN_SEP;
+    }
+    n += st_tokenize(prompt, p_len, toks + n, p_len);
+    double tp = now_s();
+    st_eval_stats es = {0};
+    if (n > held || !st_slot_logits(s, NULL)) {
+        if ((rc = st_slot_eval(s, toks, n, system_end, &es))) {
+            ret = fail("reading the prompt", rc);
+            goto done;
+        }
+    }
+    double t_prompt = now_s() - tp;
+    double tg = now_s();
+    uint64_t n_out = 0;
+    for (uint64_t i = 0; i < n_gen; i++) {
+        uint32_t tok;
+        if ((rc = st_slot_sample(s, temp, seed, &tok))) {
+            ret = fail("sampling", rc);
+            goto done;
+        }
+        gen[n_out++] = tok;
+        if (print_tokens) {
+            printf("%s%u", n_out > 1 ? " " : "", tok);
+        } else if (tok < 256) {
+            char ch = (char)tok;
+            fwrite(&ch, 1, 1, stdout);
+        }
+        if ((rc = st_slot_decode(s, tok))) {
+            ret = fail("decoding", rc);
+            goto done;
+        }
+        if (tok == ST_TOKEN_EOS && !ignore_eos)
+            break;
+    }
+    if (print_tokens)
+        printf("\n");
+    fflush(stdout);
+    double t_gen = now_s() - tg;
+    fprintf(stderr,
+            "strata: prompt %llu tokens (%llu reused, %llu read) in %.3f s (%.1f tok/s); "
+            "generated %llu tokens in %.3f s (%.1f tok/s)\n",
+            (unsigned long long)(n - held), (unsigned long long)es.reused,
+            (unsigned long long)es.computed, t_prompt,
+            t_prompt > 0 ? (double)es.computed / t_prompt : 0.0, (unsigned long long)n_out, t_gen,
+            t_gen > 0 ? (double)n_out / t_gen : 0.0);
+    if (dump) {
+        uint32_t nl = 0;
+        const float *l = st_slot_logits(s, &nl);
+        FILE *f = fopen(dump, "wb");
+        if (!f || fwrite(l, sizeof *l, nl, f) != nl || fclose(f) != 0) {
+            fprintf(stderr, "strata: writing %s: %s\n", dump, strerror(errno));
+            goto done;
+        }
+    }
+    if (sess_out) {
+        double ts = now_s();
+        if ((rc = st_slot_snapshot(s, ST_SNAPSHOT_SESSION, codec, &img))) {
+            ret = fail("snapshot", rc);
+            goto done;
+        }
+        if ((rc = st_file_write(img, sess_out, NULL))) {
+            ret = fail("writing the session", rc);
+            goto done;
+        }
+        fprintf(stderr, "strata: saved %s: %llu tokens, %s running state, in %.3f s\n", sess_out,
+                (unsigned long long)st_slot_n_tokens(s), st_codec_name(codec), now_s() - ts);
+    }
+    ret = 0;
+done:
+    st_image_free(img);
+    free(toks);
+    free(gen);
+    st_slot_free(s);
+    st_engine_free(e);
+    st_model_free(m);
+    return ret;
+}
