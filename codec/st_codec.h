@@ -52,7 +52,8 @@ const char *st_strerror(int rc);
 const char *st_errdetail(void);
 
 /* Record a detail for rc on this thread and return rc, so that code can `return st_error_set(...)`.
- * printf-style; the text is truncated at 511 bytes. */
+ * printf-style; the text is truncated at 511 bytes. The arguments may include st_errdetail() (to
+ * wrap a lower layer's detail). */
 int st_error_set(int rc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Clear this thread's detail. */

@@ -48,10 +48,14 @@ const char *st_errdetail(void)
 
 int st_error_set(int rc, const char *fmt, ...)
 {
+    char buf[sizeof st_detail];
     va_list ap;
+    /* through a local buffer: callers may pass st_errdetail() itself as an argument, to wrap the
+     * detail of a lower layer, and vsnprintf into the buffer it reads from is undefined */
     va_start(ap, fmt);
-    vsnprintf(st_detail, sizeof st_detail, fmt, ap);
+    vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
+    memcpy(st_detail, buf, strlen(buf) + 1);
     return rc;
 }
 

@@ -16,7 +16,9 @@
  *    declared size fits dst_cap; it succeeds only when the zstd frame's content size equals the
  *    declared size, the whole output was produced, the checksum matched and no byte follows.
  * 3. The header is canonical: one content has exactly one valid header for a given shuffle
- *    width, so a flipped header bit is always an error rather than a different reading.
+ *    width, so a flipped header bit is always an error rather than a different reading. Which
+ *    valid width was used is not protected (zstd's checksum covers the shuffled bytes): the
+ *    container checks the width it expects at byte 5 (st_file.c does).
  * 4. Shuffle works block by block (ST_FRAME_BLOCK input bytes, the last block may be short):
  *    within a block of nelem whole elements, plane p holds byte p of every element; the
  *    len % width bytes that do not make a whole element stay unshuffled at the block's end.

@@ -289,6 +289,15 @@ int st_migrate_diff(const st_image *a, const st_image *b, st_diff *out)
         j++;
     }
 
+    /* The engine's state hash travels with the state: files that carry different ones differ. */
+    if (st_image_state_hash(a) != st_image_state_hash(b)) {
+        size_t used = strlen(out->note);
+        snprintf(out->note + used, sizeof out->note - used, "%sstate hash %016llx vs %016llx",
+                 used ? "; " : "", (unsigned long long)st_image_state_hash(a),
+                 (unsigned long long)st_image_state_hash(b));
+        out->identical = 0;
+    }
+
     uint32_t nla, nlb;
     const float *la = st_image_logits(a, &nla), *lb = st_image_logits(b, &nlb);
     if (nla || nlb) {

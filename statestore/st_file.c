@@ -5,12 +5,14 @@
  * Invariants of the reader:
  * 1. Every length read from the input is compared with the bytes that remain (in the file, or in
  *    the section) before anything is allocated for it, with overflow-safe arithmetic.
- * 2. Allocation is bounded by the file size plus the decoded sizes that compressed frames declare;
- *    a frame must declare exactly its tensor's stored size, and the declared total is capped
- *    (st_file_read_opts.max_decoded_bytes).
+ * 2. Allocation is bounded by about twice the file size plus the decoded sizes that compressed
+ *    frames declare; a frame must declare exactly its tensor's stored size, and the declared total
+ *    is capped (st_file_read_opts.max_decoded_bytes). A checkpoint is one allocation (its tensors
+ *    aligned within it, st_store_int.h), never one per tensor, so no file shape multiplies this.
  * 3. Sections are consumed strictly in order; each one is hashed while it is read and its
  *    checksum compared before the next begins. The geometry and a compressed checkpoint's frames
- *    are checksummed before they are parsed or decoded. When an error that damage could explain
+ *    are checksummed before they are parsed, and every frame header of a checkpoint is checked
+ *    before its memory is allocated and its frames decoded. When an error that damage could explain
  *    (an unknown codec) is found inside a section, the rest of the section is hashed first and a
  *    checksum mismatch is reported instead, because that is what a damaged byte really is. Memory
  *    input is checksummed whole (every section) before parsing starts.
@@ -577,6 +579,7 @@ static int st_w_checkpoint(st_writer *w, uint32_t ci)
     rc = st_w_data(w, hdr, sizeof hdr, 0);
     for (uint32_t i = 0; i < img->g.n_tensors && !rc; i++) {
         const st_tensor_desc *t = &img->tensors[i];
+        const uint8_t *src;
         uint64_t n;
         size_t bound, flen;
         uint8_t lenbuf[8];
@@ -584,8 +587,9 @@ static int st_w_checkpoint(st_writer *w, uint32_t ci)
         if (t->role != ST_ROLE_RUNNING)
             continue;
         n = st_tensor_stored_bytes(t, c->codec);
+        src = c->data + st_ckpt_offset(img, c->codec, i);
         if (!compressed) {
-            rc = st_w_data(w, c->t[i], n, 1);
+            rc = st_w_data(w, src, n, 1);
             continue;
         }
         if (n > SIZE_MAX / 2)
@@ -600,7 +604,7 @@ static int st_w_checkpoint(st_writer *w, uint32_t ci)
             w->fbuf = nb;
             w->fbuf_cap = bound;
         }
-        rc = st_frame_encode(w->fctx, w->fbuf, w->fbuf_cap, c->t[i], (size_t)n,
+        rc = st_frame_encode(w->fctx, w->fbuf, w->fbuf_cap, src, (size_t)n,
                              w->shuffle ? st_stored_elem_size(t, c->codec) : 0, w->level, &flen);
         if (rc) {
             char d[400];
@@ -832,10 +836,26 @@ typedef struct st_hdr {
     uint64_t n_tokens;
 } st_hdr;
 
-static int st_hdr_parse(const st_src *s, st_hdr *h)
+static void st_insp_note(st_file_info *info, int rc);
+
+/* A header check failed with rc (its detail recorded). The reader stops there; inspect (info
+ * set) notes the problem and goes on, so that it can still show what the file holds. */
+static int st_hdr_bad(st_file_info *info, int rc)
+{
+    if (!info)
+        return rc;
+    st_insp_note(info, rc);
+    return 0;
+}
+
+/* Parse and check the file header. With info (inspect), only a header that cannot be read at all
+ * (not Strata, an unknown version, shorter than 64 bytes) stops; other failed checks are noted in
+ * info and n_sections is limited to what the file can hold. */
+static int st_hdr_parse(const st_src *s, st_hdr *h, st_file_info *info)
 {
     uint8_t b[ST_HDR_LEN];
     size_t have = s->len < ST_HDR_LEN ? (size_t)s->len : ST_HDR_LEN;
+    uint64_t fit;
     uint32_t v;
     int rc;
 
@@ -862,30 +882,42 @@ static int st_hdr_parse(const st_src *s, st_hdr *h)
     if (have < ST_HDR_LEN)
         return st_error_set(ST_ECORRUPT, "header: the file is %zu bytes, a header needs %u (truncated)",
                             have, ST_HDR_LEN);
-    if (!ST_SUM_OK(st_checksum(b, 56), get64(b + 56)))
-        return st_error_set(ST_ECORRUPT, "header at offset 0: checksum mismatch (recorded %016llx, "
-                            "computed %016llx)", (unsigned long long)get64(b + 56),
-                            (unsigned long long)st_checksum(b, 56));
-    if (get32(b + 12) != ST_HDR_LEN)
-        return st_error_set(ST_ECORRUPT, "header at offset 12: header_len %u, must be %u", get32(b + 12),
-                            ST_HDR_LEN);
-    if (get32(b + 16) != 0)
-        return st_error_set(ST_ECORRUPT, "header at offset 16: flags 0x%x, reserved bits must be 0",
-                            get32(b + 16));
-    if (get64(b + 48) != 0)
-        return st_error_set(ST_ECORRUPT, "header at offset 48: reserved field is %llu, must be 0",
-                            (unsigned long long)get64(b + 48));
     h->n_sections = get32(b + 20);
     h->file_len = get64(b + 24);
     h->state_hash = get64(b + 32);
     h->n_tokens = get64(b + 40);
-    if (h->file_len != s->len)
-        return st_error_set(ST_ECORRUPT, "header: the file is %llu bytes but its header says %llu (%s)",
-                            (unsigned long long)s->len, (unsigned long long)h->file_len,
-                            s->len < h->file_len ? "truncated" : "extended");
-    if (h->n_sections < 3 || h->n_sections > (s->len - ST_HDR_LEN) / ST_SEC_HDR_LEN)
-        return st_error_set(ST_ECORRUPT, "header at offset 20: %u sections cannot fit in %llu bytes "
-                            "(at least 3 are needed)", h->n_sections, (unsigned long long)s->len);
+    if (!ST_SUM_OK(st_checksum(b, 56), get64(b + 56)) &&
+        (rc = st_hdr_bad(info, st_error_set(ST_ECORRUPT, "header at offset 0: checksum mismatch "
+                                            "(recorded %016llx, computed %016llx)",
+                                            (unsigned long long)get64(b + 56),
+                                            (unsigned long long)st_checksum(b, 56)))))
+        return rc;
+    if (get32(b + 12) != ST_HDR_LEN &&
+        (rc = st_hdr_bad(info, st_error_set(ST_ECORRUPT, "header at offset 12: header_len %u, must be "
+                                            "%u", get32(b + 12), ST_HDR_LEN))))
+        return rc;
+    if (get32(b + 16) != 0 &&
+        (rc = st_hdr_bad(info, st_error_set(ST_ECORRUPT, "header at offset 16: flags 0x%x, reserved "
+                                            "bits must be 0", get32(b + 16)))))
+        return rc;
+    if (get64(b + 48) != 0 &&
+        (rc = st_hdr_bad(info, st_error_set(ST_ECORRUPT, "header at offset 48: reserved field is "
+                                            "%llu, must be 0", (unsigned long long)get64(b + 48)))))
+        return rc;
+    if (h->file_len != s->len &&
+        (rc = st_hdr_bad(info, st_error_set(ST_ECORRUPT, "header: the file is %llu bytes but its "
+                                            "header says %llu (%s)", (unsigned long long)s->len,
+                                            (unsigned long long)h->file_len,
+                                            s->len < h->file_len ? "truncated" : "extended"))))
+        return rc;
+    fit = (s->len - ST_HDR_LEN) / ST_SEC_HDR_LEN;
+    if ((h->n_sections < 3 || h->n_sections > fit) &&
+        (rc = st_hdr_bad(info, st_error_set(ST_ECORRUPT, "header at offset 20: %u sections cannot fit "
+                                            "in %llu bytes (at least 3 are needed)", h->n_sections,
+                                            (unsigned long long)s->len))))
+        return rc;
+    if (h->n_sections > fit)
+        h->n_sections = (uint32_t)fit; /* inspect: walk what the file can hold */
     return 0;
 }
 
@@ -1210,6 +1242,22 @@ static int st_rd_geometry(st_reader *r, st_sec *sec)
     return st_sec_end(r, sec);
 }
 
+/* Append checkpoint (position, codec) to the image being read, with a zeroed block for its
+ * tensors (zeroed so that alignment padding is zero, as in every image). */
+static int st_rd_ckpt_block(st_image *img, uint64_t position, uint32_t codec, uint8_t **data)
+{
+    uint32_t ci;
+    uint64_t n = img->ckpt_bytes[codec];
+    int rc = st_image_ckpt_append_empty(img, position, codec, &ci);
+    if (rc)
+        return rc;
+    img->ckpt[ci].data = calloc(n ? (size_t)n : 1, 1);
+    if (!img->ckpt[ci].data)
+        return st_error_set(ENOMEM, "read: out of memory for %llu bytes", (unsigned long long)n);
+    *data = img->ckpt[ci].data;
+    return 0;
+}
+
 static int st_rd_checkpoint(st_reader *r, st_sec *sec, uint32_t ci)
 {
     st_image *img = r->img;
@@ -1247,14 +1295,30 @@ static int st_rd_checkpoint(st_reader *r, st_sec *sec, uint32_t ci)
                           (unsigned long long)position, ci - 1,
                           (unsigned long long)img->ckpt[ci - 1].position);
     if (!(cflags & ST_CFLAG_ZSTD)) {
+        uint8_t *data;
         rc = st_sec_expect_len(sec, ST_CKPT_HDR + st_ckpt_stored_total(g, codec), "its tensors");
         if (rc)
             return rc;
+        /* the block is at most twice the section (alignment padding) */
+        rc = st_rd_ckpt_block(img, position, codec, &data);
+        for (uint32_t i = 0; i < g->n_tensors && !rc; i++) {
+            const st_tensor_desc *t = &g->tensors[i];
+            char what[96];
+            if (t->role != ST_ROLE_RUNNING)
+                continue;
+            snprintf(what, sizeof what, "tensor %u (\"%s\")", i, t->name);
+            rc = st_sec_read(r, sec, data + st_ckpt_offset(img, codec, i),
+                             st_tensor_stored_bytes(t, codec), what);
+        }
+        return rc;
     }
-    if (cflags & ST_CFLAG_ZSTD) {
-        /* The frames are read whole (bounded by the section, so by the file) and the checksum is
-         * compared before any of them is decoded: damage is reported as damage, and a damaged
-         * file costs no decompressor. */
+
+    /* Compressed. The frames are read whole (bounded by the section, so by the file) and the
+     * checksum is compared before any of them is looked at: damage is reported as damage, and a
+     * damaged file costs no decompressor. Then every frame header is checked (lengths that fill
+     * the section, declared sizes equal to the tensors', shuffle widths as the flags say) and the
+     * decoded total held to the cap before the block is allocated and the frames decoded. */
+    {
         uint64_t sum;
         body_len = sec->length - sec->done;
         rc = st_sec_view(r, sec, (size_t)body_len, &body, "the frames");
@@ -1265,28 +1329,16 @@ static int st_rd_checkpoint(st_reader *r, st_sec *sec, uint32_t ci)
             return st_sec_err(ST_ECORRUPT, sec, "checksum mismatch (recorded %016llx, computed %016llx)",
                               (unsigned long long)sec->checksum, (unsigned long long)sum);
     }
-    rc = st_image_ckpt_append_empty(img, position, codec, NULL);
-    if (rc)
-        return rc;
     for (uint32_t i = 0; i < g->n_tensors; i++) {
         const st_tensor_desc *t = &g->tensors[i];
         uint64_t n, flen, dsz;
-        size_t out_len;
+        unsigned es, want_width;
         char what[96];
 
         if (t->role != ST_ROLE_RUNNING)
             continue;
         n = st_tensor_stored_bytes(t, codec);
         snprintf(what, sizeof what, "tensor %u (\"%s\")", i, t->name);
-        if (!(cflags & ST_CFLAG_ZSTD)) {
-            img->ckpt[ci].t[i] = malloc((size_t)(n ? n : 1));
-            if (!img->ckpt[ci].t[i])
-                return st_error_set(ENOMEM, "read: out of memory for %llu bytes", (unsigned long long)n);
-            rc = st_sec_read(r, sec, img->ckpt[ci].t[i], n, what);
-            if (rc)
-                return rc;
-            continue;
-        }
         if (body_len - at < 8)
             return st_sec_err(ST_ECORRUPT, sec, "%s: the frame length needs 8 bytes at payload offset "
                               "%llu, only %llu remain in the section", what,
@@ -1298,40 +1350,68 @@ static int st_rd_checkpoint(st_reader *r, st_sec *sec, uint32_t ci)
                               (unsigned long long)(ST_CKPT_HDR + at + 8),
                               (unsigned long long)(body_len - at - 8));
         p = body + at + 8;
-        at += 8 + flen;
         rc = st_frame_decoded_size(p, (size_t)flen, &dsz);
         if (rc) {
             char d[300];
             snprintf(d, sizeof d, "%s", st_errdetail());
-            return st_sec_err(rc, sec, "%s: bad frame: %s", what, d);
+            return st_sec_err(rc, sec, "%s: bad frame at payload offset %llu: %s", what,
+                              (unsigned long long)(ST_CKPT_HDR + at + 8), d);
         }
         if (dsz != n)
             return st_sec_err(ST_ECORRUPT, sec, "%s: frame declares %llu bytes, the tensor has %llu",
                               what, (unsigned long long)dsz, (unsigned long long)n);
-        if (dsz > r->max_decoded - r->decoded)
-            return st_sec_err(ST_ETOOBIG, sec, "%s: decompressed sizes exceed the limit of %llu bytes",
-                              what, (unsigned long long)r->max_decoded);
-        r->decoded += dsz;
-        img->ckpt[ci].t[i] = malloc((size_t)(n ? n : 1));
-        if (!img->ckpt[ci].t[i])
-            return st_error_set(ENOMEM, "read: out of memory for %llu bytes", (unsigned long long)n);
+        /* a valid frame header has its shuffle width at byte 5 (docs/CODECS.md) */
+        es = st_stored_elem_size(t, codec);
+        want_width = (cflags & ST_CFLAG_SHUFFLE) && es >= 2 ? es : 0;
+        if (p[5] != want_width)
+            return st_sec_err(ST_ECORRUPT, sec, "%s: frame shuffle width %u, the checkpoint flags "
+                              "0x%x want %u", what, p[5], cflags, want_width);
+        at += 8 + flen;
+    }
+    if (at != body_len)
+        return st_sec_err(ST_ECORRUPT, sec, "%llu bytes follow the last frame",
+                          (unsigned long long)(body_len - at));
+    {
+        uint64_t total = st_ckpt_stored_total(g, codec);
+        if (total > r->max_decoded - r->decoded)
+            return st_sec_err(ST_ETOOBIG, sec, "decompressed sizes exceed the limit of %llu bytes",
+                              (unsigned long long)r->max_decoded);
+        r->decoded += total;
+    }
+    {
+        uint8_t *data;
+        rc = st_rd_ckpt_block(img, position, codec, &data);
+        if (rc)
+            return rc;
         if (!r->fctx) {
             r->fctx = st_frame_ctx_new();
             if (!r->fctx)
                 return st_error_set(ENOMEM, "read: out of memory for the decompressor");
         }
-        rc = st_frame_decode(r->fctx, img->ckpt[ci].t[i], (size_t)n, p, (size_t)flen, &out_len);
-        if (!rc && out_len != n)
-            rc = st_error_set(ST_ECORRUPT, "decoded %zu bytes", out_len);
-        if (rc) {
-            char d[300];
-            snprintf(d, sizeof d, "%s", st_errdetail());
-            return st_sec_err(rc, sec, "%s: frame does not decode: %s", what, d);
+        at = 0;
+        for (uint32_t i = 0; i < g->n_tensors; i++) {
+            const st_tensor_desc *t = &g->tensors[i];
+            uint64_t n, flen;
+            size_t out_len;
+
+            if (t->role != ST_ROLE_RUNNING)
+                continue;
+            n = st_tensor_stored_bytes(t, codec);
+            flen = get64(body + at);
+            p = body + at + 8;
+            at += 8 + flen;
+            rc = st_frame_decode(r->fctx, data + st_ckpt_offset(img, codec, i), (size_t)n, p,
+                                 (size_t)flen, &out_len);
+            if (!rc && out_len != n)
+                rc = st_error_set(ST_ECORRUPT, "decoded %zu bytes", out_len);
+            if (rc) {
+                char d[300];
+                snprintf(d, sizeof d, "%s", st_errdetail());
+                return st_sec_err(rc, sec, "tensor %u (\"%s\"): frame does not decode: %s", i,
+                                  t->name, d);
+            }
         }
     }
-    if (cflags & ST_CFLAG_ZSTD && at != body_len)
-        return st_sec_err(ST_ECORRUPT, sec, "%llu bytes follow the last frame",
-                          (unsigned long long)(body_len - at));
     return 0;
 }
 
@@ -1382,7 +1462,7 @@ static int st_rd_run(st_reader *r)
     uint32_t s, ci = 0, n_kv = 0;
     int rc;
 
-    rc = st_hdr_parse(&r->src, &r->hdr);
+    rc = st_hdr_parse(&r->src, &r->hdr, NULL);
     if (rc)
         return rc;
     if (r->src.mem) {
@@ -1537,7 +1617,9 @@ static int st_open_regular(const char *path, int *fd, uint64_t *len)
     *fd = -1;
     if (!path)
         return st_error_set(ST_EINVAL, "read: NULL path");
-    *fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused below); reads of a
+     * regular file ignore the flag */
+    *fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (*fd < 0) {
         e = errno;
         return st_error_set(e, "%s: %s", path, strerror(e));
@@ -1635,10 +1717,10 @@ static void st_insp_section(st_insp *in, st_file_section_info *si, uint32_t s, u
                      (unsigned long long)si->offset, got, want);
         st_insp_note(info, ST_ECORRUPT);
     }
-    if (si->type == ST_SECTION_TOKENS && si->length != info->n_tokens * 4) {
+    if (si->type == ST_SECTION_TOKENS && si->length != st_mul_sat(info->n_tokens, 4)) {
         st_sec_err(ST_ECORRUPT, &sec, "length %llu, but %llu tokens need %llu",
                    (unsigned long long)si->length, (unsigned long long)info->n_tokens,
-                   (unsigned long long)info->n_tokens * 4);
+                   (unsigned long long)st_mul_sat(info->n_tokens, 4));
         st_insp_note(info, ST_ECORRUPT);
     }
     if (si->type == ST_SECTION_KV && have_geom && si->index < g->n_tensors &&
@@ -1733,14 +1815,15 @@ static int st_insp_run(st_insp *in)
     uint32_t n_kv = 0, ci = 0, *kv_index = NULL;
     int rc;
 
-    rc = st_hdr_parse(&in->src, &h);
+    rc = st_hdr_parse(&in->src, &h, info);
     info->version = h.version;
     info->file_len = in->src.len;
     if (rc)
         return rc;
     info->state_hash = h.state_hash;
     info->n_tokens = h.n_tokens;
-    info->sections = calloc(h.n_sections, sizeof *info->sections); /* n_sections <= file_len / 32 */
+    /* n_sections <= (file size - 64) / 32: the array is under twice the file */
+    info->sections = calloc(h.n_sections ? h.n_sections : 1, sizeof *info->sections);
     in->chunk = malloc(in->src.len < ST_IO_CHUNK ? (size_t)in->src.len : ST_IO_CHUNK);
     if (!info->sections || !in->chunk)
         return st_error_set(ENOMEM, "inspect: out of memory");
@@ -1873,17 +1956,16 @@ int st_file_inspect(const char *path, st_file_info *info)
     memset(&in, 0, sizeof in);
     in.info = info;
     in.src.fd = -1;
-    rc = st_open_regular(path, &in.src.fd, &in.src.len);
+    rc = st_open_regular(path, &in.src.fd, &in.src.len); /* its errors name the path */
     if (!rc) {
         info->all_ok = 1;
         rc = st_insp_run(&in);
         close(in.src.fd);
         free(in.chunk);
+        if (rc)
+            st_error_set(rc, "%s: %s", path, st_errdetail());
     }
     if (rc) {
-        char d[400];
-        snprintf(d, sizeof d, "%s", st_errdetail());
-        st_error_set(rc, "%s: %s", path ? path : "(null)", d);
         info->all_ok = 0;
         if (!info->first_error) {
             info->first_error = rc;

@@ -236,14 +236,25 @@ static uint8_t *st_alloc0(uint64_t n)
     return calloc(n ? (size_t)n : 1, 1);
 }
 
-static void st_ckpt_release(const st_image *img, st_ckpt *c)
+/* Lay out a checkpoint block for each codec: running tensors in geometry order, each aligned to
+ * its stored element size. The geometry was checked, so no sum here can overflow. */
+static void st_ckpt_layout(st_image *img)
 {
-    if (!c->t)
-        return;
-    for (uint32_t i = 0; i < img->g.n_tensors; i++)
-        free(c->t[i]);
-    free(c->t);
-    c->t = NULL;
+    for (uint32_t codec = 0; codec < ST_CODEC_COUNT; codec++) {
+        uint64_t off = 0;
+        for (uint32_t i = 0; i < img->g.n_tensors; i++) {
+            const st_tensor_desc *t = &img->tensors[i];
+            uint64_t es;
+            img->ckpt_off[(size_t)codec * img->g.n_tensors + i] = 0;
+            if (t->role != ST_ROLE_RUNNING)
+                continue;
+            es = t->dtype == ST_DTYPE_F32 ? st_codec_elem_size(codec) : st_dtype_size(t->dtype);
+            off = (off + es - 1) / es * es;
+            img->ckpt_off[(size_t)codec * img->g.n_tensors + i] = off;
+            off += st_tensor_stored_bytes(t, codec);
+        }
+        img->ckpt_bytes[codec] = off;
+    }
 }
 
 void st_image_free(st_image *img)
@@ -251,8 +262,9 @@ void st_image_free(st_image *img)
     if (!img)
         return;
     for (uint32_t c = 0; c < img->n_ckpt; c++)
-        st_ckpt_release(img, &img->ckpt[c]);
+        free(img->ckpt[c].data);
     free(img->ckpt);
+    free(img->ckpt_off);
     if (img->kv)
         for (uint32_t i = 0; i < img->g.n_tensors; i++)
             free(img->kv[i]);
@@ -280,8 +292,10 @@ int st_image_create(st_image **out, const st_geometry *g)
     img->g = *g;
     img->tensors = calloc(g->n_tensors ? g->n_tensors : 1, sizeof *img->tensors);
     img->kv = calloc(g->n_tensors ? g->n_tensors : 1, sizeof *img->kv);
+    img->ckpt_off = calloc((size_t)ST_CODEC_COUNT * (g->n_tensors ? g->n_tensors : 1),
+                           sizeof *img->ckpt_off);
     img->tokens = malloc(sizeof(uint32_t));
-    if (!img->tensors || !img->kv || !img->tokens)
+    if (!img->tensors || !img->kv || !img->ckpt_off || !img->tokens)
         goto nomem;
     if (g->n_tensors)
         memcpy(img->tensors, g->tensors, g->n_tensors * sizeof *img->tensors);
@@ -297,6 +311,7 @@ int st_image_create(st_image **out, const st_geometry *g)
                 goto nomem;
         }
     }
+    st_ckpt_layout(img);
     *out = img;
     return 0;
 nomem:
@@ -422,9 +437,7 @@ int st_image_ckpt_append_empty(st_image *img, uint64_t position, uint32_t codec,
     c = &img->ckpt[img->n_ckpt];
     c->position = position;
     c->codec = codec;
-    c->t = calloc(img->g.n_tensors ? img->g.n_tensors : 1, sizeof *c->t);
-    if (!c->t)
-        return st_error_set(ENOMEM, "checkpoint add: out of memory");
+    c->data = NULL;
     if (index)
         *index = img->n_ckpt;
     img->n_ckpt++;
@@ -437,15 +450,11 @@ int st_image_checkpoint_add(st_image *img, uint64_t position, uint32_t codec, ui
     int rc = st_image_ckpt_append_empty(img, position, codec, &ci);
     if (rc)
         return rc;
-    for (uint32_t i = 0; i < img->g.n_tensors; i++) {
-        if (img->tensors[i].role != ST_ROLE_RUNNING)
-            continue;
-        img->ckpt[ci].t[i] = st_alloc0(st_tensor_stored_bytes(&img->tensors[i], codec));
-        if (!img->ckpt[ci].t[i]) {
-            st_ckpt_release(img, &img->ckpt[ci]);
-            img->n_ckpt--;
-            return st_error_set(ENOMEM, "checkpoint add: out of memory for tensor %u", i);
-        }
+    img->ckpt[ci].data = st_alloc0(img->ckpt_bytes[codec]);
+    if (!img->ckpt[ci].data) {
+        img->n_ckpt--;
+        return st_error_set(ENOMEM, "checkpoint add: out of memory for %llu bytes",
+                            (unsigned long long)img->ckpt_bytes[codec]);
     }
     if (index)
         *index = ci;
@@ -484,15 +493,15 @@ const void *st_image_checkpoint_tensor_const(const st_image *img, uint32_t ci, u
         return NULL;
     if (len)
         *len = st_tensor_stored_bytes(&img->tensors[ti], img->ckpt[ci].codec);
-    return img->ckpt[ci].t[ti];
+    return img->ckpt[ci].data + st_ckpt_offset(img, img->ckpt[ci].codec, ti);
 }
 
 int st_image_checkpoint_recode(st_image *img, uint32_t ci, uint32_t codec, void *scratch,
                                size_t scratch_cap)
 {
-    uint8_t **nt = NULL;
+    uint8_t *nd;
     st_ckpt *c;
-    int rc = 0;
+    int rc;
 
     if (!img || ci >= img->n_ckpt)
         return st_error_set(ST_ENOTFOUND, "checkpoint %u: no such checkpoint", ci);
@@ -502,49 +511,45 @@ int st_image_checkpoint_recode(st_image *img, uint32_t ci, uint32_t codec, void 
     c = &img->ckpt[ci];
     if (c->codec == codec)
         return 0;
-    nt = calloc(img->g.n_tensors ? img->g.n_tensors : 1, sizeof *nt);
-    if (!nt)
-        return st_error_set(ENOMEM, "checkpoint recode: out of memory");
+    nd = st_alloc0(img->ckpt_bytes[codec]);
+    if (!nd)
+        return st_error_set(ENOMEM, "checkpoint %u recode: out of memory for %llu bytes", ci,
+                            (unsigned long long)img->ckpt_bytes[codec]);
     for (uint32_t i = 0; i < img->g.n_tensors; i++) {
         const st_tensor_desc *t = &img->tensors[i];
-        uint64_t n;
-        if (t->role != ST_ROLE_RUNNING || t->dtype != ST_DTYPE_F32)
+        uint8_t *dst;
+        const uint8_t *src;
+        if (t->role != ST_ROLE_RUNNING)
             continue;
-        n = st_tensor_elems(t);
-        nt[i] = st_alloc0(st_tensor_stored_bytes(t, codec));
-        if (!nt[i]) {
-            rc = st_error_set(ENOMEM, "checkpoint recode: out of memory for tensor %u", i);
-            goto done;
+        dst = nd + st_ckpt_offset(img, codec, i);
+        src = c->data + st_ckpt_offset(img, c->codec, i);
+        if (t->dtype != ST_DTYPE_F32) { /* other dtypes are stored unchanged */
+            memcpy(dst, src, (size_t)st_tensor_stored_bytes(t, codec));
+            continue;
         }
-        rc = st_codec_convert(codec, nt[i], c->codec, c->t[i], (size_t)n, scratch, scratch_cap);
+        rc = st_codec_convert(codec, dst, c->codec, src, (size_t)st_tensor_elems(t), scratch,
+                              scratch_cap);
         if (rc) {
-            if (!st_errdetail()[0])
-                st_error_set(rc, "checkpoint %u recode %s -> %s: tensor %u (\"%s\") failed", ci,
-                             st_codec_name(c->codec), st_codec_name(codec), i, t->name);
-            goto done;
+            char d[400];
+            snprintf(d, sizeof d, "%s", st_errdetail());
+            st_error_set(rc, "checkpoint %u recode %s -> %s: tensor %u (\"%s\"): %s", ci,
+                         st_codec_name(c->codec), st_codec_name(codec), i, t->name, d);
+            free(nd);
+            return rc;
         }
     }
-    /* every conversion succeeded: swap the f32 tensors in, other dtypes stay as they are */
-    for (uint32_t i = 0; i < img->g.n_tensors; i++) {
-        if (!nt[i])
-            continue;
-        free(c->t[i]);
-        c->t[i] = nt[i];
-        nt[i] = NULL;
-    }
+    /* every conversion succeeded: the new block replaces the old one */
+    free(c->data);
+    c->data = nd;
     c->codec = codec;
-done:
-    for (uint32_t i = 0; i < img->g.n_tensors; i++)
-        free(nt[i]);
-    free(nt);
-    return rc;
+    return 0;
 }
 
 int st_image_checkpoint_remove(st_image *img, uint32_t ci)
 {
     if (!img || ci >= img->n_ckpt)
         return st_error_set(ST_ENOTFOUND, "checkpoint %u: no such checkpoint", ci);
-    st_ckpt_release(img, &img->ckpt[ci]);
+    free(img->ckpt[ci].data);
     memmove(&img->ckpt[ci], &img->ckpt[ci + 1], (img->n_ckpt - ci - 1) * sizeof *img->ckpt);
     img->n_ckpt--;
     return 0;
@@ -665,10 +670,7 @@ int st_image_clone(st_image **out, const st_image *img)
         rc = st_image_checkpoint_add(c, img->ckpt[k].position, img->ckpt[k].codec, &ci);
         if (rc)
             goto fail;
-        for (uint32_t i = 0; i < img->g.n_tensors; i++)
-            if (img->tensors[i].role == ST_ROLE_RUNNING)
-                memcpy(c->ckpt[ci].t[i], img->ckpt[k].t[i],
-                       (size_t)st_tensor_stored_bytes(&img->tensors[i], img->ckpt[k].codec));
+        memcpy(c->ckpt[ci].data, img->ckpt[k].data, (size_t)img->ckpt_bytes[img->ckpt[k].codec]);
     }
     rc = st_image_logits_set(c, img->logits, img->n_logits);
     if (rc)

@@ -15,11 +15,14 @@
  * and every size fits an off_t. */
 #define ST_BYTES_MAX ((uint64_t)INT64_MAX / 8)
 
-/* One checkpoint: t[ti] is the stored bytes of running tensor ti (NULL for K/V tensors). */
+/* One checkpoint. All its running tensors live in one allocation, data: running tensor ti sits at
+ * ckpt_off[codec * n_tensors + ti] and holds st_tensor_stored_bytes(desc, codec) bytes. One block
+ * per checkpoint (not one per tensor) keeps the memory a file can make the reader allocate a small
+ * multiple of the file's size, whatever the number of tensors. */
 typedef struct st_ckpt {
     uint64_t position;
     uint32_t codec;
-    uint8_t **t;
+    uint8_t *data;
 } st_ckpt;
 
 /* Invariants of a complete image (the reader builds one step by step and frees it on error):
@@ -27,8 +30,10 @@ typedef struct st_ckpt {
  * 2. tokens holds n_tokens values (n_tokens <= n_ctx); kv[ti] holds n_tokens rows for every
  *    K/V tensor and is NULL for running ones; every buffer is allocated with at least 1 byte so a
  *    valid tensor never yields NULL.
- * 3. ckpt[0..n_ckpt) have strictly increasing positions <= n_ctx and known codecs; ckpt[c].t[ti]
- *    holds st_tensor_stored_bytes(desc, codec) bytes for every running tensor.
+ * 3. ckpt[0..n_ckpt) have strictly increasing positions <= n_ctx and known codecs; ckpt[c].data
+ *    holds ckpt_bytes[codec] bytes (at least 1). The layout of a codec's block is fixed by the
+ *    geometry: running tensors in geometry order, each at an offset aligned to its stored element
+ *    size (1, 2, 4 or 8 bytes; malloc's alignment covers 8), padding bytes zero.
  * 4. logits is NULL with n_logits 0, or holds n_vocab floats. */
 struct st_image {
     st_geometry g;
@@ -38,13 +43,21 @@ struct st_image {
     uint8_t **kv;
     uint32_t n_ckpt, cap_ckpt;
     st_ckpt *ckpt;
+    uint64_t *ckpt_off;                  /* [ST_CODEC_COUNT * n_tensors] */
+    uint64_t ckpt_bytes[ST_CODEC_COUNT]; /* block size of a checkpoint in each codec */
     float *logits;
     uint32_t n_logits;
     uint64_t state_hash;
 };
 
-/* Append a checkpoint whose tensor pointers are all NULL (the reader fills them one by one after
- * checking each size). Same position rules as st_image_checkpoint_add. */
+/* Offset of running tensor ti in a checkpoint block of codec (a known codec). */
+static inline uint64_t st_ckpt_offset(const st_image *img, uint32_t codec, uint32_t ti)
+{
+    return img->ckpt_off[(size_t)codec * img->g.n_tensors + ti];
+}
+
+/* Append a checkpoint whose data is NULL (the reader allocates and fills it after checking the
+ * section's sizes). Same position rules as st_image_checkpoint_add. */
 int st_image_ckpt_append_empty(st_image *img, uint64_t position, uint32_t codec, uint32_t *index);
 
 /* Saturating products: UINT64_MAX on overflow. */

@@ -65,6 +65,14 @@ static void test_errors(void **state)
     longer[sizeof longer - 1] = '\0';
     st_error_set(ST_EINVAL, "%s", longer);
     assert_int_equal(strlen(st_errdetail()), 511);
+    /* wrapping a lower layer's detail in place */
+    st_error_set(ST_ECORRUPT, "checksum mismatch at %d", 1004);
+    st_error_set(ST_ECORRUPT, "%s: %s", "f.stsf", st_errdetail());
+    assert_string_equal(st_errdetail(), "f.stsf: checksum mismatch at 1004");
+    st_error_set(ST_EINVAL, "%s", longer);
+    st_error_set(ST_EINVAL, "x%s", st_errdetail());
+    assert_int_equal(strlen(st_errdetail()), 511);
+    assert_int_equal(st_errdetail()[0], 'x');
     st_error_clear();
     assert_string_equal(st_errdetail(), "");
 }

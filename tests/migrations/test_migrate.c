@@ -193,6 +193,16 @@ static void test_diff_figures(void **state)
     assert_true(seen_ckpt > 0);
     st_diff_free(&d);
 
+    /* Files that differ only in the engine's state hash are not identical. */
+    st_image *h = NULL;
+    assert_int_equal(st_image_clone(&h, a), 0);
+    st_image_state_hash_set(h, st_image_state_hash(a) ^ 1);
+    assert_int_equal(st_migrate_diff(a, h, &d), 0);
+    assert_false(d.identical);
+    assert_non_null(strstr(d.note, "state hash"));
+    st_diff_free(&d);
+    st_image_free(h);
+
     /* Another model: refused, naming the fingerprint. */
     st_image *other = NULL;
     st_synth_opts o = {.seed = 10, .n_tokens = 600, .n_checkpoints = 3, .n_layers = 8};

@@ -11,7 +11,7 @@
 typedef struct st_golden {
     const char *name;     /* under tests/data/golden/ */
     uint64_t seed;
-    uint32_t codecs[3];   /* of the checkpoints at 5, 9, 13 */
+    uint32_t codecs[3];   /* of the checkpoints at 3, 7, 11 */
     st_file_write_opts opts;
 } st_golden;
 

@@ -83,8 +83,9 @@ static void test_corrupt_mem(void **state)
 }
 
 /* The file reader (its pread path checks section by section, without the memory reader's
- * checksum pre-pass) and inspect on damaged files: every byte flipped, a stride of truncations.
- * Inspect must never call a damaged file all_ok. */
+ * checksum pre-pass) and inspect on damaged files: every byte flipped, every truncation.
+ * Inspect must never call a damaged file all_ok, and shows the sections a truncated file still
+ * holds whole. */
 static void test_corrupt_file(void **state)
 {
     char dir[1024], path[1200];
@@ -97,6 +98,9 @@ static void test_corrupt_file(void **state)
         size_t len = 0;
         unsigned char *f = load(name, &len);
         size_t stride = 1;
+        uint64_t geometry_end; /* the end of section 0: a truncation after it shows a section */
+        memcpy(&geometry_end, f + 64 + 8, 8);
+        geometry_end += 64 + 32;
         int fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0644);
         assert_true(fd >= 0);
         assert_int_equal(pwrite(fd, f, len, 0), (ssize_t)len);
@@ -122,12 +126,21 @@ static void test_corrupt_file(void **state)
             st_file_info_free(&info);
             assert_int_equal(pwrite(fd, &f[i], 1, (off_t)i), 1);
         }
-        for (size_t n = 0; n < len; n += 13) {
+        for (size_t n = 0; n < len; n++) {
             st_image *img = NULL;
+            st_file_info info;
             assert_int_equal(ftruncate(fd, (off_t)n), 0);
             int rc = st_file_read(path, NULL, &img);
             if (!typed(rc))
                 fail_msg("%s: file read truncated at %zu: %d %s", name, n, rc, st_errdetail());
+            /* inspect shows what it can of a truncated file, and never calls it ok */
+            rc = st_file_inspect(path, &info);
+            if ((rc != 0 && !typed(rc)) || info.all_ok || !typed(info.first_error))
+                fail_msg("%s: inspect of the file truncated at %zu: %d, all_ok %d, first_error %d",
+                         name, n, rc, info.all_ok, info.first_error);
+            if (n >= geometry_end && info.n_sections == 0)
+                fail_msg("%s: inspect of the file truncated at %zu shows no section", name, n);
+            st_file_info_free(&info);
             assert_int_equal(pwrite(fd, f, len, 0), (ssize_t)len);
         }
         close(fd);

@@ -5,6 +5,7 @@
  */
 #include <dirent.h>
 #include <errno.h>
+#include <malloc.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -222,30 +223,86 @@ static void test_versions_lossy(void **state)
     st_image_free(b);
 }
 
-/* The v1 writer is deterministic and does not depend on anything but the image. */
+/* The writer is deterministic: its bytes depend on the image and the options only. glibc's
+ * M_PERTURB fills every allocation with a different byte on each pass, so a byte the writer left
+ * uninitialised (in its buffers or in the image's) would show as a difference. (Sanitizer builds
+ * replace malloc and ignore M_PERTURB; the normal build runs this test too.) */
+static void write_perturbed(const st_image *img, const st_file_write_opts *o, int perturb,
+                            uint8_t **mem, size_t *mem_len, unsigned char **file, size_t *file_len)
+{
+    char path[1200];
+    st_image *c = NULL;
+    mallopt(M_PERTURB, perturb);
+    assert_int_equal(st_image_clone(&c, img), 0);
+    assert_int_equal(st_file_write_mem(c, o, mem, mem_len), 0);
+    snprintf(path, sizeof path, "%s/det.stsf", tmpdir);
+    assert_int_equal(st_file_write(c, path, o), 0);
+    *file = st_test_slurp(path, file_len);
+    assert_non_null(*file);
+    unlink(path);
+    st_image_free(c);
+    mallopt(M_PERTURB, 0);
+}
+
 static void test_deterministic(void **state)
 {
-    st_image *a = NULL, *c = NULL;
-    uint8_t *b1, *b2;
-    size_t l1, l2;
-    st_file_write_opts o = {.compress = 3, .shuffle = 1};
+    const st_file_write_opts raw = {0}, v2 = {.version = 2}, z = {.compress = 3, .shuffle = 1};
+    struct {
+        const uint32_t *codecs;
+        const st_file_write_opts *o;
+        uint32_t version;
+    } cases[] = {{all_fp32, &raw, 1}, {all_fp32, &v2, 2}, {mixed, &raw, 2}, {mixed, &z, 2}};
     (void)state;
-    assert_int_equal(st_test_image_small(&a, 11, mixed), 0);
-    assert_int_equal(st_file_write_mem(a, NULL, &b1, &l1), 0);
-    assert_int_equal(st_image_clone(&c, a), 0);
-    assert_int_equal(st_file_write_mem(c, NULL, &b2, &l2), 0);
-    assert_int_equal(l1, l2);
-    assert_memory_equal(b1, b2, l1);
-    free(b1);
-    free(b2);
-    assert_int_equal(st_file_write_mem(a, &o, &b1, &l1), 0);
-    assert_int_equal(st_file_write_mem(c, &o, &b2, &l2), 0);
-    assert_int_equal(l1, l2);
-    assert_memory_equal(b1, b2, l1);
-    free(b1);
-    free(b2);
-    st_image_free(a);
-    st_image_free(c);
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        st_image *a = NULL;
+        uint8_t *m1, *m2;
+        unsigned char *f1, *f2;
+        size_t lm1, lm2, lf1, lf2;
+        assert_int_equal(st_test_image_small(&a, 11, cases[k].codecs), 0);
+        write_perturbed(a, cases[k].o, 0x5a, &m1, &lm1, &f1, &lf1);
+        write_perturbed(a, cases[k].o, 0xa5, &m2, &lm2, &f2, &lf2);
+        assert_int_equal(get_u32(m1 + 8), cases[k].version);
+        assert_int_equal(lm1, lm2);
+        assert_memory_equal(m1, m2, lm1);
+        assert_int_equal(lf1, lm1);
+        assert_memory_equal(f1, m1, lm1);
+        assert_int_equal(lf2, lm1);
+        assert_memory_equal(f2, m1, lm1);
+        free(m1);
+        free(m2);
+        free(f1);
+        free(f2);
+        st_image_free(a);
+    }
+}
+
+/* Images of several MiB: the file writer's buffer is flushed many times, tensors larger than it
+ * are written past it, and compressed sections (frames of more than 1 MiB) are read back in
+ * pieces and their headers patched into bytes already on disk. It must still produce exactly the
+ * memory writer's bytes, and both readers must load them. */
+static void test_large_roundtrips(void **state)
+{
+    st_synth_opts so = {.seed = 21, .n_layers = 4, .heads = 4, .head_dim = 256, .n_tokens = 3000,
+                        .n_checkpoints = 3};
+    st_image *img = NULL;
+    st_file_write_opts o = {0};
+    (void)state;
+
+    assert_int_equal(st_image_synthesize(&so, &img), 0);
+    assert_true(st_image_bytes(img) > (8u << 20));
+    roundtrip(img, &o, 1);
+    o.compress = 1;
+    o.shuffle = 1;
+    roundtrip(img, &o, 2);
+    for (uint32_t c = 0; c < st_image_n_checkpoints(img); c++) {
+        static unsigned char scratch[ST_CODEC_SCRATCH_MIN];
+        assert_int_equal(st_image_checkpoint_recode(img, c, c == 1 ? ST_CODEC_F16 : ST_CODEC_BF16,
+                                                    scratch, sizeof scratch), 0);
+    }
+    roundtrip(img, &o, 2);
+    o.compress = 0;
+    roundtrip(img, &o, 2);
+    st_image_free(img);
 }
 
 struct prog {
@@ -567,6 +624,18 @@ static void test_reader_errors(void **state)
     put_u64(c + ck0 + 32 + 16, 1ull << 33);
     reseal(c, len);
     expect_read(c, len, ST_ECORRUPT, "remain in the section");
+    /* a frame's shuffle width must be what the checkpoint's flags and the element size say:
+     * the frame's own checksum covers the shuffled bytes, so a wrong width would decode without
+     * complaint into wrong values */
+    memcpy(c, buf, len);
+    assert_int_equal(c[ck0 + 32 + 16 + 8 + 5], 2); /* f16 state: width 2 */
+    c[ck0 + 32 + 16 + 8 + 5] = 4;
+    reseal(c, len);
+    expect_read(c, len, ST_ECORRUPT, "frame shuffle width 4");
+    memcpy(c, buf, len);
+    put_u32(c + ck0 + 32 + 12, 1); /* compressed, not shuffled: yet the frames are */
+    reseal(c, len);
+    expect_read(c, len, ST_ECORRUPT, "want 0");
 
     /* the decoded cap: ST_ETOOBIG */
     st_image *img = NULL;
@@ -715,13 +784,32 @@ static void test_inspect(void **state)
     assert_int_equal(info.sections[5].position, 7);
     st_file_info_free(&info);
 
-    /* truncated: the walk stops with an error naming the section */
+    /* a damaged header: noted, and the walk still shows every section */
     free(b);
     b = st_test_slurp(path, &len);
+    b[32] ^= 1; /* state hash: only the header checksum fails */
+    assert_int_equal(st_test_spit(path, b, len), 0);
+    b[32] ^= 1;
+    assert_int_equal(st_file_inspect(path, &info), 0);
+    assert_false(info.all_ok);
+    assert_int_equal(info.first_error, ST_ECORRUPT);
+    assert_non_null(strstr(info.first_error_detail, "header at offset 0: checksum mismatch"));
+    assert_int_equal(info.n_sections, 8);
+    for (uint32_t s = 0; s < info.n_sections; s++)
+        assert_true(info.sections[s].checksum_ok);
+    assert_int_equal(info.geometry.n_tensors, 6);
+    st_file_info_free(&info);
+
+    /* truncated: the header says so, the walk shows the sections that are whole and stops with
+     * an error naming the one that is not */
     assert_int_equal(st_test_spit(path, b, len - 10), 0);
     assert_int_equal(st_file_inspect(path, &info), ST_ECORRUPT);
     assert_false(info.all_ok);
     assert_int_equal(info.version, 1);
+    assert_int_equal(info.n_tokens, 11);
+    assert_non_null(strstr(info.first_error_detail, "truncated"));
+    assert_int_equal(info.n_sections, 7);
+    assert_non_null(strstr(st_errdetail(), "LOGITS"));
     st_file_info_free(&info);
     /* fix the header so the walk itself meets the short section */
     put_u64(b + 24, len - 10);
@@ -753,6 +841,55 @@ static void test_inspect(void **state)
     st_image_free(a);
 }
 
+/* The reader's allocations stay a small multiple of the file, even for a file built to make many
+ * small ones: 4096 one-byte running tensors in each of 64 checkpoints (one allocation per tensor
+ * would cost some 16 times the file). Measured with glibc's mallinfo2; a sanitizer build replaces
+ * malloc, and there the read only has to succeed. */
+static void test_read_memory_bound(void **state)
+{
+    enum { NT = ST_GEOMETRY_TENSORS_MAX, NCTX = 64 };
+    st_tensor_desc *t = calloc(NT, sizeof *t);
+    st_geometry g = {.page_size = 1, .n_ctx = NCTX, .n_tensors = NT};
+    st_image *img = NULL, *back = NULL;
+    uint32_t tokens[NCTX - 1];
+    uint8_t *buf;
+    size_t len = 0;
+    (void)state;
+
+    assert_non_null(t);
+    for (uint32_t i = 0; i < NT; i++) {
+        snprintf(t[i].name, sizeof t[i].name, "t%u", i);
+        t[i].role = ST_ROLE_RUNNING;
+        t[i].dtype = ST_DTYPE_I8;
+        t[i].ndim = 1;
+        t[i].shape[0] = 1;
+    }
+    g.tensors = t;
+    memset(tokens, 0, sizeof tokens);
+    assert_int_equal(st_image_create(&img, &g), 0);
+    assert_int_equal(st_image_tokens_set(img, tokens, NCTX - 1), 0);
+    for (uint32_t c = 0; c < NCTX; c++)
+        assert_int_equal(st_image_checkpoint_add(img, c, ST_CODEC_FP32, NULL), 0);
+    assert_int_equal(st_file_write_mem(img, NULL, &buf, &len), 0);
+
+    struct mallinfo2 before = mallinfo2();
+    assert_int_equal(st_file_read_mem(buf, len, NULL, &back), 0);
+    struct mallinfo2 after = mallinfo2();
+#ifndef __SANITIZE_ADDRESS__
+    size_t used = (after.uordblks + after.hblkhd) - (before.uordblks + before.hblkhd);
+    if (used > 2 * len)
+        fail_msg("reading a %zu-byte file holds %zu bytes of heap", len, used);
+#else
+    (void)before;
+    (void)after;
+#endif
+    assert_int_equal(st_test_image_equal(img, back), 0);
+    st_image_free(back);
+    st_image_free(img);
+    free(buf);
+    free(t);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -773,7 +910,8 @@ int main(void)
         cmocka_unit_test(test_roundtrips),    cmocka_unit_test(test_versions_lossy),
         cmocka_unit_test(test_deterministic), cmocka_unit_test(test_progress),
         cmocka_unit_test(test_atomic_write),  cmocka_unit_test(test_reader_errors),
-        cmocka_unit_test(test_inspect),
+        cmocka_unit_test(test_inspect),       cmocka_unit_test(test_large_roundtrips),
+        cmocka_unit_test(test_read_memory_bound),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

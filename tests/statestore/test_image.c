@@ -402,6 +402,75 @@ static void test_image_recode(void **state)
     st_image_free(img);
 }
 
+/* Every checkpoint tensor is aligned to its stored element size, whatever the tensors before it,
+ * in every codec and through recode, clone and a file round trip. */
+static void test_checkpoint_alignment(void **state)
+{
+    static unsigned char scratch[ST_CODEC_SCRATCH_MIN];
+    st_tensor_desc t[5];
+    st_geometry g;
+    st_image *img = NULL, *c = NULL, *back = NULL;
+    uint8_t *buf;
+    size_t len = 0;
+    (void)state;
+
+    memset(&g, 0, sizeof g);
+    g.page_size = 1;
+    g.n_ctx = 4;
+    g.n_tensors = 5;
+    g.tensors = t;
+    desc(&t[0], "a", ST_ROLE_RUNNING, ST_DTYPE_I8, 1, 3, 0, 0);
+    desc(&t[1], "b", ST_ROLE_RUNNING, ST_DTYPE_I64, 1, 2, 0, 0);
+    desc(&t[2], "c", ST_ROLE_RUNNING, ST_DTYPE_F32, 1, 5, 0, 0);
+    desc(&t[3], "d", ST_ROLE_RUNNING, ST_DTYPE_I8, 1, 1, 0, 0);
+    desc(&t[4], "e", ST_ROLE_RUNNING, ST_DTYPE_F32, 2, 3, 3, 0);
+    assert_int_equal(st_image_create(&img, &g), 0);
+    for (uint32_t codec = 0; codec < ST_CODEC_COUNT; codec++) {
+        uint32_t ci;
+        assert_int_equal(st_image_checkpoint_add(img, codec, codec, &ci), 0);
+        for (uint32_t i = 0; i < 5; i++) {
+            uint64_t n;
+            uint8_t *p = st_image_checkpoint_tensor(img, ci, i, &n);
+            size_t es = t[i].dtype == ST_DTYPE_F32 ? st_codec_elem_size(codec) : st_dtype_size(t[i].dtype);
+            assert_non_null(p);
+            assert_int_equal((uintptr_t)p % es, 0);
+            assert_int_equal(n, st_tensor_stored_bytes(&t[i], codec));
+            for (uint64_t k = 0; k < n; k++)
+                p[k] = (uint8_t)(0x11 * (i + 1) + k);
+        }
+    }
+    /* the tensors do not overlap: each still holds its own bytes */
+    for (uint32_t ci = 0; ci < 3; ci++)
+        for (uint32_t i = 0; i < 5; i++) {
+            uint64_t n;
+            const uint8_t *p = st_image_checkpoint_tensor_const(img, ci, i, &n);
+            for (uint64_t k = 0; k < n; k++)
+                assert_int_equal(p[k], (uint8_t)(0x11 * (i + 1) + k));
+        }
+    uint32_t tok[3] = {1, 2, 3};
+    assert_int_equal(st_image_tokens_set(img, tok, 2), 0);
+    assert_int_equal(st_image_check(img), 0);
+    assert_int_equal(st_image_clone(&c, img), 0);
+    assert_int_equal(st_test_image_equal(img, c), 0);
+    /* recode moves every tensor; integer tensors keep their bytes */
+    assert_int_equal(st_image_checkpoint_recode(c, 0, ST_CODEC_BF16, scratch, sizeof scratch), 0);
+    for (uint32_t i = 0; i < 5; i++) {
+        uint64_t n;
+        const uint8_t *p = st_image_checkpoint_tensor_const(c, 0, i, &n);
+        assert_int_equal((uintptr_t)p % (t[i].dtype == ST_DTYPE_F32 ? 2 : st_dtype_size(t[i].dtype)), 0);
+        if (t[i].dtype != ST_DTYPE_F32)
+            for (uint64_t k = 0; k < n; k++)
+                assert_int_equal(p[k], (uint8_t)(0x11 * (i + 1) + k));
+    }
+    assert_int_equal(st_file_write_mem(c, NULL, &buf, &len), 0);
+    assert_int_equal(st_file_read_mem(buf, len, NULL, &back), 0);
+    assert_int_equal(st_test_image_equal(c, back), 0);
+    free(buf);
+    st_image_free(back);
+    st_image_free(c);
+    st_image_free(img);
+}
+
 static void test_image_minimal(void **state)
 {
     st_image *img = NULL;
@@ -428,7 +497,7 @@ int main(void)
         cmocka_unit_test(test_dtype_helpers),   cmocka_unit_test(test_geometry_check),
         cmocka_unit_test(test_geometry_compare), cmocka_unit_test(test_image_build),
         cmocka_unit_test(test_image_clone),     cmocka_unit_test(test_image_recode),
-        cmocka_unit_test(test_image_minimal),
+        cmocka_unit_test(test_checkpoint_alignment), cmocka_unit_test(test_image_minimal),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
