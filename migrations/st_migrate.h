@@ -63,6 +63,50 @@ typedef struct st_diff {
 int st_migrate_diff(const st_image *a, const st_image *b, st_diff *out);
 void st_diff_free(st_diff *d);
 
+/* ---- store schema steps ------------------------------------------------------------------------
+ * A store records its schema number in its meta database; this build reads and writes
+ * ST_STORE_SCHEMA (st_store.h) and st_store_open refuses any other. The steps below upgrade an
+ * older store in place, one numbered step at a time; a step's number and meaning never change.
+ *   1 -> 2  "refcounts-db": schema 1 kept each chunk's reference count in the first 8 bytes of
+ *           its value (u64 LE) followed by the stored bytes; schema 2 keeps the bare stored bytes
+ *           in "chunks" and the count in its own "refcounts" database, so a count change never
+ *           rewrites a chunk. docs/STORE.md gives both layouts.
+ * Each step runs in bounded write transactions and is resumable: the meta key "migrating" marks
+ * a step in progress, every transaction moves whole records, and the schema number changes in
+ * the last one, so a crash at any point leaves a store that `statectl migrate` finishes. */
+typedef struct st_schema_step {
+    uint32_t from;       /* the step upgrades schema `from` to from + 1 */
+    const char *name;    /* "refcounts-db" */
+    const char *summary; /* one line for --dry-run */
+} st_schema_step;
+
+/* The steps, ascending by from; *n gets their count. */
+const st_schema_step *st_schema_steps(size_t *n);
+
+typedef struct st_schema_migrate_opts {
+    int dry_run;            /* report what would run; open read-only, change nothing */
+    int no_backup;          /* skip the backup taken before the first step */
+    const char *backup_dir; /* NULL: "<dir>.schema<N>-backup", "-2", "-3" ... if taken */
+    const st_store_sys *sys;          /* NULL: the real functions */
+    st_store_progress_fn progress;    /* optional */
+    void *progress_arg;
+} st_schema_migrate_opts;
+
+typedef struct st_schema_migrate_report {
+    uint32_t from, to;      /* schema found, schema reached (or that a dry run would reach) */
+    uint32_t n_steps;       /* steps run (or that would run) */
+    uint64_t items;         /* records the steps moved (or would move) */
+    char backup_dir[4096];  /* the backup taken, "" when none */
+} st_schema_migrate_report;
+
+/* Upgrade the store in dir to this build's schema. Returns 0 with rep->n_steps 0 when it is
+ * already current; ST_EVERSION ("store schema 3 is newer than this build's 2") for a newer one;
+ * ST_ENOTFOUND when dir holds no store. The backup is a compacted copy of the old-schema store
+ * (a plain LMDB directory: copy it back to undo), taken and verified before any step runs.
+ * No other process may use the store meanwhile (an old schema cannot be opened for use anyway).
+ * opts and rep may be NULL. */
+int st_schema_migrate(const char *dir, const st_schema_migrate_opts *opts, st_schema_migrate_report *rep);
+
 #ifdef __cplusplus
 }
 #endif

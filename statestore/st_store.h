@@ -107,7 +107,8 @@ uint64_t st_image_kv_pages(const st_image *img);
 int st_image_checkpoint_add(st_image *img, uint64_t position, uint32_t codec, uint32_t *index);
 uint32_t st_image_n_checkpoints(const st_image *img);
 int st_image_checkpoint_info(const st_image *img, uint32_t ci, uint64_t *position, uint32_t *codec);
-/* Running tensor ti (role running) of checkpoint ci: st_tensor_stored_bytes(desc, codec) bytes. */
+/* Running tensor ti (role running) of checkpoint ci: st_tensor_stored_bytes(desc, codec) bytes,
+ * aligned to its stored element size (the codec's for f32 tensors, the dtype's otherwise). */
 void *st_image_checkpoint_tensor(st_image *img, uint32_t ci, uint32_t ti, uint64_t *len);
 const void *st_image_checkpoint_tensor_const(const st_image *img, uint32_t ci, uint32_t ti,
                                              uint64_t *len);
@@ -166,8 +167,8 @@ typedef struct st_file_read_opts {
 /* Read and fully verify a session file into a new image. Errors: ST_ENOTSTRATA (bad magic),
  * ST_EVERSION (a version this build does not read, named in the detail), ST_ECORRUPT (any
  * structure or checksum failure, the detail naming the section and offset), ST_ECODEC (unknown
- * codec id), ST_ETOOBIG, an errno. Allocation is bounded by the file size plus the declared
- * decompressed sizes (capped by opts). opts may be NULL. */
+ * codec id), ST_ETOOBIG, an errno. Allocation is bounded by about twice the file size plus the
+ * declared decompressed sizes (capped by opts). opts may be NULL. */
 int st_file_read(const char *path, const st_file_read_opts *opts, st_image **out);
 int st_file_read_mem(const void *buf, size_t len, const st_file_read_opts *opts, st_image **out);
 
@@ -209,7 +210,9 @@ typedef struct st_file_info {
 /* Walk a file: header and section headers are parsed; checksums are recomputed with bounded
  * memory. Returns 0 when the file could be walked to its end (info->all_ok says whether every
  * checksum matched), otherwise the error that stopped the walk (info holds what was seen up to
- * there and must still be freed). */
+ * there and must still be freed). A damaged header (checksum, reserved fields, a file_len that
+ * says the file is truncated or extended) is noted in info and the walk goes on, so a truncated
+ * file still shows its geometry and whole sections. */
 int st_file_inspect(const char *path, st_file_info *info);
 void st_file_info_free(st_file_info *info);
 
@@ -241,6 +244,291 @@ int st_image_synthesize(const st_synth_opts *opts, st_image **out);
 
 /* Atomic durable replacement of path with the given bytes (temp + fsync + rename + dir fsync). */
 int st_file_replace(const char *path, const void *buf, size_t len);
+
+/* ---- the LMDB store ----------------------------------------------------------------------------
+ * A directory holding an LMDB environment (data.mdb, lock.mdb) with named databases meta,
+ * sessions, versions, chunks and refcounts (docs/STORE.md gives every key and value byte by
+ * byte). Each SAVE (st_store_put) of a session makes a new version: the image is cut into chunks
+ * on natural boundaries, each chunk is stored once under the SHA-256 of its stored bytes, and a
+ * manifest listing the chunks commits in the same transaction as the new chunks and their
+ * reference counts. Sessions sharing a prefix share its chunks.
+ *
+ * Threads and processes: an st_store handle may be used from any number of threads at once;
+ * any number of processes may open the same store (LMDB serialises writers, readers never
+ * block). Every call runs its own short transactions; no call leaves one open.
+ *
+ * Durability: a call that returned 0 after writing has committed with a synced commit (data and
+ * meta page on disk); a crash at any moment leaves each write wholly present or wholly absent.
+ *
+ * Errors (besides an errno): ST_ENOTFOUND (no such session, version, label or store),
+ * ST_ECONFLICT (expected head not current), ST_EFULL (the map budget or the disk is full; the
+ * store stays usable), ST_ECORRUPT (a check failed: the detail names the chunk and session),
+ * ST_EVERSION (store schema older or newer than this build), ST_EINVAL, ST_EGEOMETRY/ST_EMODEL
+ * (an image that does not match the session's earlier versions), ST_EBUSY (reader slots full). */
+#include <sys/types.h> /* ssize_t */
+
+#define ST_STORE_SCHEMA 2u             /* the schema this build writes (migrations/ upgrades) */
+#define ST_STORE_ID_MAX 128            /* session id: 1..128 bytes of [A-Za-z0-9._:+=-] */
+#define ST_STORE_LABEL_MAX 32          /* label name with its NUL: 1..31 bytes, same alphabet */
+#define ST_STORE_LABELS_MAX 16         /* labels per session */
+#define ST_STORE_KEEP_LAST_DEFAULT 8u  /* versions kept per session in a new store */
+#define ST_STORE_HASH_LEN 32           /* SHA-256 */
+#define ST_STORE_CHUNK_MAX (4u << 20)  /* no chunk holds more than 4 MiB of image bytes */
+#define ST_STORE_CHUNK_MIN (16u << 10) /* small K/V or token pages are grouped up to this */
+#define ST_STORE_HEAD_ANY 0            /* put: whatever the head is (or a new session) */
+#define ST_STORE_HEAD_NONE UINT64_MAX  /* put: the session must not exist yet */
+
+typedef struct st_store st_store;
+
+/* The file system and commit points as the store reaches them. Tests copy the table that
+ * st_store_sys_init() fills, replace entries to fail the Nth call (ENOSPC, EIO), and pass it in
+ * st_store_opts.sys. What is covered:
+ *   txn_commit  every write transaction's commit (LMDB writes its pages and meta page through its
+ *               own descriptor inside it). Contract: the function consumes the transaction like
+ *               mdb_txn_commit; a fake may mdb_txn_abort() it and return an error (the write never
+ *               happened), or commit it and still return an error (the write happened but was not
+ *               acknowledged); both must leave a usable store.
+ *   set_mapsize every change of the map size (growth when full, adoption of another process's).
+ *   open, write, fsync, rename, mkdir: the files the store itself writes: backup and
+ *               restore-backup copies (mdb_env_copyfd2 output goes through write), the directory
+ *               a new store is created in, and their fsyncs.
+ *   disk_free   free bytes of the file system holding a path (the default map budget).
+ * LMDB's own page writes are not individually covered: a failing write or fsync inside LMDB
+ * surfaces from txn_commit, which is where the table injects it. */
+struct MDB_env;
+struct MDB_txn;
+typedef struct st_store_sys {
+    int (*txn_commit)(struct MDB_txn *txn);                 /* LMDB code or errno */
+    int (*set_mapsize)(struct MDB_env *env, size_t size);   /* LMDB code or errno */
+    int (*open)(const char *path, int flags, unsigned mode); /* -1 and errno on failure */
+    ssize_t (*write)(int fd, const void *buf, size_t n);     /* -1 and errno on failure */
+    int (*fsync)(int fd);                                    /* -1 and errno on failure */
+    int (*rename)(const char *from, const char *to);         /* -1 and errno on failure */
+    int (*mkdir)(const char *path, unsigned mode);           /* -1 and errno on failure */
+    int (*disk_free)(const char *path, uint64_t *bytes);     /* 0 or errno */
+} st_store_sys;
+/* Fill sys with the real functions. */
+void st_store_sys_init(st_store_sys *sys);
+
+/* Progress of long work (import, export, check, gc, backup, restore, migrate): phase is a short
+ * word ("check", "copy", ...), done/total in that phase's units. May be called from a helper
+ * thread of the call in progress, never after the call returned. */
+typedef void (*st_store_progress_fn)(void *arg, const char *phase, uint64_t done, uint64_t total);
+
+/* Options of st_store_open. All-zero is the default for every field. */
+typedef struct st_store_opts {
+    int read_only;        /* open without write access (no put, delete, gc, migrate) */
+    int create;           /* create the directory and an empty store when missing */
+    uint64_t budget;      /* most bytes the map may grow to; 0: the data file's size plus 3/4
+                             of the free space of its file system, re-read at each growth */
+    uint64_t map_initial; /* map size at open; 0: max(256 MiB, 2 x the data file), <= budget */
+    uint32_t keep_last;   /* retention: 0 keeps the store's setting (8 in a new store); another
+                             value becomes the store's setting (needs write access) */
+    int gc_deferred;      /* 0: a chunk whose count reaches 0 is deleted in the same transaction;
+                             1: it stays (count 0) until st_store_gc */
+    int verify_sha256;    /* get re-hashes every chunk with SHA-256 instead of XXH3-64 */
+    unsigned threads;     /* threads of one call: put's hashing and compression, get's copy-out
+                             and checking, check's re-hashing; 0: min(4, online CPUs) */
+    const st_store_sys *sys;   /* NULL: the real functions; copied at open */
+    st_store_progress_fn progress; /* optional */
+    void *progress_arg;
+} st_store_opts;
+
+/* Open (or with opts->create, create) the store in directory dir. Stale reader slots left by
+ * dead processes are cleared. A store of an older schema is refused with ST_EVERSION and the
+ * detail "store schema 1 is older than this build's 2: run `statectl migrate DIR`"; a newer one
+ * with "store schema 3 is newer than this build's 2". ST_ENOTFOUND when dir holds no store and
+ * create is off. opts may be NULL. *out is NULL on failure. */
+int st_store_open(st_store **out, const char *dir, const st_store_opts *opts);
+/* Close the handle (accepts NULL). No call on it may be in progress. */
+void st_store_close(st_store *st);
+/* The directory given at open (owned by the handle). */
+const char *st_store_dir(const st_store *st);
+/* The store's retention setting (versions kept per session besides labelled ones). */
+uint32_t st_store_keep_last(const st_store *st);
+
+/* Schema of the store in dir without opening it for use (works on any schema). */
+int st_store_schema_version(const char *dir, uint32_t *schema);
+
+/* 1 if id is a valid session id (see ST_STORE_ID_MAX), 0 otherwise. */
+int st_store_id_valid(const char *id);
+
+/* What a put did; filled when st_put_opts.stats is set. */
+typedef struct st_put_stats {
+    uint64_t version;
+    uint32_t chunks;        /* chunk references in the manifest */
+    uint32_t new_chunks;    /* chunks that were not in the store */
+    uint64_t logical_bytes; /* image payload bytes */
+    uint64_t stored_bytes;  /* bytes of all referenced chunks, as stored */
+    uint64_t new_bytes;     /* bytes of the new chunks, as stored */
+    uint32_t pruned;        /* versions removed by retention */
+} st_put_stats;
+
+typedef struct st_put_opts {
+    int compress;           /* 0: chunks stored raw (the default); 1..19: zstd level with
+                               byte-shuffle; a chunk is kept framed only when that is smaller */
+    const char *label;      /* optional: label the new version (moves the label if it exists) */
+    st_put_stats *stats;    /* optional out */
+} st_put_opts;
+
+/* Save img (complete: st_image_check) as a new version of session id and return its number in
+ * *version (optional). Version numbers start at 1, grow by one per put and are never reused
+ * while the session exists. expected_head: ST_STORE_HEAD_ANY, ST_STORE_HEAD_NONE (the session
+ * must be new) or the version the caller believes is the head; anything else than the current
+ * head fails with ST_ECONFLICT. An image whose model fingerprint or geometry differs from the
+ * session's fails with ST_EMODEL or ST_EGEOMETRY. After the put, versions beyond the newest
+ * keep_last that carry no label are deleted in the same transaction. The image is only read.
+ * opts may be NULL. */
+int st_store_put(st_store *st, const char *id, const st_image *img, uint64_t expected_head,
+                 const st_put_opts *opts, uint64_t *version);
+
+/* Load version (0: the head) of session id into a new image (caller frees). Every chunk is
+ * checked against the XXH3-64 its manifest recorded (or SHA-256, see opts.verify_sha256) after
+ * it was copied out of the store; a mismatch or a missing chunk is ST_ECORRUPT naming the chunk,
+ * session and version; nothing is returned then. */
+int st_store_get(st_store *st, const char *id, uint64_t version, st_image **out);
+
+/* Write version (0: head) of session id as a session file at path (atomically, durably).
+ * fopts NULL re-creates the file as it was imported (same bytes) or, for a version saved by
+ * put, writes it with automatic options; non-NULL forces those options. */
+int st_store_export(st_store *st, const char *id, uint64_t version, const char *path,
+                    const st_file_write_opts *fopts);
+
+/* Read and verify the session file at path and put it as a new version of id (expected head
+ * ST_STORE_HEAD_ANY). Records how to re-create the same bytes: exporting the version with
+ * fopts NULL gives a file identical to path. When the writer cannot reproduce the file (an
+ * unknown compression level), the file's bytes are also kept, chunked, for export. */
+int st_store_import(st_store *st, const char *path, const char *id, const st_put_opts *opts,
+                    uint64_t *version);
+
+typedef struct st_store_label {
+    char name[ST_STORE_LABEL_MAX];
+    uint64_t version;
+} st_store_label;
+
+typedef struct st_session_info {
+    char id[ST_STORE_ID_MAX + 1];
+    uint8_t model_fp[ST_FINGERPRINT_LEN];
+    uint8_t geometry_digest[ST_STORE_HASH_LEN]; /* SHA-256 of the stored geometry record */
+    uint64_t head;            /* newest version */
+    uint64_t n_versions;
+    uint64_t next_version;    /* the number the next put gets */
+    uint64_t created_ns, updated_ns; /* CLOCK_REALTIME, nanoseconds */
+    uint32_t n_labels;
+    st_store_label labels[ST_STORE_LABELS_MAX];
+} st_session_info;
+
+typedef struct st_version_info {
+    uint64_t version;
+    uint64_t created_ns;
+    uint64_t n_tokens;
+    uint64_t state_hash;
+    uint64_t logical_bytes;   /* image payload bytes */
+    uint64_t stored_bytes;    /* bytes of its chunks as stored (shared ones counted in full) */
+    uint32_t n_checkpoints;
+    uint64_t last_position;   /* position of the live checkpoint */
+    uint32_t n_chunks;        /* chunk references */
+    uint32_t compress;        /* zstd level of the put (0: raw) */
+    uint32_t file_version;    /* session-file version export re-creates (0: automatic) */
+    int file_verbatim;        /* 1: the imported file's bytes are kept for export */
+} st_version_info;
+
+/* Every session, sorted by id: *out is a malloc'd array of *n entries (free()). */
+int st_store_list(st_store *st, st_session_info **out, size_t *n);
+/* One session. */
+int st_store_show(st_store *st, const char *id, st_session_info *out);
+/* Every version of a session, oldest first: malloc'd array (free()). */
+int st_store_versions(st_store *st, const char *id, st_version_info **out, size_t *n);
+/* One version (0: head). */
+int st_store_version_info(st_store *st, const char *id, uint64_t version, st_version_info *out);
+
+/* Delete one version (its labels go with it). Deleting the only version deletes the session.
+ * Chunks whose count reaches zero are freed at once unless opts.gc_deferred. */
+int st_store_version_delete(st_store *st, const char *id, uint64_t version);
+/* Delete a session and all its versions. */
+int st_store_session_delete(st_store *st, const char *id);
+/* Point label name at version (0: head) of session id, moving it if it exists. Labelled
+ * versions are never removed by retention. ST_ETOOBIG beyond ST_STORE_LABELS_MAX labels. */
+int st_store_label_set(st_store *st, const char *id, const char *name, uint64_t version);
+/* Remove a label (ST_ENOTFOUND if the session has no such label). */
+int st_store_label_remove(st_store *st, const char *id, const char *name);
+
+typedef struct st_gc_stats {
+    uint64_t chunks_freed;
+    uint64_t bytes_freed;
+} st_gc_stats;
+/* Delete every chunk whose reference count is zero, in write transactions of a bounded size.
+ * Safe alongside readers and writers in any process: a reader's snapshot keeps what it sees,
+ * and a put that takes a reference to a chunk does so in the same transaction that finds it,
+ * so a chunk is never freed under a reference. out may be NULL. */
+int st_store_gc(st_store *st, st_gc_stats *out);
+
+/* What check finds. */
+typedef enum st_check_kind {
+    ST_CHECK_META = 1,          /* meta database: schema or settings */
+    ST_CHECK_SESSION = 2,       /* a session record that does not parse or disagrees with its
+                                   versions (head, count, labels) */
+    ST_CHECK_MANIFEST = 3,      /* a manifest that does not parse or fails its checksum */
+    ST_CHECK_MISSING_CHUNK = 4, /* a manifest names a chunk the store lacks */
+    ST_CHECK_REFCOUNT = 5,      /* a stored count differs from the references counted */
+    ST_CHECK_ORPHAN_CHUNK = 6,  /* a chunk without a count entry */
+    ST_CHECK_CORRUPT_CHUNK = 7, /* stored bytes do not hash to their key, or disagree with the
+                                   length or checksum a manifest recorded */
+} st_check_kind;
+
+typedef struct st_check_problem {
+    uint32_t kind;              /* st_check_kind */
+    const char *session;        /* "" when not about one session */
+    uint64_t version;           /* 0 when not about one version */
+    char chunk[2 * ST_STORE_HASH_LEN + 1]; /* hex SHA-256, "" when not about a chunk */
+    const char *message;        /* what was expected and what was found */
+} st_check_problem;             /* valid only during the report call */
+
+typedef struct st_check_result {
+    uint64_t problems;
+    uint64_t sessions, versions, chunks, refcounts;
+    uint64_t zero_count_chunks; /* awaiting gc (not a problem) */
+    uint64_t chunks_read, bytes_read; /* with read_data */
+} st_check_result;
+
+/* Check the store's structure in one snapshot: every session record, manifest (structure and
+ * checksum), chunk reference and count; chunks no count covers; counts without a chunk. With
+ * read_data, also re-hash every chunk (SHA-256 against its key) and check the length and
+ * XXH3-64 each manifest recorded, reading in batches without holding a transaction across the
+ * hashing. report (optional) is called once per problem. Returns 0 when the check ran to the
+ * end (res->problems says what it found), else the error that stopped it. res may be NULL. */
+int st_store_check(st_store *st, int read_data,
+                   void (*report)(void *arg, const st_check_problem *p), void *arg,
+                   st_check_result *res);
+
+typedef struct st_store_stats {
+    uint32_t schema;
+    uint32_t keep_last;
+    uint64_t sessions, versions;
+    uint64_t logical_bytes;     /* sum over versions of their image bytes */
+    uint64_t referenced_bytes;  /* sum over versions of their chunks' stored bytes */
+    uint64_t chunks;            /* distinct chunks */
+    uint64_t stored_bytes;      /* bytes of the distinct chunks */
+    uint64_t zero_count_chunks, zero_count_bytes; /* awaiting gc */
+    double dedup_ratio;         /* referenced_bytes / stored_bytes (1 when empty) */
+    uint32_t page_size;
+    uint64_t map_size, budget;
+    uint64_t pages_used;        /* pages of the data file in use (last page + 1) */
+    uint64_t pages_free;        /* pages on LMDB's free list, reusable */
+    uint64_t file_bytes;        /* size of data.mdb */
+} st_store_stats;
+int st_store_stat(st_store *st, st_store_stats *out);
+
+/* Hot backup into dest_dir (must not exist, or be an empty directory): a compacted copy taken
+ * from one read snapshot (consistent while others write), written through the sys table into a
+ * temporary sibling directory, fsynced, opened and checked with read_data; only then renamed to
+ * dest_dir. On failure nothing is left at dest_dir. */
+int st_store_backup(st_store *st, const char *dest_dir);
+/* Check the backup in backup_dir, copy it into dest_dir (must not exist, or be empty), check the
+ * copy, then rename it into place. The backup must be of this build's schema. opts (may be
+ * NULL) supplies sys and progress only. */
+int st_store_restore_backup(const char *backup_dir, const char *dest_dir,
+                            const st_store_opts *opts);
 
 #ifdef __cplusplus
 }

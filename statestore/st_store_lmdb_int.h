@@ -1,0 +1,218 @@
+/*
+ * st_store_lmdb_int.h - internals of the LMDB store shared by its .c files, the schema steps in
+ * migrations/ (which open an older store through st_store__open_any) and white-box tests.
+ * Nothing else includes this header. docs/STORE.md describes every record below byte by byte.
+ */
+#ifndef ST_STORE_LMDB_INT_H
+#define ST_STORE_LMDB_INT_H
+
+#include <lmdb.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "st_store.h"
+
+#if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "store records are little-endian and tensors are stored as raw bytes: a little-endian host is required"
+#endif
+
+/* ---- the handle ------------------------------------------------------------------------------ */
+
+struct st_store {
+    MDB_env *env;
+    MDB_dbi dbi_meta, dbi_sessions, dbi_versions, dbi_chunks, dbi_refcounts;
+    int have_refcounts;       /* 0 only in a schema-1 store opened for migration */
+    char *dir;
+    st_store_opts opts;       /* as given, with sys pointing at our copy */
+    st_store_sys sys;
+    unsigned env_flags;       /* flags of mdb_env_open */
+    uint32_t schema;          /* schema found at open */
+    uint32_t keep_last;
+    unsigned threads;
+    /* Held shared by every call for the life of its transactions, exclusively to change the
+     * map size or reopen the environment (LMDB forbids either with a transaction in flight). */
+    pthread_rwlock_t lock;
+    uint64_t map_size;        /* as last set (under lock) */
+};
+
+/* Open the environment in dir and its databases whatever the schema: st->schema says what was
+ * found; the refcounts database is opened only when present (have_refcounts). extra_flags are
+ * added to mdb_env_open's (MDB_RDONLY, MDB_NOLOCK for checking a backup nobody else uses).
+ * Used by st_store_open (which then refuses any schema but the current one) and by migrations. */
+int st_store__open_any(st_store **out, const char *dir, const st_store_opts *opts,
+                       unsigned extra_flags);
+
+/* Map an LMDB (or errno) code from call `what` to the project's error space with a detail:
+ * MDB_MAP_FULL and ENOSPC -> ST_EFULL, corruption codes -> ST_ECORRUPT, MDB_READERS_FULL ->
+ * ST_EBUSY, MDB_NOTFOUND -> ST_ENOTFOUND, MDB_VERSION_MISMATCH/MDB_INVALID -> ST_EVERSION,
+ * MDB_TXN_FULL -> ST_ETOOBIG, MDB_PANIC -> ST_EIO, other errno values unchanged. */
+int st_store__lmdb_err(int rc, const char *what);
+
+/* Begin a read transaction (caller holds st->lock shared). */
+int st_store__rtxn(st_store *st, MDB_txn **txn);
+
+/* Run fn in a write transaction and commit it through st->sys.txn_commit, handling what LMDB
+ * asks of the caller: when the map is full (MDB_MAP_FULL from fn or the commit) the transaction
+ * is aborted, the map grown within the budget (no transaction in flight) and fn run again from
+ * the start; MDB_MAP_RESIZED (another process grew it) adopts the new size and retries. fn must
+ * therefore have no effect outside the transaction until the call returns 0; it returns 0, an
+ * LMDB code (passed through this handling) or an error already mapped. Takes st->lock itself. */
+int st_store__write(st_store *st, int (*fn)(st_store *st, MDB_txn *txn, void *arg), void *arg);
+
+/* Copy the environment, compacted, into a new file dest_dir/data.mdb (dest_dir must exist)
+ * through st->sys (mdb_env_copyfd2 writes into a pipe drained by a thread that writes and
+ * fsyncs through the table). Takes st->lock shared. */
+int st_store__copy_env(st_store *st, const char *dest_dir);
+
+/* Remove dir and the LMDB files in it (data.mdb, lock.mdb) after a failed backup or restore;
+ * anything else in dir is left alone (and the directory with it). */
+void st_store__remove_env_dir(const char *dir);
+
+/* fsync a directory (through sys). */
+int st_store__fsync_dir(const st_store_sys *sys, const char *dir);
+
+/* Run fn(ctx, i, &fctx) for i in [0, n) on the calling thread and up to threads-1 helpers
+ * (items taken in order from a shared counter); *fctx is a per-thread frame context the
+ * function may create (freed at the end). The first error stops the others and is returned
+ * with its detail. */
+int st_store__par_run(unsigned threads, size_t n, int (*fn)(void *ctx, size_t i, st_frame_ctx **fctx),
+                      void *ctx);
+
+/* Report progress if the handle asked for it. */
+void st_store__progress(const st_store *st, const char *phase, uint64_t done, uint64_t total);
+
+/* ---- records ---------------------------------------------------------------------------------
+ * Little-endian throughout; each has a magic and a format number; readers check every length
+ * against the bytes present before using it. */
+
+#define ST_META_SCHEMA "schema"        /* u32 */
+#define ST_META_KEEP_LAST "keep_last"  /* u32 */
+#define ST_META_CREATED "created"      /* u64 ns */
+#define ST_META_MIGRATING "migrating"  /* u32: schema a step is moving to (crash in between) */
+
+#define ST_SESSION_MAGIC 0x53535453u   /* "STSS" */
+#define ST_SESSION_FORMAT 1u
+#define ST_SESSION_HDR 112u
+#define ST_SESSION_LABEL 40u
+
+#define ST_GEOM_MAGIC 0x4d475453u      /* "STGM" */
+#define ST_GEOM_FORMAT 1u
+#define ST_GEOM_HDR 56u
+#define ST_GEOM_TENSOR 96u
+
+#define ST_MANIFEST_MAGIC 0x464d5453u  /* "STMF" */
+#define ST_MANIFEST_FORMAT 1u
+#define ST_MANIFEST_HDR 96u
+#define ST_MANIFEST_CKPT 16u
+#define ST_MANIFEST_SECTION 32u
+#define ST_MANIFEST_CHUNK 48u
+#define ST_MANIFEST_TRAILER 8u
+#define ST_MANIFEST_VERBATIM 1u        /* flags: a FILE section keeps the imported bytes */
+#define ST_MANIFEST_CKPTS_MAX (1u << 20)
+#define ST_MANIFEST_CHUNKS_MAX (1u << 26)
+
+/* Section types of a manifest (on-disk codes). */
+enum {
+    ST_MSEC_GEOMETRY = 1, /* one chunk: the geometry record */
+    ST_MSEC_TOKENS = 2,   /* u32 LE tokens */
+    ST_MSEC_KV = 3,       /* index: tensor; n_tokens rows */
+    ST_MSEC_CKPT = 4,     /* index: checkpoint, tensor: running tensor */
+    ST_MSEC_LOGITS = 5,   /* f32 */
+    ST_MSEC_FILE = 6,     /* the imported session file's bytes */
+};
+
+typedef struct st_mchunk {
+    uint8_t hash[ST_STORE_HASH_LEN]; /* SHA-256 of the stored bytes: the chunks key */
+    uint64_t xxh;                    /* XXH3-64 of the stored bytes */
+    uint32_t raw_len;                /* image bytes it holds (1..ST_STORE_CHUNK_MAX) */
+    uint32_t stored_len;             /* stored bytes; < raw_len exactly when framed */
+} st_mchunk;
+
+typedef struct st_msection {
+    uint32_t type, index, tensor;
+    uint32_t n_chunks;
+    uint64_t length;                 /* image bytes of the section (sum of its raw_len) */
+    uint32_t first;                  /* index of its first chunk in the chunk table */
+} st_msection;
+
+typedef struct st_mckpt {
+    uint64_t position;
+    uint32_t codec;
+} st_mckpt;
+
+/* A parsed manifest (arrays malloc'd; free with st_manifest_free). */
+typedef struct st_manifest {
+    uint32_t flags;
+    uint64_t version, created_ns, state_hash, n_tokens, logical_bytes, stored_bytes;
+    uint32_t file_version;
+    int32_t file_compress, file_shuffle;
+    uint32_t compress;
+    uint32_t n_ckpt, n_sec, n_chunks;
+    st_mckpt *ckpt;
+    st_msection *sec;
+    st_mchunk *chunks;
+} st_manifest;
+
+/* Parse and check (structure, counts, lengths, trailer checksum) a manifest; ST_ECORRUPT with a
+ * detail prefixed by `what` ("session a version 3"). */
+int st_manifest_parse(const void *buf, size_t len, const char *what, st_manifest *m);
+void st_manifest_free(st_manifest *m);
+/* Check that a parsed manifest's sections are exactly those an image of geometry g needs
+ * (order, tensors, lengths, checkpoint codecs); ST_ECORRUPT naming the first misfit. */
+int st_store__manifest_layout_check(const st_manifest *m, const st_geometry *g, const char *what);
+/* Serialise m (all fields) into a malloc'd buffer. */
+int st_manifest_encode(const st_manifest *m, uint8_t **out, size_t *out_len);
+/* Patch the version and creation time of an encoded manifest and recompute its trailer. */
+void st_manifest_patch(uint8_t *buf, size_t len, uint64_t version, uint64_t created_ns);
+
+typedef struct st_session_rec {
+    uint8_t model_fp[ST_FINGERPRINT_LEN];
+    uint8_t geometry_digest[ST_STORE_HASH_LEN];
+    uint64_t head, next_version, n_versions, created_ns, updated_ns;
+    uint32_t n_labels;
+    st_store_label labels[ST_STORE_LABELS_MAX];
+} st_session_rec;
+
+int st_session_parse(const void *buf, size_t len, const char *id, st_session_rec *r);
+/* Into dst of ST_SESSION_HDR + n_labels * ST_SESSION_LABEL bytes; returns the length. */
+size_t st_session_encode(const st_session_rec *r, uint8_t *dst);
+#define ST_SESSION_REC_MAX (ST_SESSION_HDR + ST_STORE_LABELS_MAX * ST_SESSION_LABEL)
+
+/* Geometry record: encode into a malloc'd buffer; decode into a geometry whose tensors array
+ * is malloc'd (*tensors, caller frees) after st_geometry_check. */
+int st_geometry_encode(const st_geometry *g, uint8_t **out, size_t *out_len);
+int st_geometry_decode(const void *buf, size_t len, st_geometry *g, st_tensor_desc **tensors);
+
+/* versions key: id bytes, a 0 byte, the version big-endian (so a session's versions sort
+ * together, oldest first). */
+#define ST_VKEY_MAX (ST_STORE_ID_MAX + 1 + 8)
+size_t st_vkey(uint8_t *dst, const char *id, uint64_t version);
+/* Split a versions key; 0, or ST_ECORRUPT when it is not one. id gets a NUL. */
+int st_vkey_parse(const void *key, size_t len, char *id, uint64_t *version);
+
+/* ---- little-endian helpers -------------------------------------------------------------------- */
+static inline void st_put32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i)); }
+static inline void st_put64(uint8_t *p, uint64_t v) { for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i)); }
+static inline void st_put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
+static inline uint16_t st_get16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+static inline uint32_t st_get32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static inline uint64_t st_get64(const uint8_t *p) { return (uint64_t)st_get32(p) | (uint64_t)st_get32(p + 4) << 32; }
+
+/* dir + "/" + name into dst; ST_EINVAL when it does not fit. */
+static inline int st_path(char *dst, size_t cap, const char *dir, const char *name)
+{
+    int n = snprintf(dst, cap, "%s/%s", dir, name);
+    return n < 0 || (size_t)n >= cap ? st_error_set(ST_EINVAL, "path too long: %s/%s", dir, name) : 0;
+}
+
+/* Hex of a hash (2 * n + 1 bytes in dst). */
+void st_store_hex(char *dst, const uint8_t *p, size_t n);
+/* SHA-256 (OpenSSL EVP). */
+int st_store_sha256(const void *p, size_t n, uint8_t out[ST_STORE_HASH_LEN]);
+uint64_t st_store_now_ns(void);
+
+#endif /* ST_STORE_LMDB_INT_H */

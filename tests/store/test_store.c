@@ -1,0 +1,736 @@
+/*
+ * test_store.c - every operation of the LMDB store: put/get round trips, versions and heads,
+ * conflicts, dedup of a shared prefix, retention and labels, deletion, gc (immediate, deferred,
+ * alongside a reader), compression, import/export byte identity, geometry and model refusal,
+ * map growth and a full budget, backup and restore, schema refusal, check and stat.
+ */
+#include <pthread.h>
+#include <sys/stat.h>
+
+#include "store_test.h"
+
+static char base[1024];
+static int seq;
+
+static void fresh_dir(char *dst, size_t cap)
+{
+    snprintf(dst, cap, "%s/s%d", base, ++seq);
+}
+
+static st_store *open_new(char *dir, size_t cap, const st_store_opts *o)
+{
+    st_store_opts d = {.create = 1};
+    if (o)
+        d = *o;
+    d.create = 1;
+    fresh_dir(dir, cap);
+    st_store *st = NULL;
+    int rc = st_store_open(&st, dir, &d);
+    if (rc)
+        print_error("open %s: %s: %s\n", dir, st_strerror(rc), st_errdetail());
+    assert_int_equal(rc, 0);
+    return st;
+}
+
+static void test_open_close(void **state)
+{
+    (void)state;
+    char dir[4200];
+    st_store *st = NULL;
+    fresh_dir(dir, sizeof dir);
+    assert_int_equal(st_store_open(&st, dir, NULL), ST_ENOTFOUND);
+    assert_null(st);
+    st_store_opts ro = {.read_only = 1, .create = 1};
+    assert_int_equal(st_store_open(&st, dir, &ro), ST_ENOTFOUND);
+    st = open_new(dir, sizeof dir, NULL);
+    assert_string_equal(st_store_dir(st), dir);
+    assert_int_equal(st_store_keep_last(st), ST_STORE_KEEP_LAST_DEFAULT);
+    st_store_close(st);
+    uint32_t schema = 0;
+    assert_int_equal(st_store_schema_version(dir, &schema), 0);
+    assert_int_equal(schema, ST_STORE_SCHEMA);
+    assert_int_equal(st_store_open(&st, dir, NULL), 0);
+    st_session_info *list = NULL;
+    size_t n = 9;
+    assert_int_equal(st_store_list(st, &list, &n), 0);
+    assert_int_equal(n, 0);
+    free(list);
+    st_store_close(st);
+    st_store_close(NULL);
+    /* a plain file is not a store directory */
+    char file[4300];
+    snprintf(file, sizeof file, "%s/plain", base);
+    assert_int_equal(st_test_spit(file, "x", 1), 0);
+    assert_int_equal(st_store_open(&st, file, NULL), ST_EINVAL);
+}
+
+static void test_put_get_versions(void **state)
+{
+    (void)state;
+    char dir[4200];
+    st_store *st = open_new(dir, sizeof dir, NULL);
+    st_image *a = store_test_image(1, 300, 0, 0), *b = store_test_image(2, 700, 0, 0);
+    uint64_t v = 0;
+    st_put_stats ps;
+    st_put_opts po = {.stats = &ps};
+    assert_int_equal(st_store_put(st, "conv-1", a, ST_STORE_HEAD_NONE, &po, &v), 0);
+    assert_int_equal(v, 1);
+    assert_int_equal(ps.version, 1);
+    assert_int_equal(ps.logical_bytes, st_image_bytes(a));
+    assert_int_equal(ps.new_chunks, ps.chunks - (ps.chunks - ps.new_chunks));
+    assert_int_equal(st_store_put(st, "conv-1", b, 1, NULL, &v), 0);
+    assert_int_equal(v, 2);
+    store_test_assert_get(st, "conv-1", 1, a);
+    store_test_assert_get(st, "conv-1", 2, b);
+    store_test_assert_get(st, "conv-1", 0, b);
+
+    st_session_info si;
+    assert_int_equal(st_store_show(st, "conv-1", &si), 0);
+    assert_string_equal(si.id, "conv-1");
+    assert_int_equal(si.head, 2);
+    assert_int_equal(si.n_versions, 2);
+    assert_int_equal(si.next_version, 3);
+    assert_memory_equal(si.model_fp, st_image_geometry(a)->model_fp, ST_FINGERPRINT_LEN);
+    assert_true(si.updated_ns >= si.created_ns && si.created_ns > 0);
+
+    st_version_info *vs = NULL;
+    size_t n = 0;
+    assert_int_equal(st_store_versions(st, "conv-1", &vs, &n), 0);
+    assert_int_equal(n, 2);
+    assert_int_equal(vs[0].version, 1);
+    assert_int_equal(vs[0].n_tokens, 300);
+    assert_int_equal(vs[1].n_tokens, 700);
+    assert_int_equal(vs[1].logical_bytes, st_image_bytes(b));
+    assert_int_equal(vs[1].last_position, 700);
+    assert_int_equal(vs[1].state_hash, st_image_state_hash(b));
+    free(vs);
+    st_version_info vi;
+    assert_int_equal(st_store_version_info(st, "conv-1", 0, &vi), 0);
+    assert_int_equal(vi.version, 2);
+
+    /* not found, invalid ids */
+    st_image *x = NULL;
+    assert_int_equal(st_store_get(st, "nope", 0, &x), ST_ENOTFOUND);
+    assert_int_equal(st_store_get(st, "conv-1", 3, &x), ST_ENOTFOUND);
+    assert_null(x);
+    assert_int_equal(st_store_get(st, "bad@id", 0, &x), ST_EINVAL);
+    assert_int_equal(st_store_put(st, "", a, 0, NULL, NULL), ST_EINVAL);
+    assert_int_equal(st_store_put(st, "a/b", a, 0, NULL, NULL), ST_EINVAL);
+    char longid[ST_STORE_ID_MAX + 2];
+    memset(longid, 'x', sizeof longid - 1);
+    longid[sizeof longid - 1] = '\0';
+    assert_int_equal(st_store_put(st, longid, a, 0, NULL, NULL), ST_EINVAL);
+    longid[ST_STORE_ID_MAX] = '\0';
+    assert_int_equal(st_store_put(st, longid, a, 0, NULL, NULL), 0);
+    assert_int_equal(st_store_show(st, "nope", &si), ST_ENOTFOUND);
+
+    st_session_info *list = NULL;
+    assert_int_equal(st_store_list(st, &list, &n), 0);
+    assert_int_equal(n, 2);
+    assert_string_equal(list[0].id, "conv-1");
+    free(list);
+    store_test_assert_clean(st);
+
+    /* survives reopen */
+    st_store_close(st);
+    assert_int_equal(st_store_open(&st, dir, NULL), 0);
+    store_test_assert_get(st, "conv-1", 1, a);
+    st_store_close(st);
+    st_store_opts ro = {.read_only = 1};
+    assert_int_equal(st_store_open(&st, dir, &ro), 0);
+    store_test_assert_get(st, "conv-1", 2, b);
+    assert_int_equal(st_store_put(st, "conv-1", a, 0, NULL, NULL), ST_EINVAL);
+    st_store_close(st);
+    st_image_free(a);
+    st_image_free(b);
+}
+
+static void test_conflicts(void **state)
+{
+    (void)state;
+    char dir[4200];
+    st_store *st = open_new(dir, sizeof dir, NULL);
+    st_image *a = store_test_image(3, 100, 0, 0);
+    uint64_t v;
+    assert_int_equal(st_store_put(st, "c", a, 5, NULL, &v), ST_ECONFLICT);
+    assert_non_null(strstr(st_errdetail(), "does not exist"));
+    assert_int_equal(st_store_put(st, "c", a, ST_STORE_HEAD_NONE, NULL, &v), 0);
+    assert_int_equal(st_store_put(st, "c", a, ST_STORE_HEAD_NONE, NULL, &v), ST_ECONFLICT);
+    assert_int_equal(st_store_put(st, "c", a, 1, NULL, &v), 0);
+    assert_int_equal(v, 2);
+    assert_int_equal(st_store_put(st, "c", a, 1, NULL, &v), ST_ECONFLICT);
+    assert_non_null(strstr(st_errdetail(), "expected head 1, the head is 2"));
+    assert_int_equal(st_store_put(st, "c", a, ST_STORE_HEAD_ANY, NULL, &v), 0);
+    assert_int_equal(v, 3);
+    st_session_info si;
+    assert_int_equal(st_store_show(st, "c", &si), 0);
+    assert_int_equal(si.n_versions, 3);
+    store_test_assert_clean(st);
+    st_store_close(st);
+    st_image_free(a);
+}
+
+/* Two images sharing a 10-page prefix store those pages once. */
+static void test_dedup_prefix(void **state)
+{
+    (void)state;
+    char dir[4200];
+    st_store *st = open_new(dir, sizeof dir, NULL);
+    const uint64_t page = 256, prefix = 10 * page;
+    st_image *a = store_test_image(10, 3000, 77, prefix), *b = store_test_image(11, 3100, 77, prefix);
+    st_put_stats sa, sb;
+    st_put_opts pa = {.stats = &sa}, pb = {.stats = &sb};
+    assert_int_equal(st_store_put(st, "a", a, 0, &pa, NULL), 0);
+    assert_int_equal(st_store_put(st, "b", b, 0, &pb, NULL), 0);
+    /* every K/V tensor's first 10 pages are shared */
+    const st_geometry *g = st_image_geometry(a);
+    uint32_t kv_tensors = 0;
+    for (uint32_t ti = 0; ti < g->n_tensors; ti++) {
+        if (g->tensors[ti].role != ST_ROLE_KV)
+            continue;
+        kv_tensors++;
+        uint64_t row = st_tensor_row_bytes(&g->tensors[ti]), la, lb;
+        assert_int_equal(row * page, 32768);
+        const uint8_t *ka = st_image_kv_const(a, ti, &la), *kb = st_image_kv_const(b, ti, &lb);
+        for (uint64_t p = 0; p < 10; p++) {
+            assert_memory_equal(ka + p * row * page, kb + p * row * page, row * page);
+            assert_int_equal(store_test_refcount(st, ka + p * row * page, row * page), 2);
+        }
+        /* page 10 differs: one reference each */
+        assert_int_equal(store_test_refcount(st, ka + 10 * row * page, row * page), 1);
+        assert_int_equal(store_test_refcount(st, kb + 10 * row * page, row * page), 1);
+    }
+    assert_true(kv_tensors >= 2);
+    uint64_t shared = (uint64_t)kv_tensors * 10 * page * st_tensor_row_bytes(&g->tensors[store_test_kv(a)]);
+    assert_true(sb.stored_bytes - sb.new_bytes >= shared);
+    st_store_stats s;
+    assert_int_equal(st_store_stat(st, &s), 0);
+    assert_int_equal(s.chunks, sa.new_chunks + sb.new_chunks);
+    assert_int_equal(s.stored_bytes, sa.new_bytes + sb.new_bytes);
+    assert_int_equal(s.referenced_bytes, sa.stored_bytes + sb.stored_bytes);
+    assert_true(s.dedup_ratio > 1.0);
+    /* a second version of "a" with 100 more tokens writes only what changed */
+    st_image *a2 = store_test_image(10, 3100, 77, prefix);
+    st_put_stats s2;
+    st_put_opts p2 = {.stats = &s2};
+    assert_int_equal(st_store_put(st, "a", a2, 0, &p2, NULL), 0);
+    assert_true(s2.new_bytes < s2.stored_bytes / 4);
+    store_test_assert_get(st, "a", 0, a2);
+    store_test_assert_get(st, "b", 0, b);
+    store_test_assert_clean(st);
+    st_store_close(st);
+    st_image_free(a);
+    st_image_free(a2);
+    st_image_free(b);
+}
+
+static void test_retention_labels(void **state)
+{
+    (void)state;
+    char dir[4200];
+    st_store_opts o = {.keep_last = 3};
+    st_store *st = open_new(dir, sizeof dir, &o);
+    assert_int_equal(st_store_keep_last(st), 3);
+    st_image *img[7];
+    for (int i = 1; i <= 6; i++) {
+        img[i] = store_test_image(100 + (uint64_t)i, 200 + 50 * (uint64_t)i, 5, 200);
+        st_put_opts po = {.label = i == 1 ? "first" : NULL};
+        assert_int_equal(st_store_put(st, "r", img[i], 0, &po, NULL), 0);
+        if (i == 2)
+            assert_int_equal(st_store_label_set(st, "r", "keep", 0), 0);
+    }
+    st_version_info *vs = NULL;
+    size_t n = 0;
+    assert_int_equal(st_store_versions(st, "r", &vs, &n), 0);
+    assert_int_equal(n, 5); /* 1 and 2 labelled, 4 5 6 newest; 3 pruned */
+    uint64_t want[] = {1, 2, 4, 5, 6};
+    for (size_t i = 0; i < n; i++)
+        assert_int_equal(vs[i].version, want[i]);
+    free(vs);
+    store_test_assert_get(st, "r", 2, img[2]);
+    store_test_assert_get(st, "r", 1, img[1]);
+    st_image *x = NULL;
+    assert_int_equal(st_store_get(st, "r", 3, &x), ST_ENOTFOUND);
+
+    st_session_info si;
+    assert_int_equal(st_store_show(st, "r", &si), 0);
+    assert_int_equal(si.n_labels, 2);
+    /* move a label, remove one, errors */
+    assert_int_equal(st_store_label_set(st, "r", "keep", 5), 0);
+    assert_int_equal(st_store_label_remove(st, "r", "first"), 0);
+    assert_int_equal(st_store_label_remove(st, "r", "first"), ST_ENOTFOUND);
+    assert_int_equal(st_store_label_set(st, "r", "x", 3), ST_ENOTFOUND);
+    assert_int_equal(st_store_label_set(st, "r", "bad label", 0), ST_EINVAL);
+    assert_int_equal(st_store_label_set(st, "nope", "x", 0), ST_ENOTFOUND);
+    for (int i = 0; i < ST_STORE_LABELS_MAX - 1; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "l%d", i);
+        assert_int_equal(st_store_label_set(st, "r", name, 6), 0);
+    }
+    assert_int_equal(st_store_label_set(st, "r", "onemore", 6), ST_ETOOBIG);
+    assert_int_equal(st_store_show(st, "r", &si), 0);
+    assert_int_equal(si.n_labels, ST_STORE_LABELS_MAX);
+    /* now 1 and 2 are unlabelled: the next put prunes them */
+    for (int i = 0; i < ST_STORE_LABELS_MAX - 1; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "l%d", i);
+        assert_int_equal(st_store_label_remove(st, "r", name), 0);
+    }
+    st_put_stats ps;
+    st_put_opts po = {.stats = &ps};
+    assert_int_equal(st_store_put(st, "r", img[1], 0, &po, NULL), 0);
+    assert_int_equal(ps.version, 7);
+    assert_int_equal(ps.pruned, 3); /* 1, 2, 4 */
+    assert_int_equal(st_store_versions(st, "r", &vs, &n), 0);
+    assert_int_equal(n, 3);
+    assert_int_equal(vs[0].version, 5);
+    free(vs);
+    store_test_assert_clean(st);
+    /* the setting persists; a new value replaces it */
+    st_store_close(st);
+    assert_int_equal(st_store_open(&st, dir, NULL), 0);
+    assert_int_equal(st_store_keep_last(st), 3);
+    st_store_close(st);
+    st_store_opts o2 = {.keep_last = 2};
+    assert_int_equal(st_store_open(&st, dir, &o2), 0);
+    st_store_close(st);
+    assert_int_equal(st_store_open(&st, dir, NULL), 0);
+    assert_int_equal(st_store_keep_last(st), 2);
+    st_store_close(st);
+    for (int i = 1; i <= 6; i++)
+        st_image_free(img[i]);
+}
+
+static void test_delete(void **state)
+{
+    (void)state;
+    char dir[4200];
+    st_store *st = open_new(dir, sizeof dir, NULL);
+    st_image *a = store_test_image(20, 400, 0, 0), *b = store_test_image(21, 500, 0, 0);
+    assert_int_equal(st_store_put(st, "d", a, 0, NULL, NULL), 0);
+    assert_int_equal(st_store_put(st, "d", b, 0, NULL, NULL), 0);
+    assert_int_equal(st_store_put(st, "e", a, 0, NULL, NULL), 0);
+    assert_int_equal(st_store_version_delete(st, "d", 2), 0); /* the head */
+    st_session_info si;
+    assert_int_equal(st_store_show(st, "d", &si), 0);
+    assert_int_equal(si.head, 1);
+    assert_int_equal(si.n_versions, 1);
+    assert_int_equal(si.next_version, 3); /* numbers are not reused */
+    assert_int_equal(st_store_version_delete(st, "d", 2), ST_ENOTFOUND);
+    assert_int_equal(st_store_version_delete(st, "zz", 1), ST_ENOTFOUND);
+    store_test_assert_clean(st);
+    uint64_t v;
+    assert_int_equal(st_store_put(st, "d", b, 0, NULL, &v), 0);
+    assert_int_equal(v, 3);
+    /* deleting the only version deletes the session */
+    assert_int_equal(st_store_version_delete(st, "e", 1), 0);
+    assert_int_equal(st_store_show(st, "e", &si), ST_ENOTFOUND);
+    store_test_assert_get(st, "d", 1, a); /* a's chunks survive e's deletion */
+    assert_int_equal(st_store_session_delete(st, "d"), 0);
+    assert_int_equal(st_store_session_delete(st, "d"), ST_ENOTFOUND);
+    st_store_stats s;
+    assert_int_equal(st_store_stat(st, &s), 0);
+    assert_int_equal(s.sessions, 0);
+    assert_int_equal(s.versions, 0);
+    assert_int_equal(s.chunks, 0);
+    assert_int_equal(s.stored_bytes, 0);
+    store_test_assert_clean(st);
+    st_store_close(st);
+    st_image_free(a);
+    st_image_free(b);
+}
+
+typedef struct reader_arg {
+    st_store *st;
+    const st_image *want;
+    volatile int stop;
+    int gets, errors;
+} reader_arg;
+
+static void *reader(void *p)
+{
+    reader_arg *r = p;
+    while (!r->stop) {
+        st_image *img = NULL;
+        int rc = st_store_get(r->st, "keep", 0, &img);
+        if (rc || !store_test_equal(img, r->want))
+            r->errors++;
+        st_image_free(img);
+        st_image *gone = NULL;
+        rc = st_store_get(r->st, "churn", 0, &gone);
+        if (rc && rc != ST_ENOTFOUND)
+            r->errors++;
+        st_image_free(gone);
+        r->gets++;
+    }
+    return NULL;
+}
+
+static void test_gc(void **state)
+{
+    (void)state;
+    char dir[4200];
+    st_store_opts o = {.gc_deferred = 1};
+    st_store *st = open_new(dir, sizeof dir, &o);
+    st_image *a = store_test_image(30, 900, 0, 0), *b = store_test_image(31, 900, 30, 512);
+    assert_int_equal(st_store_put(st, "keep", a, 0, NULL, NULL), 0);
+    assert_int_equal(st_store_put(st, "churn", b, 0, NULL, NULL), 0);
+    /* a reader's snapshot taken before the delete and gc keeps seeing the chunk */
+    uint64_t len;
+    const uint8_t *kv = st_image_kv_const(b, store_test_kv(b), &len);
+    const size_t page = 32768;
+    uint8_t h[ST_STORE_HASH_LEN];
+    assert_int_equal(st_store_sha256(kv + 2 * page, page, h), 0);
+    MDB_txn *old = NULL;
+    assert_int_equal(mdb_txn_begin(st->env, NULL, MDB_RDONLY, &old), 0);
+    assert_int_equal(st_store_session_delete(st, "churn"), 0);
+    st_store_stats s;
+    assert_int_equal(st_store_stat(st, &s), 0);
+    assert_true(s.zero_count_chunks > 0);
+    assert_true(s.zero_count_bytes >= page);
+    store_test_assert_clean(st); /* zero counts await gc: not a problem */
+    st_gc_stats gs;
+    assert_int_equal(st_store_gc(st, &gs), 0);
+    assert_int_equal(gs.chunks_freed, s.zero_count_chunks);
+    assert_int_equal(gs.bytes_freed, s.zero_count_bytes);
+    MDB_val k = {ST_STORE_HASH_LEN, h}, v;
+    assert_int_equal(mdb_get(old, st->dbi_chunks, &k, &v), 0);
+    assert_int_equal(v.mv_size, page);
+    assert_memory_equal(v.mv_data, kv + 2 * page, page);
+    mdb_txn_abort(old);
+    assert_int_equal(st_store_stat(st, &s), 0);
+    assert_int_equal(s.zero_count_chunks, 0);
+    store_test_assert_get(st, "keep", 0, a);
+    store_test_assert_clean(st);
+    assert_int_equal(st_store_gc(st, &gs), 0);
+    assert_int_equal(gs.chunks_freed, 0);
+
+    /* gc and deletes while other threads read */
+    reader_arg ra = {.st = st, .want = a};
+    pthread_t t[2];
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(pthread_create(&t[i], NULL, reader, &ra), 0);
+    for (int i = 0; i < 12; i++) {
+        assert_int_equal(st_store_put(st, "churn", b, 0, NULL, NULL), 0);
+        assert_int_equal(st_store_session_delete(st, "churn"), 0);
+        assert_int_equal(st_store_gc(st, NULL), 0);
+    }
+    ra.stop = 1;
+    for (int i = 0; i < 2; i++)
+        pthread_join(t[i], NULL);
+    assert_int_equal(ra.errors, 0);
+    assert_true(ra.gets > 0);
+    store_test_assert_clean(st);
+    st_store_close(st);
+    st_image_free(a);
+    st_image_free(b);
+}
+
+static void test_compression(void **state)
+{
+    (void)state;
+    char dir[4200];
+    st_store *st = open_new(dir, sizeof dir, NULL);
+    st_image *a = store_test_image(40, 2000, 0, 0);
+    st_put_stats s1, s2;
+    st_put_opts p1 = {.stats = &s1}, p3 = {.compress = 3, .stats = &s2};
+    assert_int_equal(st_store_put(st, "raw", a, 0, &p1, NULL), 0);
+    assert_int_equal(st_store_put(st, "z", a, 0, &p3, NULL), 0);
+    assert_int_equal(s1.stored_bytes, st_image_bytes(a) + (s1.stored_bytes - st_image_bytes(a)));
+    assert_true(s2.stored_bytes < s1.stored_bytes);
+    store_test_assert_get(st, "z", 0, a);
+    st_version_info vi;
+    assert_int_equal(st_store_version_info(st, "z", 0, &vi), 0);
+    assert_int_equal(vi.compress, 3);
+    st_put_opts bad = {.compress = 20};
+    assert_int_equal(st_store_put(st, "z", a, 0, &bad, NULL), ST_EINVAL);
+    store_test_assert_clean(st);
+    st_store_close(st);
+    /* SHA-256 verification on read */
+    st_store_opts o = {.verify_sha256 = 1};
+    assert_int_equal(st_store_open(&st, dir, &o), 0);
+    store_test_assert_get(st, "z", 0, a);
+    store_test_assert_get(st, "raw", 0, a);
+    st_store_close(st);
+    st_image_free(a);
+}
+
+static void file_roundtrip(st_store *st, const st_image *img, const st_file_write_opts *fo, const char *name,
+                           int expect_verbatim)
+{
+    char in[4300], out[4300];
+    snprintf(in, sizeof in, "%s/%s.in", base, name);
+    snprintf(out, sizeof out, "%s/%s.out", base, name);
+    assert_int_equal(st_file_write(img, in, fo), 0);
+    uint64_t v = 0;
+    int rc = st_store_import(st, in, name, NULL, &v);
+    if (rc)
+        print_error("import: %s: %s\n", st_strerror(rc), st_errdetail());
+    assert_int_equal(rc, 0);
+    st_version_info vi;
+    assert_int_equal(st_store_version_info(st, name, v, &vi), 0);
+    assert_int_equal(vi.file_verbatim, expect_verbatim);
+    assert_int_equal(st_store_export(st, name, v, out, NULL), 0);
+    size_t la, lb;
+    uint8_t *a = st_test_slurp(in, &la), *b = st_test_slurp(out, &lb);
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_int_equal(la, lb);
+    assert_memory_equal(a, b, la);
+    free(a);
+    free(b);
+    store_test_assert_get(st, name, v, img);
+}
+
+static void test_import_export(void **state)
+{
+    (void)state;
+    char dir[4200];
+    st_store *st = open_new(dir, sizeof dir, NULL);
+    st_image *a = store_test_image(50, 700, 0, 0);
+    st_file_write_opts v1 = {.version = 1}, v2 = {.version = 2}, z3 = {.version = 2, .compress = 3, .shuffle = 1},
+                       z3n = {.version = 2, .compress = 3}, z7 = {.version = 2, .compress = 7, .shuffle = 1};
+    file_roundtrip(st, a, &v1, "f-v1", 0);
+    file_roundtrip(st, a, &v2, "f-v2", 0);
+    file_roundtrip(st, a, &z3, "f-z3", 0);
+    file_roundtrip(st, a, &z3n, "f-z3n", 0);
+    file_roundtrip(st, a, &z7, "f-z7", 1); /* a level import cannot guess: bytes kept */
+    st_synth_opts so = {.seed = 51, .n_tokens = 300, .codec = ST_CODEC_BF16};
+    st_image *bf = NULL;
+    assert_int_equal(st_image_synthesize(&so, &bf), 0);
+    file_roundtrip(st, bf, NULL, "f-bf16", 0);
+    /* forced options on export */
+    char out[4300];
+    snprintf(out, sizeof out, "%s/forced.out", base);
+    assert_int_equal(st_store_export(st, "f-v1", 0, out, &z3), 0);
+    st_image *back = NULL;
+    assert_int_equal(st_file_read(out, NULL, &back), 0);
+    assert_true(store_test_equal(back, a));
+    st_image_free(back);
+    /* a put's version exports with automatic options */
+    assert_int_equal(st_store_put(st, "p", a, 0, NULL, NULL), 0);
+    assert_int_equal(st_store_export(st, "p", 0, out, NULL), 0);
+    assert_int_equal(st_file_read(out, NULL, &back), 0);
+    assert_true(store_test_equal(back, a));
+    st_image_free(back);
+    /* errors */
+    assert_int_equal(st_store_import(st, "/nonexistent/file", "x", NULL, NULL), ST_ENOTFOUND);
+    char junk[4300];
+    snprintf(junk, sizeof junk, "%s/junk", base);
+    assert_int_equal(st_test_spit(junk, "not a strata file at all, really", 32), 0);
+    assert_int_equal(st_store_import(st, junk, "x", NULL, NULL), ST_ENOTSTRATA);
+    assert_int_equal(st_store_export(st, "nope", 0, out, NULL), ST_ENOTFOUND);
+    store_test_assert_clean(st);
+    st_store_close(st);
+    st_image_free(a);
+    st_image_free(bf);
+}
+
+static void test_geometry_refused(void **state)
+{
+    (void)state;
+    char dir[4200];
+    st_store *st = open_new(dir, sizeof dir, NULL);
+    st_image *a = store_test_image(60, 300, 0, 0);
+    assert_int_equal(st_store_put(st, "g", a, 0, NULL, NULL), 0);
+    st_synth_opts o = {.seed = 60, .n_tokens = 300, .page_size = 128};
+    st_image *b = NULL;
+    assert_int_equal(st_image_synthesize(&o, &b), 0);
+    assert_int_equal(st_store_put(st, "g", b, 0, NULL, NULL), ST_EGEOMETRY);
+    assert_non_null(strstr(st_errdetail(), "page_size"));
+    /* another model */
+    st_geometry g = *st_image_geometry(a);
+    g.model_fp[0] ^= 1;
+    st_image *c = NULL;
+    assert_int_equal(st_image_create(&c, &g), 0);
+    assert_int_equal(st_image_checkpoint_add(c, 0, ST_CODEC_FP32, NULL), 0);
+    assert_int_equal(st_store_put(st, "g", c, 0, NULL, NULL), ST_EMODEL);
+    /* an incomplete image is refused before anything is written */
+    st_image *e = NULL;
+    assert_int_equal(st_image_create(&e, &g), 0);
+    assert_int_not_equal(st_store_put(st, "g2", e, 0, NULL, NULL), 0);
+    assert_int_equal(st_store_show(st, "g2", &(st_session_info){0}), ST_ENOTFOUND);
+    store_test_assert_clean(st);
+    st_store_close(st);
+    st_image_free(a);
+    st_image_free(b);
+    st_image_free(c);
+    st_image_free(e);
+}
+
+static void test_map_growth_and_budget(void **state)
+{
+    (void)state;
+    char dir[4200];
+    st_store_opts o = {.map_initial = 1u << 20, .budget = 256u << 20};
+    st_store *st = open_new(dir, sizeof dir, &o);
+    st_image *big = store_test_image(70, 4000, 0, 0), *small = store_test_image(71, 50, 0, 0);
+    st_store_stats s0, s1;
+    assert_int_equal(st_store_stat(st, &s0), 0);
+    assert_int_equal(s0.map_size, 1u << 20);
+    for (int i = 0; i < 4; i++) {
+        int rc = st_store_put(st, "big", big, 0, NULL, NULL);
+        if (rc)
+            print_error("put: %s\n", st_errdetail());
+        assert_int_equal(rc, 0);
+    }
+    assert_int_equal(st_store_put(st, "big2", small, 0, NULL, NULL), 0);
+    assert_int_equal(st_store_stat(st, &s1), 0);
+    assert_true(s1.map_size > s0.map_size);
+    store_test_assert_get(st, "big", 0, big);
+    store_test_assert_clean(st);
+    st_store_close(st);
+
+    /* a budget smaller than the image: ST_EFULL, and the store stays usable */
+    st_store_opts tight = {.map_initial = 1u << 20, .budget = 1u << 20};
+    st = open_new(dir, sizeof dir, &tight);
+    assert_int_equal(st_store_put(st, "s", small, 0, NULL, NULL), 0);
+    assert_int_equal(st_store_put(st, "big", big, 0, NULL, NULL), ST_EFULL);
+    assert_non_null(strstr(st_errdetail(), "budget"));
+    int rc = st_store_put(st, "s", small, 0, NULL, NULL);
+    if (rc) {
+        st_store_stats sx;
+        st_store_stat(st, &sx);
+        print_error("put: %s (map %llu used pages %llu free %llu)\n", st_errdetail(), (unsigned long long)sx.map_size,
+                    (unsigned long long)sx.pages_used, (unsigned long long)sx.pages_free);
+    }
+    assert_int_equal(rc, 0);
+    store_test_assert_get(st, "s", 0, small);
+    st_image *x = NULL;
+    assert_int_equal(st_store_get(st, "big", 0, &x), ST_ENOTFOUND);
+    store_test_assert_clean(st);
+    st_store_close(st);
+    st_image_free(big);
+    st_image_free(small);
+}
+
+static void test_backup_restore(void **state)
+{
+    (void)state;
+    char dir[4200], bak[1200], dst[1200], full[4300];
+    st_store *st = open_new(dir, sizeof dir, NULL);
+    st_image *a = store_test_image(80, 1200, 0, 0), *b = store_test_image(81, 600, 80, 300);
+    assert_int_equal(st_store_put(st, "a", a, 0, NULL, NULL), 0);
+    assert_int_equal(st_store_put(st, "b", b, 0, NULL, NULL), 0);
+    assert_int_equal(st_store_label_set(st, "a", "gold", 1), 0);
+    snprintf(bak, sizeof bak, "%s/bak%d", base, seq);
+    assert_int_equal(st_store_backup(st, bak), 0);
+    /* the store keeps working after and the backup is a snapshot */
+    assert_int_equal(st_store_put(st, "c", a, 0, NULL, NULL), 0);
+    assert_int_equal(st_store_backup(st, bak), ST_EINVAL); /* exists, not empty */
+    snprintf(full, sizeof full, "%s/data.mdb", bak);
+    struct stat sb;
+    assert_int_equal(stat(full, &sb), 0);
+    snprintf(full, sizeof full, "%s/lock.mdb", bak);
+    assert_int_not_equal(stat(full, &sb), 0); /* the backup holds data.mdb only */
+    snprintf(dst, sizeof dst, "%s/restored%d", base, seq);
+    assert_int_equal(mkdir(dst, 0755), 0); /* an empty directory is fine */
+    assert_int_equal(st_store_restore_backup(bak, dst, NULL), 0);
+    assert_int_equal(st_store_restore_backup(bak, dst, NULL), ST_EINVAL);
+    assert_int_equal(st_store_restore_backup(dir, bak, NULL), ST_EINVAL);
+    snprintf(full, sizeof full, "%s/none", base);
+    assert_int_equal(st_store_restore_backup(full, dst, NULL), ST_ENOTFOUND);
+    st_store *r = NULL;
+    assert_int_equal(st_store_open(&r, dst, NULL), 0);
+    store_test_assert_get(r, "a", 0, a);
+    store_test_assert_get(r, "b", 0, b);
+    st_session_info si;
+    assert_int_equal(st_store_show(r, "c", &si), ST_ENOTFOUND);
+    assert_int_equal(st_store_show(r, "a", &si), 0);
+    assert_int_equal(si.n_labels, 1);
+    store_test_assert_clean(r);
+    st_store_close(r);
+    st_store_close(st);
+    st_image_free(a);
+    st_image_free(b);
+}
+
+static int set_schema_fn(st_store *st, MDB_txn *txn, void *arg)
+{
+    uint8_t b[4];
+    st_put32(b, *(uint32_t *)arg);
+    MDB_val k = {strlen(ST_META_SCHEMA), ST_META_SCHEMA}, v = {4, b};
+    return mdb_put(txn, st->dbi_meta, &k, &v, 0);
+}
+
+static void test_schema_refused(void **state)
+{
+    (void)state;
+    char dir[4200];
+    st_store *st = open_new(dir, sizeof dir, NULL);
+    uint32_t three = 3;
+    assert_int_equal(st_store__write(st, set_schema_fn, &three), 0);
+    st_store_close(st);
+    assert_int_equal(st_store_open(&st, dir, NULL), ST_EVERSION);
+    assert_string_equal(st_errdetail(), "store schema 3 is newer than this build's 2");
+    assert_null(st);
+    uint32_t schema;
+    assert_int_equal(st_store_schema_version(dir, &schema), 0);
+    assert_int_equal(schema, 3);
+}
+
+static void test_check_finds_damage(void **state)
+{
+    (void)state;
+    char dir[4200];
+    st_store *st = open_new(dir, sizeof dir, NULL);
+    st_image *a = store_test_image(90, 600, 0, 0);
+    assert_int_equal(st_store_put(st, "a", a, 0, NULL, NULL), 0);
+    /* an orphan chunk and a wrong count, written behind the store's back */
+    MDB_txn *txn = NULL;
+    assert_int_equal(mdb_txn_begin(st->env, NULL, 0, &txn), 0);
+    uint8_t h[ST_STORE_HASH_LEN], cnt[8];
+    assert_int_equal(st_store_sha256("orphan", 6, h), 0);
+    MDB_val k = {ST_STORE_HASH_LEN, h}, v = {6, "orphan"};
+    assert_int_equal(mdb_put(txn, st->dbi_chunks, &k, &v, 0), 0);
+    uint64_t len;
+    const uint8_t *kv = st_image_kv_const(a, store_test_kv(a), &len);
+    uint8_t h2[ST_STORE_HASH_LEN];
+    assert_int_equal(st_store_sha256(kv, 32768, h2), 0);
+    st_put64(cnt, 5);
+    MDB_val k2 = {ST_STORE_HASH_LEN, h2}, v2 = {8, cnt};
+    assert_int_equal(mdb_put(txn, st->dbi_refcounts, &k2, &v2, 0), 0);
+    assert_int_equal(mdb_txn_commit(txn), 0);
+    store_test_problems pr;
+    memset(&pr, 0, sizeof pr);
+    st_check_result res;
+    assert_int_equal(st_store_check(st, 0, store_test_report, &pr, &res), 0);
+    assert_int_equal(res.problems, 2);
+    char hex[65], hex2[65];
+    st_store_hex(hex, h, 32);
+    st_store_hex(hex2, h2, 32);
+    int orphan = 0, count = 0;
+    for (int i = 0; i < pr.n; i++) {
+        orphan |= pr.kind[i] == ST_CHECK_ORPHAN_CHUNK && !strcmp(pr.chunk[i], hex);
+        count |= pr.kind[i] == ST_CHECK_REFCOUNT && !strcmp(pr.chunk[i], hex2) && !strcmp(pr.session[i], "a");
+    }
+    assert_true(orphan);
+    assert_true(count);
+    st_store_close(st);
+    st_image_free(a);
+}
+
+int main(void)
+{
+    st_test_tmpdir(base, sizeof base, "test_store");
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_open_close),
+        cmocka_unit_test(test_put_get_versions),
+        cmocka_unit_test(test_conflicts),
+        cmocka_unit_test(test_dedup_prefix),
+        cmocka_unit_test(test_retention_labels),
+        cmocka_unit_test(test_delete),
+        cmocka_unit_test(test_gc),
+        cmocka_unit_test(test_compression),
+        cmocka_unit_test(test_import_export),
+        cmocka_unit_test(test_geometry_refused),
+        cmocka_unit_test(test_map_growth_and_budget),
+        cmocka_unit_test(test_backup_restore),
+        cmocka_unit_test(test_schema_refused),
+        cmocka_unit_test(test_check_finds_damage),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    if (rc == 0)
+        st_test_rmdir(base);
+    return rc;
+}
