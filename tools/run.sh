@@ -1,15 +1,52 @@
 #!/usr/bin/env bash
 # `make run`: the main job, end to end, with what this build delivers.
-# Session files: build an image, write it as a session file, inspect, convert (bf16 + zstd),
-# verify, diff against the original, and convert back to v1. With the engine built, it also makes
-# the demo model, runs a conversation, saves it, and continues it in a new process.
+#
+#   tools/run.sh [BUILD]           strata-server on 127.0.0.1:8080 (STRATA_HOST, STRATA_PORT) with
+#                                  its store in ./data/store and the small demo model (made in
+#                                  models/small.gguf when missing); Ctrl-C stops it gracefully.
+#   tools/run.sh --files [BUILD]   the offline walkthrough: build an image, write it as a session
+#                                  file, inspect, convert (bf16 + zstd), verify, diff against the
+#                                  original, convert back to v1; with the engine built, also a
+#                                  conversation saved and continued in a new process.
+# A build without strata-server runs the offline walkthrough.
 set -euo pipefail
-build=${1:-build}
+mode=server
+build=build
+for a in "$@"; do
+  case "$a" in
+    --files) mode=files ;;
+    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    *) build=$a ;;
+  esac
+done
 bin="$build/tools"
 work=${STRATA_RUN_DIR:-data/run}
-mkdir -p "$work"
 
 say() { printf '\n== %s\n' "$*"; }
+
+if [ "$mode" = server ] && [ -x "$bin/strata-server" ] && [ -x "$bin/strata-mkmodel" ]; then
+  model=models/small.gguf
+  host=${STRATA_HOST:-127.0.0.1}
+  port=${STRATA_PORT:-8080}
+  if [ ! -f "$model" ]; then
+    say "strata-mkmodel: the small demo model (seeded weights: the text is not meaningful)"
+    mkdir -p models
+    "$bin/strata-mkmodel" --preset small -o "$model"
+  fi
+  mkdir -p data
+  say "strata-server on http://$host:$port (store ./data/store, model $model); Ctrl-C stops it"
+  cat <<TRY
+Try, from another terminal:
+  curl -s $host:$port/v1/completions -d '{"session":"demo","prompt":"Hello, Strata.","n_predict":16}'
+  curl -s -X POST $host:$port/v1/sessions/demo/save
+  curl -s -X POST $host:$port/v1/sessions/demo/restore
+  curl -s $host:$port/v1/sessions
+docs/API.md has every route; \`tools/run.sh --files\` runs the offline walkthrough.
+TRY
+  exec "$bin/strata-server" --host "$host" --port "$port" --store data/store --model "$model"
+fi
+
+mkdir -p "$work"
 
 say "statectl synth: a synthetic 2,000-token conversation state, written as a session file"
 "$bin/statectl" synth "$work/demo.stsf" --tokens 2000 --layers 8 --head-dim 64 --checkpoints 3

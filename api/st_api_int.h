@@ -1,0 +1,259 @@
+/*
+ * st_api_int.h - the parts of strata-server: the HTTP/1.1 layer (st_http.c), the worker pool
+ * (st_work.c), metrics (st_metrics.c), the memory guard (st_memguard.c), the router and the
+ * store routes (st_server.c), and, with the engine, slots, the park pool and the engine routes
+ * (st_conv.c). Internal to api/; tests may include it.
+ */
+#ifndef ST_API_INT_H
+#define ST_API_INT_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <event2/buffer.h>
+#include <event2/event.h>
+#include <jansson.h>
+
+#include "st_api.h"
+
+/* ---- the HTTP/1.1 layer --------------------------------------------------------------------
+ * Built on bufferevents rather than evhttp: libevent 2.1's evhttp answers its own limit
+ * failures with fixed HTML pages (400 for oversize headers, 413 after it decided alone), drops a
+ * connection silently on a timeout (no 408), has no connection cap and no hook between
+ * accepting a connection and reading its headers. This layer owns those decisions: every
+ * refusal is a JSON error with the right status, and a body is never read before the route,
+ * the credentials and the Content-Length were accepted.
+ *
+ * Invariants:
+ * 1. One request per connection at a time: reading stops once a head and its body are in, and
+ *    resumes after the reply was written (pipelined bytes wait in the input buffer).
+ * 2. A connection whose request is with a handler (state BUSY) is never freed; a failure noticed
+ *    meanwhile marks it dead and the reply frees it.
+ * 3. Every request gets exactly one reply; the layer replies for the handler when it refuses.
+ * 4. Body bytes buffered at once, over all connections, never exceed the budget: a request's
+ *    Content-Length is reserved before its body is read and released when the request ends.
+ * All functions run on the loop thread. */
+typedef struct st_http st_http;
+typedef struct st_http_req st_http_req;
+
+enum {
+    ST_HTTP_GET = 1,
+    ST_HTTP_HEAD = 2,
+    ST_HTTP_POST = 4,
+    ST_HTTP_PUT = 8,
+    ST_HTTP_DELETE = 16,
+    ST_HTTP_OPTIONS = 32,
+    ST_HTTP_PATCH = 64,
+    ST_HTTP_OTHER = 128,
+};
+
+typedef struct st_http_limits {
+    uint32_t max_connections;
+    uint32_t max_header_bytes;
+    uint32_t max_headers;
+    uint64_t body_budget;
+    uint32_t head_timeout_ms, read_timeout_ms, body_timeout_ms, write_timeout_ms, idle_timeout_ms;
+} st_http_limits;
+
+typedef struct st_http_cbs {
+    /* A head was parsed. Return 0 with *body_max set to read the body (up to *body_max bytes;
+     * a larger Content-Length is answered 413 by the layer) and then call on_request; or reply
+     * (st_http_reply_*) and return non-zero: the body is not read. */
+    int (*on_head)(st_http_req *req, uint64_t *body_max, void *arg);
+    /* The body is in (st_http_req_body). The handler replies now or later, once. */
+    void (*on_request)(st_http_req *req, void *arg);
+    /* The reply was handed to the socket (or the connection failed): for metrics and logs. */
+    void (*on_done)(st_http_req *req, void *arg);
+    /* A request the layer refused before routing (bad head, limits, timeout). */
+    void (*on_refused)(int status, const char *code, void *arg);
+    /* The request is freed: free what st_http_req_set_user attached. */
+    void (*free_user)(void *user, void *arg);
+} st_http_cbs;
+
+int st_http_new(struct event_base *base, const char *host, uint16_t port,
+                const st_http_limits *lim, const st_http_cbs *cbs, void *arg, st_http **out);
+void st_http_free(st_http *h); /* closes every connection */
+uint16_t st_http_port(const st_http *h);
+/* Stop accepting; connections finish their current request and close. */
+void st_http_stop_accepting(st_http *h);
+uint32_t st_http_n_connections(const st_http *h);
+/* Close idle connections (no request in progress); returns those still busy. */
+uint32_t st_http_close_idle(st_http *h);
+
+unsigned st_http_req_method(const st_http_req *r);
+const char *st_http_req_method_name(const st_http_req *r);
+const char *st_http_req_path(const st_http_req *r);   /* raw, before '?' */
+const char *st_http_req_query(const st_http_req *r);  /* raw, after '?', or NULL */
+const char *st_http_req_header(const st_http_req *r, const char *name); /* first, or NULL */
+struct evbuffer *st_http_req_body(st_http_req *r);    /* the body (owned by the request) */
+uint64_t st_http_req_body_len(const st_http_req *r);
+double st_http_req_elapsed_ms(const st_http_req *r);  /* since its head was complete */
+int st_http_req_status(const st_http_req *r);         /* status replied (0: none yet) */
+uint64_t st_http_req_bytes_out(const st_http_req *r);
+const char *st_http_req_peer(const st_http_req *r);
+void st_http_req_set_user(st_http_req *r, void *user);
+void *st_http_req_user(const st_http_req *r);
+
+/* Replies. Each takes the request's one reply; an extra header may be added first. */
+void st_http_header_add(st_http_req *r, const char *name, const char *value);
+void st_http_reply_buf(st_http_req *r, int status, const char *ctype, const void *data, size_t len);
+/* Moves the contents of body. */
+void st_http_reply_evbuf(st_http_req *r, int status, const char *ctype, struct evbuffer *body);
+/* Streams len bytes of fd from offset 0 (sendfile where possible); takes ownership of fd. */
+void st_http_reply_file(st_http_req *r, int status, const char *ctype, int fd, uint64_t len);
+void st_http_reply_json(st_http_req *r, int status, json_t *body); /* steals body */
+void st_http_reply_error(st_http_req *r, int status, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+const char *st_http_reason(int status);
+/* {"error":{"code":code,"message":message}} as a malloc'd string. */
+char *st_http_error_body(const char *code, const char *message, size_t *len);
+
+/* ---- worker pool --------------------------------------------------------------------------
+ * run() executes on a worker thread, done() then executes on the loop thread. A job is owned by
+ * its submitter; done() typically frees it. */
+typedef struct st_work st_work;
+typedef struct st_job st_job;
+struct st_job {
+    void (*run)(st_job *j);
+    void (*done)(st_job *j);
+    st_job *next;
+};
+int st_work_new(struct event_base *base, unsigned n_threads, st_work **out);
+void st_work_submit(st_work *w, st_job *j);
+/* Jobs submitted and not yet done (queued, running or waiting for the loop). */
+unsigned st_work_outstanding(const st_work *w);
+unsigned st_work_queued(st_work *w);
+/* Stop the threads after the queue drained (no job may be submitted after). */
+void st_work_free(st_work *w);
+
+/* ---- metrics -------------------------------------------------------------------------------- */
+#define ST_METRICS_ROUTES_MAX 32
+#define ST_METRICS_BUCKETS 15
+typedef struct st_metrics {
+    /* per route (index into the router's table; the last is "none"): loop thread only */
+    const char *route_name[ST_METRICS_ROUTES_MAX];
+    uint32_t n_routes;
+    uint64_t req_by_class[ST_METRICS_ROUTES_MAX][6]; /* 1xx..5xx, index 1..5 */
+    uint64_t lat_bucket[ST_METRICS_ROUTES_MAX][ST_METRICS_BUCKETS];
+    uint64_t lat_count[ST_METRICS_ROUTES_MAX];
+    double lat_sum[ST_METRICS_ROUTES_MAX];
+    uint64_t refused[6]; /* by the layer before routing: 1xx..5xx */
+    /* any thread */
+    _Atomic uint64_t saves, save_logical_bytes, save_new_bytes, save_stored_bytes;
+    _Atomic uint64_t restores, restore_bytes;
+    _Atomic uint64_t parks_ram, parks_disk, park_spills, park_unspills, park_bytes;
+    _Atomic uint64_t downloads, download_bytes, uploads, upload_bytes;
+    _Atomic uint64_t conv_hits_slot, conv_hits_ram, conv_hits_disk, conv_hits_store, conv_new;
+    _Atomic uint64_t prompt_reused, prompt_computed, tokens_generated;
+    _Atomic uint64_t memguard_refusals;
+    /* gauges set by their owners */
+    _Atomic uint64_t pool_ram_bytes, pool_ram_entries, pool_disk_entries, pool_limit_bytes;
+    _Atomic uint64_t slots_total, slots_bound, slots_busy;
+    /* store statistics refreshed by a worker now and then (dedup ratio * 1e6) */
+    _Atomic uint64_t store_sessions, store_versions, store_logical, store_stored, store_dedup_micro;
+    _Atomic uint64_t store_stat_ok;
+} st_metrics;
+extern const double st_metrics_bucket_ms[ST_METRICS_BUCKETS];
+void st_metrics_init(st_metrics *m);
+int st_metrics_route(st_metrics *m, const char *name); /* registers; returns its index */
+void st_metrics_request(st_metrics *m, int route, int status, double ms);
+void st_metrics_refused(st_metrics *m, int status);
+/* Prometheus text exposition (version 0.0.4) into out. */
+void st_metrics_render(st_metrics *m, struct evbuffer *out, uint32_t connections,
+                       uint32_t work_outstanding, uint32_t work_queued);
+
+/* ---- memory guard -------------------------------------------------------------------------- */
+typedef struct st_memguard {
+    int enabled;
+    uint64_t reserve;
+    const char *meminfo_path; /* NULL: /proc/meminfo, then sysconf(_SC_AVPHYS_PAGES) */
+    _Atomic uint64_t *refusals;
+} st_memguard;
+/* Available RAM in *avail and where it was read in *source ("MemAvailable", "sysconf").
+ * errno-style error when it cannot be read, with a detail naming what was tried. */
+int st_memguard_available(const st_memguard *g, uint64_t *avail, const char **source);
+/* 0 if need bytes (plus the reserve) fit in the available RAM; ST_ENOMEMGUARD with a detail
+ * "memory guard: SAVE needs 1.2 GiB + 0.25 GiB reserve: limit 1.4 GiB, available 0.9 GiB
+ * (MemAvailable)", or when RAM cannot be read, a detail saying so. what names the operation. */
+int st_memguard_admit(const st_memguard *g, const char *what, uint64_t need);
+
+/* ---- server internals shared by st_server.c and st_conv.c ---------------------------------- */
+typedef struct st_api_server st_api_server;
+struct st_store;
+
+/* A parsed request, handed to route handlers. */
+typedef struct st_api_call {
+    st_api_server *srv;
+    st_http_req *req;
+    int route;                 /* router index */
+    char id[ST_API_ID_MAX + 1];/* {id} when the route has one */
+    char arg2[64];             /* second parameter ({v}, {uid}, {n}) raw, validated by handler */
+    char arg3[32];
+    json_t *body;              /* parsed JSON body (NULL when none) */
+    /* the worker's result, sent by the loop */
+    st_job job;
+    int status;
+    json_t *reply;             /* JSON reply (serialised by the worker into reply_text), or */
+    char *reply_text;
+    size_t reply_len;
+    char err_code[32];
+    char *err_msg;
+    struct evbuffer *text;     /* a text reply (/metrics) */
+    int file_fd;               /* a file reply (downloads) */
+    uint64_t file_len;
+    const char *file_ctype;
+    void *ctx;                 /* handler's own */
+} st_api_call;
+
+/* Fill call's error from rc (an ST_E* code or errno) and the thread's detail. */
+void st_api_call_fail(st_api_call *c, int rc, const char *what);
+void st_api_call_error(st_api_call *c, int status, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* Run fn on a worker, then reply from the loop with what it left in the call. */
+void st_api_call_submit(st_api_call *c, void (*fn)(st_api_call *c));
+
+st_metrics *st_api_metrics(st_api_server *s);
+struct st_store *st_api_store(st_api_server *s);
+const st_api_config *st_api_cfg(st_api_server *s);
+const st_memguard *st_api_memguard(st_api_server *s);
+
+/* Prefix of the store ids of disk-parked conversations (not a valid API id character). */
+#define ST_API_PARK_PREFIX "park:"
+
+/* JSON body helpers: 0, or fill the call's 400 error and return -1. */
+int st_api_json_opt_u64(st_api_call *c, const char *key, uint64_t max, uint64_t *out, int *given);
+int st_api_json_opt_str(st_api_call *c, const char *key, const char **out);
+int st_api_json_opt_double(st_api_call *c, const char *key, double *out, int *given);
+int st_api_json_opt_bool(st_api_call *c, const char *key, int *out);
+/* Unknown keys are refused (400 unknown_field) so that typos do not pass silently. */
+int st_api_json_only(st_api_call *c, const char *const *keys);
+
+double st_api_now_ms(void);
+/* Milliseconds rounded to the microsecond, for replies. */
+double st_api_ms(double ms);
+/* json_dumps flags of every reply: compact, and reals without noise digits. */
+#define ST_API_JSON_FLAGS (JSON_COMPACT | JSON_REAL_PRECISION(12))
+
+/* ---- conversations: slots and the park pool (st_conv.c; engine builds only) ------------------ */
+typedef struct st_conv st_conv;
+int st_conv_new(st_api_server *srv, st_conv **out);
+void st_conv_free(st_conv *cv);
+/* At shutdown: park live conversations and spill the pool to the store (best effort). */
+void st_conv_persist_all(st_conv *cv);
+/* Route handlers (run on workers). */
+void st_conv_completion(st_api_call *c);
+void st_conv_save(st_api_call *c);
+void st_conv_restore(st_api_call *c);
+void st_conv_park(st_api_call *c);
+void st_conv_slots_action(st_api_call *c);
+void st_conv_slots_list(st_api_call *c);
+/* Where a session lives now: "slot", "ram", "disk" or NULL; *tokens when live. */
+const char *st_conv_where(st_conv *cv, const char *id, uint64_t *tokens);
+/* Forget a session's live state (slot, pool, spilled image). ST_EBUSY if it is in use. */
+int st_conv_forget(st_conv *cv, const char *id, int *found);
+/* Live sessions not in the store (and those in it): appended to arr as {id, where, tokens}. */
+void st_conv_list_live(st_conv *cv, json_t *arr);
+st_conv *st_api_conv(st_api_server *s);
+
+#endif /* ST_API_INT_H */

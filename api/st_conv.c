@@ -1,0 +1,1250 @@
+/*
+ * st_conv.c - conversations in the engine: slots, the park pool, and the routes that use them
+ * (completions, SAVE, RESTORE, PARK, llama.cpp's /slots).
+ *
+ * A conversation is in at most one of three places: a slot (live), the park pool in RAM (an
+ * image with its whole checkpoint chain), or the park pool on disk (that image stored in the
+ * store as session "park:<id>"). Besides, the store may hold versions the client saved.
+ *
+ * Invariants (cv->mu guards every field below; no slow work is done while holding it):
+ * 1. A session id is bound to at most one slot, and then has no park entry. A slot is bound to
+ *    the id a request wants as soon as the slot is chosen (before any slow work), and while the
+ *    slot's previous conversation is being parked its id stays findable there (victim), busy,
+ *    until it is in the pool: no request ever finds a conversation in two places or in none.
+ * 2. A slot or park entry marked busy belongs to one worker; nobody else reads or changes the
+ *    slot's state or the entry's image until it is released. Requests for a busy session are
+ *    answered 409 (busy), never queued behind it.
+ * 3. ram_bytes is the sum of the bytes of the park entries whose image is in RAM. After a park,
+ *    entries are spilled oldest first until ram_bytes <= ram_limit (an entry being used is
+ *    skipped; a spill that fails leaves the entry in RAM and is logged).
+ * 4. A disk entry's image is in the store under ST_API_PARK_PREFIX + id until it is taken back
+ *    into a slot, restored over, or deleted; it is then deleted from the store. At start, every
+ *    such session in the store becomes a disk entry again, so disk-parked conversations survive a
+ *    crash. RAM entries and live slots do not (they are written to disk at a graceful stop).
+ * 5. Choosing a slot for a session not in one takes a free slot, else the least recently used
+ *    idle one, whose conversation is parked first; if parking fails the request fails and the
+ *    slot keeps its conversation.
+ */
+#ifdef ST_API_HAVE_ENGINE
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "st_api_int.h"
+#include "st_engine.h"
+#include "st_store.h"
+
+#define PARK_ID_MAX (ST_STORE_ID_MAX + 1)
+
+typedef struct cslot {
+    st_slot *slot;
+    int bound;
+    char id[ST_API_ID_MAX + 1];
+    char victim[ST_API_ID_MAX + 1]; /* the conversation being parked out of this slot, or "" */
+    int busy;
+    uint64_t last_used;
+    uint64_t tokens; /* held, as of the last release */
+} cslot;
+
+typedef struct pentry {
+    char id[ST_API_ID_MAX + 1];
+    st_image *img; /* NULL when on disk */
+    uint64_t bytes, tokens, tick;
+    int busy;
+    struct pentry *prev, *next; /* oldest first */
+} pentry;
+
+struct st_conv {
+    st_api_server *srv;
+    st_store *store;
+    st_metrics *m;
+    const st_memguard *guard;
+    st_model *model;
+    st_engine *engine;
+    uint32_t n_vocab, n_ctx;
+    uint32_t n_slots;
+    cslot *slots;
+    pthread_mutex_t mu;
+    pentry *head, *tail;
+    uint64_t ram_bytes, ram_limit, tick;
+};
+
+static void park_id(char *dst, const char *id)
+{
+    snprintf(dst, PARK_ID_MAX, "%s%s", ST_API_PARK_PREFIX, id);
+}
+
+/* ---- bookkeeping (under mu) ----------------------------------------------------------------- */
+
+static void gauges_locked(st_conv *cv)
+{
+    uint64_t bound = 0, busy = 0, ram = 0, disk = 0;
+    for (uint32_t i = 0; i < cv->n_slots; i++) {
+        bound += cv->slots[i].bound;
+        busy += cv->slots[i].busy;
+    }
+    for (pentry *p = cv->head; p; p = p->next) {
+        if (p->img)
+            ram++;
+        else
+            disk++;
+    }
+    cv->m->slots_bound = bound;
+    cv->m->slots_busy = busy;
+    cv->m->pool_ram_entries = ram;
+    cv->m->pool_disk_entries = disk;
+    cv->m->pool_ram_bytes = cv->ram_bytes;
+}
+
+static int slot_find_locked(st_conv *cv, const char *id)
+{
+    for (uint32_t i = 0; i < cv->n_slots; i++)
+        if ((cv->slots[i].bound && !strcmp(cv->slots[i].id, id)) ||
+            (cv->slots[i].victim[0] && !strcmp(cv->slots[i].victim, id)))
+            return (int)i;
+    return -1;
+}
+
+static pentry *park_find_locked(st_conv *cv, const char *id)
+{
+    for (pentry *p = cv->head; p; p = p->next)
+        if (!strcmp(p->id, id))
+            return p;
+    return NULL;
+}
+
+static void park_append_locked(st_conv *cv, pentry *p)
+{
+    p->tick = ++cv->tick;
+    p->prev = cv->tail;
+    p->next = NULL;
+    if (cv->tail)
+        cv->tail->next = p;
+    else
+        cv->head = p;
+    cv->tail = p;
+    if (p->img)
+        cv->ram_bytes += p->bytes;
+}
+
+static void park_remove_locked(st_conv *cv, pentry *p)
+{
+    if (p->prev)
+        p->prev->next = p->next;
+    else
+        cv->head = p->next;
+    if (p->next)
+        p->next->prev = p->prev;
+    else
+        cv->tail = p->prev;
+    if (p->img)
+        cv->ram_bytes -= p->bytes;
+}
+
+static void slot_release(st_conv *cv, int j)
+{
+    pthread_mutex_lock(&cv->mu);
+    cslot *cs = &cv->slots[j];
+    cs->busy = 0;
+    cs->last_used = ++cv->tick;
+    cs->tokens = st_slot_n_tokens(cs->slot);
+    if (cs->bound && cs->tokens == 0)
+        cs->bound = 0; /* an eval error reset it: nothing is held */
+    gauges_locked(cv);
+    pthread_mutex_unlock(&cv->mu);
+}
+
+/* Bytes an image of this slot would take (the memory guard's estimate). */
+static uint64_t slot_image_bytes(st_slot *s, int park)
+{
+    const st_geometry *g = st_slot_geometry(s);
+    uint64_t n = st_slot_n_tokens(s), kv = 0, run = 0;
+    for (uint32_t i = 0; i < g->n_tensors; i++) {
+        const st_tensor_desc *t = &g->tensors[i];
+        if (t->role == ST_ROLE_KV)
+            kv += st_tensor_row_bytes(t) * n;
+        else
+            run += st_tensor_stored_bytes(t, ST_CODEC_FP32);
+    }
+    uint64_t ck = park ? (uint64_t)st_slot_n_checkpoints(s) + 1 : 2;
+    return kv + run * ck + n * 4 + (uint64_t)g->n_vocab * 4;
+}
+
+/* ---- spilling and parking ----------------------------------------------------------------- */
+
+static int put_park(st_conv *cv, const char *id, const st_image *img)
+{
+    char pid[PARK_ID_MAX];
+    park_id(pid, id);
+    int rc = st_store_put(cv->store, pid, img, ST_STORE_HEAD_ANY, NULL, NULL);
+    if (rc == ST_EMODEL || rc == ST_EGEOMETRY) {
+        /* a stale spill made under another model: this image replaces it */
+        st_store_session_delete(cv->store, pid);
+        rc = st_store_put(cv->store, pid, img, ST_STORE_HEAD_ANY, NULL, NULL);
+    }
+    return rc;
+}
+
+static void drop_park_store(st_conv *cv, const char *id)
+{
+    char pid[PARK_ID_MAX];
+    park_id(pid, id);
+    int rc = st_store_session_delete(cv->store, pid);
+    if (rc && rc != ST_ENOTFOUND)
+        fprintf(stderr, "strata-server: removing the spilled image of %s: %s\n", id, st_errdetail());
+}
+
+/* Spill RAM entries, oldest first, until the pool is under its ceiling (invariant 3). */
+static void spill_excess(st_conv *cv)
+{
+    for (;;) {
+        pthread_mutex_lock(&cv->mu);
+        pentry *p = NULL;
+        if (cv->ram_bytes > cv->ram_limit)
+            for (p = cv->head; p && (!p->img || p->busy); p = p->next) {
+            }
+        if (!p) {
+            gauges_locked(cv);
+            pthread_mutex_unlock(&cv->mu);
+            return;
+        }
+        p->busy = 1;
+        st_image *img = p->img;
+        char id[ST_API_ID_MAX + 1];
+        memcpy(id, p->id, sizeof id);
+        pthread_mutex_unlock(&cv->mu);
+
+        int rc = put_park(cv, id, img);
+
+        pthread_mutex_lock(&cv->mu);
+        p->busy = 0;
+        if (rc) {
+            pthread_mutex_unlock(&cv->mu);
+            fprintf(stderr, "strata-server: spilling parked %s to the store failed (it stays in RAM, "
+                            "over the ceiling): %s\n", id, st_errdetail());
+            return;
+        }
+        cv->ram_bytes -= p->bytes;
+        p->img = NULL;
+        cv->m->park_spills++;
+        gauges_locked(cv);
+        pthread_mutex_unlock(&cv->mu);
+        st_image_free(img);
+    }
+}
+
+/* Park the conversation id held by busy slot j into the pool; the slot ends empty, and unbound
+ * when unbind (acquire has already bound it to its next id). *where: "ram" or "disk". On
+ * failure the slot is unchanged. */
+static int park_slot(st_conv *cv, int j, const char *id, int unbind, const char **where,
+                     uint64_t *bytes)
+{
+    st_slot *s = cv->slots[j].slot;
+    int rc = st_memguard_admit(cv->guard, "parking", slot_image_bytes(s, 1));
+    if (rc)
+        return rc;
+    st_image *img = NULL;
+    if ((rc = st_slot_snapshot(s, ST_SNAPSHOT_PARK, ST_CODEC_FP32, &img)))
+        return rc;
+    pentry *p = calloc(1, sizeof *p);
+    if (!p) {
+        st_image_free(img);
+        return st_error_set(ENOMEM, "parking %s: no memory", id);
+    }
+    snprintf(p->id, sizeof p->id, "%s", id);
+    p->img = img;
+    p->bytes = st_image_bytes(img);
+    p->tokens = st_image_n_tokens(img);
+    pthread_mutex_lock(&cv->mu);
+    park_append_locked(cv, p);
+    cv->slots[j].victim[0] = '\0';
+    if (unbind)
+        cv->slots[j].bound = 0;
+    cv->slots[j].tokens = 0;
+    pthread_mutex_unlock(&cv->mu);
+    st_slot_reset(s);
+    spill_excess(cv);
+    pthread_mutex_lock(&cv->mu);
+    pentry *q = park_find_locked(cv, id);
+    int on_disk = q && !q->img;
+    if (bytes)
+        *bytes = q ? q->bytes : 0;
+    pthread_mutex_unlock(&cv->mu);
+    if (on_disk)
+        cv->m->parks_disk++;
+    else
+        cv->m->parks_ram++;
+    cv->m->park_bytes += p->bytes;
+    if (where)
+        *where = on_disk ? "disk" : "ram";
+    return 0;
+}
+
+/* Bring busy park entry p (not in the list any more) into slot j. */
+static int load_parked(st_conv *cv, int j, pentry *p, const char **source)
+{
+    st_slot *s = cv->slots[j].slot;
+    int rc;
+    if (p->img) {
+        if ((rc = st_slot_restore(s, p->img)))
+            return rc;
+        cv->m->conv_hits_ram++;
+        *source = "ram";
+        return 0;
+    }
+    if ((rc = st_memguard_admit(cv->guard, "restoring a parked conversation", p->bytes)))
+        return rc;
+    char pid[PARK_ID_MAX];
+    park_id(pid, p->id);
+    st_image *img = NULL;
+    if ((rc = st_store_get(cv->store, pid, 0, &img)))
+        return rc;
+    rc = st_slot_restore(s, img);
+    st_image_free(img);
+    if (rc)
+        return rc;
+    cv->m->conv_hits_disk++;
+    cv->m->park_unspills++;
+    *source = "disk";
+    return 0;
+}
+
+enum { ACQ_LOAD, ACQ_EMPTY };
+
+/* Get a slot for session id, marked busy (invariant 2). ACQ_LOAD: the slot holds the session's
+ * conversation from wherever it was (slot, pool, store head) or nothing for a new one.
+ * ACQ_EMPTY: a slot already bound to id is returned as it is; otherwise an empty slot, and a park
+ * entry of id, if any, is returned busy in *pe (out of the list) for the caller to drop or give
+ * back with park_giveback. */
+static int acquire(st_conv *cv, const char *id, int mode, int *out_j, pentry **pe, const char **source)
+{
+    *out_j = -1;
+    if (pe)
+        *pe = NULL;
+    *source = "slot";
+    pthread_mutex_lock(&cv->mu);
+    int j = slot_find_locked(cv, id);
+    if (j >= 0) {
+        if (cv->slots[j].busy) {
+            pthread_mutex_unlock(&cv->mu);
+            return st_error_set(ST_EBUSY, "session %s is busy with another request", id);
+        }
+        cv->slots[j].busy = 1;
+        gauges_locked(cv);
+        pthread_mutex_unlock(&cv->mu);
+        cv->m->conv_hits_slot++;
+        *out_j = j;
+        return 0;
+    }
+    pentry *p = park_find_locked(cv, id);
+    if (p && p->busy) {
+        pthread_mutex_unlock(&cv->mu);
+        return st_error_set(ST_EBUSY, "session %s is busy (being parked or spilled)", id);
+    }
+    for (uint32_t i = 0; i < cv->n_slots && j < 0; i++)
+        if (!cv->slots[i].bound && !cv->slots[i].busy)
+            j = (int)i;
+    for (uint32_t i = 0; i < cv->n_slots; i++)
+        if (j < 0 || (cv->slots[j].bound && cv->slots[i].bound && !cv->slots[i].busy &&
+                      cv->slots[i].last_used < cv->slots[j].last_used))
+            if (!cv->slots[i].busy)
+                j = (int)i;
+    if (j < 0 || cv->slots[j].busy) {
+        pthread_mutex_unlock(&cv->mu);
+        return st_error_set(ST_EBUSY, "all %u slots are busy; retry", cv->n_slots);
+    }
+    cslot *cs = &cv->slots[j];
+    cs->busy = 1;
+    char victim[ST_API_ID_MAX + 1] = "";
+    if (cs->bound) {
+        memcpy(victim, cs->id, sizeof victim);
+        memcpy(cs->victim, cs->id, sizeof cs->victim);
+    }
+    cs->bound = 1; /* invariant 1: the slot is id's from now on */
+    snprintf(cs->id, sizeof cs->id, "%s", id);
+    if (p) {
+        p->busy = 1;
+        park_remove_locked(cv, p);
+    }
+    gauges_locked(cv);
+    pthread_mutex_unlock(&cv->mu);
+
+    int rc = 0;
+    if (victim[0] && (rc = park_slot(cv, j, victim, 0, NULL, NULL))) {
+        pthread_mutex_lock(&cv->mu); /* the slot keeps its conversation */
+        memcpy(cs->id, victim, sizeof cs->id);
+        cs->victim[0] = '\0';
+        if (p) {
+            p->busy = 0;
+            park_append_locked(cv, p);
+        }
+        cs->busy = 0;
+        gauges_locked(cv);
+        pthread_mutex_unlock(&cv->mu);
+        return rc;
+    }
+    if (mode == ACQ_EMPTY) {
+        st_slot_reset(cs->slot);
+        if (pe)
+            *pe = p;
+        p = NULL;
+    } else if (p) {
+        if ((rc = load_parked(cv, j, p, source)))
+            goto fail;
+        if (!p->img)
+            drop_park_store(cv, p->id);
+        st_image_free(p->img);
+        free(p);
+        p = NULL;
+    } else {
+        st_version_info vi;
+        rc = st_store_version_info(cv->store, id, 0, &vi);
+        if (rc == ST_ENOTFOUND) {
+            st_slot_reset(cs->slot);
+            cv->m->conv_new++;
+            *source = "new";
+            rc = 0;
+        } else if (!rc) {
+            st_image *img = NULL;
+            if (!(rc = st_memguard_admit(cv->guard, "restoring the saved conversation", vi.logical_bytes)) &&
+                !(rc = st_store_get(cv->store, id, 0, &img)))
+                rc = st_slot_restore(cs->slot, img);
+            st_image_free(img);
+            if (!rc) {
+                cv->m->conv_hits_store++;
+                cv->m->restores++;
+                cv->m->restore_bytes += vi.logical_bytes;
+                *source = "store";
+            }
+        }
+        if (rc)
+            goto fail;
+    }
+    *out_j = j;
+    return 0;
+fail:
+    pthread_mutex_lock(&cv->mu);
+    if (p) { /* back into the pool, as it was */
+        p->busy = 0;
+        park_append_locked(cv, p);
+    }
+    cs->bound = 0; /* empty: its conversation was parked, the new one did not load */
+    cs->busy = 0;
+    gauges_locked(cv);
+    pthread_mutex_unlock(&cv->mu);
+    return rc;
+}
+
+static void park_giveback(st_conv *cv, pentry *p)
+{
+    if (!p)
+        return;
+    pthread_mutex_lock(&cv->mu);
+    p->busy = 0;
+    park_append_locked(cv, p);
+    gauges_locked(cv);
+    pthread_mutex_unlock(&cv->mu);
+}
+
+static void park_drop(st_conv *cv, pentry *p)
+{
+    if (!p)
+        return;
+    if (!p->img)
+        drop_park_store(cv, p->id);
+    st_image_free(p->img);
+    free(p);
+}
+
+/* ---- text ---------------------------------------------------------------------------------- */
+
+/* Bytes as JSON-safe UTF-8: invalid sequences become U+FFFD. *out is malloc'd. */
+static char *utf8_clean(const unsigned char *s, size_t n)
+{
+    char *o = malloc(n * 3 + 1);
+    size_t k = 0;
+    if (!o)
+        return NULL;
+    for (size_t i = 0; i < n;) {
+        unsigned char c = s[i];
+        size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+        int ok = len > 0 && i + len <= n;
+        uint32_t cp = len == 1 ? c : len == 2 ? c & 0x1f : len == 3 ? c & 0x0f : c & 0x07;
+        for (size_t t = 1; ok && t < len; t++) {
+            if ((s[i + t] & 0xc0) != 0x80)
+                ok = 0;
+            else
+                cp = (cp << 6) | (s[i + t] & 0x3f);
+        }
+        if (ok && ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) ||
+                   cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff) || cp == 0))
+            ok = 0;
+        if (ok) {
+            memcpy(o + k, s + i, len);
+            k += len;
+            i += len;
+        } else {
+            memcpy(o + k, "\xef\xbf\xbd", 3);
+            k += 3;
+            i++;
+        }
+    }
+    o[k] = '\0';
+    return o;
+}
+
+/* ---- routes --------------------------------------------------------------------------------- */
+
+static void random_id(char *dst)
+{
+    unsigned char r[8] = {0};
+    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        if (read(fd, r, sizeof r) != (ssize_t)sizeof r)
+            memset(r, 0, sizeof r);
+        close(fd);
+    }
+    strcpy(dst, "c-");
+    for (int i = 0; i < 8; i++)
+        snprintf(dst + 2 + 2 * i, 3, "%02x", r[i]);
+}
+
+void st_conv_completion(st_api_call *c)
+{
+    st_conv *cv = st_api_conv(c->srv);
+    const st_api_config *cfg = st_api_cfg(c->srv);
+    static const char *const keys[] = {"session", "prompt", "tokens", "system", "n_predict",
+                                       "temperature", "seed", "ignore_eos", NULL};
+    const char *sid = NULL, *prompt = NULL, *system = NULL;
+    uint64_t n_predict = 16, seed = 0;
+    double temp = 0.0;
+    int ignore_eos = 0;
+    if (st_api_json_only(c, keys) || st_api_json_opt_str(c, "session", &sid) ||
+        st_api_json_opt_str(c, "prompt", &prompt) || st_api_json_opt_str(c, "system", &system) ||
+        st_api_json_opt_u64(c, "n_predict", cfg->max_n_predict, &n_predict, NULL) ||
+        st_api_json_opt_double(c, "temperature", &temp, NULL) ||
+        st_api_json_opt_u64(c, "seed", UINT64_MAX >> 1, &seed, NULL) ||
+        st_api_json_opt_bool(c, "ignore_eos", &ignore_eos))
+        return;
+    json_t *jt = json_object_get(c->body, "tokens");
+    if (jt && !json_is_null(jt) && prompt) {
+        st_api_call_error(c, 400, "invalid_field", "give \"prompt\" or \"tokens\", not both");
+        return;
+    }
+    if (jt && !json_is_null(jt) && !json_is_array(jt)) {
+        st_api_call_error(c, 400, "invalid_field", "\"tokens\" must be an array of token ids");
+        return;
+    }
+    if (temp < 0 || temp > 100 || temp != temp) {
+        st_api_call_error(c, 400, "invalid_field", "\"temperature\" must be from 0 (greedy) to 100");
+        return;
+    }
+    char idbuf[ST_API_ID_MAX + 1];
+    if (sid) {
+        if (!st_api_id_valid(sid, strlen(sid))) {
+            st_api_call_error(c, 400, "invalid_id", "\"session\" is not a valid session id");
+            return;
+        }
+        snprintf(idbuf, sizeof idbuf, "%s", sid);
+    } else {
+        random_id(idbuf);
+    }
+    size_t sys_len = system ? strlen(system) : 0, p_len = prompt ? strlen(prompt) : 0;
+    size_t n_in = jt && json_is_array(jt) ? json_array_size(jt) : 0;
+    if (sys_len + p_len + n_in + 2 > cv->n_ctx) {
+        st_api_call_error(c, 400, "context_full", "the prompt alone exceeds the context of %u tokens",
+                          cv->n_ctx);
+        return;
+    }
+    for (size_t i = 0; i < n_in; i++) {
+        json_t *t = json_array_get(jt, i);
+        if (!json_is_integer(t) || json_integer_value(t) < 0 || json_integer_value(t) >= cv->n_vocab) {
+            st_api_call_error(c, 400, "invalid_field", "tokens[%zu] is not a token id below %u", i,
+                              cv->n_vocab);
+            return;
+        }
+    }
+    int j = -1;
+    const char *source = "slot";
+    int rc = acquire(cv, idbuf, ACQ_LOAD, &j, NULL, &source);
+    if (rc) {
+        st_api_call_fail(c, rc, "completion");
+        return;
+    }
+    st_slot *s = cv->slots[j].slot;
+    uint64_t held = st_slot_n_tokens(s);
+    uint64_t cap = held + 2 + sys_len + p_len + n_in;
+    uint32_t *toks = malloc(cap * sizeof *toks);
+    uint32_t *gen = malloc((n_predict ? n_predict : 1) * sizeof *gen);
+    char *bytes = malloc(n_predict + 1);
+    char *text = NULL;
+    if (!toks || !gen || !bytes) {
+        st_api_call_error(c, 503, "out_of_memory", "no memory");
+        goto done;
+    }
+    /* the conversation as `strata generate` builds it: what is held, then BOS (new) or a turn
+     * separator (continued), the system prompt and the prompt */
+    uint64_t n = held, system_end = 0;
+    if (held)
+        memcpy(toks, st_slot_tokens(s), held * sizeof *toks);
+    if (!held || sys_len || p_len || n_in)
+        toks[n++] = held ? ST_TOKEN_SEP : ST_TOKEN_BOS;
+    if (sys_len) {
+        n += st_tokenize(system, sys_len, toks + n, sys_len);
+        system_end = n;
+        if (p_len || n_in)
+            toks[n++] = ST_TOKEN_SEP;
+    }
+    n += st_tokenize(prompt ? prompt : "", p_len, toks + n, p_len);
+    for (size_t i = 0; i < n_in; i++)
+        toks[n++] = (uint32_t)json_integer_value(json_array_get(jt, i));
+    if (n + n_predict > cv->n_ctx) {
+        st_api_call_error(c, 400, "context_full",
+                          "the conversation would reach %llu tokens; the context holds %u",
+                          (unsigned long long)(n + n_predict), cv->n_ctx);
+        goto done;
+    }
+    double t0 = st_api_now_ms();
+    st_eval_stats es = {0, 0, UINT64_MAX, 0};
+    es.reused = held;
+    if (n > held || !st_slot_logits(s, NULL)) {
+        es.reused = 0;
+        if ((rc = st_slot_eval(s, toks, n, system_end, &es))) {
+            st_api_call_fail(c, rc, "reading the prompt (the live conversation was dropped)");
+            goto done;
+        }
+    }
+    double t1 = st_api_now_ms();
+    uint64_t n_out = 0, n_bytes = 0;
+    const char *stop = "length";
+    for (uint64_t i = 0; i < n_predict; i++) {
+        uint32_t tok;
+        if ((rc = st_slot_sample(s, (float)temp, seed, &tok)) || (rc = st_slot_decode(s, tok))) {
+            st_api_call_fail(c, rc, "generating");
+            goto done;
+        }
+        gen[n_out++] = tok;
+        if (tok < 256)
+            bytes[n_bytes++] = (char)tok;
+        if (tok == ST_TOKEN_EOS && !ignore_eos) {
+            stop = "eos";
+            break;
+        }
+    }
+    double t2 = st_api_now_ms();
+    text = utf8_clean((const unsigned char *)bytes, n_bytes);
+    json_t *jtoks = json_array();
+    for (uint64_t i = 0; i < n_out; i++)
+        json_array_append_new(jtoks, json_integer(gen[i]));
+    cv->m->prompt_reused += es.reused;
+    cv->m->prompt_computed += es.computed;
+    cv->m->tokens_generated += n_out;
+    c->reply = json_pack("{s:s,s:s,s:o,s:s,s:s,s:I,s:I,s:{s:f,s:I,s:I,s:f,s:f}}", "session", idbuf,
+                         "text", text ? text : "", "tokens", jtoks, "stop", stop, "found", source,
+                         "n_prompt_tokens", (json_int_t)(n - held), "n_tokens",
+                         (json_int_t)st_slot_n_tokens(s), "timings", "prompt_ms", st_api_ms(t1 - t0),
+                         "resumed_tokens", (json_int_t)es.reused, "computed_tokens",
+                         (json_int_t)es.computed, "decode_ms", st_api_ms(t2 - t1), "tokens_per_s",
+                         st_api_ms(t2 > t1 ? (double)n_out * 1000.0 / (t2 - t1) : 0.0));
+    c->status = 200;
+done:
+    free(toks);
+    free(gen);
+    free(bytes);
+    free(text);
+    slot_release(cv, j);
+}
+
+/* Take the live conversation of id: its slot (busy) or its park entry (busy, out of the list). */
+static int take_live(st_conv *cv, const char *id, int *j, pentry **pe)
+{
+    *j = -1;
+    *pe = NULL;
+    pthread_mutex_lock(&cv->mu);
+    int k = slot_find_locked(cv, id);
+    pentry *p = k < 0 ? park_find_locked(cv, id) : NULL;
+    int rc = 0;
+    if (k >= 0) {
+        if (cv->slots[k].busy)
+            rc = st_error_set(ST_EBUSY, "session %s is busy with another request", id);
+        else {
+            cv->slots[k].busy = 1;
+            *j = k;
+        }
+    } else if (p) {
+        if (p->busy)
+            rc = st_error_set(ST_EBUSY, "session %s is busy (being parked or spilled)", id);
+        else {
+            p->busy = 1;
+            park_remove_locked(cv, p);
+            *pe = p;
+        }
+    } else {
+        rc = st_error_set(ST_ENOTFOUND, "session %s is not live (neither in a slot nor parked)", id);
+    }
+    gauges_locked(cv);
+    pthread_mutex_unlock(&cv->mu);
+    return rc;
+}
+
+static int image_recode(st_image *img, uint32_t codec)
+{
+    void *scratch = malloc(ST_CODEC_SCRATCH_MAX);
+    int rc = 0;
+    if (!scratch)
+        return st_error_set(ENOMEM, "recode: no scratch");
+    for (uint32_t i = 0; i < st_image_n_checkpoints(img) && !rc; i++)
+        rc = st_image_checkpoint_recode(img, i, codec, scratch, ST_CODEC_SCRATCH_MAX);
+    free(scratch);
+    return rc;
+}
+
+void st_conv_save(st_api_call *c)
+{
+    st_conv *cv = st_api_conv(c->srv);
+    const st_api_config *cfg = st_api_cfg(c->srv);
+    static const char *const keys[] = {"codec", "compress", "label", "expected_head", NULL};
+    const char *codec_name = NULL, *label = NULL;
+    uint64_t compress = (uint64_t)cfg->save_compress, expected = ST_STORE_HEAD_ANY;
+    int have_expected = 0;
+    if (st_api_json_only(c, keys) || st_api_json_opt_str(c, "codec", &codec_name) ||
+        st_api_json_opt_str(c, "label", &label) ||
+        st_api_json_opt_u64(c, "compress", 19, &compress, NULL) ||
+        st_api_json_opt_u64(c, "expected_head", UINT64_MAX >> 1, &expected, &have_expected))
+        return;
+    uint32_t codec = cfg->state_codec;
+    if (codec_name) {
+        st_codec_id id;
+        if (st_codec_parse(codec_name, &id) || (id != ST_CODEC_FP32 && id != ST_CODEC_BF16)) {
+            st_api_call_error(c, 400, "invalid_field", "\"codec\" must be fp32 or bf16");
+            return;
+        }
+        codec = id;
+    }
+    if (label && !st_store_id_valid(label)) {
+        st_api_call_error(c, 400, "invalid_field", "\"label\" is not a valid label name");
+        return;
+    }
+    if (have_expected && expected == 0)
+        expected = ST_STORE_HEAD_NONE; /* 0: the session must not exist yet */
+    int j;
+    pentry *p;
+    int rc = take_live(cv, c->id, &j, &p);
+    if (rc) {
+        st_api_call_fail(c, rc, "save");
+        return;
+    }
+    double t0 = st_api_now_ms();
+    st_image *img = NULL;
+    const st_image *put_img = NULL; /* what is stored: img, or the parked image itself */
+    const char *from = j >= 0 ? "slot" : p->img ? "ram" : "disk";
+    uint64_t est = j >= 0 ? slot_image_bytes(cv->slots[j].slot, 0) : p->bytes;
+    if ((rc = st_memguard_admit(cv->guard, "SAVE", est)))
+        goto done;
+    if (j >= 0) {
+        rc = st_slot_snapshot(cv->slots[j].slot, ST_SNAPSHOT_SESSION, codec, &img);
+    } else if (p->img && codec == ST_CODEC_FP32) {
+        put_img = p->img; /* parked images are fp32 and ours while the entry is busy */
+    } else if (p->img) {
+        if (!(rc = st_image_clone(&img, p->img)))
+            rc = image_recode(img, codec);
+    } else {
+        char pid[PARK_ID_MAX];
+        park_id(pid, c->id);
+        if (!(rc = st_store_get(cv->store, pid, 0, &img)) && codec != ST_CODEC_FP32)
+            rc = image_recode(img, codec);
+    }
+    if (rc)
+        goto done;
+    if (!put_img)
+        put_img = img;
+    double t1 = st_api_now_ms();
+    st_put_stats ps;
+    memset(&ps, 0, sizeof ps);
+    st_put_opts po = {.compress = (int)compress, .label = label, .stats = &ps};
+    uint64_t version = 0;
+    if ((rc = st_store_put(cv->store, c->id, put_img, expected, &po, &version)))
+        goto done;
+    double t2 = st_api_now_ms();
+    cv->m->saves++;
+    cv->m->save_logical_bytes += ps.logical_bytes;
+    cv->m->save_new_bytes += ps.new_bytes;
+    cv->m->save_stored_bytes += ps.stored_bytes;
+    c->reply = json_pack("{s:s,s:I,s:s,s:s,s:I,s:I,s:I,s:I,s:i,s:i,s:i,s:f,s:f,s:f}", "session", c->id,
+                         "version", (json_int_t)version, "codec", st_codec_name(codec), "from", from,
+                         "tokens", (json_int_t)st_image_n_tokens(put_img), "logical_bytes",
+                         (json_int_t)ps.logical_bytes, "stored_bytes", (json_int_t)ps.stored_bytes,
+                         "new_stored_bytes", (json_int_t)ps.new_bytes, "chunks", (int)ps.chunks,
+                         "new_chunks", (int)ps.new_chunks, "pruned_versions", (int)ps.pruned,
+                         "snapshot_ms", st_api_ms(t1 - t0), "store_ms", st_api_ms(t2 - t1), "ms",
+                         st_api_ms(t2 - t0));
+    c->status = 201;
+done:
+    if (rc)
+        st_api_call_fail(c, rc, "save");
+    st_image_free(img);
+    if (j >= 0)
+        slot_release(cv, j);
+    else
+        park_giveback(cv, p);
+}
+
+void st_conv_restore(st_api_call *c)
+{
+    st_conv *cv = st_api_conv(c->srv);
+    static const char *const keys[] = {"version", NULL};
+    uint64_t version = 0;
+    if (st_api_json_only(c, keys) || st_api_json_opt_u64(c, "version", UINT64_MAX >> 1, &version, NULL))
+        return;
+    st_version_info vi;
+    int rc = st_store_version_info(cv->store, c->id, version, &vi);
+    if (rc) {
+        st_api_call_fail(c, rc, "restore");
+        return;
+    }
+    if ((rc = st_memguard_admit(cv->guard, "RESTORE", vi.logical_bytes))) {
+        st_api_call_fail(c, rc, "restore");
+        return;
+    }
+    int j = -1;
+    pentry *p = NULL;
+    const char *source;
+    if ((rc = acquire(cv, c->id, ACQ_EMPTY, &j, &p, &source))) {
+        st_api_call_fail(c, rc, "restore");
+        return;
+    }
+    double t0 = st_api_now_ms();
+    st_image *img = NULL;
+    if (!(rc = st_store_get(cv->store, c->id, vi.version, &img)))
+        rc = st_slot_restore(cv->slots[j].slot, img); /* on error the slot is as it was */
+    double t1 = st_api_now_ms();
+    if (rc) {
+        st_api_call_fail(c, rc, "restore");
+        park_giveback(cv, p);
+        if (st_slot_n_tokens(cv->slots[j].slot) == 0) {
+            pthread_mutex_lock(&cv->mu);
+            cv->slots[j].bound = 0;
+            pthread_mutex_unlock(&cv->mu);
+        }
+    } else {
+        park_drop(cv, p); /* the restored version replaces what was parked */
+        cv->m->restores++;
+        cv->m->restore_bytes += vi.logical_bytes;
+        c->reply = json_pack("{s:s,s:I,s:I,s:I,s:f}", "session", c->id, "version",
+                             (json_int_t)vi.version, "tokens", (json_int_t)st_image_n_tokens(img),
+                             "logical_bytes", (json_int_t)vi.logical_bytes, "ms", st_api_ms(t1 - t0));
+        c->status = 200;
+    }
+    st_image_free(img);
+    slot_release(cv, j);
+}
+
+void st_conv_park(st_api_call *c)
+{
+    st_conv *cv = st_api_conv(c->srv);
+    static const char *const keys[] = {NULL};
+    if (st_api_json_only(c, keys))
+        return;
+    int j;
+    pentry *p;
+    int rc = take_live(cv, c->id, &j, &p);
+    if (rc) {
+        st_api_call_fail(c, rc, "park");
+        return;
+    }
+    if (p) { /* already parked: say where */
+        c->reply = json_pack("{s:s,s:s,s:I,s:I,s:b,s:f}", "session", c->id, "where",
+                             p->img ? "ram" : "disk", "bytes", (json_int_t)p->bytes, "tokens",
+                             (json_int_t)p->tokens, "already", 1, "ms", 0.0);
+        c->status = 200;
+        park_giveback(cv, p);
+        return;
+    }
+    double t0 = st_api_now_ms();
+    const char *where = "ram";
+    uint64_t bytes = 0, tokens = st_slot_n_tokens(cv->slots[j].slot);
+    rc = park_slot(cv, j, c->id, 1, &where, &bytes);
+    if (rc)
+        st_api_call_fail(c, rc, "park");
+    else {
+        c->reply = json_pack("{s:s,s:s,s:I,s:I,s:b,s:f}", "session", c->id, "where", where, "bytes",
+                             (json_int_t)bytes, "tokens", (json_int_t)tokens, "already", 0, "ms",
+                             st_api_ms(st_api_now_ms() - t0));
+        c->status = 200;
+    }
+    slot_release(cv, j);
+}
+
+/* ---- llama.cpp's /slots ---------------------------------------------------------------------- */
+
+void st_conv_slots_list(st_api_call *c)
+{
+    st_conv *cv = st_api_conv(c->srv);
+    json_t *a = json_array();
+    pthread_mutex_lock(&cv->mu);
+    for (uint32_t i = 0; i < cv->n_slots; i++) {
+        cslot *cs = &cv->slots[i];
+        json_array_append_new(a, json_pack("{s:i,s:o,s:I,s:b,s:I}", "id", (int)i, "session",
+                                           cs->bound ? json_string(cs->id) : json_null(), "n_tokens",
+                                           (json_int_t)(cs->bound ? cs->tokens : 0), "is_processing",
+                                           cs->busy, "n_ctx", (json_int_t)cv->n_ctx));
+    }
+    pthread_mutex_unlock(&cv->mu);
+    c->reply = a;
+    c->status = 200;
+}
+
+static int filename_ok(const char *f)
+{
+    size_t n = strlen(f);
+    if (!n || n > 128)
+        return 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)f[i];
+        int alnum = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9');
+        if (!alnum && (i == 0 || (ch != '.' && ch != '_' && ch != '-')))
+            return 0;
+    }
+    return 1;
+}
+
+void st_conv_slots_action(st_api_call *c)
+{
+    st_conv *cv = st_api_conv(c->srv);
+    const st_api_config *cfg = st_api_cfg(c->srv);
+    char action[16] = "";
+    const char *q = st_http_req_query(c->req);
+    /* the query is tiny and already bounded by the header limit */
+    const char *a = q ? strstr(q, "action=") : NULL;
+    if (a && (a == q || a[-1] == '&')) {
+        size_t n = strcspn(a + 7, "&");
+        if (n < sizeof action) {
+            memcpy(action, a + 7, n);
+            action[n] = '\0';
+        }
+    }
+    if (strcmp(action, "save") && strcmp(action, "restore") && strcmp(action, "erase")) {
+        st_api_call_error(c, 400, "invalid_param", "action must be save, restore or erase");
+        return;
+    }
+    uint64_t n = 0;
+    const char *p = c->arg2;
+    if (!*p || strlen(p) > 6)
+        goto bad_slot;
+    for (; *p; p++) {
+        if (*p < '0' || *p > '9')
+            goto bad_slot;
+        n = n * 10 + (uint64_t)(*p - '0');
+    }
+    if (n >= cv->n_slots)
+        goto bad_slot;
+    static const char *const keys[] = {"filename", NULL};
+    const char *fname = NULL;
+    if (st_api_json_only(c, keys) || st_api_json_opt_str(c, "filename", &fname))
+        return;
+    char path[PATH_MAX];
+    if (strcmp(action, "erase")) {
+        if (!cfg->slot_save_path) {
+            st_api_call_error(c, 501, "not_configured", "start the server with --slot-save-path DIR");
+            return;
+        }
+        if (!fname || !filename_ok(fname)) {
+            st_api_call_error(c, 400, "invalid_filename",
+                              "\"filename\" must be a plain file name (A-Z a-z 0-9 . _ -, not starting "
+                              "with '.'), never a path");
+            return;
+        }
+        if (snprintf(path, sizeof path, "%s/%s", cfg->slot_save_path, fname) >= (int)sizeof path) {
+            st_api_call_error(c, 400, "invalid_filename", "path too long");
+            return;
+        }
+    }
+    int j = (int)n;
+    pthread_mutex_lock(&cv->mu);
+    int busy = cv->slots[j].busy;
+    if (!busy)
+        cv->slots[j].busy = 1;
+    int bound = cv->slots[j].bound;
+    char sid[ST_API_ID_MAX + 1];
+    memcpy(sid, cv->slots[j].id, sizeof sid);
+    pthread_mutex_unlock(&cv->mu);
+    if (busy) {
+        st_api_call_error(c, 409, "busy", "slot %d is busy", j);
+        return;
+    }
+    st_slot *s = cv->slots[j].slot;
+    double t0 = st_api_now_ms();
+    int rc = 0;
+    st_image *img = NULL;
+    if (!strcmp(action, "erase")) {
+        uint64_t had = st_slot_n_tokens(s);
+        st_slot_reset(s);
+        pthread_mutex_lock(&cv->mu);
+        cv->slots[j].bound = 0;
+        pthread_mutex_unlock(&cv->mu);
+        c->reply = json_pack("{s:i,s:I}", "id_slot", j, "n_erased", (json_int_t)had);
+        c->status = 200;
+    } else if (!strcmp(action, "save")) {
+        if (!bound || st_slot_n_tokens(s) == 0) {
+            st_api_call_error(c, 409, "slot_empty", "slot %d holds no conversation", j);
+        } else if (!(rc = st_memguard_admit(cv->guard, "slot save", slot_image_bytes(s, 0))) &&
+                   !(rc = st_slot_snapshot(s, ST_SNAPSHOT_SESSION, cfg->state_codec, &img)) &&
+                   !(rc = st_file_write(img, path, NULL))) {
+            struct stat sb;
+            uint64_t written = stat(path, &sb) == 0 ? (uint64_t)sb.st_size : 0;
+            c->reply = json_pack("{s:i,s:s,s:I,s:I,s:{s:f}}", "id_slot", j, "filename", fname,
+                                 "n_saved", (json_int_t)st_image_n_tokens(img), "n_written",
+                                 (json_int_t)written, "timings", "save_ms", st_api_ms(st_api_now_ms() - t0));
+            c->status = 200;
+        }
+    } else {
+        struct stat sb;
+        if (stat(path, &sb) != 0) {
+            rc = st_error_set(ST_ENOTFOUND, "no file %s in the slot save directory", fname);
+        } else if (!(rc = st_memguard_admit(cv->guard, "slot restore", 2 * (uint64_t)sb.st_size)) &&
+                   !(rc = st_file_read(path, NULL, &img)) && !(rc = st_slot_restore(s, img))) {
+            pthread_mutex_lock(&cv->mu);
+            if (!cv->slots[j].bound) {
+                random_id(cv->slots[j].id);
+                cv->slots[j].bound = 1;
+            }
+            memcpy(sid, cv->slots[j].id, sizeof sid);
+            pthread_mutex_unlock(&cv->mu);
+            c->reply = json_pack("{s:i,s:s,s:s,s:I,s:I,s:{s:f}}", "id_slot", j, "session", sid,
+                                 "filename", fname, "n_restored", (json_int_t)st_image_n_tokens(img),
+                                 "n_read", (json_int_t)sb.st_size, "timings", "restore_ms",
+                                 st_api_ms(st_api_now_ms() - t0));
+            c->status = 200;
+        }
+    }
+    if (rc)
+        st_api_call_fail(c, rc, action);
+    st_image_free(img);
+    slot_release(cv, j);
+    return;
+bad_slot:
+    st_api_call_error(c, 404, "not_found", "no slot %s (slots are 0..%u)", c->arg2, cv->n_slots - 1);
+}
+
+/* ---- queries from other routes ----------------------------------------------------------------- */
+
+const char *st_conv_where(st_conv *cv, const char *id, uint64_t *tokens)
+{
+    const char *w = NULL;
+    pthread_mutex_lock(&cv->mu);
+    int j = slot_find_locked(cv, id);
+    pentry *p = j < 0 ? park_find_locked(cv, id) : NULL;
+    if (j >= 0) {
+        w = "slot";
+        *tokens = cv->slots[j].tokens;
+    } else if (p) {
+        w = p->img ? "ram" : "disk";
+        *tokens = p->tokens;
+    }
+    pthread_mutex_unlock(&cv->mu);
+    return w;
+}
+
+void st_conv_list_live(st_conv *cv, json_t *arr)
+{
+    pthread_mutex_lock(&cv->mu);
+    for (uint32_t i = 0; i < cv->n_slots; i++)
+        if (cv->slots[i].bound)
+            json_array_append_new(arr, json_pack("{s:s,s:s,s:I}", "id", cv->slots[i].id, "where", "slot",
+                                                 "tokens", (json_int_t)cv->slots[i].tokens));
+    for (pentry *p = cv->head; p; p = p->next)
+        json_array_append_new(arr, json_pack("{s:s,s:s,s:I}", "id", p->id, "where",
+                                             p->img ? "ram" : "disk", "tokens", (json_int_t)p->tokens));
+    pthread_mutex_unlock(&cv->mu);
+}
+
+int st_conv_forget(st_conv *cv, const char *id, int *found)
+{
+    *found = 0;
+    pthread_mutex_lock(&cv->mu);
+    int j = slot_find_locked(cv, id);
+    pentry *p = j < 0 ? park_find_locked(cv, id) : NULL;
+    if ((j >= 0 && cv->slots[j].busy) || (p && p->busy)) {
+        pthread_mutex_unlock(&cv->mu);
+        return st_error_set(ST_EBUSY, "session %s is busy with another request", id);
+    }
+    if (j >= 0) {
+        cv->slots[j].busy = 1;
+        cv->slots[j].bound = 0;
+    }
+    if (p)
+        park_remove_locked(cv, p);
+    gauges_locked(cv);
+    pthread_mutex_unlock(&cv->mu);
+    if (j >= 0) {
+        st_slot_reset(cv->slots[j].slot);
+        slot_release(cv, j);
+        *found = 1;
+    }
+    if (p) {
+        park_drop(cv, p);
+        *found = 1;
+    }
+    return 0;
+}
+
+/* ---- life cycle -------------------------------------------------------------------------------- */
+
+void st_conv_persist_all(st_conv *cv)
+{
+    if (!cv)
+        return;
+    unsigned n = 0, failed = 0;
+    for (uint32_t i = 0; i < cv->n_slots; i++) {
+        cslot *cs = &cv->slots[i];
+        if (!cs->bound || cs->busy || st_slot_n_tokens(cs->slot) == 0)
+            continue;
+        st_image *img = NULL;
+        int rc = st_slot_snapshot(cs->slot, ST_SNAPSHOT_PARK, ST_CODEC_FP32, &img);
+        if (!rc)
+            rc = put_park(cv, cs->id, img);
+        st_image_free(img);
+        if (rc) {
+            failed++;
+            fprintf(stderr, "strata-server: stop: parking %s to disk failed: %s\n", cs->id, st_errdetail());
+        } else {
+            n++;
+        }
+    }
+    for (pentry *p = cv->head; p; p = p->next) {
+        if (!p->img || p->busy)
+            continue;
+        int rc = put_park(cv, p->id, p->img);
+        if (rc) {
+            failed++;
+            fprintf(stderr, "strata-server: stop: spilling %s failed: %s\n", p->id, st_errdetail());
+        } else {
+            n++;
+        }
+    }
+    if (n || failed)
+        fprintf(stderr, "strata-server: stop: %u live conversations written to the store as parked%s\n",
+                n, failed ? " (some failed, see above)" : "");
+}
+
+/* Disk-parked conversations found in the store at start (invariant 4). */
+static int load_spilled(st_conv *cv)
+{
+    st_session_info *arr = NULL;
+    size_t n = 0;
+    int rc = st_store_list(cv->store, &arr, &n);
+    if (rc)
+        return rc;
+    size_t pl = strlen(ST_API_PARK_PREFIX);
+    for (size_t i = 0; i < n; i++) {
+        if (strncmp(arr[i].id, ST_API_PARK_PREFIX, pl))
+            continue;
+        const char *id = arr[i].id + pl;
+        if (!st_api_id_valid(id, strlen(id)))
+            continue;
+        st_version_info vi;
+        if (st_store_version_info(cv->store, arr[i].id, 0, &vi))
+            continue;
+        pentry *p = calloc(1, sizeof *p);
+        if (!p) {
+            free(arr);
+            return st_error_set(ENOMEM, "no memory");
+        }
+        snprintf(p->id, sizeof p->id, "%s", id);
+        p->bytes = vi.logical_bytes;
+        p->tokens = vi.n_tokens;
+        park_append_locked(cv, p);
+    }
+    free(arr);
+    return 0;
+}
+
+int st_conv_new(st_api_server *srv, st_conv **out)
+{
+    const st_api_config *cfg = st_api_cfg(srv);
+    *out = NULL;
+    st_conv *cv = calloc(1, sizeof *cv);
+    int rc = 0;
+    if (!cv)
+        return st_error_set(ENOMEM, "no memory");
+    pthread_mutex_init(&cv->mu, NULL);
+    cv->srv = srv;
+    cv->store = st_api_store(srv);
+    cv->m = st_api_metrics(srv);
+    cv->guard = st_api_memguard(srv);
+    cv->ram_limit = cfg->conversation_cache_bytes;
+    if ((rc = st_model_load(cfg->model_path, &cv->model))) {
+        char d[600];
+        snprintf(d, sizeof d, "%s", st_errdetail());
+        rc = st_error_set(rc, "loading the model %s: %s", cfg->model_path, d[0] ? d : st_strerror(rc));
+        goto fail;
+    }
+    st_engine_opts eo;
+    st_engine_opts_default(&eo);
+    if (cfg->threads)
+        eo.n_threads = cfg->threads;
+    if (cfg->ubatch)
+        eo.ubatch = cfg->ubatch;
+    if (cfg->n_ctx)
+        eo.n_ctx = cfg->n_ctx;
+    if (cfg->page_size)
+        eo.page_size = cfg->page_size;
+    if (cfg->kv_dtype != UINT32_MAX)
+        eo.kv_dtype = cfg->kv_dtype;
+    if (cfg->prompt_cache_set)
+        eo.prompt_cache = cfg->prompt_cache;
+    eo.prompt_cache_every = cfg->prompt_cache_every;
+    eo.prompt_cache_root = cfg->prompt_cache_root;
+    if ((rc = st_engine_new(cv->model, &eo, &cv->engine)))
+        goto fail;
+    cv->n_vocab = st_model_hparams_get(cv->model)->n_vocab;
+    cv->n_ctx = st_engine_opts_get(cv->engine)->n_ctx;
+    cv->n_slots = cfg->slots;
+    cv->slots = calloc(cv->n_slots, sizeof *cv->slots);
+    if (!cv->slots) {
+        rc = st_error_set(ENOMEM, "no memory for slots");
+        goto fail;
+    }
+    for (uint32_t i = 0; i < cv->n_slots; i++)
+        if ((rc = st_slot_new(cv->engine, &cv->slots[i].slot)))
+            goto fail;
+    if ((rc = load_spilled(cv)))
+        goto fail;
+    cv->m->slots_total = cv->n_slots;
+    cv->m->pool_limit_bytes = cv->ram_limit;
+    gauges_locked(cv);
+    *out = cv;
+    return 0;
+fail:
+    st_conv_free(cv);
+    return rc;
+}
+
+void st_conv_free(st_conv *cv)
+{
+    if (!cv)
+        return;
+    while (cv->head) {
+        pentry *p = cv->head;
+        park_remove_locked(cv, p);
+        st_image_free(p->img);
+        free(p);
+    }
+    if (cv->slots)
+        for (uint32_t i = 0; i < cv->n_slots; i++)
+            st_slot_free(cv->slots[i].slot);
+    free(cv->slots);
+    st_engine_free(cv->engine);
+    st_model_free(cv->model);
+    pthread_mutex_destroy(&cv->mu);
+    free(cv);
+}
+
+#endif /* ST_API_HAVE_ENGINE */

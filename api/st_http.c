@@ -1,0 +1,1080 @@
+/*
+ * st_http.c - HTTP/1.1 server connections on libevent bufferevents, with every limit explicit.
+ *
+ * A connection moves through these states:
+ *   HEAD     waiting for a request head. With no byte of it yet, the idle timer runs (a quiet
+ *            close); from its first byte, the head timer (408). The head must end within
+ *            max_header_bytes (431) and have at most max_headers lines (431).
+ *   BODY     reading Content-Length bytes into the request's buffer, after the router accepted
+ *            the head and its length; a pause longer than read_timeout or a body slower than
+ *            body_timeout is 408.
+ *   BUSY     the handler has the request; reading is off (invariant 1 of st_api_int.h).
+ *   WRITING  the reply is queued; when the output is empty the connection goes back to HEAD,
+ *            or closes (Connection: close, an unread body, a refusal, shutdown).
+ *   LINGER   after a refusal whose body was not read: our side is shut for writing and what the
+ *            client still sends is read and dropped for a short while, so that it reads the
+ *            reply instead of a reset.
+ * Transfer-Encoding on a request is refused (411): a body is framed by Content-Length only, so
+ * no request can be split two ways (no smuggling between a proxy and us).
+ */
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <event2/bufferevent.h>
+#include <event2/listener.h>
+#include <event2/util.h>
+
+#include "st_api_int.h"
+
+#define LINGER_MS 2000
+#define LINGER_MAX_BYTES (64u << 20)
+
+typedef enum conn_state { C_HEAD, C_BODY, C_BUSY, C_WRITING, C_LINGER } conn_state;
+
+typedef struct st_http_conn st_http_conn;
+
+struct st_http_hdr {
+    char *name;
+    char *value;
+};
+
+struct st_http_req {
+    st_http_conn *conn;
+    char *head; /* the head bytes, NUL-terminated, split in place */
+    unsigned method;
+    const char *method_name;
+    char *path, *query;
+    int minor; /* HTTP/1.minor */
+    struct st_http_hdr *hdr;
+    uint32_t n_hdr;
+    uint64_t content_length;
+    uint64_t reserved;   /* body budget held */
+    int body_unread;     /* Content-Length bytes not read: the connection cannot be reused */
+    int keep_alive;
+    int routed;          /* on_head was called */
+    int replied;
+    int status;
+    uint64_t bytes_out;
+    double t_head;
+    struct evbuffer *body;
+    struct evbuffer *out_hdr;
+    void *user;
+};
+
+struct st_http_conn {
+    st_http *h;
+    struct bufferevent *bev;
+    struct event *timer;
+    conn_state state;
+    st_http_req *req;
+    size_t scanned;      /* head bytes already searched for its end */
+    int head_started;
+    int close_after;
+    int dead;            /* failed while BUSY: freed by the reply */
+    int linger_needed;
+    uint64_t lingered;
+    double body_deadline;
+    char peer[64];
+    st_http_conn *prev, *next;
+};
+
+struct st_http {
+    struct event_base *base;
+    struct evconnlistener *lis;
+    struct event *accept_retry;
+    st_http_limits lim;
+    st_http_cbs cbs;
+    void *arg;
+    uint32_t n_conns;
+    uint64_t reserved;
+    int paused;   /* listener disabled at the connection cap */
+    int stopping;
+    uint16_t port;
+    st_http_conn *conns;
+};
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+const char *st_http_reason(int status)
+{
+    switch (status) {
+    case 100: return "Continue";
+    case 200: return "OK";
+    case 201: return "Created";
+    case 204: return "No Content";
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 403: return "Forbidden";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 408: return "Request Timeout";
+    case 409: return "Conflict";
+    case 410: return "Gone";
+    case 411: return "Length Required";
+    case 413: return "Content Too Large";
+    case 414: return "URI Too Long";
+    case 415: return "Unsupported Media Type";
+    case 417: return "Expectation Failed";
+    case 422: return "Unprocessable Content";
+    case 429: return "Too Many Requests";
+    case 431: return "Request Header Fields Too Large";
+    case 500: return "Internal Server Error";
+    case 501: return "Not Implemented";
+    case 503: return "Service Unavailable";
+    case 505: return "HTTP Version Not Supported";
+    case 507: return "Insufficient Storage";
+    default: return "Unknown";
+    }
+}
+
+char *st_http_error_body(const char *code, const char *message, size_t *len)
+{
+    json_t *o = json_pack("{s:{s:s,s:s}}", "error", "code", code ? code : "error", "message",
+                          message ? message : "");
+    char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+    if (!s) { /* message not valid UTF-8, or no memory: a fixed body */
+        s = strdup("{\"error\":{\"code\":\"internal\",\"message\":\"error text not encodable\"}}");
+        if (!s)
+            return NULL;
+    }
+    *len = strlen(s);
+    return s;
+}
+
+/* ---- requests ----------------------------------------------------------------------------- */
+
+static void req_free(st_http *h, st_http_req *r)
+{
+    if (!r)
+        return;
+    if (r->user && h->cbs.free_user)
+        h->cbs.free_user(r->user, h->arg);
+    h->reserved -= r->reserved;
+    free(r->head);
+    free(r->hdr);
+    if (r->body)
+        evbuffer_free(r->body);
+    if (r->out_hdr)
+        evbuffer_free(r->out_hdr);
+    free(r);
+}
+
+static st_http_req *req_new(st_http_conn *c)
+{
+    st_http_req *r = calloc(1, sizeof *r);
+    if (!r)
+        return NULL;
+    r->conn = c;
+    r->minor = 1;
+    r->method_name = "-";
+    r->out_hdr = evbuffer_new();
+    if (!r->out_hdr) {
+        free(r);
+        return NULL;
+    }
+    r->t_head = now_ms();
+    return r;
+}
+
+unsigned st_http_req_method(const st_http_req *r) { return r->method; }
+const char *st_http_req_method_name(const st_http_req *r) { return r->method_name; }
+const char *st_http_req_path(const st_http_req *r) { return r->path ? r->path : "-"; }
+const char *st_http_req_query(const st_http_req *r) { return r->query; }
+struct evbuffer *st_http_req_body(st_http_req *r) { return r->body; }
+uint64_t st_http_req_body_len(const st_http_req *r) { return r->body ? evbuffer_get_length(r->body) : 0; }
+double st_http_req_elapsed_ms(const st_http_req *r) { return now_ms() - r->t_head; }
+int st_http_req_status(const st_http_req *r) { return r->status; }
+uint64_t st_http_req_bytes_out(const st_http_req *r) { return r->bytes_out; }
+const char *st_http_req_peer(const st_http_req *r) { return r->conn->peer; }
+void st_http_req_set_user(st_http_req *r, void *user) { r->user = user; }
+void *st_http_req_user(const st_http_req *r) { return r->user; }
+
+const char *st_http_req_header(const st_http_req *r, const char *name)
+{
+    for (uint32_t i = 0; i < r->n_hdr; i++)
+        if (!strcasecmp(r->hdr[i].name, name))
+            return r->hdr[i].value;
+    return NULL;
+}
+
+/* ---- connections -------------------------------------------------------------------------- */
+
+static void conn_arm(st_http_conn *c, double ms)
+{
+    if (ms < 1)
+        ms = 1;
+    struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)((long)ms % 1000) * 1000};
+    evtimer_add(c->timer, &tv);
+}
+
+static void conn_free(st_http_conn *c)
+{
+    st_http *h = c->h;
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        h->conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    req_free(h, c->req);
+    if (c->bev)
+        bufferevent_free(c->bev);
+    if (c->timer)
+        event_free(c->timer);
+    free(c);
+    h->n_conns--;
+    if (h->paused && !h->stopping && h->n_conns < h->lim.max_connections) {
+        evconnlistener_enable(h->lis);
+        h->paused = 0;
+    }
+}
+
+static void conn_try_head(st_http_conn *c);
+
+static void reply_done(st_http_conn *c)
+{
+    st_http *h = c->h;
+    req_free(h, c->req);
+    c->req = NULL;
+    if (c->close_after) {
+        if (c->linger_needed) {
+            int fd = (int)bufferevent_getfd(c->bev);
+            if (fd >= 0)
+                shutdown(fd, SHUT_WR);
+            c->state = C_LINGER;
+            c->lingered = 0;
+            evbuffer_drain(bufferevent_get_input(c->bev),
+                           evbuffer_get_length(bufferevent_get_input(c->bev)));
+            bufferevent_enable(c->bev, EV_READ);
+            conn_arm(c, LINGER_MS);
+            return;
+        }
+        conn_free(c);
+        return;
+    }
+    c->state = C_HEAD;
+    c->scanned = 0;
+    c->head_started = 0;
+    conn_arm(c, h->lim.idle_timeout_ms);
+    bufferevent_enable(c->bev, EV_READ);
+    if (evbuffer_get_length(bufferevent_get_input(c->bev)))
+        conn_try_head(c);
+}
+
+static void write_cb(struct bufferevent *bev, void *arg)
+{
+    st_http_conn *c = arg;
+    if (c->state == C_WRITING)
+        reply_done(c);
+}
+
+/* Common head of every reply; the body follows, then reply_end. */
+static struct evbuffer *reply_begin(st_http_req *r, int status, const char *ctype, uint64_t len)
+{
+    st_http_conn *c = r->conn;
+    st_http *h = c->h;
+    r->replied = 1;
+    r->status = status;
+    int keep = r->keep_alive && !r->body_unread && !c->close_after && !h->stopping && status != 408;
+    c->close_after = !keep;
+    if (r->body_unread)
+        c->linger_needed = 1;
+    struct evbuffer *out = bufferevent_get_output(c->bev);
+    size_t before = evbuffer_get_length(out);
+    evbuffer_add_printf(out, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %llu\r\n"
+                             "Cache-Control: no-store\r\n",
+                        status, st_http_reason(status), ctype, (unsigned long long)len);
+    if (!keep)
+        evbuffer_add_printf(out, "Connection: close\r\n");
+    else if (r->minor == 0)
+        evbuffer_add_printf(out, "Connection: keep-alive\r\n");
+    evbuffer_add_buffer(out, r->out_hdr);
+    evbuffer_add(out, "\r\n", 2);
+    r->bytes_out = evbuffer_get_length(out) - before + len;
+    return out;
+}
+
+static void reply_end(st_http_req *r)
+{
+    st_http_conn *c = r->conn;
+    st_http *h = c->h;
+    evtimer_del(c->timer);
+    if (r->routed) {
+        if (h->cbs.on_done)
+            h->cbs.on_done(r, h->arg);
+    } else if (h->cbs.on_refused) {
+        h->cbs.on_refused(r->status, "", h->arg);
+    }
+    if (c->dead) {
+        conn_free(c);
+        return;
+    }
+    c->state = C_WRITING;
+    bufferevent_disable(c->bev, EV_READ);
+    bufferevent_enable(c->bev, EV_WRITE);
+}
+
+static int reply_check(st_http_req *r)
+{
+    if (r->replied) {
+        fprintf(stderr, "strata-server: internal error: second reply to %s %s\n",
+                r->method_name, st_http_req_path(r));
+        return -1;
+    }
+    return 0;
+}
+
+void st_http_header_add(st_http_req *r, const char *name, const char *value)
+{
+    if (strpbrk(name, "\r\n:") || strpbrk(value, "\r\n"))
+        return;
+    evbuffer_add_printf(r->out_hdr, "%s: %s\r\n", name, value);
+}
+
+void st_http_reply_buf(st_http_req *r, int status, const char *ctype, const void *data, size_t len)
+{
+    if (reply_check(r))
+        return;
+    if (r->conn->dead) {
+        r->replied = 1;
+        r->status = status;
+        reply_end(r);
+        return;
+    }
+    struct evbuffer *out = reply_begin(r, status, ctype, len);
+    if (len)
+        evbuffer_add(out, data, len);
+    reply_end(r);
+}
+
+void st_http_reply_evbuf(st_http_req *r, int status, const char *ctype, struct evbuffer *body)
+{
+    if (reply_check(r))
+        return;
+    if (r->conn->dead) {
+        r->replied = 1;
+        r->status = status;
+        reply_end(r);
+        return;
+    }
+    struct evbuffer *out = reply_begin(r, status, ctype, evbuffer_get_length(body));
+    evbuffer_add_buffer(out, body);
+    reply_end(r);
+}
+
+void st_http_reply_file(st_http_req *r, int status, const char *ctype, int fd, uint64_t len)
+{
+    if (reply_check(r)) {
+        close(fd);
+        return;
+    }
+    struct evbuffer_file_segment *seg = NULL;
+    if (!r->conn->dead && len > 0) {
+        seg = evbuffer_file_segment_new(fd, 0, (ev_off_t)len, EVBUF_FS_CLOSE_ON_FREE);
+        if (!seg) {
+            close(fd);
+            st_http_reply_error(r, 500, "internal", "cannot stream the file");
+            return;
+        }
+    } else {
+        close(fd);
+    }
+    if (r->conn->dead) {
+        r->replied = 1;
+        r->status = status;
+        reply_end(r);
+        return;
+    }
+    struct evbuffer *out = reply_begin(r, status, ctype, len);
+    if (seg) {
+        if (evbuffer_add_file_segment(out, seg, 0, (ev_off_t)len) != 0) {
+            /* the head is queued already: the reply cannot change, the connection must go */
+            r->conn->close_after = 1;
+            r->conn->dead = 1;
+        }
+        evbuffer_file_segment_free(seg);
+    }
+    reply_end(r);
+}
+
+void st_http_reply_json(st_http_req *r, int status, json_t *body)
+{
+    char *s = body ? json_dumps(body, ST_API_JSON_FLAGS) : NULL;
+    json_decref(body);
+    if (!s) {
+        st_http_reply_error(r, 500, "internal", "reply not encodable");
+        return;
+    }
+    size_t n = strlen(s);
+    s[n] = '\n'; /* the NUL becomes a newline: easier on a terminal */
+    st_http_reply_buf(r, status, "application/json", s, n + 1);
+    free(s);
+}
+
+void st_http_reply_error(st_http_req *r, int status, const char *code, const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    size_t len = 0;
+    char *s = st_http_error_body(code, msg, &len);
+    if (!s) {
+        st_http_reply_buf(r, status, "application/json", "{}", 2);
+        return;
+    }
+    char *t = realloc(s, len + 2);
+    if (t) {
+        s = t;
+        s[len++] = '\n';
+    }
+    st_http_reply_buf(r, status, "application/json", s, len);
+    free(s);
+}
+
+/* Refuse what arrives on c before or while its request is routed. */
+static void conn_refuse(st_http_conn *c, int status, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void conn_refuse(st_http_conn *c, int status, const char *code, const char *fmt, ...)
+{
+    if (!c->req && !(c->req = req_new(c))) {
+        conn_free(c);
+        return;
+    }
+    st_http_req *r = c->req;
+    r->keep_alive = 0;
+    c->linger_needed = 1;
+    c->close_after = 1;
+    bufferevent_disable(c->bev, EV_READ);
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (status == 503)
+        st_http_header_add(r, "Retry-After", "1");
+    st_http_reply_error(r, status, code, "%s", msg);
+}
+
+/* ---- head parsing ------------------------------------------------------------------------- */
+
+static int is_tchar(unsigned char ch)
+{
+    return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+           (ch && strchr("!#$%&'*+-.^_`|~", ch));
+}
+
+static int token_list_has(const char *v, const char *tok)
+{
+    size_t tl = strlen(tok);
+    while (*v) {
+        while (*v == ' ' || *v == '\t' || *v == ',')
+            v++;
+        const char *e = v;
+        while (*e && *e != ',')
+            e++;
+        const char *t = e;
+        while (t > v && (t[-1] == ' ' || t[-1] == '\t'))
+            t--;
+        if ((size_t)(t - v) == tl && !strncasecmp(v, tok, tl))
+            return 1;
+        v = e;
+    }
+    return 0;
+}
+
+static const struct {
+    const char *name;
+    unsigned m;
+} methods[] = {{"GET", ST_HTTP_GET},   {"HEAD", ST_HTTP_HEAD},       {"POST", ST_HTTP_POST},
+               {"PUT", ST_HTTP_PUT},   {"DELETE", ST_HTTP_DELETE},   {"OPTIONS", ST_HTTP_OPTIONS},
+               {"PATCH", ST_HTTP_PATCH}};
+
+/* Parse r->head (len bytes + NUL) in place. 0, or the status to refuse with (*code, msg). */
+static int parse_head(st_http_req *r, size_t len, uint32_t max_headers, const char **code,
+                      char *msg, size_t msg_cap)
+{
+    char *p = r->head, *end = r->head + len;
+    if (memchr(p, '\0', len)) {
+        *code = "bad_request";
+        snprintf(msg, msg_cap, "NUL byte in the request head");
+        return 400;
+    }
+    /* request line */
+    char *nl = memchr(p, '\n', (size_t)(end - p));
+    if (!nl) {
+        *code = "bad_request";
+        snprintf(msg, msg_cap, "no request line");
+        return 400;
+    }
+    *nl = '\0';
+    if (nl > p && nl[-1] == '\r')
+        nl[-1] = '\0';
+    char *method = p, *sp1 = strchr(p, ' ');
+    char *target = sp1 ? sp1 + 1 : NULL, *sp2 = target ? strchr(target, ' ') : NULL;
+    char *version = sp2 ? sp2 + 1 : NULL;
+    if (!sp1 || !sp2 || strchr(version, ' ') || sp1 == method || sp2 == target) {
+        *code = "bad_request";
+        snprintf(msg, msg_cap, "malformed request line");
+        return 400;
+    }
+    *sp1 = *sp2 = '\0';
+    if (strlen(method) > 16) {
+        *code = "bad_request";
+        snprintf(msg, msg_cap, "malformed method");
+        return 400;
+    }
+    for (const char *q = method; *q; q++)
+        if (!is_tchar((unsigned char)*q)) {
+            *code = "bad_request";
+            snprintf(msg, msg_cap, "malformed method");
+            return 400;
+        }
+    r->method = ST_HTTP_OTHER;
+    r->method_name = method;
+    for (size_t i = 0; i < sizeof methods / sizeof methods[0]; i++)
+        if (!strcmp(method, methods[i].name)) {
+            r->method = methods[i].m;
+            r->method_name = methods[i].name;
+        }
+    if (!strncmp(version, "HTTP/1.", 7) && (version[7] == '0' || version[7] == '1') && !version[8]) {
+        r->minor = version[7] - '0';
+    } else if (!strncmp(version, "HTTP/", 5) && version[5] >= '0' && version[5] <= '9' &&
+               version[6] == '.') {
+        *code = "http_version";
+        snprintf(msg, msg_cap, "HTTP version %s is not supported (1.0 and 1.1 are)", version + 5);
+        return 505;
+    } else {
+        *code = "bad_request";
+        snprintf(msg, msg_cap, "malformed HTTP version");
+        return 400;
+    }
+    if (target[0] != '/') {
+        *code = "bad_request";
+        snprintf(msg, msg_cap, "the request target must be a path starting with '/'");
+        return 400;
+    }
+    for (const unsigned char *q = (const unsigned char *)target; *q; q++)
+        if (*q < 0x21 || *q > 0x7e || *q == '#') {
+            *code = "bad_request";
+            snprintf(msg, msg_cap, "invalid byte 0x%02x in the request target", *q);
+            return 400;
+        }
+    r->path = target;
+    char *qm = strchr(target, '?');
+    if (qm) {
+        *qm = '\0';
+        r->query = qm + 1;
+    }
+    /* header lines */
+    p = nl + 1;
+    uint32_t cap = 8;
+    r->hdr = malloc(cap * sizeof *r->hdr);
+    if (!r->hdr) {
+        *code = "internal";
+        snprintf(msg, msg_cap, "no memory");
+        return 500;
+    }
+    int have_cl = 0, have_host = 0, have_te = 0;
+    while (p < end) {
+        nl = memchr(p, '\n', (size_t)(end - p));
+        if (!nl)
+            break;
+        *nl = '\0';
+        if (nl > p && nl[-1] == '\r')
+            nl[-1] = '\0';
+        if (!*p) /* the empty line */
+            break;
+        if (*p == ' ' || *p == '\t') {
+            *code = "bad_request";
+            snprintf(msg, msg_cap, "folded header lines are not accepted");
+            return 400;
+        }
+        char *colon = strchr(p, ':');
+        if (!colon || colon == p) {
+            *code = "bad_request";
+            snprintf(msg, msg_cap, "malformed header line");
+            return 400;
+        }
+        *colon = '\0';
+        for (const char *q = p; *q; q++)
+            if (!is_tchar((unsigned char)*q)) {
+                *code = "bad_request";
+                snprintf(msg, msg_cap, "malformed header name");
+                return 400;
+            }
+        char *v = colon + 1;
+        while (*v == ' ' || *v == '\t')
+            v++;
+        char *ve = v + strlen(v);
+        while (ve > v && (ve[-1] == ' ' || ve[-1] == '\t'))
+            *--ve = '\0';
+        for (const unsigned char *q = (const unsigned char *)v; *q; q++)
+            if ((*q < 0x20 && *q != '\t') || *q == 0x7f) {
+                *code = "bad_request";
+                snprintf(msg, msg_cap, "control byte in header %s", p);
+                return 400;
+            }
+        if (r->n_hdr >= max_headers) {
+            *code = "headers_too_large";
+            snprintf(msg, msg_cap, "more than %u header lines", max_headers);
+            return 431;
+        }
+        if (r->n_hdr == cap) {
+            cap *= 2;
+            struct st_http_hdr *t = realloc(r->hdr, cap * sizeof *t);
+            if (!t) {
+                *code = "internal";
+                snprintf(msg, msg_cap, "no memory");
+                return 500;
+            }
+            r->hdr = t;
+        }
+        r->hdr[r->n_hdr].name = p;
+        r->hdr[r->n_hdr].value = v;
+        r->n_hdr++;
+        if (!strcasecmp(p, "Content-Length")) {
+            uint64_t n = 0;
+            if (!*v) {
+                *code = "bad_request";
+                snprintf(msg, msg_cap, "empty Content-Length");
+                return 400;
+            }
+            for (const char *q = v; *q; q++) {
+                if (*q < '0' || *q > '9') {
+                    *code = "bad_request";
+                    snprintf(msg, msg_cap, "malformed Content-Length");
+                    return 400;
+                }
+                if (n > (UINT64_C(1) << 60) / 10) {
+                    *code = "body_too_large";
+                    snprintf(msg, msg_cap, "Content-Length beyond any limit");
+                    return 413;
+                }
+                n = n * 10 + (uint64_t)(*q - '0');
+            }
+            if (have_cl && n != r->content_length) {
+                *code = "bad_request";
+                snprintf(msg, msg_cap, "conflicting Content-Length headers");
+                return 400;
+            }
+            have_cl = 1;
+            r->content_length = n;
+        } else if (!strcasecmp(p, "Transfer-Encoding")) {
+            have_te = 1;
+        } else if (!strcasecmp(p, "Host")) {
+            have_host = 1;
+        }
+        p = nl + 1;
+    }
+    if (have_te) {
+        *code = "length_required";
+        snprintf(msg, msg_cap,
+                 "request bodies must be sent with Content-Length; Transfer-Encoding is not accepted");
+        return 411;
+    }
+    if (r->minor == 1 && !have_host) {
+        *code = "bad_request";
+        snprintf(msg, msg_cap, "HTTP/1.1 request without a Host header");
+        return 400;
+    }
+    const char *conn = st_http_req_header(r, "Connection");
+    if (r->minor == 1)
+        r->keep_alive = !(conn && token_list_has(conn, "close"));
+    else
+        r->keep_alive = conn && token_list_has(conn, "keep-alive");
+    return 0;
+}
+
+/* ---- reading -------------------------------------------------------------------------------- */
+
+static void conn_try_body(st_http_conn *c)
+{
+    st_http *h = c->h;
+    st_http_req *r = c->req;
+    struct evbuffer *in = bufferevent_get_input(c->bev);
+    uint64_t have = evbuffer_get_length(r->body);
+    uint64_t want = r->content_length - have;
+    size_t avail = evbuffer_get_length(in);
+    if (want && avail) {
+        size_t n = avail < want ? avail : (size_t)want;
+        evbuffer_remove_buffer(in, r->body, n);
+        want -= n;
+    }
+    if (want) {
+        double left = c->body_deadline - now_ms();
+        conn_arm(c, left < h->lim.read_timeout_ms ? left : h->lim.read_timeout_ms);
+        return;
+    }
+    r->body_unread = 0;
+    evtimer_del(c->timer);
+    c->state = C_BUSY;
+    bufferevent_disable(c->bev, EV_READ);
+    h->cbs.on_request(r, h->arg);
+}
+
+static void conn_try_head(st_http_conn *c)
+{
+    st_http *h = c->h;
+    struct evbuffer *in = bufferevent_get_input(c->bev);
+    /* empty lines before a request line are allowed (RFC 9112, 2.2) */
+    while (!c->head_started) {
+        unsigned char ch;
+        if (evbuffer_copyout(in, &ch, 1) != 1)
+            return;
+        if (ch != '\r' && ch != '\n')
+            break;
+        evbuffer_drain(in, 1);
+    }
+    size_t len = evbuffer_get_length(in);
+    if (!len)
+        return;
+    if (!c->head_started) {
+        c->head_started = 1;
+        conn_arm(c, h->lim.head_timeout_ms);
+    }
+    size_t lim = h->lim.max_header_bytes;
+    size_t n = len < lim ? len : lim;
+    const unsigned char *p = evbuffer_pullup(in, (ev_ssize_t)n);
+    if (!p) {
+        conn_refuse(c, 500, "internal", "no memory");
+        return;
+    }
+    size_t endpos = 0;
+    for (size_t i = c->scanned > 3 ? c->scanned - 3 : 0; i < n; i++) {
+        if (p[i] != '\n')
+            continue;
+        if (i + 1 < n && p[i + 1] == '\n') {
+            endpos = i + 2;
+            break;
+        }
+        if (i + 2 < n && p[i + 1] == '\r' && p[i + 2] == '\n') {
+            endpos = i + 3;
+            break;
+        }
+    }
+    if (!endpos) {
+        c->scanned = n;
+        if (len >= lim)
+            conn_refuse(c, 431, "headers_too_large",
+                        "the request line and headers exceed %zu bytes", lim);
+        return;
+    }
+    st_http_req *r = req_new(c);
+    if (!r || !(r->head = malloc(endpos + 1))) {
+        req_free(h, r);
+        conn_refuse(c, 500, "internal", "no memory");
+        return;
+    }
+    c->req = r;
+    memcpy(r->head, p, endpos);
+    r->head[endpos] = '\0';
+    evbuffer_drain(in, endpos);
+    r->t_head = now_ms();
+    evtimer_del(c->timer);
+    const char *code = "bad_request";
+    char msg[256];
+    int st = parse_head(r, endpos, h->lim.max_headers, &code, msg, sizeof msg);
+    if (st) {
+        conn_refuse(c, st, code, "%s", msg);
+        return;
+    }
+    r->body_unread = r->content_length > 0;
+    r->routed = 1;
+    uint64_t body_max = 0;
+    c->state = C_BODY; /* a reply from on_head comes from this state */
+    bufferevent_disable(c->bev, EV_READ);
+    if (h->cbs.on_head(r, &body_max, h->arg))
+        return; /* replied */
+    if (r->content_length > body_max) {
+        r->keep_alive = 0;
+        st_http_reply_error(r, 413, "body_too_large",
+                            "request body of %llu bytes exceeds this route's limit of %llu",
+                            (unsigned long long)r->content_length, (unsigned long long)body_max);
+        return;
+    }
+    if (h->reserved + r->content_length > h->lim.body_budget) {
+        r->keep_alive = 0;
+        st_http_header_add(r, "Retry-After", "1");
+        st_http_reply_error(r, 503, "busy",
+                            "request bodies in flight would exceed %llu bytes; retry later",
+                            (unsigned long long)h->lim.body_budget);
+        return;
+    }
+    if (!(r->body = evbuffer_new())) {
+        r->keep_alive = 0;
+        st_http_reply_error(r, 500, "internal", "no memory");
+        return;
+    }
+    h->reserved += r->content_length;
+    r->reserved = r->content_length;
+    const char *expect = st_http_req_header(r, "Expect");
+    if (expect && r->minor == 1) {
+        if (strcasecmp(expect, "100-continue")) {
+            r->keep_alive = 0;
+            st_http_reply_error(r, 417, "expectation_failed", "only Expect: 100-continue is supported");
+            return;
+        }
+        if (r->content_length > evbuffer_get_length(in))
+            bufferevent_write(c->bev, "HTTP/1.1 100 Continue\r\n\r\n", 25);
+    }
+    c->body_deadline = now_ms() + h->lim.body_timeout_ms;
+    bufferevent_enable(c->bev, EV_READ);
+    conn_try_body(c);
+}
+
+static void read_cb(struct bufferevent *bev, void *arg)
+{
+    st_http_conn *c = arg;
+    struct evbuffer *in = bufferevent_get_input(bev);
+    switch (c->state) {
+    case C_HEAD:
+        conn_try_head(c);
+        break;
+    case C_BODY:
+        conn_try_body(c);
+        break;
+    case C_LINGER:
+        c->lingered += evbuffer_get_length(in);
+        evbuffer_drain(in, evbuffer_get_length(in));
+        if (c->lingered > LINGER_MAX_BYTES)
+            conn_free(c);
+        break;
+    default:
+        break; /* pipelined bytes wait */
+    }
+}
+
+static void event_cb(struct bufferevent *bev, short what, void *arg)
+{
+    st_http_conn *c = arg;
+    (void)bev;
+    if (c->state == C_BUSY) {
+        /* the handler owns the request (invariant 2). A peer that only stopped sending still
+         * gets its reply; a failed socket does not. */
+        if ((what & BEV_EVENT_EOF) && !(what & BEV_EVENT_ERROR)) {
+            c->close_after = 1;
+        } else {
+            c->dead = 1;
+            bufferevent_disable(c->bev, EV_READ | EV_WRITE);
+        }
+        return;
+    }
+    conn_free(c);
+}
+
+static void timer_cb(evutil_socket_t fd, short what, void *arg)
+{
+    st_http_conn *c = arg;
+    st_http *h = c->h;
+    (void)fd;
+    (void)what;
+    switch (c->state) {
+    case C_HEAD:
+        if (!c->head_started)
+            conn_free(c); /* idle keep-alive connection */
+        else
+            conn_refuse(c, 408, "request_timeout", "the request head did not arrive within %u ms",
+                        h->lim.head_timeout_ms);
+        break;
+    case C_BODY:
+        c->req->keep_alive = 0;
+        st_http_reply_error(c->req, 408, "request_timeout",
+                            "the request body stalled (%u ms without data, or %u ms in all)",
+                            h->lim.read_timeout_ms, h->lim.body_timeout_ms);
+        break;
+    case C_LINGER:
+        conn_free(c);
+        break;
+    default:
+        break;
+    }
+}
+
+/* ---- listening ------------------------------------------------------------------------------ */
+
+static void accept_cb(struct evconnlistener *lis, evutil_socket_t fd, struct sockaddr *sa, int salen,
+                      void *arg)
+{
+    st_http *h = arg;
+    (void)lis;
+    if (h->stopping) {
+        evutil_closesocket(fd);
+        return;
+    }
+    st_http_conn *c = calloc(1, sizeof *c);
+    if (!c) {
+        evutil_closesocket(fd);
+        return;
+    }
+    c->h = h;
+    char host[NI_MAXHOST], serv[NI_MAXSERV];
+    if (!getnameinfo(sa, (socklen_t)salen, host, sizeof host, serv, sizeof serv,
+                     NI_NUMERICHOST | NI_NUMERICSERV))
+        snprintf(c->peer, sizeof c->peer, "%.46s:%.8s", host, serv);
+    else
+        snprintf(c->peer, sizeof c->peer, "?");
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    c->bev = bufferevent_socket_new(h->base, fd, BEV_OPT_CLOSE_ON_FREE);
+    c->timer = evtimer_new(h->base, timer_cb, c);
+    if (!c->bev || !c->timer) {
+        if (c->bev)
+            bufferevent_free(c->bev);
+        else
+            evutil_closesocket(fd);
+        if (c->timer)
+            event_free(c->timer);
+        free(c);
+        return;
+    }
+    c->next = h->conns;
+    if (h->conns)
+        h->conns->prev = c;
+    h->conns = c;
+    h->n_conns++;
+    if (h->n_conns >= h->lim.max_connections && !h->paused) {
+        /* at the cap new connections wait in the kernel's backlog */
+        evconnlistener_disable(h->lis);
+        h->paused = 1;
+    }
+    struct timeval wtv = {h->lim.write_timeout_ms / 1000, (h->lim.write_timeout_ms % 1000) * 1000};
+    bufferevent_set_timeouts(c->bev, NULL, &wtv);
+    bufferevent_setcb(c->bev, read_cb, write_cb, event_cb, c);
+    bufferevent_enable(c->bev, EV_READ);
+    c->state = C_HEAD;
+    conn_arm(c, h->lim.idle_timeout_ms);
+}
+
+static void accept_retry_cb(evutil_socket_t fd, short what, void *arg)
+{
+    st_http *h = arg;
+    (void)fd;
+    (void)what;
+    if (!h->stopping && !h->paused)
+        evconnlistener_enable(h->lis);
+}
+
+static void accept_error_cb(struct evconnlistener *lis, void *arg)
+{
+    st_http *h = arg;
+    int err = EVUTIL_SOCKET_ERROR();
+    fprintf(stderr, "strata-server: accept: %s; pausing 200 ms\n", evutil_socket_error_to_string(err));
+    evconnlistener_disable(lis);
+    struct timeval tv = {0, 200000};
+    evtimer_add(h->accept_retry, &tv);
+}
+
+int st_http_new(struct event_base *base, const char *host, uint16_t port,
+                const st_http_limits *lim, const st_http_cbs *cbs, void *arg, st_http **out)
+{
+    *out = NULL;
+    st_http *h = calloc(1, sizeof *h);
+    struct addrinfo hints = {0}, *ai = NULL;
+    int rc = 0;
+    if (!h)
+        return st_error_set(ENOMEM, "http: no memory");
+    h->base = base;
+    h->lim = *lim;
+    h->cbs = *cbs;
+    h->arg = arg;
+    if (!h->lim.max_connections)
+        h->lim.max_connections = 1;
+    char ps[8];
+    snprintf(ps, sizeof ps, "%u", (unsigned)port);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+    int gai = getaddrinfo(host, ps, &hints, &ai);
+    if (gai) {
+        rc = st_error_set(ST_EINVAL, "http: cannot resolve listen address %s: %s", host,
+                          gai_strerror(gai));
+        goto fail;
+    }
+    h->lis = evconnlistener_new_bind(base, accept_cb, h,
+                                     LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE | LEV_OPT_CLOSE_ON_EXEC,
+                                     512, ai->ai_addr, (int)ai->ai_addrlen);
+    if (!h->lis) {
+        int e = errno ? errno : EADDRINUSE;
+        rc = st_error_set(e, "http: cannot listen on %s port %u: %s", host, (unsigned)port, strerror(e));
+        goto fail;
+    }
+    evconnlistener_set_error_cb(h->lis, accept_error_cb);
+    h->accept_retry = evtimer_new(base, accept_retry_cb, h);
+    if (!h->accept_retry) {
+        rc = st_error_set(ENOMEM, "http: no memory");
+        goto fail;
+    }
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    if (getsockname(evconnlistener_get_fd(h->lis), (struct sockaddr *)&ss, &sl) == 0) {
+        if (ss.ss_family == AF_INET)
+            h->port = ntohs(((struct sockaddr_in *)&ss)->sin_port);
+        else if (ss.ss_family == AF_INET6)
+            h->port = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+    }
+    freeaddrinfo(ai);
+    *out = h;
+    return 0;
+fail:
+    if (ai)
+        freeaddrinfo(ai);
+    st_http_free(h);
+    return rc;
+}
+
+void st_http_free(st_http *h)
+{
+    if (!h)
+        return;
+    h->stopping = 1;
+    while (h->conns)
+        conn_free(h->conns);
+    if (h->lis)
+        evconnlistener_free(h->lis);
+    if (h->accept_retry)
+        event_free(h->accept_retry);
+    free(h);
+}
+
+uint16_t st_http_port(const st_http *h) { return h->port; }
+uint32_t st_http_n_connections(const st_http *h) { return h->n_conns; }
+
+void st_http_stop_accepting(st_http *h)
+{
+    h->stopping = 1;
+    if (h->lis)
+        evconnlistener_disable(h->lis);
+}
+
+uint32_t st_http_close_idle(st_http *h)
+{
+    uint32_t busy = 0;
+    st_http_conn *c = h->conns;
+    while (c) {
+        st_http_conn *next = c->next;
+        if (c->state == C_BUSY || c->state == C_WRITING)
+            busy++;
+        else
+            conn_free(c);
+        c = next;
+    }
+    return busy;
+}

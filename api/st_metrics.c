@@ -1,0 +1,148 @@
+/*
+ * st_metrics.c - counters and latency histograms, rendered in Prometheus' text format.
+ * Per-route figures are touched by the loop thread only; the rest are atomics any thread adds to.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "st_api_int.h"
+
+const double st_metrics_bucket_ms[ST_METRICS_BUCKETS] = {0.5, 1,   2.5,  5,    10,   25,   50,  100,
+                                                         250, 500, 1000, 2500, 5000, 10000, 30000};
+
+void st_metrics_init(st_metrics *m)
+{
+    memset(m, 0, sizeof *m);
+}
+
+int st_metrics_route(st_metrics *m, const char *name)
+{
+    for (uint32_t i = 0; i < m->n_routes; i++)
+        if (!strcmp(m->route_name[i], name))
+            return (int)i;
+    if (m->n_routes >= ST_METRICS_ROUTES_MAX)
+        return (int)ST_METRICS_ROUTES_MAX - 1;
+    m->route_name[m->n_routes] = name;
+    return (int)m->n_routes++;
+}
+
+void st_metrics_request(st_metrics *m, int route, int status, double ms)
+{
+    if (route < 0 || (uint32_t)route >= m->n_routes)
+        return;
+    int cls = status / 100;
+    if (cls >= 1 && cls <= 5)
+        m->req_by_class[route][cls]++;
+    for (int b = 0; b < ST_METRICS_BUCKETS; b++)
+        if (ms <= st_metrics_bucket_ms[b])
+            m->lat_bucket[route][b]++;
+    m->lat_count[route]++;
+    m->lat_sum[route] += ms / 1000.0;
+}
+
+void st_metrics_refused(st_metrics *m, int status)
+{
+    int cls = status / 100;
+    if (cls >= 1 && cls <= 5)
+        m->refused[cls]++;
+}
+
+#define U(x) ((unsigned long long)(x))
+
+static void counter(struct evbuffer *o, const char *name, const char *help, uint64_t v)
+{
+    evbuffer_add_printf(o, "# HELP %s %s\n# TYPE %s counter\n%s %llu\n", name, help, name, name, U(v));
+}
+
+static void gauge(struct evbuffer *o, const char *name, const char *help, double v)
+{
+    evbuffer_add_printf(o, "# HELP %s %s\n# TYPE %s gauge\n%s %.17g\n", name, help, name, name, v);
+}
+
+void st_metrics_render(st_metrics *m, struct evbuffer *o, uint32_t connections,
+                       uint32_t work_outstanding, uint32_t work_queued)
+{
+    evbuffer_add_printf(o, "# HELP strata_http_requests_total Requests answered, by route and "
+                           "status class.\n# TYPE strata_http_requests_total counter\n");
+    for (uint32_t r = 0; r < m->n_routes; r++)
+        for (int c = 1; c <= 5; c++)
+            if (m->req_by_class[r][c])
+                evbuffer_add_printf(o, "strata_http_requests_total{route=\"%s\",code=\"%dxx\"} %llu\n",
+                                    m->route_name[r], c, U(m->req_by_class[r][c]));
+    for (int c = 1; c <= 5; c++)
+        if (m->refused[c])
+            evbuffer_add_printf(o, "strata_http_requests_total{route=\"(refused)\",code=\"%dxx\"} %llu\n",
+                                c, U(m->refused[c]));
+    evbuffer_add_printf(o, "# HELP strata_http_request_duration_seconds Time from a complete "
+                           "request to its reply, by route.\n"
+                           "# TYPE strata_http_request_duration_seconds histogram\n");
+    for (uint32_t r = 0; r < m->n_routes; r++) {
+        if (!m->lat_count[r])
+            continue;
+        for (int b = 0; b < ST_METRICS_BUCKETS; b++)
+            evbuffer_add_printf(o, "strata_http_request_duration_seconds_bucket{route=\"%s\",le=\"%g\"} %llu\n",
+                                m->route_name[r], st_metrics_bucket_ms[b] / 1000.0, U(m->lat_bucket[r][b]));
+        evbuffer_add_printf(o, "strata_http_request_duration_seconds_bucket{route=\"%s\",le=\"+Inf\"} %llu\n",
+                            m->route_name[r], U(m->lat_count[r]));
+        evbuffer_add_printf(o, "strata_http_request_duration_seconds_sum{route=\"%s\"} %.6f\n",
+                            m->route_name[r], m->lat_sum[r]);
+        evbuffer_add_printf(o, "strata_http_request_duration_seconds_count{route=\"%s\"} %llu\n",
+                            m->route_name[r], U(m->lat_count[r]));
+    }
+    gauge(o, "strata_http_connections", "Open client connections.", connections);
+    gauge(o, "strata_worker_jobs", "Jobs submitted to workers and not yet answered.", work_outstanding);
+    gauge(o, "strata_worker_queue", "Jobs waiting for a worker.", work_queued);
+
+    counter(o, "strata_saves_total", "Conversations saved to the store (SAVE, uploads).", m->saves);
+    counter(o, "strata_saved_bytes_total", "Image bytes saved (logical).", m->save_logical_bytes);
+    counter(o, "strata_saved_new_stored_bytes_total",
+            "Bytes the saves added to the store (new chunks, as stored).", m->save_new_bytes);
+    counter(o, "strata_restores_total", "Conversations restored from the store.", m->restores);
+    counter(o, "strata_restored_bytes_total", "Image bytes restored (logical).", m->restore_bytes);
+    counter(o, "strata_downloads_total", "Session files downloaded.", m->downloads);
+    counter(o, "strata_download_bytes_total", "Session file bytes downloaded.", m->download_bytes);
+    counter(o, "strata_uploads_total", "Uploads committed as versions.", m->uploads);
+    counter(o, "strata_upload_bytes_total", "Upload bytes received.", m->upload_bytes);
+
+    evbuffer_add_printf(o, "# HELP strata_parks_total Conversations parked, by where they went.\n"
+                           "# TYPE strata_parks_total counter\n"
+                           "strata_parks_total{where=\"ram\"} %llu\nstrata_parks_total{where=\"disk\"} %llu\n",
+                        U(m->parks_ram), U(m->parks_disk));
+    counter(o, "strata_park_spills_total", "Parked images spilled from RAM to the store.", m->park_spills);
+    counter(o, "strata_park_unspills_total", "Spilled images brought back into a slot.", m->park_unspills);
+    gauge(o, "strata_park_pool_bytes", "Bytes of parked images held in RAM.", (double)m->pool_ram_bytes);
+    gauge(o, "strata_park_pool_limit_bytes", "Ceiling of the RAM park pool (--conversation-cache-mib).",
+          (double)m->pool_limit_bytes);
+    evbuffer_add_printf(o, "# HELP strata_park_pool_entries Parked conversations, by where they are.\n"
+                           "# TYPE strata_park_pool_entries gauge\n"
+                           "strata_park_pool_entries{where=\"ram\"} %llu\n"
+                           "strata_park_pool_entries{where=\"disk\"} %llu\n",
+                        U(m->pool_ram_entries), U(m->pool_disk_entries));
+    gauge(o, "strata_slots", "Engine slots.", (double)m->slots_total);
+    gauge(o, "strata_slots_bound", "Slots holding a conversation.", (double)m->slots_bound);
+    gauge(o, "strata_slots_busy", "Slots computing or being saved now.", (double)m->slots_busy);
+
+    evbuffer_add_printf(o, "# HELP strata_conversation_lookups_total Where a request found its "
+                           "conversation.\n# TYPE strata_conversation_lookups_total counter\n"
+                           "strata_conversation_lookups_total{found=\"slot\"} %llu\n"
+                           "strata_conversation_lookups_total{found=\"ram\"} %llu\n"
+                           "strata_conversation_lookups_total{found=\"disk\"} %llu\n"
+                           "strata_conversation_lookups_total{found=\"store\"} %llu\n"
+                           "strata_conversation_lookups_total{found=\"new\"} %llu\n",
+                        U(m->conv_hits_slot), U(m->conv_hits_ram), U(m->conv_hits_disk),
+                        U(m->conv_hits_store), U(m->conv_new));
+    counter(o, "strata_prompt_tokens_reused_total",
+            "Prompt tokens served from held state or a cache checkpoint (cache hits).", m->prompt_reused);
+    counter(o, "strata_prompt_tokens_computed_total", "Prompt tokens read by the model.", m->prompt_computed);
+    counter(o, "strata_generated_tokens_total", "Tokens generated.", m->tokens_generated);
+    counter(o, "strata_memory_guard_refusals_total", "Operations the memory guard refused.",
+            m->memguard_refusals);
+    if (m->store_stat_ok) {
+        gauge(o, "strata_store_sessions", "Sessions in the store.", (double)m->store_sessions);
+        gauge(o, "strata_store_versions", "Versions in the store.", (double)m->store_versions);
+        gauge(o, "strata_store_logical_bytes", "Image bytes of every version.", (double)m->store_logical);
+        gauge(o, "strata_store_stored_bytes", "Bytes of the distinct chunks stored.", (double)m->store_stored);
+        gauge(o, "strata_store_dedup_ratio", "Referenced chunk bytes / distinct chunk bytes.",
+              (double)m->store_dedup_micro / 1e6);
+    }
+}

@@ -1,0 +1,527 @@
+/*
+ * test_api_engine.c - strata-server with the tiny model, the real binary on loopback:
+ *   - a conversation, SAVE, kill -9, restart, RESTORE, continue: the same tokens and text as a
+ *     run that was never interrupted (greedy);
+ *   - more conversations than slots: each one parked and resumed continues exactly;
+ *   - parking past the RAM ceiling spills to the store and comes back; disk-parked conversations
+ *     survive kill -9, RAM-parked ones survive a graceful stop (SIGTERM);
+ *   - 32 concurrent clients with their own conversations: completions, SAVE, RESTORE, nothing
+ *     lost and no cross-talk, /healthz answering throughout;
+ *   - llama.cpp's /slots actions, DELETE of a live session, the memory guard on SAVE and park.
+ */
+#include <jansson.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "st_http_client.h"
+#include "st_test_util.h"
+
+#define SERVER ST_BIN_DIR "/strata-server"
+#define MKMODEL ST_BIN_DIR "/strata-mkmodel"
+
+static char dir[4096];
+static char model[4200];
+static char logpath[4200];
+
+/* ---- helpers -------------------------------------------------------------------------------- */
+
+static int start(st_hc_server *s, const char *store, const char *const *extra)
+{
+    const char *args[40];
+    int n = 0;
+    args[n++] = "--store";
+    args[n++] = store;
+    args[n++] = "--model";
+    args[n++] = model;
+    args[n++] = "--threads";
+    args[n++] = "1";
+    for (const char *const *a = extra; a && *a; a++)
+        args[n++] = *a;
+    args[n] = NULL;
+    return st_hc_server_start(s, SERVER, dir, logpath, args);
+}
+
+static json_t *call(uint16_t port, const char *method, const char *path, const char *body, int want)
+{
+    st_hc_resp r;
+    assert_int_equal(st_hc_json(port, method, path, body, &r), 0);
+    if (r.status != want)
+        fprintf(stderr, "%s %s %s: %d (wanted %d): %s\n", method, path, body ? body : "", r.status, want,
+                r.body ? (char *)r.body : "");
+    assert_int_equal(r.status, want);
+    json_error_t e;
+    json_t *o = json_loadb((const char *)r.body, r.body_len, 0, &e);
+    assert_non_null(o);
+    st_hc_resp_free(&r);
+    return o;
+}
+
+/* A completion; returns the reply (tokens, text, found, ...). */
+static json_t *complete(uint16_t port, const char *session, const char *prompt, int n)
+{
+    char body[1024];
+    snprintf(body, sizeof body, "{\"session\":\"%s\",\"prompt\":\"%s\",\"n_predict\":%d,\"temperature\":0}",
+             session, prompt, n);
+    return call(port, "POST", "/v1/completions", body, 200);
+}
+
+static void same_tokens(json_t *a, json_t *b)
+{
+    json_t *ta = json_object_get(a, "tokens"), *tb = json_object_get(b, "tokens");
+    assert_true(json_is_array(ta));
+    assert_int_equal(json_array_size(ta), json_array_size(tb));
+    assert_true(json_equal(ta, tb));
+    assert_string_equal(json_string_value(json_object_get(a, "text")),
+                        json_string_value(json_object_get(b, "text")));
+}
+
+static const char *found(json_t *o)
+{
+    return json_string_value(json_object_get(o, "found"));
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    st_test_tmpdir(dir, sizeof dir, "test_api_engine");
+    snprintf(model, sizeof model, "%s/tiny.gguf", dir);
+    snprintf(logpath, sizeof logpath, "%s/server.log", dir);
+    char out[4096];
+    return st_test_run(out, sizeof out, MKMODEL " --preset tiny -o '%s'", model) == 0 ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    st_hc_server_kill_all(); /* servers a failed test left running */
+    if (!getenv("ST_TEST_KEEP")) /* keep the servers' logs and stores to look at */
+        st_test_rmdir(dir);
+    return 0;
+}
+
+/* The reference: turns of one conversation on a fresh server that is never interrupted. */
+static json_t *reference(const char *const *prompts, int turns, int n)
+{
+    char store[4300];
+    snprintf(store, sizeof store, "%s/ref-store", dir);
+    st_test_rmdir(store);
+    st_hc_server s;
+    static const char *const args[] = {"--slots", "1", NULL};
+    assert_int_equal(start(&s, store, args), 0);
+    json_t *all = json_array();
+    for (int t = 0; t < turns; t++)
+        json_array_append_new(all, complete(s.port, "ref", prompts[t], n));
+    assert_int_equal(st_hc_server_stop(&s, SIGTERM), 0);
+    return all;
+}
+
+/* ---- tests ---------------------------------------------------------------------------------- */
+
+static void test_save_kill9_restore_continue(void **state)
+{
+    (void)state;
+    static const char *const prompts[] = {"Hello, Strata.", " And then?", " Once more."};
+    json_t *ref = reference(prompts, 3, 24);
+    char store[4300];
+    snprintf(store, sizeof store, "%s/crash-store", dir);
+    st_hc_server s;
+    assert_int_equal(start(&s, store, NULL), 0);
+    json_t *t0 = complete(s.port, "chat", prompts[0], 24);
+    assert_string_equal(found(t0), "new");
+    same_tokens(t0, json_array_get(ref, 0));
+    json_t *sv = call(s.port, "POST", "/v1/sessions/chat/save", "{}", 201);
+    assert_int_equal(json_integer_value(json_object_get(sv, "version")), 1);
+    json_decref(sv);
+    /* more turns after the SAVE, then a crash: they are lost, the SAVE is not */
+    json_decref(complete(s.port, "chat", " (lost)", 8));
+    assert_int_equal(st_hc_server_stop(&s, SIGKILL), -1);
+
+    assert_int_equal(start(&s, store, NULL), 0);
+    json_t *rs = call(s.port, "POST", "/v1/sessions/chat/restore", "{}", 200);
+    assert_int_equal(json_integer_value(json_object_get(rs, "version")), 1);
+    json_decref(rs);
+    json_t *t1 = complete(s.port, "chat", prompts[1], 24);
+    same_tokens(t1, json_array_get(ref, 1));
+    json_t *tm = json_object_get(t1, "timings");
+    assert_true(json_integer_value(json_object_get(tm, "resumed_tokens")) > 0);
+    /* without an explicit RESTORE, a completion continues from the head version */
+    sv = call(s.port, "POST", "/v1/sessions/chat/save", "{}", 201);
+    json_decref(sv);
+    assert_int_equal(st_hc_server_stop(&s, SIGKILL), -1);
+    assert_int_equal(start(&s, store, NULL), 0);
+    json_t *t2 = complete(s.port, "chat", prompts[2], 24);
+    assert_string_equal(found(t2), "store");
+    same_tokens(t2, json_array_get(ref, 2));
+    /* an older version restores too (RESTORE {version}) */
+    rs = call(s.port, "POST", "/v1/sessions/chat/restore", "{\"version\":1}", 200);
+    json_decref(rs);
+    json_t *t1b = complete(s.port, "chat", prompts[1], 24);
+    same_tokens(t1b, json_array_get(ref, 1));
+    assert_int_equal(st_hc_server_stop(&s, SIGTERM), 0);
+    json_decref(t0);
+    json_decref(t1);
+    json_decref(t1b);
+    json_decref(t2);
+    json_decref(ref);
+}
+
+/* n conversations with two turns each, interleaved, on a server with args; every turn must equal
+ * that conversation run alone. */
+static void interleave(const char *store, const char *const *args, int n, const char *expect_found)
+{
+    static const char *const p1[] = {"one", " two"};
+    json_t *ref = reference(p1, 2, 12);
+    st_hc_server s;
+    assert_int_equal(start(&s, store, args), 0);
+    char id[32];
+    for (int turn = 0; turn < 2; turn++) {
+        for (int i = 0; i < n; i++) {
+            snprintf(id, sizeof id, "conv-%d", i);
+            json_t *t = complete(s.port, id, p1[turn], 12);
+            same_tokens(t, json_array_get(ref, turn));
+            if (turn == 1 && expect_found)
+                assert_string_equal(found(t), expect_found);
+            json_decref(t);
+        }
+    }
+    json_t *sl = call(s.port, "GET", "/v1/sessions", NULL, 200);
+    assert_int_equal(json_array_size(json_object_get(sl, "sessions")), (size_t)n);
+    json_decref(sl);
+    assert_int_equal(st_hc_server_stop(&s, SIGTERM), 0);
+    json_decref(ref);
+}
+
+static void test_more_conversations_than_slots(void **state)
+{
+    (void)state;
+    char store[4300];
+    snprintf(store, sizeof store, "%s/slots-store", dir);
+    static const char *const args[] = {"--slots", "2", NULL};
+    interleave(store, args, 6, "ram");
+}
+
+static void test_spill_past_ceiling_and_back(void **state)
+{
+    (void)state;
+    char store[4300];
+    snprintf(store, sizeof store, "%s/spill-store", dir);
+    static const char *const args[] = {"--slots", "1", "--conversation-cache-mib", "0", NULL};
+    interleave(store, args, 4, "disk");
+    /* the disk-parked conversations are in the store: they survive kill -9 */
+    st_hc_server s;
+    assert_int_equal(start(&s, store, args), 0);
+    st_hc_resp r;
+    assert_int_equal(st_hc_request(s.port, "GET", "/metrics", NULL, NULL, 0, &r), 0);
+    assert_non_null(strstr((char *)r.body, "strata_park_pool_entries{where=\"disk\"} 4"));
+    st_hc_resp_free(&r);
+    assert_int_equal(st_hc_server_stop(&s, SIGKILL), -1);
+    assert_int_equal(start(&s, store, args), 0);
+    json_t *t = complete(s.port, "conv-2", " three", 4);
+    assert_string_equal(found(t), "disk");
+    json_decref(t);
+    json_t *pk = call(s.port, "POST", "/v1/sessions/conv-2/park", NULL, 200);
+    assert_string_equal(json_string_value(json_object_get(pk, "where")), "disk");
+    json_decref(pk);
+    assert_int_equal(st_hc_server_stop(&s, SIGTERM), 0);
+}
+
+static void test_ram_ceiling_oldest_first(void **state)
+{
+    (void)state;
+    char store[4300];
+    snprintf(store, sizeof store, "%s/ceiling-store", dir);
+    /* 1 MiB of RAM parking: the tiny model's images are ~20 KB, so parking 3 stays in RAM */
+    static const char *const args[] = {"--slots", "1", "--conversation-cache-mib", "1", NULL};
+    st_hc_server s;
+    assert_int_equal(start(&s, store, args), 0);
+    for (int i = 0; i < 4; i++) {
+        char id[16];
+        snprintf(id, sizeof id, "r%d", i);
+        json_decref(complete(s.port, id, "x", 4));
+    }
+    json_t *sl = call(s.port, "GET", "/v1/sessions/r0", NULL, 200);
+    json_t *live = json_object_get(sl, "live");
+    assert_string_equal(json_string_value(json_object_get(live, "where")), "ram");
+    json_decref(sl);
+    sl = call(s.port, "GET", "/v1/sessions/r3", NULL, 200);
+    assert_string_equal(json_string_value(json_object_get(json_object_get(sl, "live"), "where")), "slot");
+    json_decref(sl);
+    /* a graceful stop writes live and RAM-parked conversations to the store */
+    assert_int_equal(st_hc_server_stop(&s, SIGTERM), 0);
+    assert_int_equal(start(&s, store, args), 0);
+    for (int i = 0; i < 4; i++) {
+        char id[16];
+        snprintf(id, sizeof id, "r%d", i);
+        json_t *t = complete(s.port, id, "y", 4);
+        assert_string_equal(found(t), "disk");
+        json_decref(t);
+    }
+    /* kill -9 loses RAM-parked conversations that were never spilled or saved */
+    json_decref(complete(s.port, "lost", "z", 4));
+    json_decref(complete(s.port, "r0", "z", 4)); /* parks "lost" in RAM */
+    assert_int_equal(st_hc_server_stop(&s, SIGKILL), -1);
+    assert_int_equal(start(&s, store, args), 0);
+    json_t *t = complete(s.port, "lost", "z", 4);
+    assert_string_equal(found(t), "new");
+    json_decref(t);
+    assert_int_equal(st_hc_server_stop(&s, SIGTERM), 0);
+}
+
+static void test_slots_delete_and_guard(void **state)
+{
+    (void)state;
+    char store[4300], saves[4300], mi[4300];
+    snprintf(store, sizeof store, "%s/misc-store", dir);
+    snprintf(saves, sizeof saves, "%s/slot-saves", dir);
+    assert_int_equal(mkdir(saves, 0700), 0);
+    const char *const args[] = {"--slots", "2", "--slot-save-path", saves, NULL};
+    st_hc_server s;
+    assert_int_equal(start(&s, store, args), 0);
+    json_t *t = complete(s.port, "sl", "slot me", 8);
+    json_decref(t);
+    json_t *l = call(s.port, "GET", "/slots", NULL, 200);
+    assert_int_equal(json_array_size(l), 2);
+    json_decref(l);
+    json_t *o = call(s.port, "POST", "/slots/0?action=save", "{\"filename\":\"a.stsf\"}", 200);
+    assert_true(json_integer_value(json_object_get(o, "n_saved")) > 0);
+    json_decref(o);
+    json_decref(call(s.port, "POST", "/slots/0?action=save", "{\"filename\":\"../a.stsf\"}", 400));
+    json_decref(call(s.port, "POST", "/slots/0?action=save", "{\"filename\":\"/etc/x\"}", 400));
+    json_decref(call(s.port, "POST", "/slots/7?action=save", "{\"filename\":\"b\"}", 404));
+    json_decref(call(s.port, "POST", "/slots/0?action=fly", "{\"filename\":\"b\"}", 400));
+    o = call(s.port, "POST", "/slots/0?action=erase", NULL, 200);
+    assert_true(json_integer_value(json_object_get(o, "n_erased")) > 0);
+    json_decref(o);
+    o = call(s.port, "POST", "/slots/1?action=restore", "{\"filename\":\"a.stsf\"}", 200);
+    assert_true(json_integer_value(json_object_get(o, "n_restored")) > 0);
+    json_decref(o);
+    json_decref(call(s.port, "POST", "/slots/1?action=restore", "{\"filename\":\"missing\"}", 404));
+    /* SAVE of nothing live, DELETE of a live-only session */
+    json_decref(call(s.port, "POST", "/v1/sessions/nobody/save", NULL, 404));
+    json_decref(complete(s.port, "gone", "bye", 4));
+    o = call(s.port, "DELETE", "/v1/sessions/gone", NULL, 200);
+    assert_true(json_is_true(json_object_get(o, "live_deleted")));
+    json_decref(o);
+    json_decref(call(s.port, "GET", "/v1/sessions/gone", NULL, 404));
+    /* malformed completions */
+    json_decref(call(s.port, "POST", "/v1/completions", "{\"prompt\":\"a\",\"tokens\":[1]}", 400));
+    json_decref(call(s.port, "POST", "/v1/completions", "{\"tokens\":[99999]}", 400));
+    json_decref(call(s.port, "POST", "/v1/completions", "{\"n_predict\":-1}", 400));
+    json_decref(call(s.port, "POST", "/v1/completions", "{\"session\":\"../x\"}", 400));
+    json_decref(call(s.port, "POST", "/v1/sessions/sl/save", "{\"codec\":\"fp8\"}", 400));
+    /* bf16 SAVE, labels, conflicts */
+    json_decref(complete(s.port, "sl", "again", 4));
+    o = call(s.port, "POST", "/v1/sessions/sl/save", "{\"codec\":\"bf16\",\"label\":\"keep\"}", 201);
+    assert_string_equal(json_string_value(json_object_get(o, "codec")), "bf16");
+    json_decref(o);
+    json_decref(call(s.port, "POST", "/v1/sessions/sl/save", "{\"expected_head\":7}", 409));
+    assert_int_equal(st_hc_server_stop(&s, SIGTERM), 0);
+
+    /* the guard refuses SAVE and park with what it read */
+    snprintf(mi, sizeof mi, "%s/meminfo", dir);
+    const char *fake = "MemAvailable: 10 kB\n";
+    assert_int_equal(st_test_spit(mi, fake, strlen(fake)), 0);
+    const char *const gargs[] = {"--meminfo", mi, "--mem-reserve-mib", "0", NULL};
+    assert_int_equal(start(&s, store, gargs), 0);
+    json_decref(complete(s.port, "g", "guarded", 4));
+    o = call(s.port, "POST", "/v1/sessions/g/save", NULL, 503);
+    const char *msg = json_string_value(json_object_get(json_object_get(o, "error"), "message"));
+    assert_non_null(strstr(msg, "available 0.00 GiB (MemAvailable)"));
+    json_decref(o);
+    json_decref(call(s.port, "POST", "/v1/sessions/g/park", NULL, 503));
+    json_decref(complete(s.port, "g", " still here", 4)); /* the refused park changed nothing */
+    assert_int_equal(st_hc_server_stop(&s, SIGTERM), 0);
+}
+
+/* ---- 32 concurrent clients ------------------------------------------------------------------ */
+
+#define CLIENTS 32
+static uint16_t cport;
+static json_t *cref; /* reference turns */
+static _Atomic int load_running;
+
+typedef struct client {
+    int i, failures;
+    char why[256];
+} client;
+
+/* A call that retries while the server says busy (409 busy: all slots in use). */
+static int call_retry(const char *method, const char *path, const char *body, st_hc_resp *r)
+{
+    for (int attempt = 0; attempt < 2000; attempt++) {
+        if (st_hc_json(cport, method, path, body, r))
+            return -1;
+        if (!(r->status == 409 && strstr((char *)r->body, "\"busy\"")))
+            return 0;
+        st_hc_resp_free(r);
+        usleep(2000 + 100 * (attempt % 50));
+    }
+    return -1;
+}
+
+static void *client_main(void *arg)
+{
+    client *c = arg;
+    static const char *const p[] = {"one", " two"};
+    char id[32], body[256], path[128];
+    snprintf(id, sizeof id, "k-%d", c->i);
+    for (int turn = 0; turn < 2 && !c->failures; turn++) {
+        st_hc_resp r;
+        snprintf(body, sizeof body, "{\"session\":\"%s\",\"prompt\":\"%s\",\"n_predict\":12}", id, p[turn]);
+        if (call_retry("POST", "/v1/completions", body, &r) || r.status != 200) {
+            c->failures++;
+            snprintf(c->why, sizeof c->why, "turn %d: status %d %.100s", turn, r.status,
+                     r.body ? (char *)r.body : "");
+            st_hc_resp_free(&r);
+            break;
+        }
+        json_error_t e;
+        json_t *o = json_loadb((const char *)r.body, r.body_len, 0, &e);
+        st_hc_resp_free(&r);
+        if (!o || strcmp(json_string_value(json_object_get(o, "session")), id) ||
+            !json_equal(json_object_get(o, "tokens"),
+                        json_object_get(json_array_get(cref, (size_t)turn), "tokens"))) {
+            c->failures++;
+            snprintf(c->why, sizeof c->why, "turn %d: tokens differ from the reference", turn);
+        }
+        json_decref(o);
+        if (turn == 0) { /* SAVE, then RESTORE it: the next turn must be unchanged */
+            snprintf(path, sizeof path, "/v1/sessions/%s/save", id);
+            if (call_retry("POST", path, "{}", &r) || r.status != 201) {
+                c->failures++;
+                snprintf(c->why, sizeof c->why, "save: %d", r.status);
+            }
+            st_hc_resp_free(&r);
+            snprintf(path, sizeof path, "/v1/sessions/%s/restore", id);
+            if (!c->failures && (call_retry("POST", path, "{}", &r) || r.status != 200)) {
+                c->failures++;
+                snprintf(c->why, sizeof c->why, "restore: %d", r.status);
+            }
+            st_hc_resp_free(&r);
+        }
+    }
+    return NULL;
+}
+
+static void *poller_main(void *arg)
+{
+    int *failed = arg;
+    while (load_running) {
+        st_hc_resp r;
+        if (st_hc_request(cport, "GET", "/healthz", NULL, NULL, 0, &r) || r.status != 200)
+            (*failed)++;
+        st_hc_resp_free(&r);
+        usleep(5000);
+    }
+    return NULL;
+}
+
+static void test_concurrent_conversations(void **state)
+{
+    (void)state;
+    static const char *const p[] = {"one", " two"};
+    cref = reference(p, 2, 12);
+    char store[4300];
+    snprintf(store, sizeof store, "%s/conc-store", dir);
+    static const char *const args[] = {"--slots", "4", "--workers", "8", "--conversation-cache-mib", "0",
+                                       NULL};
+    st_hc_server s;
+    assert_int_equal(start(&s, store, args), 0);
+    cport = s.port;
+    pthread_t th[CLIENTS], pt;
+    client cl[CLIENTS];
+    int poll_failed = 0;
+    load_running = 1;
+    assert_int_equal(pthread_create(&pt, NULL, poller_main, &poll_failed), 0);
+    for (int i = 0; i < CLIENTS; i++) {
+        memset(&cl[i], 0, sizeof cl[i]);
+        cl[i].i = i;
+        assert_int_equal(pthread_create(&th[i], NULL, client_main, &cl[i]), 0);
+    }
+    int failures = 0;
+    for (int i = 0; i < CLIENTS; i++) {
+        pthread_join(th[i], NULL);
+        if (cl[i].failures)
+            fprintf(stderr, "client %d: %s\n", i, cl[i].why);
+        failures += cl[i].failures;
+    }
+    load_running = 0;
+    pthread_join(pt, NULL);
+    assert_int_equal(failures, 0);
+    assert_int_equal(poll_failed, 0);
+    json_t *sl = call(s.port, "GET", "/v1/sessions", NULL, 200);
+    size_t i;
+    json_t *e;
+    int saved = 0;
+    json_array_foreach(json_object_get(sl, "sessions"), i, e)
+        saved += json_integer_value(json_object_get(e, "head")) == 1;
+    assert_int_equal(saved, CLIENTS);
+    json_decref(sl);
+    assert_int_equal(st_hc_server_stop(&s, SIGTERM), 0);
+    json_decref(cref);
+}
+
+/* A burst of requests on one session: each is served or told busy, and the session is never in
+ * two slots at once. */
+static void *same_main(void *arg)
+{
+    int *status = arg;
+    st_hc_resp r;
+    *status = st_hc_json(cport, "POST", "/v1/completions",
+                         "{\"session\":\"same\",\"prompt\":\"x\",\"n_predict\":2}", &r) ? -1 : r.status;
+    st_hc_resp_free(&r);
+    return NULL;
+}
+
+static void test_one_session_many_requests(void **state)
+{
+    (void)state;
+    char store[4300];
+    snprintf(store, sizeof store, "%s/same-store", dir);
+    static const char *const args[] = {"--slots", "4", "--workers", "8", NULL};
+    st_hc_server s;
+    assert_int_equal(start(&s, store, args), 0);
+    cport = s.port;
+    for (int round = 0; round < 3; round++) {
+        pthread_t th[8];
+        int st[8];
+        for (int i = 0; i < 8; i++)
+            assert_int_equal(pthread_create(&th[i], NULL, same_main, &st[i]), 0);
+        int ok = 0;
+        for (int i = 0; i < 8; i++) {
+            pthread_join(th[i], NULL);
+            assert_true(st[i] == 200 || st[i] == 409);
+            ok += st[i] == 200;
+        }
+        assert_true(ok >= 1);
+        json_t *l = call(s.port, "GET", "/slots", NULL, 200);
+        size_t i;
+        json_t *e;
+        int bound = 0;
+        json_array_foreach(l, i, e) {
+            const char *sid = json_string_value(json_object_get(e, "session"));
+            bound += sid && !strcmp(sid, "same");
+        }
+        assert_int_equal(bound, 1);
+        json_decref(l);
+    }
+    assert_int_equal(st_hc_server_stop(&s, SIGTERM), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_save_kill9_restore_continue),
+        cmocka_unit_test(test_more_conversations_than_slots),
+        cmocka_unit_test(test_spill_past_ceiling_and_back),
+        cmocka_unit_test(test_ram_ceiling_oldest_first),
+        cmocka_unit_test(test_slots_delete_and_guard),
+        cmocka_unit_test(test_concurrent_conversations),
+        cmocka_unit_test(test_one_session_many_requests),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,0 +1,786 @@
+/*
+ * test_api_http.c - the real strata-server binary on loopback, without a model: hostile requests
+ * (each a JSON error with the right status, the server serving on), limits and timeouts,
+ * keep-alive and pipelining, the connection cap, bearer-token auth, uploads in parts and
+ * downloads, the memory guard, and 32 concurrent clients saving and fetching their own sessions.
+ */
+#include <jansson.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "st_http_client.h"
+#include "st_store.h"
+#include "st_test_util.h"
+
+#define SERVER ST_BIN_DIR "/strata-server"
+
+static char dir[4096];
+static char store[4200];
+static char logpath[4200];
+static st_hc_server srv;
+
+/* ---- helpers -------------------------------------------------------------------------------- */
+
+static void healthy(uint16_t port)
+{
+    st_hc_resp r;
+    assert_int_equal(st_hc_request(port, "GET", "/healthz", NULL, NULL, 0, &r), 0);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr((char *)r.body, "\"status\":\"ok\""));
+    st_hc_resp_free(&r);
+}
+
+/* r is a JSON error with this status and code. */
+static void is_error(const st_hc_resp *r, int status, const char *code, const char *what)
+{
+    char ct[128];
+    if (r->status != status)
+        fprintf(stderr, "%s: status %d, expected %d; body %.300s\n", what, r->status, status,
+                r->body ? (char *)r->body : "");
+    assert_int_equal(r->status, status);
+    assert_non_null(st_hc_header(r, "Content-Type", ct, sizeof ct));
+    assert_string_equal(ct, "application/json");
+    json_error_t e;
+    json_t *o = json_loadb((const char *)r->body, r->body_len, 0, &e);
+    assert_non_null(o);
+    json_t *err = json_object_get(o, "error");
+    assert_true(json_is_object(err));
+    assert_true(json_is_string(json_object_get(err, "message")));
+    const char *c = json_string_value(json_object_get(err, "code"));
+    assert_non_null(c);
+    if (code && strcmp(c, code))
+        fprintf(stderr, "%s: code %s, expected %s\n", what, c, code);
+    if (code)
+        assert_string_equal(c, code);
+    json_decref(o);
+}
+
+static json_t *body_json(const st_hc_resp *r)
+{
+    json_error_t e;
+    json_t *o = json_loadb((const char *)r->body, r->body_len, 0, &e);
+    assert_non_null(o);
+    return o;
+}
+
+static int start(st_hc_server *s, const char *const *extra)
+{
+    const char *args[40];
+    int n = 0;
+    args[n++] = "--store";
+    args[n++] = store;
+    for (const char *const *a = extra; a && *a; a++)
+        args[n++] = *a;
+    args[n] = NULL;
+    return st_hc_server_start(s, SERVER, dir, logpath, args);
+}
+
+/* A session file of about `tokens` tokens from seed, written to path; its bytes returned. */
+static unsigned char *make_file(const char *path, uint64_t seed, uint64_t tokens, size_t *len)
+{
+    st_synth_opts o;
+    memset(&o, 0, sizeof o);
+    o.seed = seed;
+    o.n_tokens = tokens;
+    o.n_layers = 8;
+    o.head_dim = 64;
+    st_image *img = NULL;
+    assert_int_equal(st_image_synthesize(&o, &img), 0);
+    assert_int_equal(st_file_write(img, path, NULL), 0);
+    st_image_free(img);
+    unsigned char *b = st_test_slurp(path, len);
+    assert_non_null(b);
+    return b;
+}
+
+/* Upload bytes in parts of part_bytes and commit them as session id. Returns the version. */
+static long upload(uint16_t port, const char *id, const unsigned char *b, size_t len, size_t part_bytes)
+{
+    st_hc_resp r;
+    if (st_hc_json(port, "POST", "/v1/uploads", "{}", &r) || r.status != 201) {
+        st_hc_resp_free(&r);
+        return -1;
+    }
+    json_t *o = body_json(&r);
+    char uid[64];
+    snprintf(uid, sizeof uid, "%s", json_string_value(json_object_get(o, "upload")));
+    json_decref(o);
+    st_hc_resp_free(&r);
+    char path[256];
+    int part = 1;
+    for (size_t off = 0; off < len; off += part_bytes, part++) {
+        size_t n = len - off < part_bytes ? len - off : part_bytes;
+        snprintf(path, sizeof path, "/v1/uploads/%s/parts/%d", uid, part);
+        if (st_hc_request(port, "PUT", path, NULL, b + off, n, &r) || r.status != 200) {
+            st_hc_resp_free(&r);
+            return -1;
+        }
+        st_hc_resp_free(&r);
+    }
+    char body[256];
+    snprintf(path, sizeof path, "/v1/uploads/%s/commit", uid);
+    snprintf(body, sizeof body, "{\"session\":\"%s\"}", id);
+    if (st_hc_json(port, "POST", path, body, &r) || r.status != 201) {
+        st_hc_resp_free(&r);
+        return -1;
+    }
+    o = body_json(&r);
+    long v = (long)json_integer_value(json_object_get(o, "version"));
+    json_decref(o);
+    st_hc_resp_free(&r);
+    return v;
+}
+
+/* ---- fixtures ------------------------------------------------------------------------------- */
+
+static int group_setup(void **state)
+{
+    (void)state;
+    st_test_tmpdir(dir, sizeof dir, "test_api_http");
+    snprintf(store, sizeof store, "%s/store", dir);
+    snprintf(logpath, sizeof logpath, "%s/server.log", dir);
+    static const char *const args[] = {"--head-timeout-ms", "500", "--read-timeout-ms", "500",
+                                       "--idle-timeout-ms", "800", "--max-part-mib", "1",
+                                       "--workers", "8", NULL};
+    return start(&srv, args);
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    int rc = st_hc_server_stop(&srv, SIGTERM);
+    st_hc_server_kill_all(); /* servers a failed test left running */
+    if (rc != 0) {
+        fprintf(stderr, "strata-server exited with %d; log:\n", rc);
+        char cmd[4300];
+        snprintf(cmd, sizeof cmd, "tail -20 '%s' >&2", logpath);
+        if (system(cmd)) {
+        }
+        return -1;
+    }
+    if (!getenv("ST_TEST_KEEP")) /* keep the servers' logs and stores to look at */
+        st_test_rmdir(dir);
+    return 0;
+}
+
+/* ---- tests ---------------------------------------------------------------------------------- */
+
+static void test_healthz_and_metrics(void **state)
+{
+    (void)state;
+    healthy(srv.port);
+    st_hc_resp r;
+    assert_int_equal(st_hc_request(srv.port, "GET", "/metrics", NULL, NULL, 0, &r), 0);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr((char *)r.body, "strata_http_requests_total{route=\"/healthz\",code=\"2xx\"}"));
+    assert_non_null(strstr((char *)r.body, "strata_http_request_duration_seconds_bucket{route=\"/healthz\""));
+    assert_non_null(strstr((char *)r.body, "strata_park_pool_bytes"));
+    st_hc_resp_free(&r);
+    assert_int_equal(st_hc_json(srv.port, "GET", "/v1/sessions", NULL, &r), 0);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr((char *)r.body, "\"sessions\""));
+    st_hc_resp_free(&r);
+}
+
+static const struct {
+    const char *what;
+    const char *raw;
+    int status;
+    const char *code;
+} hostile[] = {
+    {"unknown route", "GET /v2/nothing HTTP/1.1\r\nHost: x\r\n\r\n", 404, "not_found"},
+    {"root", "GET / HTTP/1.1\r\nHost: x\r\n\r\n", 404, "not_found"},
+    {"trailing slash", "GET /v1/sessions/ HTTP/1.1\r\nHost: x\r\n\r\n", 404, "not_found"},
+    {"wrong method", "DELETE /healthz HTTP/1.1\r\nHost: x\r\n\r\n", 405, "method_not_allowed"},
+    {"wrong method on sessions", "PUT /v1/sessions HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n",
+     405, "method_not_allowed"},
+    {"unknown method", "BREW /v1/sessions HTTP/1.1\r\nHost: x\r\n\r\n", 405, "method_not_allowed"},
+    {"../x raw", "GET /v1/sessions/../x HTTP/1.1\r\nHost: x\r\n\r\n", 400, "invalid_path"},
+    {"%2e%2e", "GET /v1/sessions/%2e%2e HTTP/1.1\r\nHost: x\r\n\r\n", 400, "invalid_path"},
+    {"%2E%2E/versions", "GET /v1/sessions/%2E%2E/versions HTTP/1.1\r\nHost: x\r\n\r\n", 400,
+     "invalid_path"},
+    {"..%2Fx", "GET /v1/sessions/..%2Fx HTTP/1.1\r\nHost: x\r\n\r\n", 400, "invalid_id"},
+    {"%00", "GET /v1/sessions/%00 HTTP/1.1\r\nHost: x\r\n\r\n", 400, "invalid_path"},
+    {"a%00b", "GET /v1/sessions/a%00b/versions HTTP/1.1\r\nHost: x\r\n\r\n", 400, "invalid_path"},
+    {"bad escape", "GET /v1/sessions/%zz HTTP/1.1\r\nHost: x\r\n\r\n", 400, "invalid_path"},
+    {"leading dash", "GET /v1/sessions/-x HTTP/1.1\r\nHost: x\r\n\r\n", 400, "invalid_id"},
+    {"space in id", "GET /v1/sessions/a%20b HTTP/1.1\r\nHost: x\r\n\r\n", 400, "invalid_id"},
+    {"garbage", "GARBAGE\r\n\r\n", 400, "bad_request"},
+    {"HTTP/2.0", "GET /healthz HTTP/2.0\r\nHost: x\r\n\r\n", 505, "http_version"},
+    {"no Host", "GET /healthz HTTP/1.1\r\n\r\n", 400, "bad_request"},
+    {"absolute target", "GET http://x/healthz HTTP/1.1\r\nHost: x\r\n\r\n", 400, "bad_request"},
+    {"chunked body", "POST /v1/uploads HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+     411, "length_required"},
+    {"conflicting Content-Length",
+     "POST /v1/uploads HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}", 400,
+     "bad_request"},
+    {"negative Content-Length", "POST /v1/uploads HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n",
+     400, "bad_request"},
+    {"enormous Content-Length",
+     "POST /v1/uploads HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999999999999\r\n\r\n", 413,
+     "body_too_large"},
+    {"folded header", "GET /healthz HTTP/1.1\r\nHost: x\r\nX-A: 1\r\n  folded\r\n\r\n", 400, "bad_request"},
+    {"control byte in header", "GET /healthz HTTP/1.1\r\nHost: x\r\nX-A: a\x01z\r\n\r\n", 400,
+     "bad_request"},
+    {"body on a GET route", "GET /v1/sessions HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello",
+     413, "body_too_large"},
+    {"malformed JSON", "POST /v1/uploads HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\n{nope",
+     400, "invalid_json"},
+    {"JSON not an object", "POST /v1/uploads HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\n[1]", 400,
+     "invalid_json"},
+    {"unknown JSON field", "POST /v1/uploads HTTP/1.1\r\nHost: x\r\nContent-Length: 7\r\n\r\n{\"x\":1}",
+     400, "unknown_field"},
+    {"duplicate JSON keys",
+     "POST /v1/uploads/x/commit HTTP/1.1\r\nHost: x\r\nContent-Length: 27\r\n\r\n{\"session\":\"a\",\"session\":1}",
+     400, "invalid_json"},
+    {"Expect other", "POST /v1/uploads HTTP/1.1\r\nHost: x\r\nExpect: magic\r\nContent-Length: 2\r\n\r\n",
+     417, "expectation_failed"},
+    {"bad version", "GET /v1/sessions/a/versions/abc HTTP/1.1\r\nHost: x\r\n\r\n", 400, "invalid_version"},
+    {"version 0", "GET /v1/sessions/a/versions/0 HTTP/1.1\r\nHost: x\r\n\r\n", 400, "invalid_version"},
+    {"bad format", "GET /v1/sessions/a/versions/1/file?format=v9 HTTP/1.1\r\nHost: x\r\n\r\n", 400,
+     "invalid_param"},
+    {"missing session", "GET /v1/sessions/nobody HTTP/1.1\r\nHost: x\r\n\r\n", 404, "not_found"},
+    {"missing upload", "PUT /v1/uploads/abc/parts/1 HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nx",
+     404, "not_found"},
+    {"part 0", "PUT /v1/uploads/abc/parts/0 HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nx", 400,
+     "invalid_param"},
+    {"no engine", "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}", 501,
+     "no_engine"},
+    {"no engine: slots", "POST /slots/0?action=erase HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}",
+     501, "no_engine"},
+};
+
+static void test_hostile_requests(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < sizeof hostile / sizeof hostile[0]; i++) {
+        st_hc_resp r;
+        assert_int_equal(st_hc_raw(srv.port, hostile[i].raw, strlen(hostile[i].raw), &r), 0);
+        is_error(&r, hostile[i].status, hostile[i].code, hostile[i].what);
+        st_hc_resp_free(&r);
+        healthy(srv.port);
+    }
+}
+
+static void test_bad_ids_and_sizes(void **state)
+{
+    (void)state;
+    st_hc_resp r;
+    /* 300 characters */
+    char path[512] = "/v1/sessions/";
+    memset(path + strlen(path), 'a', 300);
+    path[13 + 300] = '\0';
+    assert_int_equal(st_hc_request(srv.port, "GET", path, NULL, NULL, 0, &r), 0);
+    is_error(&r, 400, "invalid_id", "300-character id");
+    st_hc_resp_free(&r);
+    /* 121 characters: one over the limit; 120 is a valid id (404: no such session) */
+    memset(path, 0, sizeof path);
+    strcpy(path, "/v1/sessions/");
+    memset(path + 13, 'b', 121);
+    assert_int_equal(st_hc_request(srv.port, "GET", path, NULL, NULL, 0, &r), 0);
+    is_error(&r, 400, "invalid_id", "121-character id");
+    st_hc_resp_free(&r);
+    path[13 + 120] = '\0';
+    assert_int_equal(st_hc_request(srv.port, "GET", path, NULL, NULL, 0, &r), 0);
+    is_error(&r, 404, "not_found", "120-character id");
+    st_hc_resp_free(&r);
+
+    /* a NUL byte in the head itself */
+    static const char nul[] = "GET /healthz\0x HTTP/1.1\r\nHost: x\r\n\r\n";
+    assert_int_equal(st_hc_raw(srv.port, nul, sizeof nul - 1, &r), 0);
+    is_error(&r, 400, "bad_request", "NUL in the head");
+    st_hc_resp_free(&r);
+
+    /* headers over 16 KiB: 431 */
+    size_t big = 20000;
+    char *req = malloc(big + 200);
+    int n = sprintf(req, "GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: ");
+    memset(req + n, 'a', big);
+    n += (int)big;
+    n += sprintf(req + n, "\r\n\r\n");
+    assert_int_equal(st_hc_raw(srv.port, req, (size_t)n, &r), 0);
+    is_error(&r, 431, "headers_too_large", "20 KB header");
+    st_hc_resp_free(&r);
+    /* 100 header lines (limit 64): 431 */
+    n = sprintf(req, "GET /healthz HTTP/1.1\r\nHost: x\r\n");
+    for (int i = 0; i < 100; i++)
+        n += sprintf(req + n, "X-H%d: %d\r\n", i, i);
+    n += sprintf(req + n, "\r\n");
+    assert_int_equal(st_hc_raw(srv.port, req, (size_t)n, &r), 0);
+    is_error(&r, 431, "headers_too_large", "100 headers");
+    st_hc_resp_free(&r);
+
+    /* a body over the route's limit (64 KiB of JSON), sent in full */
+    size_t blen = 200000;
+    char *body = malloc(blen);
+    memset(body, ' ', blen);
+    assert_int_equal(st_hc_request(srv.port, "POST", "/v1/uploads", NULL, body, blen, &r), 0);
+    is_error(&r, 413, "body_too_large", "200 KB JSON body");
+    st_hc_resp_free(&r);
+    /* with Expect: 100-continue the refusal comes before any body byte is sent */
+    int fd = st_hc_connect(srv.port, 10000);
+    assert_true(fd >= 0);
+    const char *h = "POST /v1/uploads HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+                    "Content-Length: 10000000\r\n\r\n";
+    assert_int_equal(st_hc_send(fd, h, strlen(h)), 0);
+    char first[13] = {0};
+    assert_int_equal(recv(fd, first, 12, MSG_WAITALL), 12);
+    assert_string_equal(first, "HTTP/1.1 413");
+    close(fd);
+    /* an upload part over --max-part-mib 1 */
+    assert_int_equal(st_hc_json(srv.port, "POST", "/v1/uploads", "{}", &r), 0);
+    assert_int_equal(r.status, 201);
+    json_t *o = body_json(&r);
+    st_hc_resp_free(&r);
+    char p2[128];
+    snprintf(p2, sizeof p2, "/v1/uploads/%s/parts/1", json_string_value(json_object_get(o, "upload")));
+    char *part = calloc(1, (1u << 20) + 1);
+    assert_int_equal(st_hc_request(srv.port, "PUT", p2, NULL, part, (1u << 20) + 1, &r), 0);
+    is_error(&r, 413, "body_too_large", "part over 1 MiB");
+    st_hc_resp_free(&r);
+    snprintf(p2, sizeof p2, "/v1/uploads/%s", json_string_value(json_object_get(o, "upload")));
+    assert_int_equal(st_hc_request(srv.port, "DELETE", p2, NULL, NULL, 0, &r), 0);
+    assert_int_equal(r.status, 200);
+    st_hc_resp_free(&r);
+    json_decref(o);
+    free(part);
+    free(body);
+    free(req);
+    healthy(srv.port);
+}
+
+static void test_timeouts(void **state)
+{
+    (void)state;
+    st_hc_resp r;
+    /* a head that never ends: 408 after --head-timeout-ms */
+    int fd = st_hc_connect(srv.port, 10000);
+    assert_true(fd >= 0);
+    assert_int_equal(st_hc_send(fd, "GET /healthz HTTP/1.1\r\nHo", 25), 0);
+    assert_int_equal(st_hc_read(fd, &r), 0);
+    is_error(&r, 408, "request_timeout", "head timeout");
+    st_hc_resp_free(&r);
+    close(fd);
+    /* a body that stalls: 408 after --read-timeout-ms */
+    fd = st_hc_connect(srv.port, 10000);
+    const char *h = "POST /v1/uploads HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{";
+    assert_int_equal(st_hc_send(fd, h, strlen(h)), 0);
+    assert_int_equal(st_hc_read(fd, &r), 0);
+    is_error(&r, 408, "request_timeout", "body stall");
+    st_hc_resp_free(&r);
+    close(fd);
+    /* an idle keep-alive connection is closed quietly */
+    fd = st_hc_connect(srv.port, 10000);
+    char ch;
+    assert_int_equal(recv(fd, &ch, 1, 0), 0);
+    close(fd);
+    healthy(srv.port);
+}
+
+static void test_keepalive_and_pipelining(void **state)
+{
+    (void)state;
+    st_hc_resp r;
+    int fd = st_hc_connect(srv.port, 10000);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(st_hc_send_req(fd, "GET", "/healthz", NULL, NULL, 0), 0);
+        assert_int_equal(st_hc_read(fd, &r), 0);
+        assert_int_equal(r.status, 200);
+        st_hc_resp_free(&r);
+    }
+    /* two requests in one write: two replies, in order */
+    const char *two = "GET /v1/sessions HTTP/1.1\r\nHost: x\r\n\r\nGET /nope HTTP/1.1\r\nHost: x\r\n\r\n";
+    assert_int_equal(st_hc_send(fd, two, strlen(two)), 0);
+    assert_int_equal(st_hc_read(fd, &r), 0);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr((char *)r.body, "sessions"));
+    st_hc_resp_free(&r);
+    assert_int_equal(st_hc_read(fd, &r), 0);
+    is_error(&r, 404, "not_found", "pipelined second");
+    st_hc_resp_free(&r);
+    /* Connection: close is honoured */
+    assert_int_equal(st_hc_send_req(fd, "GET", "/healthz", "Connection: close\r\n", NULL, 0), 0);
+    assert_int_equal(st_hc_read(fd, &r), 0);
+    char v[32];
+    assert_non_null(st_hc_header(&r, "Connection", v, sizeof v));
+    assert_string_equal(v, "close");
+    st_hc_resp_free(&r);
+    char ch;
+    assert_int_equal(recv(fd, &ch, 1, 0), 0);
+    close(fd);
+    /* HTTP/1.0 closes by default */
+    static const char h10[] = "GET /healthz HTTP/1.0\r\n\r\n";
+    assert_int_equal(st_hc_raw(srv.port, h10, sizeof h10 - 1, &r), 0);
+    assert_int_equal(r.status, 200);
+    st_hc_resp_free(&r);
+}
+
+static void test_connection_cap(void **state)
+{
+    (void)state;
+    st_hc_server s2;
+    static const char *const args[] = {"--max-connections", "3", NULL};
+    assert_int_equal(start(&s2, args), 0);
+    int held[3];
+    for (int i = 0; i < 3; i++) {
+        held[i] = st_hc_connect(s2.port, 10000);
+        assert_true(held[i] >= 0);
+        assert_int_equal(st_hc_send_req(held[i], "GET", "/healthz", NULL, NULL, 0), 0);
+        st_hc_resp r;
+        assert_int_equal(st_hc_read(held[i], &r), 0); /* accepted and kept alive */
+        st_hc_resp_free(&r);
+    }
+    /* a fourth waits in the backlog: no reply while the three are open */
+    int fd = st_hc_connect(s2.port, 10000);
+    assert_true(fd >= 0);
+    assert_int_equal(st_hc_send_req(fd, "GET", "/healthz", NULL, NULL, 0), 0);
+    struct pollfd pf = {fd, POLLIN, 0};
+    assert_int_equal(poll(&pf, 1, 300), 0);
+    close(held[0]);
+    st_hc_resp r;
+    assert_int_equal(st_hc_read(fd, &r), 0);
+    assert_int_equal(r.status, 200);
+    st_hc_resp_free(&r);
+    close(fd);
+    close(held[1]);
+    close(held[2]);
+    assert_int_equal(st_hc_server_stop(&s2, SIGTERM), 0);
+}
+
+static void test_auth(void **state)
+{
+    (void)state;
+    char keyf[4300];
+    snprintf(keyf, sizeof keyf, "%s/key", dir);
+    assert_int_equal(st_test_spit(keyf, "s3cret-token-42\n", 16), 0);
+    st_hc_server s2;
+    const char *const args[] = {"--api-key-file", keyf, NULL};
+    assert_int_equal(start(&s2, args), 0);
+    st_hc_resp r;
+    char v[64];
+    assert_int_equal(st_hc_request(s2.port, "GET", "/v1/sessions", NULL, NULL, 0, &r), 0);
+    is_error(&r, 401, "unauthorized", "no token");
+    assert_non_null(st_hc_header(&r, "WWW-Authenticate", v, sizeof v));
+    st_hc_resp_free(&r);
+    assert_int_equal(st_hc_request(s2.port, "GET", "/v1/sessions", "Authorization: Bearer s3cret-token-43\r\n",
+                                   NULL, 0, &r), 0);
+    is_error(&r, 401, "unauthorized", "wrong token");
+    st_hc_resp_free(&r);
+    assert_int_equal(st_hc_request(s2.port, "GET", "/v1/sessions", "Authorization: Bearer s3cret-token-4\r\n",
+                                   NULL, 0, &r), 0);
+    is_error(&r, 401, "unauthorized", "prefix of the token");
+    st_hc_resp_free(&r);
+    assert_int_equal(st_hc_request(s2.port, "GET", "/nothing/here", NULL, NULL, 0, &r), 0);
+    is_error(&r, 401, "unauthorized", "unknown route without a token");
+    st_hc_resp_free(&r);
+    /* refused before the body is used: a 50 MB Content-Length gets 401, not 413, at once */
+    int fd = st_hc_connect(s2.port, 10000);
+    const char *h = "POST /v1/uploads HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer nope\r\n"
+                    "Content-Length: 50000000\r\n\r\n";
+    assert_int_equal(st_hc_send(fd, h, strlen(h)), 0);
+    assert_int_equal(st_hc_read(fd, &r), 0);
+    is_error(&r, 401, "unauthorized", "token checked before the body");
+    st_hc_resp_free(&r);
+    close(fd);
+    assert_int_equal(st_hc_request(s2.port, "GET", "/v1/sessions", "Authorization: Bearer s3cret-token-42\r\n",
+                                   NULL, 0, &r), 0);
+    assert_int_equal(r.status, 200);
+    st_hc_resp_free(&r);
+    healthy(s2.port); /* /healthz needs no token */
+    assert_int_equal(st_hc_server_stop(&s2, SIGTERM), 0);
+}
+
+static void test_upload_download(void **state)
+{
+    (void)state;
+    char fpath[4300];
+    snprintf(fpath, sizeof fpath, "%s/up.stsf", dir);
+    size_t len = 0;
+    unsigned char *b = make_file(fpath, 7, 3000, &len);
+    assert_true(len > (2u << 20)); /* three parts of 1 MiB at least */
+    st_hc_resp r;
+    assert_int_equal(st_hc_json(srv.port, "POST", "/v1/uploads", "{}", &r), 0);
+    assert_int_equal(r.status, 201);
+    json_t *o = body_json(&r);
+    char uid[64], path[256];
+    snprintf(uid, sizeof uid, "%s", json_string_value(json_object_get(o, "upload")));
+    json_decref(o);
+    st_hc_resp_free(&r);
+    size_t part = 1u << 20;
+    /* part 2 before part 1: refused */
+    snprintf(path, sizeof path, "/v1/uploads/%s/parts/2", uid);
+    assert_int_equal(st_hc_request(srv.port, "PUT", path, NULL, b, part, &r), 0);
+    is_error(&r, 409, "part_order", "part out of order");
+    st_hc_resp_free(&r);
+    int pn = 1;
+    for (size_t off = 0; off < len; off += part, pn++) {
+        size_t n = len - off < part ? len - off : part;
+        snprintf(path, sizeof path, "/v1/uploads/%s/parts/%d", uid, pn);
+        assert_int_equal(st_hc_request(srv.port, "PUT", path, NULL, b + off, n, &r), 0);
+        assert_int_equal(r.status, 200);
+        st_hc_resp_free(&r);
+        if (pn == 2) { /* a retry of the last part replaces it */
+            assert_int_equal(st_hc_request(srv.port, "PUT", path, NULL, b + off, n, &r), 0);
+            assert_int_equal(r.status, 200);
+            o = body_json(&r);
+            assert_int_equal(json_integer_value(json_object_get(o, "size")), (json_int_t)(off + n));
+            json_decref(o);
+            st_hc_resp_free(&r);
+        }
+    }
+    /* commit with a bad id, then the real one */
+    snprintf(path, sizeof path, "/v1/uploads/%s/commit", uid);
+    assert_int_equal(st_hc_json(srv.port, "POST", path, "{\"session\":\"../x\"}", &r), 0);
+    is_error(&r, 400, "invalid_id", "commit to ../x");
+    st_hc_resp_free(&r);
+    assert_int_equal(st_hc_json(srv.port, "POST", path, "{\"session\":\"up-1\"}", &r), 0);
+    assert_int_equal(r.status, 201);
+    o = body_json(&r);
+    assert_int_equal(json_integer_value(json_object_get(o, "version")), 1);
+    assert_int_equal(json_integer_value(json_object_get(o, "bytes")), (json_int_t)len);
+    json_decref(o);
+    st_hc_resp_free(&r);
+    /* the upload is gone after its commit */
+    assert_int_equal(st_hc_json(srv.port, "POST", path, "{\"session\":\"up-1\"}", &r), 0);
+    is_error(&r, 404, "not_found", "commit twice");
+    st_hc_resp_free(&r);
+
+    /* the download is the uploaded file, byte for byte */
+    assert_int_equal(st_hc_request(srv.port, "GET", "/v1/sessions/up-1/versions/1/file", NULL, NULL, 0, &r), 0);
+    assert_int_equal(r.status, 200);
+    assert_int_equal(r.body_len, len);
+    assert_memory_equal(r.body, b, len);
+    st_hc_resp_free(&r);
+    assert_int_equal(st_hc_request(srv.port, "GET", "/v1/sessions/up-1/versions/latest/file?format=v2",
+                                   NULL, NULL, 0, &r), 0);
+    assert_int_equal(r.status, 200);
+    st_image *img = NULL;
+    assert_int_equal(st_file_read_mem(r.body, r.body_len, NULL, &img), 0);
+    assert_int_equal(st_image_n_tokens(img), 3000);
+    st_image_free(img);
+    st_hc_resp_free(&r);
+    assert_int_equal(st_hc_request(srv.port, "GET", "/v1/sessions/up-1/versions/2/file", NULL, NULL, 0, &r), 0);
+    is_error(&r, 404, "not_found", "missing version");
+    st_hc_resp_free(&r);
+
+    /* a corrupt file never becomes a version */
+    unsigned char *bad = malloc(len);
+    memcpy(bad, b, len);
+    bad[len / 2] ^= 0x40;
+    assert_int_equal(upload(srv.port, "up-1", bad, len, part), -1);
+    assert_int_equal(st_hc_json(srv.port, "GET", "/v1/sessions/up-1/versions", NULL, &r), 0);
+    assert_int_equal(r.status, 200);
+    o = body_json(&r);
+    assert_int_equal(json_array_size(json_object_get(o, "versions")), 1);
+    json_decref(o);
+    st_hc_resp_free(&r);
+    /* a second good version, then deletes */
+    assert_int_equal(upload(srv.port, "up-1", b, len, part), 2);
+    assert_int_equal(st_hc_json(srv.port, "GET", "/v1/sessions/up-1", NULL, &r), 0);
+    o = body_json(&r);
+    assert_int_equal(json_integer_value(json_object_get(o, "head")), 2);
+    json_decref(o);
+    st_hc_resp_free(&r);
+    assert_int_equal(st_hc_json(srv.port, "DELETE", "/v1/sessions/up-1/versions/1", NULL, &r), 0);
+    assert_int_equal(r.status, 200);
+    st_hc_resp_free(&r);
+    assert_int_equal(st_hc_json(srv.port, "DELETE", "/v1/sessions/up-1", NULL, &r), 0);
+    assert_int_equal(r.status, 200);
+    st_hc_resp_free(&r);
+    assert_int_equal(st_hc_json(srv.port, "GET", "/v1/sessions/up-1", NULL, &r), 0);
+    is_error(&r, 404, "not_found", "deleted session");
+    st_hc_resp_free(&r);
+    assert_int_equal(st_hc_json(srv.port, "DELETE", "/v1/sessions/up-1", NULL, &r), 0);
+    is_error(&r, 404, "not_found", "deleted twice");
+    st_hc_resp_free(&r);
+    free(bad);
+    free(b);
+}
+
+static void test_memory_guard(void **state)
+{
+    (void)state;
+    char fpath[4300], mi[4300];
+    snprintf(fpath, sizeof fpath, "%s/mg.stsf", dir);
+    size_t len = 0;
+    unsigned char *b = make_file(fpath, 9, 500, &len);
+    assert_int_equal(upload(srv.port, "mg", b, len, 1u << 20), 1);
+    /* a second server on the same store that reads 1 MiB available */
+    snprintf(mi, sizeof mi, "%s/meminfo", dir);
+    const char *fake = "MemTotal: 8000000 kB\nMemAvailable:    1024 kB\n";
+    assert_int_equal(st_test_spit(mi, fake, strlen(fake)), 0);
+    st_hc_server s2;
+    const char *const args[] = {"--meminfo", mi, "--mem-reserve-mib", "1", NULL};
+    assert_int_equal(start(&s2, args), 0);
+    st_hc_resp r;
+    assert_int_equal(st_hc_request(s2.port, "GET", "/v1/sessions/mg/versions/1/file", NULL, NULL, 0, &r), 0);
+    is_error(&r, 503, "memory_guard", "guard refuses");
+    assert_non_null(strstr((char *)r.body, "available 0.00 GiB (MemAvailable)"));
+    assert_non_null(strstr((char *)r.body, "limit "));
+    st_hc_resp_free(&r);
+    assert_int_equal(st_hc_server_stop(&s2, SIGTERM), 0);
+    /* RAM that cannot be read is said plainly */
+    snprintf(mi, sizeof mi, "%s/no-such-meminfo", dir);
+    const char *const args2[] = {"--meminfo", mi, NULL};
+    assert_int_equal(start(&s2, args2), 0);
+    assert_int_equal(st_hc_request(s2.port, "GET", "/v1/sessions/mg/versions/1/file", NULL, NULL, 0, &r), 0);
+    is_error(&r, 503, "memory_guard", "unreadable RAM");
+    assert_non_null(strstr((char *)r.body, "cannot read available RAM"));
+    st_hc_resp_free(&r);
+    assert_int_equal(st_hc_server_stop(&s2, SIGTERM), 0);
+    /* and with enough RAM it passes */
+    assert_int_equal(st_hc_request(srv.port, "GET", "/v1/sessions/mg/versions/1/file", NULL, NULL, 0, &r), 0);
+    assert_int_equal(r.status, 200);
+    assert_int_equal(r.body_len, len);
+    st_hc_resp_free(&r);
+    free(b);
+}
+
+/* ---- 32 concurrent clients ------------------------------------------------------------------ */
+
+#define CLIENTS 32
+#define ROUNDS 3
+
+typedef struct client {
+    int i;
+    int failures;
+    char why[256];
+} client;
+
+static _Atomic int load_running;
+
+static void *client_main(void *arg)
+{
+    client *c = arg;
+    char fpath[4300], id[32], path[128];
+    snprintf(fpath, sizeof fpath, "%s/c%d.stsf", dir, c->i);
+    snprintf(id, sizeof id, "cc-%d", c->i);
+    st_synth_opts o;
+    memset(&o, 0, sizeof o);
+    o.seed = 1000u + (uint64_t)c->i;
+    o.n_tokens = 200 + 10 * (uint64_t)c->i;
+    st_image *img = NULL;
+    size_t len = 0;
+    unsigned char *b = NULL;
+    if (st_image_synthesize(&o, &img) || st_file_write(img, fpath, NULL) ||
+        !(b = st_test_slurp(fpath, &len))) {
+        c->failures++;
+        snprintf(c->why, sizeof c->why, "cannot make the file");
+        st_image_free(img);
+        return NULL;
+    }
+    st_image_free(img);
+    for (int round = 1; round <= ROUNDS; round++) {
+        long v = upload(srv.port, id, b, len, 1u << 20);
+        if (v != round) {
+            c->failures++;
+            snprintf(c->why, sizeof c->why, "round %d: upload gave version %ld", round, v);
+            break;
+        }
+        st_hc_resp r;
+        snprintf(path, sizeof path, "/v1/sessions/%s/versions/latest/file", id);
+        if (st_hc_request(srv.port, "GET", path, NULL, NULL, 0, &r) || r.status != 200 ||
+            r.body_len != len || memcmp(r.body, b, len)) {
+            c->failures++;
+            snprintf(c->why, sizeof c->why, "round %d: download differs (status %d, %zu bytes)", round,
+                     r.status, r.body_len);
+            st_hc_resp_free(&r);
+            break;
+        }
+        st_hc_resp_free(&r);
+    }
+    free(b);
+    return NULL;
+}
+
+typedef struct poller {
+    int ok, failed;
+    double worst_ms;
+} poller;
+
+static void *poller_main(void *arg)
+{
+    poller *p = arg;
+    while (load_running) {
+        st_hc_resp r;
+        double t0 = st_hc_now_ms();
+        if (st_hc_request(srv.port, "GET", "/healthz", NULL, NULL, 0, &r) || r.status != 200)
+            p->failed++;
+        else
+            p->ok++;
+        double ms = st_hc_now_ms() - t0;
+        if (ms > p->worst_ms)
+            p->worst_ms = ms;
+        st_hc_resp_free(&r);
+        usleep(5000);
+    }
+    return NULL;
+}
+
+static void test_concurrent_clients(void **state)
+{
+    (void)state;
+    pthread_t th[CLIENTS], pt;
+    client cl[CLIENTS];
+    poller pol = {0, 0, 0};
+    load_running = 1;
+    assert_int_equal(pthread_create(&pt, NULL, poller_main, &pol), 0);
+    for (int i = 0; i < CLIENTS; i++) {
+        memset(&cl[i], 0, sizeof cl[i]);
+        cl[i].i = i;
+        assert_int_equal(pthread_create(&th[i], NULL, client_main, &cl[i]), 0);
+    }
+    int failures = 0;
+    for (int i = 0; i < CLIENTS; i++) {
+        pthread_join(th[i], NULL);
+        if (cl[i].failures)
+            fprintf(stderr, "client %d: %s\n", i, cl[i].why);
+        failures += cl[i].failures;
+    }
+    load_running = 0;
+    pthread_join(pt, NULL);
+    fprintf(stderr, "concurrent: /healthz answered %d times during the load (worst %.1f ms)\n", pol.ok,
+            pol.worst_ms);
+    assert_int_equal(failures, 0);
+    assert_int_equal(pol.failed, 0);
+    assert_true(pol.ok > 0);
+    /* every session has its versions, nothing else appeared */
+    st_hc_resp r;
+    assert_int_equal(st_hc_json(srv.port, "GET", "/v1/sessions", NULL, &r), 0);
+    json_t *o = body_json(&r);
+    size_t i;
+    json_t *s;
+    int seen = 0;
+    json_array_foreach(json_object_get(o, "sessions"), i, s) {
+        const char *id = json_string_value(json_object_get(s, "id"));
+        if (!strncmp(id, "cc-", 3)) {
+            seen++;
+            assert_int_equal(json_integer_value(json_object_get(s, "head")), ROUNDS);
+        }
+    }
+    assert_int_equal(seen, CLIENTS);
+    json_decref(o);
+    st_hc_resp_free(&r);
+    healthy(srv.port);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_healthz_and_metrics),
+        cmocka_unit_test(test_hostile_requests),
+        cmocka_unit_test(test_bad_ids_and_sizes),
+        cmocka_unit_test(test_timeouts),
+        cmocka_unit_test(test_keepalive_and_pipelining),
+        cmocka_unit_test(test_connection_cap),
+        cmocka_unit_test(test_auth),
+        cmocka_unit_test(test_upload_download),
+        cmocka_unit_test(test_memory_guard),
+        cmocka_unit_test(test_concurrent_clients),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
