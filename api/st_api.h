@@ -88,6 +88,10 @@ typedef struct st_api_config {
 } st_api_config;
 
 void st_api_config_default(st_api_config *c);
+/* 0 if c is usable: a store directory, workers and slots in range, every limit and timeout at
+ * least 1 (headers: 256 bytes, JSON bodies: 16 bytes), the body budget holding one part and one
+ * completion body; else ST_EINVAL with a detail naming the flag. st_api_server_new() checks it too. */
+int st_api_config_check(const st_api_config *c);
 
 typedef struct st_api_server st_api_server;
 

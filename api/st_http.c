@@ -340,6 +340,18 @@ static int reply_check(st_http_req *r)
     return 0;
 }
 
+/* A reply to a connection that is already gone: nothing is sent, the request is finished as if
+ * it had been. Returns 1 then, else 0. */
+static int reply_to_dead(st_http_req *r, int status)
+{
+    if (!r->conn->dead)
+        return 0;
+    r->replied = 1;
+    r->status = status;
+    reply_end(r);
+    return 1;
+}
+
 void st_http_header_add(st_http_req *r, const char *name, const char *value)
 {
     if (strpbrk(name, "\r\n:") || strpbrk(value, "\r\n"))
@@ -351,12 +363,8 @@ void st_http_reply_buf(st_http_req *r, int status, const char *ctype, const void
 {
     if (reply_check(r))
         return;
-    if (r->conn->dead) {
-        r->replied = 1;
-        r->status = status;
-        reply_end(r);
+    if (reply_to_dead(r, status))
         return;
-    }
     struct evbuffer *out = reply_begin(r, status, ctype, len);
     if (len)
         evbuffer_add(out, data, len);
@@ -367,12 +375,8 @@ void st_http_reply_evbuf(st_http_req *r, int status, const char *ctype, struct e
 {
     if (reply_check(r))
         return;
-    if (r->conn->dead) {
-        r->replied = 1;
-        r->status = status;
-        reply_end(r);
+    if (reply_to_dead(r, status))
         return;
-    }
     struct evbuffer *out = reply_begin(r, status, ctype, evbuffer_get_length(body));
     evbuffer_add_buffer(out, body);
     reply_end(r);
@@ -395,12 +399,8 @@ void st_http_reply_file(st_http_req *r, int status, const char *ctype, int fd, u
     } else {
         close(fd);
     }
-    if (r->conn->dead) {
-        r->replied = 1;
-        r->status = status;
-        reply_end(r);
+    if (reply_to_dead(r, status))
         return;
-    }
     struct evbuffer *out = reply_begin(r, status, ctype, len);
     if (seg) {
         if (evbuffer_add_file_segment(out, seg, 0, (ev_off_t)len) != 0) {
@@ -507,46 +507,45 @@ static const struct {
                {"PUT", ST_HTTP_PUT},   {"DELETE", ST_HTTP_DELETE},   {"OPTIONS", ST_HTTP_OPTIONS},
                {"PATCH", ST_HTTP_PATCH}};
 
+/* Refuse a request head: set *code and the message, return the status. */
+static int head_fail(const char **code, char *msg, size_t msg_cap, int status, const char *c,
+                     const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+static int head_fail(const char **code, char *msg, size_t msg_cap, int status, const char *c,
+                     const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, msg_cap, fmt, ap);
+    va_end(ap);
+    *code = c;
+    return status;
+}
+
 /* Parse r->head (len bytes + NUL) in place. 0, or the status to refuse with (*code, msg). */
 static int parse_head(st_http_req *r, size_t len, uint32_t max_headers, const char **code,
                       char *msg, size_t msg_cap)
 {
     char *p = r->head, *end = r->head + len;
-    if (memchr(p, '\0', len)) {
-        *code = "bad_request";
-        snprintf(msg, msg_cap, "NUL byte in the request head");
-        return 400;
-    }
+    if (memchr(p, '\0', len))
+        return head_fail(code, msg, msg_cap, 400, "bad_request", "NUL byte in the request head");
     /* request line */
     char *nl = memchr(p, '\n', (size_t)(end - p));
-    if (!nl) {
-        *code = "bad_request";
-        snprintf(msg, msg_cap, "no request line");
-        return 400;
-    }
+    if (!nl)
+        return head_fail(code, msg, msg_cap, 400, "bad_request", "no request line");
     *nl = '\0';
     if (nl > p && nl[-1] == '\r')
         nl[-1] = '\0';
     char *method = p, *sp1 = strchr(p, ' ');
     char *target = sp1 ? sp1 + 1 : NULL, *sp2 = target ? strchr(target, ' ') : NULL;
     char *version = sp2 ? sp2 + 1 : NULL;
-    if (!sp1 || !sp2 || strchr(version, ' ') || sp1 == method || sp2 == target) {
-        *code = "bad_request";
-        snprintf(msg, msg_cap, "malformed request line");
-        return 400;
-    }
+    if (!sp1 || !sp2 || strchr(version, ' ') || sp1 == method || sp2 == target)
+        return head_fail(code, msg, msg_cap, 400, "bad_request", "malformed request line");
     *sp1 = *sp2 = '\0';
-    if (strlen(method) > 16) {
-        *code = "bad_request";
-        snprintf(msg, msg_cap, "malformed method");
-        return 400;
-    }
+    if (strlen(method) > 16)
+        return head_fail(code, msg, msg_cap, 400, "bad_request", "malformed method");
     for (const char *q = method; *q; q++)
-        if (!is_tchar((unsigned char)*q)) {
-            *code = "bad_request";
-            snprintf(msg, msg_cap, "malformed method");
-            return 400;
-        }
+        if (!is_tchar((unsigned char)*q))
+            return head_fail(code, msg, msg_cap, 400, "bad_request", "malformed method");
     r->method = ST_HTTP_OTHER;
     r->method_name = method;
     for (size_t i = 0; i < sizeof methods / sizeof methods[0]; i++)
@@ -558,25 +557,18 @@ static int parse_head(st_http_req *r, size_t len, uint32_t max_headers, const ch
         r->minor = version[7] - '0';
     } else if (!strncmp(version, "HTTP/", 5) && version[5] >= '0' && version[5] <= '9' &&
                version[6] == '.') {
-        *code = "http_version";
-        snprintf(msg, msg_cap, "HTTP version %s is not supported (1.0 and 1.1 are)", version + 5);
-        return 505;
+        return head_fail(code, msg, msg_cap, 505, "http_version",
+                         "HTTP version %s is not supported (1.0 and 1.1 are)", version + 5);
     } else {
-        *code = "bad_request";
-        snprintf(msg, msg_cap, "malformed HTTP version");
-        return 400;
+        return head_fail(code, msg, msg_cap, 400, "bad_request", "malformed HTTP version");
     }
-    if (target[0] != '/') {
-        *code = "bad_request";
-        snprintf(msg, msg_cap, "the request target must be a path starting with '/'");
-        return 400;
-    }
+    if (target[0] != '/')
+        return head_fail(code, msg, msg_cap, 400, "bad_request",
+                         "the request target must be a path starting with '/'");
     for (const unsigned char *q = (const unsigned char *)target; *q; q++)
-        if (*q < 0x21 || *q > 0x7e || *q == '#') {
-            *code = "bad_request";
-            snprintf(msg, msg_cap, "invalid byte 0x%02x in the request target", *q);
-            return 400;
-        }
+        if (*q < 0x21 || *q > 0x7e || *q == '#')
+            return head_fail(code, msg, msg_cap, 400, "bad_request",
+                             "invalid byte 0x%02x in the request target", *q);
     r->path = target;
     char *qm = strchr(target, '?');
     if (qm) {
@@ -587,11 +579,8 @@ static int parse_head(st_http_req *r, size_t len, uint32_t max_headers, const ch
     p = nl + 1;
     uint32_t cap = 8;
     r->hdr = malloc(cap * sizeof *r->hdr);
-    if (!r->hdr) {
-        *code = "internal";
-        snprintf(msg, msg_cap, "no memory");
-        return 500;
-    }
+    if (!r->hdr)
+        return head_fail(code, msg, msg_cap, 500, "internal", "no memory");
     int have_cl = 0, have_host = 0, have_te = 0;
     while (p < end) {
         nl = memchr(p, '\n', (size_t)(end - p));
@@ -602,24 +591,16 @@ static int parse_head(st_http_req *r, size_t len, uint32_t max_headers, const ch
             nl[-1] = '\0';
         if (!*p) /* the empty line */
             break;
-        if (*p == ' ' || *p == '\t') {
-            *code = "bad_request";
-            snprintf(msg, msg_cap, "folded header lines are not accepted");
-            return 400;
-        }
+        if (*p == ' ' || *p == '\t')
+            return head_fail(code, msg, msg_cap, 400, "bad_request",
+                             "folded header lines are not accepted");
         char *colon = strchr(p, ':');
-        if (!colon || colon == p) {
-            *code = "bad_request";
-            snprintf(msg, msg_cap, "malformed header line");
-            return 400;
-        }
+        if (!colon || colon == p)
+            return head_fail(code, msg, msg_cap, 400, "bad_request", "malformed header line");
         *colon = '\0';
         for (const char *q = p; *q; q++)
-            if (!is_tchar((unsigned char)*q)) {
-                *code = "bad_request";
-                snprintf(msg, msg_cap, "malformed header name");
-                return 400;
-            }
+            if (!is_tchar((unsigned char)*q))
+                return head_fail(code, msg, msg_cap, 400, "bad_request", "malformed header name");
         char *v = colon + 1;
         while (*v == ' ' || *v == '\t')
             v++;
@@ -627,24 +608,17 @@ static int parse_head(st_http_req *r, size_t len, uint32_t max_headers, const ch
         while (ve > v && (ve[-1] == ' ' || ve[-1] == '\t'))
             *--ve = '\0';
         for (const unsigned char *q = (const unsigned char *)v; *q; q++)
-            if ((*q < 0x20 && *q != '\t') || *q == 0x7f) {
-                *code = "bad_request";
-                snprintf(msg, msg_cap, "control byte in header %s", p);
-                return 400;
-            }
-        if (r->n_hdr >= max_headers) {
-            *code = "headers_too_large";
-            snprintf(msg, msg_cap, "more than %u header lines", max_headers);
-            return 431;
-        }
+            if ((*q < 0x20 && *q != '\t') || *q == 0x7f)
+                return head_fail(code, msg, msg_cap, 400, "bad_request",
+                                 "control byte in header %s", p);
+        if (r->n_hdr >= max_headers)
+            return head_fail(code, msg, msg_cap, 431, "headers_too_large",
+                             "more than %u header lines", max_headers);
         if (r->n_hdr == cap) {
             cap *= 2;
             struct st_http_hdr *t = realloc(r->hdr, cap * sizeof *t);
-            if (!t) {
-                *code = "internal";
-                snprintf(msg, msg_cap, "no memory");
-                return 500;
-            }
+            if (!t)
+                return head_fail(code, msg, msg_cap, 500, "internal", "no memory");
             r->hdr = t;
         }
         r->hdr[r->n_hdr].name = p;
@@ -652,29 +626,20 @@ static int parse_head(st_http_req *r, size_t len, uint32_t max_headers, const ch
         r->n_hdr++;
         if (!strcasecmp(p, "Content-Length")) {
             uint64_t n = 0;
-            if (!*v) {
-                *code = "bad_request";
-                snprintf(msg, msg_cap, "empty Content-Length");
-                return 400;
-            }
+            if (!*v)
+                return head_fail(code, msg, msg_cap, 400, "bad_request", "empty Content-Length");
             for (const char *q = v; *q; q++) {
-                if (*q < '0' || *q > '9') {
-                    *code = "bad_request";
-                    snprintf(msg, msg_cap, "malformed Content-Length");
-                    return 400;
-                }
-                if (n > (UINT64_C(1) << 60) / 10) {
-                    *code = "body_too_large";
-                    snprintf(msg, msg_cap, "Content-Length beyond any limit");
-                    return 413;
-                }
+                if (*q < '0' || *q > '9')
+                    return head_fail(code, msg, msg_cap, 400, "bad_request",
+                                     "malformed Content-Length");
+                if (n > (UINT64_C(1) << 60) / 10)
+                    return head_fail(code, msg, msg_cap, 413, "body_too_large",
+                                     "Content-Length beyond any limit");
                 n = n * 10 + (uint64_t)(*q - '0');
             }
-            if (have_cl && n != r->content_length) {
-                *code = "bad_request";
-                snprintf(msg, msg_cap, "conflicting Content-Length headers");
-                return 400;
-            }
+            if (have_cl && n != r->content_length)
+                return head_fail(code, msg, msg_cap, 400, "bad_request",
+                                 "conflicting Content-Length headers");
             have_cl = 1;
             r->content_length = n;
         } else if (!strcasecmp(p, "Transfer-Encoding")) {
@@ -684,17 +649,13 @@ static int parse_head(st_http_req *r, size_t len, uint32_t max_headers, const ch
         }
         p = nl + 1;
     }
-    if (have_te) {
-        *code = "length_required";
-        snprintf(msg, msg_cap,
-                 "request bodies must be sent with Content-Length; Transfer-Encoding is not accepted");
-        return 411;
-    }
-    if (r->minor == 1 && !have_host) {
-        *code = "bad_request";
-        snprintf(msg, msg_cap, "HTTP/1.1 request without a Host header");
-        return 400;
-    }
+    if (have_te)
+        return head_fail(code, msg, msg_cap, 411, "length_required",
+                         "request bodies must be sent with Content-Length; "
+                         "Transfer-Encoding is not accepted");
+    if (r->minor == 1 && !have_host)
+        return head_fail(code, msg, msg_cap, 400, "bad_request",
+                         "HTTP/1.1 request without a Host header");
     const char *conn = st_http_req_header(r, "Connection");
     if (r->minor == 1)
         r->keep_alive = !(conn && token_list_has(conn, "close"));

@@ -1557,24 +1557,54 @@ static int write_ready_file(const char *path, uint16_t port)
     return 0;
 }
 
+int st_api_config_check(const st_api_config *cfg)
+{
+    if (!cfg->store_dir || !*cfg->store_dir)
+        return st_error_set(ST_EINVAL, "a store directory is required (--store DIR)");
+    if (!cfg->workers || cfg->workers > 256)
+        return st_error_set(ST_EINVAL, "--workers must be 1..256, got %u", cfg->workers);
+    if (!cfg->slots || cfg->slots > 1024)
+        return st_error_set(ST_EINVAL, "--slots must be 1..1024, got %u", cfg->slots);
+    const struct {
+        const char *flag;
+        uint64_t v, min;
+    } lim[] = {
+        {"--max-connections", cfg->max_connections, 1},
+        {"--max-header-bytes", cfg->max_header_bytes, 256},
+        {"--max-headers", cfg->max_headers, 1},
+        {"--max-json-kib (bytes)", cfg->max_json_body, 16},
+        {"--max-completion-kib (bytes)", cfg->max_completion_body, 1},
+        {"--max-part-mib (bytes)", cfg->max_part_bytes, 1},
+        {"--max-upload-mib (bytes)", cfg->max_upload_bytes, 1},
+        {"--body-budget-mib (bytes)", cfg->body_budget, 1},
+        {"--head-timeout-ms", cfg->head_timeout_ms, 1},
+        {"--read-timeout-ms", cfg->read_timeout_ms, 1},
+        {"--body-timeout-ms", cfg->body_timeout_ms, 1},
+        {"--write-timeout-ms", cfg->write_timeout_ms, 1},
+        {"--idle-timeout-ms", cfg->idle_timeout_ms, 1},
+        {"--shutdown-timeout-ms", cfg->shutdown_timeout_ms, 1},
+        {"--upload-ttl-s", cfg->upload_ttl_s, 1},
+        {"--max-n-predict", cfg->max_n_predict, 1},
+    };
+    for (size_t i = 0; i < sizeof lim / sizeof lim[0]; i++)
+        if (lim[i].v < lim[i].min)
+            return st_error_set(ST_EINVAL, "%s must be at least %llu (a limit is never unlimited), got %llu",
+                                lim[i].flag, (unsigned long long)lim[i].min,
+                                (unsigned long long)lim[i].v);
+    if (cfg->body_budget < cfg->max_part_bytes || cfg->body_budget < cfg->max_completion_body)
+        return st_error_set(ST_EINVAL, "--body-budget-mib must hold at least one upload part "
+                                       "(--max-part-mib) and one completion body (--max-completion-kib)");
+    return 0;
+}
+
 int st_api_server_new(const st_api_config *cfg, st_api_server **out)
 {
     static pthread_once_t once = PTHREAD_ONCE_INIT;
     static int ev_threads_rc;
     int rc = 0;
     *out = NULL;
-    if (!cfg->store_dir || !*cfg->store_dir)
-        return st_error_set(ST_EINVAL, "a store directory is required (--store DIR)");
-    if (!cfg->workers || cfg->workers > 256)
-        return st_error_set(ST_EINVAL, "--workers must be 1..256");
-    if (!cfg->slots || cfg->slots > 1024)
-        return st_error_set(ST_EINVAL, "--slots must be 1..1024");
-    if (!cfg->max_connections || !cfg->max_header_bytes || cfg->max_header_bytes < 256 ||
-        !cfg->max_headers || !cfg->body_budget || !cfg->max_part_bytes ||
-        cfg->max_json_body < 16 || !cfg->max_completion_body)
-        return st_error_set(ST_EINVAL, "a limit of zero (or under 256 bytes of headers) was given");
-    if (cfg->body_budget < cfg->max_part_bytes || cfg->body_budget < cfg->max_completion_body)
-        return st_error_set(ST_EINVAL, "--body-budget must hold at least one part and one completion body");
+    if ((rc = st_api_config_check(cfg)))
+        return rc;
     pthread_once(&once, ev_threads_init_once);
     ev_threads_rc = ev_threads_rc_value;
     if (ev_threads_rc)

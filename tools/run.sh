@@ -41,7 +41,9 @@ Try, from another terminal:
   curl -s -X POST $host:$port/v1/sessions/demo/save
   curl -s -X POST $host:$port/v1/sessions/demo/restore
   curl -s $host:$port/v1/sessions
-docs/API.md has every route; \`tools/run.sh --files\` runs the offline walkthrough.
+docs/API.md has every route, docs/OPERATIONS.md how to run it; \`tools/run.sh --files\` runs the
+offline walkthrough. Sessions persist in ./data/store (rm -rf data/store starts over).
+Port $port in use? STRATA_PORT=8081 make run
 TRY
   exec "$bin/strata-server" --host "$host" --port "$port" --store data/store --model "$model"
 fi

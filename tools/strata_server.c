@@ -14,42 +14,58 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: strata-server --store DIR [--model FILE] [options]\n"
             "Listening:\n"
-            "  --host ADDR                   address (default 127.0.0.1)\n"
+            "  --host ADDR                   address (default 127.0.0.1: loopback only)\n"
             "  --port N                      port (default 8080; 0: any free port)\n"
-            "  --ready-file FILE             write the bound port there once listening\n"
-            "  --api-key-file FILE           require 'Authorization: Bearer <key in FILE>'\n"
-            "Conversations (with --model):\n"
-            "  --slots N                     live conversations (default 4)\n"
-            "  --conversation-cache-mib N    RAM for parked conversations (default 1024)\n"
+            "  --ready-file FILE             write the bound port there once listening (default none)\n"
+            "  --api-key-file FILE           require 'Authorization: Bearer <key in FILE>' (default\n"
+            "                                none: no authentication)\n"
+            "Conversations (with --model; without it the engine routes answer 501):\n"
+            "  --model FILE, -m FILE         GGUF model (default none)\n"
+            "  --slots N                     live conversations, 1..1024 (default 4)\n"
+            "  --conversation-cache-mib N    RAM for parked conversations (default 1024; 0: park to disk)\n"
             "  --slot-save-path DIR          directory of /slots/{id}?action=save|restore files\n"
-            "  --threads N  --ubatch N  --ctx N  --page-size N  --kv-dtype f16|i8\n"
-            "  --prompt-cache K  --prompt-cache-every N  --prompt-cache-root N\n"
+            "                                (default none: those actions answer 501)\n"
+            "  --threads N                   compute threads (default 0: every online CPU)\n"
+            "  --ubatch N                    prompt chunk in tokens (default 2048)\n"
+            "  --ctx N                       slot context in tokens (default 0: the model's)\n"
+            "  --page-size N                 K/V tokens per page (default 256)\n"
+            "  --kv-dtype f16|i8             K/V dtype (default: the model's)\n"
+            "  --prompt-cache K              checkpoints kept per slot, 0..64 (default 6; 0: off)\n"
+            "  --prompt-cache-every N        checkpoint every N prompt tokens (default 0: off)\n"
+            "  --prompt-cache-root N         checkpoint after a system prompt >= N tokens (default 0: off)\n"
             "  --session-state-codec fp32|bf16   running-state codec of SAVE (default fp32)\n"
-            "  --save-compress LEVEL         zstd level of stored chunks (default 0: raw)\n"
+            "  --save-compress LEVEL         zstd level 0..19 of stored chunks (default 0: raw)\n"
             "  --max-n-predict N             cap on n_predict (default 4096)\n"
             "Store:\n"
-            "  --keep-last N                 versions kept per session\n"
-            "  --spool-dir DIR               temporary files (default STORE/spool)\n"
-            "Limits:\n"
-            "  --workers N                   worker threads (default 8)\n"
-            "  --max-connections N           (default 256)\n"
-            "  --max-header-bytes N          request line + headers (default 16384)\n"
-            "  --max-headers N               header lines (default 64)\n"
-            "  --max-json-kib N              JSON bodies of save/restore/park/commit (default 64)\n"
-            "  --max-completion-kib N        completion bodies (default 4096)\n"
-            "  --max-part-mib N              one upload part (default 16)\n"
-            "  --max-upload-mib N            one whole upload (default 65536)\n"
-            "  --body-budget-mib N           request bodies buffered at once (default 256)\n"
-            "  --head-timeout-ms N  --read-timeout-ms N  --body-timeout-ms N\n"
-            "  --write-timeout-ms N  --idle-timeout-ms N  --shutdown-timeout-ms N\n"
+            "  --store DIR                   the LMDB store, created when missing (required)\n"
+            "  --keep-last N                 versions kept per session (default 0: the store's\n"
+            "                                setting, 8 in a new store)\n"
+            "  --spool-dir DIR               temporary upload/download files (default STORE/spool)\n"
+            "Limits (every limit is at least 1; none is unlimited):\n"
+            "  --workers N                   worker threads, 1..256 (default 8)\n"
+            "  --max-connections N           open connections (default 256)\n"
+            "  --max-header-bytes N          request line + headers, >= 256 (default 16384) -> 431\n"
+            "  --max-headers N               header lines (default 64) -> 431\n"
+            "  --max-json-kib N              JSON bodies of save/restore/park/commit/slots (default 64) -> 413\n"
+            "  --max-completion-kib N        completion bodies (default 4096) -> 413\n"
+            "  --max-part-mib N              one upload part (default 16) -> 413\n"
+            "  --max-upload-mib N            one whole upload (default 65536) -> 413\n"
+            "  --body-budget-mib N           request bodies buffered at once (default 256) -> 503\n"
+            "  --head-timeout-ms N           first byte to end of a request head (default 10000) -> 408\n"
+            "  --read-timeout-ms N           longest pause inside a body (default 30000) -> 408\n"
+            "  --body-timeout-ms N           a whole body (default 600000) -> 408\n"
+            "  --write-timeout-ms N          longest pause while a reply is sent (default 60000)\n"
+            "  --idle-timeout-ms N           idle keep-alive connection (default 60000)\n"
+            "  --shutdown-timeout-ms N       in-flight work at SIGTERM/SIGINT (default 30000)\n"
             "  --upload-ttl-s N              drop uploads untouched this long (default 3600)\n"
             "Memory guard:\n"
             "  --mem-guard on|off            admit park/SAVE/RESTORE by available RAM (default on)\n"
             "  --mem-reserve-mib N           RAM kept free besides an operation (default 256)\n"
-            "  --meminfo FILE                read MemAvailable from FILE (tests)\n"
+            "  --meminfo FILE                read MemAvailable from FILE (default /proc/meminfo; tests)\n"
             "Other:\n"
-            "  --log-requests                one line per request on stderr\n"
-            "  --help\n");
+            "  --log-requests                one line per request on stderr (default off)\n"
+            "  --help, -h                    this text\n"
+            "Exit status: 0 after a graceful stop; 1 the server could not start or failed; 2 usage.\n");
 }
 
 static int num(const char *flag, const char *v, unsigned long long max, unsigned long long *out)
@@ -105,7 +121,7 @@ int main(int argc, char **argv)
         if (!strcmp(a, "--meminfo")) { c.meminfo_path = v; continue; }
         if (!strcmp(a, "--mem-guard")) {
             if (strcmp(v, "on") && strcmp(v, "off")) {
-                fprintf(stderr, "strata-server: --mem-guard on|off\n");
+                fprintf(stderr, "strata-server: --mem-guard needs on|off, got \"%s\"\n", v);
                 return 2;
             }
             c.mem_guard = !strcmp(v, "on");
@@ -117,7 +133,7 @@ int main(int argc, char **argv)
             else if (!strcmp(v, "i8"))
                 c.kv_dtype = 3; /* ST_DTYPE_I8 */
             else {
-                fprintf(stderr, "strata-server: --kv-dtype f16|i8\n");
+                fprintf(stderr, "strata-server: --kv-dtype needs f16|i8, got \"%s\"\n", v);
                 return 2;
             }
             continue;
@@ -125,7 +141,7 @@ int main(int argc, char **argv)
         if (!strcmp(a, "--session-state-codec")) {
             st_codec_id id;
             if (st_codec_parse(v, &id) || (id != ST_CODEC_FP32 && id != ST_CODEC_BF16)) {
-                fprintf(stderr, "strata-server: --session-state-codec fp32|bf16\n");
+                fprintf(stderr, "strata-server: --session-state-codec needs fp32|bf16, got \"%s\"\n", v);
                 return 2;
             }
             c.state_codec = id;
@@ -177,8 +193,13 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    int rc = st_api_config_check(&c);
+    if (rc) {
+        fprintf(stderr, "strata-server: %s\n", st_errdetail());
+        return 2;
+    }
     st_api_server *s = NULL;
-    int rc = st_api_server_new(&c, &s);
+    rc = st_api_server_new(&c, &s);
     if (rc) {
         const char *d = st_errdetail();
         fprintf(stderr, "strata-server: %s\n", d && *d ? d : st_strerror(rc));

@@ -17,6 +17,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "st_api_test.h"
 #include "st_http_client.h"
 #include "st_test_util.h"
 
@@ -29,8 +30,11 @@ static char logpath[4200];
 
 /* ---- helpers -------------------------------------------------------------------------------- */
 
-static int start(st_hc_server *s, const char *store, const char *const *extra)
+/* strata-server on the tiny model, its store DIR/name, with extra flags (NULL-terminated). */
+static int start(st_hc_server *s, const char *name, const char *const *extra)
 {
+    char store[4400];
+    snprintf(store, sizeof store, "%s/%s", dir, name);
     const char *args[40];
     int n = 0;
     args[n++] = "--store";
@@ -106,9 +110,10 @@ static int teardown(void **state)
 /* The reference: turns of one conversation on a fresh server that is never interrupted. */
 static json_t *reference(const char *const *prompts, int turns, int n)
 {
-    char store[4300];
-    snprintf(store, sizeof store, "%s/ref-store", dir);
-    st_test_rmdir(store);
+    const char *store = "ref-store";
+    char path[4400];
+    snprintf(path, sizeof path, "%s/%s", dir, store);
+    st_test_rmdir(path);
     st_hc_server s;
     static const char *const args[] = {"--slots", "1", NULL};
     assert_int_equal(start(&s, store, args), 0);
@@ -126,8 +131,7 @@ static void test_save_kill9_restore_continue(void **state)
     (void)state;
     static const char *const prompts[] = {"Hello, Strata.", " And then?", " Once more."};
     json_t *ref = reference(prompts, 3, 24);
-    char store[4300];
-    snprintf(store, sizeof store, "%s/crash-store", dir);
+    const char *store = "crash-store";
     st_hc_server s;
     assert_int_equal(start(&s, store, NULL), 0);
     json_t *t0 = complete(s.port, "chat", prompts[0], 24);
@@ -198,8 +202,7 @@ static void interleave(const char *store, const char *const *args, int n, const 
 static void test_more_conversations_than_slots(void **state)
 {
     (void)state;
-    char store[4300];
-    snprintf(store, sizeof store, "%s/slots-store", dir);
+    const char *store = "slots-store";
     static const char *const args[] = {"--slots", "2", NULL};
     interleave(store, args, 6, "ram");
 }
@@ -207,8 +210,7 @@ static void test_more_conversations_than_slots(void **state)
 static void test_spill_past_ceiling_and_back(void **state)
 {
     (void)state;
-    char store[4300];
-    snprintf(store, sizeof store, "%s/spill-store", dir);
+    const char *store = "spill-store";
     static const char *const args[] = {"--slots", "1", "--conversation-cache-mib", "0", NULL};
     interleave(store, args, 4, "disk");
     /* the disk-parked conversations are in the store: they survive kill -9 */
@@ -232,8 +234,7 @@ static void test_spill_past_ceiling_and_back(void **state)
 static void test_ram_ceiling_oldest_first(void **state)
 {
     (void)state;
-    char store[4300];
-    snprintf(store, sizeof store, "%s/ceiling-store", dir);
+    const char *store = "ceiling-store";
     /* 1 MiB of RAM parking: the tiny model's images are ~20 KB, so parking 3 stays in RAM */
     static const char *const args[] = {"--slots", "1", "--conversation-cache-mib", "1", NULL};
     st_hc_server s;
@@ -274,8 +275,8 @@ static void test_ram_ceiling_oldest_first(void **state)
 static void test_slots_delete_and_guard(void **state)
 {
     (void)state;
-    char store[4300], saves[4300], mi[4300];
-    snprintf(store, sizeof store, "%s/misc-store", dir);
+    const char *store = "misc-store";
+    char saves[4300], mi[4300];
     snprintf(saves, sizeof saves, "%s/slot-saves", dir);
     assert_int_equal(mkdir(saves, 0700), 0);
     const char *const args[] = {"--slots", "2", "--slot-save-path", saves, NULL};
@@ -342,12 +343,6 @@ static void test_slots_delete_and_guard(void **state)
 #define CLIENTS 32
 static uint16_t cport;
 static json_t *cref; /* reference turns */
-static _Atomic int load_running;
-
-typedef struct client {
-    int i, failures;
-    char why[256];
-} client;
 
 /* A call that retries while the server says busy (409 busy: all slots in use). */
 static int call_retry(const char *method, const char *path, const char *body, st_hc_resp *r)
@@ -365,7 +360,7 @@ static int call_retry(const char *method, const char *path, const char *body, st
 
 static void *client_main(void *arg)
 {
-    client *c = arg;
+    st_at_client *c = arg;
     static const char *const p[] = {"one", " two"};
     char id[32], body[256], path[128];
     snprintf(id, sizeof id, "k-%d", c->i);
@@ -407,52 +402,22 @@ static void *client_main(void *arg)
     return NULL;
 }
 
-static void *poller_main(void *arg)
-{
-    int *failed = arg;
-    while (load_running) {
-        st_hc_resp r;
-        if (st_hc_request(cport, "GET", "/healthz", NULL, NULL, 0, &r) || r.status != 200)
-            (*failed)++;
-        st_hc_resp_free(&r);
-        usleep(5000);
-    }
-    return NULL;
-}
-
 static void test_concurrent_conversations(void **state)
 {
     (void)state;
     static const char *const p[] = {"one", " two"};
     cref = reference(p, 2, 12);
-    char store[4300];
-    snprintf(store, sizeof store, "%s/conc-store", dir);
+    const char *store = "conc-store";
     static const char *const args[] = {"--slots", "4", "--workers", "8", "--conversation-cache-mib", "0",
                                        NULL};
     st_hc_server s;
     assert_int_equal(start(&s, store, args), 0);
     cport = s.port;
-    pthread_t th[CLIENTS], pt;
-    client cl[CLIENTS];
-    int poll_failed = 0;
-    load_running = 1;
-    assert_int_equal(pthread_create(&pt, NULL, poller_main, &poll_failed), 0);
-    for (int i = 0; i < CLIENTS; i++) {
-        memset(&cl[i], 0, sizeof cl[i]);
-        cl[i].i = i;
-        assert_int_equal(pthread_create(&th[i], NULL, client_main, &cl[i]), 0);
-    }
-    int failures = 0;
-    for (int i = 0; i < CLIENTS; i++) {
-        pthread_join(th[i], NULL);
-        if (cl[i].failures)
-            fprintf(stderr, "client %d: %s\n", i, cl[i].why);
-        failures += cl[i].failures;
-    }
-    load_running = 0;
-    pthread_join(pt, NULL);
+    st_at_client cl[CLIENTS];
+    st_at_poller pol;
+    int failures = st_at_run_clients(s.port, CLIENTS, client_main, cl, &pol);
     assert_int_equal(failures, 0);
-    assert_int_equal(poll_failed, 0);
+    assert_int_equal(pol.failed, 0);
     json_t *sl = call(s.port, "GET", "/v1/sessions", NULL, 200);
     size_t i;
     json_t *e;
@@ -480,8 +445,7 @@ static void *same_main(void *arg)
 static void test_one_session_many_requests(void **state)
 {
     (void)state;
-    char store[4300];
-    snprintf(store, sizeof store, "%s/same-store", dir);
+    const char *store = "same-store";
     static const char *const args[] = {"--slots", "4", "--workers", "8", NULL};
     st_hc_server s;
     assert_int_equal(start(&s, store, args), 0);

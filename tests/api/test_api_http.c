@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "st_api_test.h"
 #include "st_http_client.h"
 #include "st_store.h"
 #include "st_test_util.h"
@@ -353,28 +354,29 @@ static void test_bad_ids_and_sizes(void **state)
     healthy(srv.port);
 }
 
+/* Send the start of a request and stop: the server answers 408 request_timeout. */
+static void stalled_request(const char *start, const char *what)
+{
+    st_hc_resp r;
+    int fd = st_hc_connect(srv.port, 10000);
+    assert_true(fd >= 0);
+    assert_int_equal(st_hc_send(fd, start, strlen(start)), 0);
+    assert_int_equal(st_hc_read(fd, &r), 0);
+    is_error(&r, 408, "request_timeout", what);
+    st_hc_resp_free(&r);
+    close(fd);
+}
+
 static void test_timeouts(void **state)
 {
     (void)state;
-    st_hc_resp r;
     /* a head that never ends: 408 after --head-timeout-ms */
-    int fd = st_hc_connect(srv.port, 10000);
-    assert_true(fd >= 0);
-    assert_int_equal(st_hc_send(fd, "GET /healthz HTTP/1.1\r\nHo", 25), 0);
-    assert_int_equal(st_hc_read(fd, &r), 0);
-    is_error(&r, 408, "request_timeout", "head timeout");
-    st_hc_resp_free(&r);
-    close(fd);
+    stalled_request("GET /healthz HTTP/1.1\r\nHo", "head timeout");
     /* a body that stalls: 408 after --read-timeout-ms */
-    fd = st_hc_connect(srv.port, 10000);
-    const char *h = "POST /v1/uploads HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{";
-    assert_int_equal(st_hc_send(fd, h, strlen(h)), 0);
-    assert_int_equal(st_hc_read(fd, &r), 0);
-    is_error(&r, 408, "request_timeout", "body stall");
-    st_hc_resp_free(&r);
-    close(fd);
+    stalled_request("POST /v1/uploads HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{",
+                    "body stall");
     /* an idle keep-alive connection is closed quietly */
-    fd = st_hc_connect(srv.port, 10000);
+    int fd = st_hc_connect(srv.port, 10000);
     char ch;
     assert_int_equal(recv(fd, &ch, 1, 0), 0);
     close(fd);
@@ -645,17 +647,9 @@ static void test_memory_guard(void **state)
 #define CLIENTS 32
 #define ROUNDS 3
 
-typedef struct client {
-    int i;
-    int failures;
-    char why[256];
-} client;
-
-static _Atomic int load_running;
-
 static void *client_main(void *arg)
 {
-    client *c = arg;
+    st_at_client *c = arg;
     char fpath[4300], id[32], path[128];
     snprintf(fpath, sizeof fpath, "%s/c%d.stsf", dir, c->i);
     snprintf(id, sizeof id, "cc-%d", c->i);
@@ -697,54 +691,12 @@ static void *client_main(void *arg)
     return NULL;
 }
 
-typedef struct poller {
-    int ok, failed;
-    double worst_ms;
-} poller;
-
-static void *poller_main(void *arg)
-{
-    poller *p = arg;
-    while (load_running) {
-        st_hc_resp r;
-        double t0 = st_hc_now_ms();
-        if (st_hc_request(srv.port, "GET", "/healthz", NULL, NULL, 0, &r) || r.status != 200)
-            p->failed++;
-        else
-            p->ok++;
-        double ms = st_hc_now_ms() - t0;
-        if (ms > p->worst_ms)
-            p->worst_ms = ms;
-        st_hc_resp_free(&r);
-        usleep(5000);
-    }
-    return NULL;
-}
-
 static void test_concurrent_clients(void **state)
 {
     (void)state;
-    pthread_t th[CLIENTS], pt;
-    client cl[CLIENTS];
-    poller pol = {0, 0, 0};
-    load_running = 1;
-    assert_int_equal(pthread_create(&pt, NULL, poller_main, &pol), 0);
-    for (int i = 0; i < CLIENTS; i++) {
-        memset(&cl[i], 0, sizeof cl[i]);
-        cl[i].i = i;
-        assert_int_equal(pthread_create(&th[i], NULL, client_main, &cl[i]), 0);
-    }
-    int failures = 0;
-    for (int i = 0; i < CLIENTS; i++) {
-        pthread_join(th[i], NULL);
-        if (cl[i].failures)
-            fprintf(stderr, "client %d: %s\n", i, cl[i].why);
-        failures += cl[i].failures;
-    }
-    load_running = 0;
-    pthread_join(pt, NULL);
-    fprintf(stderr, "concurrent: /healthz answered %d times during the load (worst %.1f ms)\n", pol.ok,
-            pol.worst_ms);
+    st_at_client cl[CLIENTS];
+    st_at_poller pol;
+    int failures = st_at_run_clients(srv.port, CLIENTS, client_main, cl, &pol);
     assert_int_equal(failures, 0);
     assert_int_equal(pol.failed, 0);
     assert_true(pol.ok > 0);
@@ -768,6 +720,69 @@ static void test_concurrent_clients(void **state)
     healthy(srv.port);
 }
 
+/* ---- the command line ------------------------------------------------------------------------ */
+
+/* --help names every flag with its default; a bad value is a clear error and exit status 2. */
+static void test_command_line(void **state)
+{
+    (void)state;
+    static char out[16384];
+    assert_int_equal(st_test_run(out, sizeof out, SERVER " --help"), 0);
+    static const char *const flags[] = {
+        "--host", "--port", "--ready-file", "--api-key-file", "--model", "--slots",
+        "--conversation-cache-mib", "--slot-save-path", "--threads", "--ubatch", "--ctx",
+        "--page-size", "--kv-dtype", "--prompt-cache ", "--prompt-cache-every", "--prompt-cache-root",
+        "--session-state-codec", "--save-compress", "--max-n-predict", "--store", "--keep-last",
+        "--spool-dir", "--workers", "--max-connections", "--max-header-bytes", "--max-headers",
+        "--max-json-kib", "--max-completion-kib", "--max-part-mib", "--max-upload-mib",
+        "--body-budget-mib", "--head-timeout-ms", "--read-timeout-ms", "--body-timeout-ms",
+        "--write-timeout-ms", "--idle-timeout-ms", "--shutdown-timeout-ms", "--upload-ttl-s",
+        "--mem-guard", "--mem-reserve-mib", "--meminfo", "--log-requests"};
+    for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++) {
+        char at[64];
+        snprintf(at, sizeof at, "\n  %s", flags[i]); /* the flag's own line */
+        const char *f = strstr(out, at);
+        if (!f)
+            fprintf(stderr, "--help does not name %s\n", flags[i]);
+        assert_non_null(f);
+        const char *eol = strchr(f + 1, '\n');
+        assert_non_null(eol);
+        /* the default is on the flag's line or the next one */
+        const char *next = strchr(eol + 1, '\n');
+        char line[512];
+        snprintf(line, sizeof line, "%.*s", (int)((next ? next : eol) - f), f);
+        if (!strstr(line, "default"))
+            fprintf(stderr, "--help gives no default for %s\n", flags[i]);
+        assert_non_null(strstr(line, "default"));
+    }
+    static const struct {
+        const char *args, *says;
+    } bad[] = {
+        {"--port x", "--port needs a number up to 65535, got \"x\""},
+        {"--port 70000", "--port needs a number"},
+        {"--slots 0", "--slots must be 1..1024, got 0"},
+        {"--workers 0", "--workers must be 1..256"},
+        {"--head-timeout-ms 0", "--head-timeout-ms must be at least 1"},
+        {"--max-connections 0", "--max-connections must be at least 1"},
+        {"--max-header-bytes 100", "--max-header-bytes must be at least 256"},
+        {"--max-part-mib 512", "--body-budget-mib must hold"},
+        {"--mem-guard maybe", "--mem-guard needs on|off, got \"maybe\""},
+        {"--kv-dtype f32", "--kv-dtype needs f16|i8"},
+        {"--session-state-codec f16", "--session-state-codec needs fp32|bf16"},
+        {"--no-such-flag 1", "unknown option --no-such-flag"},
+        {"--port", "--port needs a value"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int rc = st_test_run(out, sizeof out, SERVER " --store '%s/never' %s", dir, bad[i].args);
+        if (rc != 2 || !strstr(out, bad[i].says))
+            fprintf(stderr, "%s: exit %d, said: %.300s\n", bad[i].args, rc, out);
+        assert_int_equal(rc, 2);
+        assert_non_null(strstr(out, bad[i].says));
+    }
+    assert_int_equal(st_test_run(out, sizeof out, SERVER), 2);
+    assert_non_null(strstr(out, "--store DIR is required"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -781,6 +796,7 @@ int main(void)
         cmocka_unit_test(test_upload_download),
         cmocka_unit_test(test_memory_guard),
         cmocka_unit_test(test_concurrent_clients),
+        cmocka_unit_test(test_command_line),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
