@@ -10,7 +10,9 @@
 #   summary.txt (what is printed last). Exit status: 0 only when the build, every gpu test and
 #   every GPU benchmark succeeded.
 # Environment: BUILD_GPU (default build-gpu), GPU_BENCH_ARGS (extra options for each benchmark),
-# GPU_TEST_TIMEOUT (seconds per test, default 300).
+# GPU_TEST_TIMEOUT (seconds per test, default 300). To spend less device time on one part:
+# GPU_TARGETS (build only these targets, e.g. "test_gpu_engine strata bench_gpu_engine"),
+# GPU_TESTS (a ctest -R regex among the gpu tests), GPU_BENCHES (a regex of bench_gpu_* names).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD_GPU:-build-gpu}
@@ -31,7 +33,12 @@ say "== bench/gpu.sh on $(hostname): $(nvidia-smi --query-gpu=name,driver_versio
 # ---- build: the whole tree, keep going past failures so that the GPU parts still get built ----
 {
   cmake -S . -B "$build" -G Ninja -DSTRATA_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 &&
-    cmake --build "$build" -j "$(nproc)" -- -k 0
+    if [ -n "${GPU_TARGETS:-}" ]; then
+      # shellcheck disable=SC2086
+      cmake --build "$build" -j "$(nproc)" --target $GPU_TARGETS -- -k 0
+    else
+      cmake --build "$build" -j "$(nproc)" -- -k 0
+    fi
 } >"$out/build.log" 2>&1
 build_rc=$?
 if [ $build_rc -ne 0 ]; then
@@ -44,8 +51,8 @@ fi
 
 # ---- tests labelled gpu ------------------------------------------------------------------------
 if [ -f "$build/CTestTestfile.cmake" ]; then
-  ctest --test-dir "$build" -L gpu --output-on-failure --timeout "${GPU_TEST_TIMEOUT:-300}" \
-    >"$out/tests.log" 2>&1
+  ctest --test-dir "$build" -L gpu ${GPU_TESTS:+-R "$GPU_TESTS"} --output-on-failure -V \
+    --timeout "${GPU_TEST_TIMEOUT:-300}" >"$out/tests.log" 2>&1
   test_rc=$?
   [ $test_rc -eq 0 ] || status=1
   say ""
@@ -57,6 +64,8 @@ if [ -f "$build/CTestTestfile.cmake" ]; then
   done
   grep -E '^(FAIL|\[  FAILED  \]|\[  ERROR   \]).*|test_[a-z_]*: FAIL' "$out/tests.log" | head -20 |
     tee -a "$summary"
+  # figures the engine tests print (GPU logits against the CPU)
+  grep -oE '(gpu-vs-cpu|across backends).*' "$out/tests.log" | tee -a "$summary"
 else
   status=1
   say "tests: not run (no build)"
@@ -67,8 +76,9 @@ fi
 ran=0
 for b in "$build"/bench/bench_gpu_*; do
   [ -x "$b" ] || continue
-  ran=1
   name=$(basename "$b")
+  [[ -z "${GPU_BENCHES:-}" || "$name" =~ $GPU_BENCHES ]] || continue
+  ran=1
   say ""
   say "== $name ${GPU_BENCH_ARGS:-}"
   # shellcheck disable=SC2086

@@ -9,7 +9,7 @@
 
 #include "st_engine_int.h"
 
-static const st_backend *const k_backends[] = {&st_backend_cpu};
+static const st_backend *const k_backends[] = {&st_backend_cpu, &st_backend_cuda};
 
 void st_engine_opts_default(st_engine_opts *o)
 {
@@ -57,7 +57,7 @@ int st_engine_new(const st_model *m, const st_engine_opts *o, st_engine **out)
         if (!strcmp(k_backends[i]->name, bn))
             e->be = k_backends[i];
     if (!e->be) {
-        rc = st_error_set(ST_EINVAL, "engine: no backend \"%s\" in this build (cpu)", bn);
+        rc = st_error_set(ST_EINVAL, "engine: no backend \"%s\" (cpu, cuda)", bn);
         goto fail;
     }
     e->o.backend = e->be->name;

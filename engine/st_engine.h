@@ -180,7 +180,7 @@ typedef struct st_engine st_engine;
 typedef struct st_slot st_slot;
 
 typedef struct st_engine_opts {
-    const char *backend;       /* NULL or "cpu" */
+    const char *backend;       /* NULL or "cpu"; "cuda" (docs/ENGINE.md, "CUDA backend") */
     uint32_t n_threads;        /* 0: online CPUs */
     uint32_t ubatch;           /* prompt chunk in tokens (0: 2048) */
     uint32_t n_ctx;            /* 0: the model's */

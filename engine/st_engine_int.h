@@ -6,7 +6,9 @@
 #define ST_ENGINE_INT_H
 
 #include <pthread.h>
+#ifndef __cplusplus /* the CUDA backend (C++) includes this header; it uses no atomics */
 #include <stdatomic.h>
+#endif
 
 #include "st_engine.h"
 
@@ -125,9 +127,26 @@ typedef struct st_backend {
     int (*kv_read)(void *bctx, void *st, uint32_t ti, uint64_t row0, uint64_t nrows, void *dst);
     int (*kv_write)(void *bctx, void *st, uint32_t ti, uint64_t row0, uint64_t nrows,
                     const void *src);
+    /* Optional bulk transfers (NULL: the slot code uses the per-tensor functions above). A
+     * backend whose state lives in another memory (the CUDA backend) moves the whole state in
+     * one pipelined pass and hashes it on the way: cs receives, tensor by tensor in geometry
+     * order, exactly what the state hash covers (K/V rows [0, n) as stored, f32 running tensors
+     * rounded to bf16, other running tensors as stored). Only used with checkpoint codecs fp32
+     * and bf16.
+     * save: the live state into img: K/V rows [0, n) into its K/V buffers (n is its n_tokens)
+     *       and the running tensors into checkpoint ci, in that checkpoint's codec.
+     * load: K/V rows [0, n) and checkpoint ci of img into st (new and reset); the position
+     *       tensor must hold the checkpoint's position (ST_ECORRUPT otherwise). */
+    int (*save)(void *bctx, void *st, st_image *img, uint32_t ci, uint64_t n,
+                st_checksum_state *cs);
+    int (*load)(void *bctx, void *st, const st_image *img, uint32_t ci, uint64_t n,
+                st_checksum_state *cs);
 } st_backend;
 
 extern const st_backend st_backend_cpu;
+/* The CUDA backend (st_backend_cuda.cu); in a build without CUDA its create refuses with
+ * ST_EINVAL "built without CUDA" (st_backend_nocuda.c). */
+extern const st_backend st_backend_cuda;
 
 struct st_engine {
     const st_model *m;

@@ -428,6 +428,25 @@ done:
     return rc;
 }
 
+/* The state hash's stream up to the tensors: n_tokens (u64 LE) and the tokens. */
+static int hash_begin(st_checksum_state *cs, const uint32_t *tokens, uint64_t n)
+{
+    int rc = st_checksum_init(cs);
+    if (rc)
+        return st_error_set(rc, "state hash");
+    uint64_t n_le = n;
+    st_checksum_update(cs, &n_le, 8);
+    st_checksum_update(cs, tokens, n * sizeof *tokens);
+    return 0;
+}
+
+/* A backend with bulk transfers (st_backend.save / .load) moves and hashes the whole state in
+ * one pass when the live checkpoint is in one of these codecs. */
+static int bulk_ok(uint32_t codec)
+{
+    return codec == ST_CODEC_FP32 || codec == ST_CODEC_BF16;
+}
+
 int st_slot_state_hash(const st_slot *s, uint32_t codec, uint64_t *out)
 {
     (void)codec; /* the hash rounds f32 state to bf16 whatever the codec: see invariant 6 */
@@ -488,7 +507,8 @@ int st_slot_snapshot(st_slot *s, int mode, uint32_t codec, st_image **out)
     if ((rc = st_image_create(&img, &e->geom)) ||
         (rc = st_image_tokens_set(img, s->tokens, s->n_tokens)))
         goto done;
-    for (uint32_t ti = 0; ti < e->geom.n_tensors; ti++) {
+    int bulk = e->be->save && bulk_ok(codec);
+    for (uint32_t ti = 0; !bulk && ti < e->geom.n_tensors; ti++) {
         if (e->geom.tensors[ti].role != ST_ROLE_KV)
             continue;
         uint64_t len = 0;
@@ -510,11 +530,23 @@ int st_slot_snapshot(st_slot *s, int mode, uint32_t codec, st_image **out)
     for (uint32_t i = first; i < end; i++)
         if ((rc = add_ckpt(e, img, s->ck[i].e.position, &s->ck[i], NULL, codec, scratch)))
             goto done;
-    if ((rc = add_ckpt(e, img, s->n_tokens, NULL, s->st, codec, scratch)))
+    if (bulk) {
+        /* the live state and its hash in one pass of the backend */
+        st_checksum_state cs = {0};
+        uint32_t ci;
+        if ((rc = st_image_checkpoint_add(img, s->n_tokens, codec, &ci)) ||
+            (rc = hash_begin(&cs, s->tokens, s->n_tokens)))
+            goto done;
+        rc = e->be->save(e->bctx, s->st, img, ci, s->n_tokens, &cs);
+        h = st_checksum_final(&cs);
+        st_checksum_free(&cs);
+        if (rc)
+            goto done;
+    } else if ((rc = add_ckpt(e, img, s->n_tokens, NULL, s->st, codec, scratch)) ||
+               (rc = state_hash(e, s->st, s->tokens, s->n_tokens, &h))) {
         goto done;
+    }
     if ((rc = st_image_logits_set(img, s->logits, e->m->hp.n_vocab)))
-        goto done;
-    if ((rc = state_hash(e, s->st, s->tokens, s->n_tokens, &h)))
         goto done;
     st_image_state_hash_set(img, h);
     if ((rc = st_image_check(img)))
@@ -652,7 +684,22 @@ int st_slot_restore(st_slot *s, const st_image *img)
     if ((rc = be->state_new(e->bctx, &ns)))
         goto done;
     be->state_reset(e->bctx, ns);
-    for (uint32_t ti = 0; ti < g->n_tensors; ti++) {
+    uint64_t live_pos = 0;
+    uint32_t live_codec = 0;
+    st_image_checkpoint_info(img, nck - 1, &live_pos, &live_codec);
+    int bulk = be->load && bulk_ok(live_codec);
+    if (bulk) {
+        /* K/V and the live state and their hash in one pass of the backend */
+        st_checksum_state cs = {0};
+        if ((rc = hash_begin(&cs, tokens, n)))
+            goto done;
+        rc = be->load(e->bctx, ns, img, nck - 1, n, &cs);
+        h = st_checksum_final(&cs);
+        st_checksum_free(&cs);
+        if (rc)
+            goto done;
+    }
+    for (uint32_t ti = 0; !bulk && ti < g->n_tensors; ti++) {
         if (g->tensors[ti].role != ST_ROLE_KV)
             continue;
         uint64_t len = 0;
@@ -665,7 +712,7 @@ int st_slot_restore(st_slot *s, const st_image *img)
         if ((rc = be->kv_write(e->bctx, ns, ti, 0, n, src)))
             goto done;
     }
-    if ((rc = load_live(e, img, nck - 1, ns, scratch)))
+    if (!bulk && (rc = load_live(e, img, nck - 1, ns, scratch)))
         goto done;
     /* resume checkpoints: the deepest prompt_cache of them */
     uint32_t keep = nck - 1, skip = 0;
@@ -689,7 +736,7 @@ int st_slot_restore(st_slot *s, const st_image *img)
             goto done;
         chain[n_chain - 1].e.position = pos;
     }
-    if ((rc = state_hash(e, ns, tokens, n, &h)))
+    if (!bulk && (rc = state_hash(e, ns, tokens, n, &h)))
         goto done;
     if (st_image_state_hash(img) == 0) {
         rc = st_error_set(ST_ECORRUPT, "restore: the image carries no state hash");

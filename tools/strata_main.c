@@ -33,6 +33,8 @@ static void usage(FILE *f)
             "  --temp T                 0 (default) is greedy\n"
             "  --seed S                 sampling seed (default 1)\n"
             "  --ignore-eos             keep generating after the end-of-sequence token\n"
+            "  --backend cpu|cuda       compute backend (default: $STRATA_BACKEND, else cuda when\n"
+            "                           a GPU is present, else cpu)\n"
             "  --threads N              compute threads (default: all CPUs)\n"
             "  --ubatch N               prompt chunk in tokens (default 2048)\n"
             "  --ctx N                  context length (default: the model's)\n"
@@ -154,6 +156,12 @@ int main(int argc, char **argv)
         } else if (!strcmp(a, "--seed")) {
             if (num(a, val, UINT64_MAX, &seed))
                 return 2;
+        } else if (!strcmp(a, "--backend")) {
+            if (strcmp(val, "cpu") && strcmp(val, "cuda")) {
+                fprintf(stderr, "strata: --backend cpu or cuda\n");
+                return 2;
+            }
+            eo.backend = val;
         } else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) {
             if (num(a, val, 1024, &v))
                 return 2;
@@ -216,6 +224,10 @@ int main(int argc, char **argv)
         return cmd_info(model);
     if (!prompt)
         prompt = "";
+    if (!eo.backend) {
+        const char *env = getenv("STRATA_BACKEND");
+        eo.backend = env && *env ? env : st_codec_cuda_available() ? "cuda" : "cpu";
+    }
 
     st_model *m = NULL;
     st_engine *e = NULL;
@@ -238,8 +250,9 @@ int main(int argc, char **argv)
     }
     const st_engine_opts *o = st_engine_opts_get(e);
     double t_load = now_s() - t0;
-    fprintf(stderr, "strata: model %s loaded in %.3f s (%s, %u threads, ubatch %u, context %u)\n",
-            model, t_load, st_engine_isa(e), o->n_threads, o->ubatch, o->n_ctx);
+    fprintf(stderr, "strata: model %s loaded in %.3f s (%s backend, %s, %u threads, ubatch %u, "
+            "context %u)\n", model, t_load, o->backend, st_engine_isa(e), o->n_threads, o->ubatch,
+            o->n_ctx);
 
     size_t sys_len = system ? strlen(system) : 0, p_len = strlen(prompt);
     uint64_t held = 0, system_end = 0;

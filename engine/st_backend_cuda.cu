@@ -1,0 +1,1984 @@
+/*
+ * st_backend_cuda.cu - the CUDA backend: the strata-hybrid forward pass on one GPU (bf16
+ * weights, cuBLAS projections with fp32 accumulation, kernels for the rest), the slot state in
+ * device memory (running tensors and a paged K/V arena), and the transfers that move it through
+ * pinned staging buffers, published as the same geometry tensors as the CPU backend.
+ *
+ * Invariants:
+ * 1. The geometry is the CPU backend's, tensor for tensor (names, order, dtypes, shapes), so an
+ *    image made by either backend restores on the other. The device buffers hold exactly those
+ *    bytes: blk.N.ssm_state [H][dk][dv] f32 and blk.N.conv_state [3][C] f32 in one running
+ *    buffer per slot; K and V rows ([n_head_kv][head_dim], f16 or i8) and i8 scales in pages of
+ *    page_size rows; the position lives on the host.
+ * 2. A page is one device block holding, for every attention layer, its K rows, V rows and (i8)
+ *    scale rows of page_size tokens; a slot's page table (host array + device copy) maps page p
+ *    to its block. Blocks and running buffers come from free lists of the backend and return to
+ *    them when a state is freed, so a restore allocates nothing once the pools are warm.
+ * 3. Determinism: every kernel gives each output to one thread (or one warp / block, reducing in
+ *    a fixed order: fixed shuffle trees and serial sums, no atomics); cuBLAS runs on one stream
+ *    with a fixed workspace and atomics disallowed, which makes its results reproducible on the
+ *    same GPU and library. So the same inputs read in the same chunks give the same bits, run
+ *    after run and process after process. Chunking is not free as on the CPU: cuBLAS may pick
+ *    another kernel for another number of tokens, and attention splits keys by the chunk size;
+ *    the slot code cuts a resumed read exactly as a full read, so the cache stays exact.
+ * 4. Every public function leaves the stream idle when it returns (it synchronises), so host
+ *    buffers handed in or out are never touched after return, and a CUDA error shows in the call
+ *    that caused it. A failure inside a state's reset is kept in the state (s->err) and returned
+ *    by the next call on it.
+ * 5. Transfers (snapshot, restore, checkpoints, hashes) run through NSTAGE pinned host buffers
+ *    and NSTAGE device buffers of STAGE_BYTES: the GPU gathers K/V rows from pages (or encodes
+ *    the running state to bf16) into a device buffer and copies it to a pinned buffer while the
+ *    host copies earlier buffers into the image with the thread pool and hashes them; a restore
+ *    is the reverse. The hash sees the bytes in geometry order, as the state hash defines them.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+extern "C" {
+#include "st_engine_int.h"
+}
+
+typedef __nv_bfloat16 bf16;
+
+#define NSTAGE 4
+#define STAGE_BYTES ((size_t)16 << 20)
+#define BLAS_WS_BYTES ((size_t)32 << 20)
+#define HASH_TMP 32768 /* u16 elements of the hash's bf16 scratch */
+#define FULL 0xffffffffu
+
+/* ---- errors ------------------------------------------------------------------------------ */
+static int cu_fail(cudaError_t err, const char *what)
+{
+    return st_error_set(err == cudaErrorMemoryAllocation ? ENOMEM : ST_EIO,
+                        "cuda backend: %s: %s (%s)", what, cudaGetErrorName(err),
+                        cudaGetErrorString(err));
+}
+
+static int blas_fail(cublasStatus_t st, const char *what)
+{
+    return st_error_set(st == CUBLAS_STATUS_ALLOC_FAILED ? ENOMEM : ST_EIO,
+                        "cuda backend: %s: %s", what, cublasGetStatusName(st));
+}
+
+/* Release-time calls: checked, a failure recorded as the thread's detail (nothing to return). */
+static void cu_release(cudaError_t err, const char *what)
+{
+    if (err != cudaSuccess)
+        cu_fail(err, what);
+}
+
+#define CU(call)                                                                               \
+    do {                                                                                       \
+        cudaError_t e_ = (call);                                                               \
+        if (e_ != cudaSuccess)                                                                 \
+            return cu_fail(e_, #call);                                                         \
+    } while (0)
+#define CUG(call)                                                                              \
+    do {                                                                                       \
+        cudaError_t e_ = (call);                                                               \
+        if (e_ != cudaSuccess) {                                                               \
+            rc = cu_fail(e_, #call);                                                           \
+            goto fail;                                                                         \
+        }                                                                                      \
+    } while (0)
+/* After a kernel launch: a bad configuration shows here, a fault at the next synchronisation. */
+#define KCHECK(name)                                                                           \
+    do {                                                                                       \
+        cudaError_t e_ = cudaGetLastError();                                                   \
+        if (e_ != cudaSuccess)                                                                 \
+            return cu_fail(e_, "launch of " name);                                             \
+    } while (0)
+
+/* ---- contexts ---------------------------------------------------------------------------- */
+enum what { W_SSM, W_CONV, W_POS, W_K, W_V, W_KS, W_VS };
+
+typedef struct tmap {
+    uint32_t layer, slot, what;
+} tmap;
+
+typedef struct cu_layer {
+    char kind;
+    uint32_t slot; /* index among its kind */
+    float *attn_norm, *ffn_norm;
+    bf16 *w_in;  /* D: [C + H*dv + 2H][E] (q, k, v, gate, alpha, beta); A: [qa + 2*kva][E] */
+    bf16 *w_out; /* [E][H*dv] or [E][qa] */
+    bf16 *w_ffn_in;   /* [2F][E]: gate, up */
+    bf16 *w_ffn_down; /* [E][F] */
+    uint32_t in_rows, out_cols;
+    uint64_t ssm_off, conv_off; /* its running tensors in a state's running buffer */
+    float *conv_w; /* [C][4] */
+    float *a_log, *dt_bias, *ssm_norm;
+} cu_layer;
+
+typedef struct cu_ctx {
+    st_engine *e;
+    const st_model *m;
+    const st_model_hparams *hp;
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    void *blas_ws;
+    int n_sm;
+    uint32_t T, n_ctx, ps, n_pages, kv_dtype, n_threads;
+    uint32_t E, F, V, H, dk, dv, C, hdv, nh, nkv, hd, qa, kva;
+    uint32_t n_dn, n_attn, nmix, ngin;
+    st_tensor_desc *descs;
+    tmap *tm;
+    uint32_t n_desc;
+    uint64_t *run_off, *run_len; /* per tensor: byte offset / length in the running buffer */
+    uint64_t run_bytes, table_off, state_bytes;
+    /* K/V pages */
+    uint64_t krow, srow, off_v, off_ks, off_vs, per_layer, page_bytes;
+    /* weights */
+    uint8_t *wbuf;
+    cu_layer *L;
+    float *tok_embd; /* [V][E] f32 */
+    bf16 *w_head;    /* [V][E] */
+    float *out_norm;
+    double *rope_freq;
+    /* workspace for a chunk of T tokens */
+    float *x, *out, *mix, *qkvc, *ab, *o, *logits_d;
+    bf16 *xnb, *gin;
+    uint32_t *tok_d, *tok_h;
+    float *logits_h;
+    float *att_po, *att_pm, *att_pl;
+    uint64_t att_cap_rows;
+    /* staging */
+    uint8_t *hstage[NSTAGE], *dstage[NSTAGE];
+    cudaEvent_t ev[NSTAGE];
+    uint16_t *htmp;
+    /* pools */
+    void **free_pages, **free_run;
+    uint32_t n_free_pages, cap_free_pages, n_free_run, cap_free_run;
+} cu_ctx;
+
+typedef struct cu_state {
+    int64_t pos;
+    int err;         /* sticky failure of a reset */
+    int table_dirty; /* the device page table lags the host one */
+    uint8_t *run;    /* running tensors, then the device page table */
+    uint8_t **pages; /* host: device block of page p or NULL */
+    uint8_t **pages_d;
+} cu_state;
+
+/* ---- kernels: helpers --------------------------------------------------------------------- */
+__device__ __forceinline__ float warp_sum(float v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(FULL, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(FULL, v, o));
+    return v;
+}
+
+/* Sum over the block (blockDim a multiple of 32): a fixed shuffle tree per warp, then the warp
+ * sums in warp order, the same in every thread. sh: 32 floats. */
+__device__ float block_sum(float v, float *sh)
+{
+    v = warp_sum(v);
+    unsigned w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    if ((threadIdx.x & 31) == 0)
+        sh[w] = v;
+    __syncthreads();
+    float t = 0.0f;
+    for (unsigned i = 0; i < nw; i++)
+        t += sh[i];
+    __syncthreads();
+    return t;
+}
+
+__device__ float block_max(float v, float *sh)
+{
+    v = warp_max(v);
+    unsigned w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    if ((threadIdx.x & 31) == 0)
+        sh[w] = v;
+    __syncthreads();
+    float t = sh[0];
+    for (unsigned i = 1; i < nw; i++)
+        t = fmaxf(t, sh[i]);
+    __syncthreads();
+    return t;
+}
+
+__device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
+
+/* ---- kernels: the layers ------------------------------------------------------------------ */
+/* x[t] = embedding row of token t. grid T. */
+__global__ void k_embed(const uint32_t *tok, const float *emb, uint32_t E, float *x)
+{
+    const float *r = emb + (size_t)tok[blockIdx.x] * E;
+    float *y = x + (size_t)blockIdx.x * E;
+    for (uint32_t i = threadIdx.x; i < E; i += blockDim.x)
+        y[i] = r[i];
+}
+
+/* Per token (grid T): optionally x += out, then y = bf16(rmsnorm(x) * w). */
+__global__ void k_add_norm(float *x, const float *out, int add, const float *w, uint32_t E,
+                           float eps, bf16 *y)
+{
+    __shared__ float sh[32];
+    float *xr = x + (size_t)blockIdx.x * E;
+    const float *orow = out + (size_t)blockIdx.x * E;
+    float ss = 0.0f;
+    for (uint32_t i = threadIdx.x; i < E; i += blockDim.x) {
+        float v = xr[i];
+        if (add) {
+            v = v + orow[i];
+            xr[i] = v;
+        }
+        ss = fmaf(v, v, ss);
+    }
+    ss = block_sum(ss, sh);
+    float sc = 1.0f / sqrtf(ss / (float)E + eps);
+    bf16 *yr = y + (size_t)blockIdx.x * E;
+    for (uint32_t i = threadIdx.x; i < E; i += blockDim.x)
+        yr[i] = __float2bfloat16_rn(xr[i] * sc * w[i]);
+}
+
+/* DeltaNet causal convolution (kernel 4) + SiLU: grid (T, channel blocks). The inputs before
+ * the chunk are the state, [3][C] oldest first. */
+__global__ void k_conv(const float *mix, uint32_t ldm, uint32_t C, const float *w,
+                       const float *st, float *y)
+{
+    uint32_t t = blockIdx.x, ch = blockIdx.y * blockDim.x + threadIdx.x;
+    if (ch >= C)
+        return;
+    float acc = 0.0f;
+    for (int j = 0; j < 4; j++) {
+        int64_t s = (int64_t)t - 3 + j;
+        float xin = s >= 0 ? mix[(size_t)s * ldm + ch] : st[(size_t)(3 + s) * C + ch];
+        acc = fmaf(w[(size_t)ch * 4 + j], xin, acc);
+    }
+    y[(size_t)t * C + ch] = silu_f(acc);
+}
+
+/* The convolution state after the chunk: its last three inputs (each thread reads its channel's
+ * three values before writing them). */
+__global__ void k_conv_state(const float *mix, uint32_t ldm, uint32_t C, float *st, uint32_t T)
+{
+    uint32_t ch = blockIdx.x * blockDim.x + threadIdx.x;
+    if (ch >= C)
+        return;
+    float v[3];
+    for (int j = 0; j < 3; j++) {
+        int64_t s = (int64_t)T - 3 + j;
+        v[j] = s >= 0 ? mix[(size_t)s * ldm + ch] : st[(size_t)(3 + s) * C + ch];
+    }
+    for (int j = 0; j < 3; j++)
+        st[(size_t)j * C + ch] = v[j];
+}
+
+/* DeltaNet per (token, head) (grid (T, H)): L2-normalise q (also by 1/sqrt(dk)) and k; the decay
+ * alpha and the write strength beta. mab: the raw alpha at [h], beta at [H + h] of each row. */
+__global__ void k_dn_prep(float *qkvc, uint32_t C, uint32_t H, uint32_t dk, const float *mab,
+                          uint32_t ldm, const float *a_log, const float *dt_bias, float *ab)
+{
+    __shared__ float sh[32];
+    uint32_t t = blockIdx.x, h = blockIdx.y;
+    float *q = qkvc + (size_t)t * C + (size_t)h * dk;
+    float *k = qkvc + (size_t)t * C + (size_t)H * dk + (size_t)h * dk;
+    float sq = 0.0f, sk = 0.0f;
+    for (uint32_t i = threadIdx.x; i < dk; i += blockDim.x) {
+        sq = fmaf(q[i], q[i], sq);
+        sk = fmaf(k[i], k[i], sk);
+    }
+    sq = block_sum(sq, sh);
+    sk = block_sum(sk, sh);
+    float nq = 1.0f / sqrtf(sq + 1e-6f), nk = 1.0f / sqrtf(sk + 1e-6f);
+    float qs = 1.0f / sqrtf((float)dk);
+    for (uint32_t i = threadIdx.x; i < dk; i += blockDim.x) {
+        q[i] = q[i] * nq * qs;
+        k[i] = k[i] * nk;
+    }
+    if (threadIdx.x == 0) {
+        float xa = mab[(size_t)t * ldm + h] + dt_bias[h];
+        float sp = xa > 20.0f ? xa : log1pf(expf(xa));
+        float g = -expf(a_log[h]) * sp;
+        ab[(size_t)t * 2 * H + h] = expf(g);
+        ab[(size_t)t * 2 * H + H + h] = 1.0f / (1.0f + expf(-mab[(size_t)t * ldm + H + h]));
+    }
+}
+
+/* The Gated-DeltaNet recurrence over the T tokens of a chunk, the state on chip.
+ * Block (16 columns j of one head h) x grid (dv / 16, H); 256 threads: thread (p, cl) with
+ * cl = tid & 15 (column), p = tid >> 4 (row group) keeps rows i = r*16 + p, r < R, of column j
+ * of M (= S transposed, [dk][dv]) in registers for the whole chunk. Per token:
+ *   d_j = beta (v_j - alpha u_j),  M[i][j] = k_i d_j + alpha M[i][j],
+ *   o_j = sum_i M[i][j] q_i,       u_j (next token) = sum_i M[i][j] k'_i,
+ * the sums over i as: each thread in increasing r, then the two row groups of a warp (shuffle),
+ * then the eight warps in order: one fixed order. q and k of SC_TT tokens (and the next token's
+ * k) are staged in shared memory, zero-padded to R*16 rows. */
+#define SC_COLS 16
+#define SC_TT 8
+template <int R>
+__global__ void __launch_bounds__(256)
+    k_dn_scan(float *M, uint32_t dk, uint32_t dv, uint32_t T, const float *qkvc, uint32_t C,
+              uint32_t H, const float *ab, float *o)
+{
+    extern __shared__ float smem[];
+    const uint32_t DKP = R * 16;
+    float *qs = smem;                      /* [SC_TT][DKP] */
+    float *ks = qs + SC_TT * DKP;          /* [SC_TT + 1][DKP] */
+    float *vs = ks + (SC_TT + 1) * DKP;    /* [SC_TT][16] */
+    float *as = vs + SC_TT * SC_COLS;      /* [SC_TT] */
+    float *bs = as + SC_TT;                /* [SC_TT] */
+    float *red = bs + SC_TT;               /* [2][8][16][2] */
+    const uint32_t h = blockIdx.y, tid = threadIdx.x;
+    const uint32_t cl = tid & 15, p = tid >> 4, w = tid >> 5;
+    const uint32_t j0 = blockIdx.x * SC_COLS, j = j0 + cl;
+    const bool jv = j < dv;
+    float *Mh = M + (size_t)h * dk * dv;
+    float m[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        uint32_t i = (uint32_t)r * 16 + p;
+        m[r] = (jv && i < dk) ? Mh[(size_t)i * dv + j] : 0.0f;
+    }
+    const float *qb = qkvc + (size_t)h * dk;
+    const float *kb = qkvc + (size_t)H * dk + (size_t)h * dk;
+    const float *vb = qkvc + 2 * (size_t)H * dk + (size_t)h * dv;
+    float u = 0.0f;
+    int buf = 0;
+    for (uint32_t t0 = 0; t0 < T; t0 += SC_TT) {
+        uint32_t nt = T - t0 < SC_TT ? T - t0 : SC_TT;
+        uint32_t nk = T - t0 < SC_TT + 1 ? T - t0 : SC_TT + 1;
+        __syncthreads();
+        for (uint32_t e = tid; e < SC_TT * DKP; e += blockDim.x) {
+            uint32_t tt = e / DKP, i = e % DKP;
+            qs[e] = (tt < nt && i < dk) ? qb[(size_t)(t0 + tt) * C + i] : 0.0f;
+        }
+        for (uint32_t e = tid; e < (SC_TT + 1) * DKP; e += blockDim.x) {
+            uint32_t tt = e / DKP, i = e % DKP;
+            ks[e] = (tt < nk && i < dk) ? kb[(size_t)(t0 + tt) * C + i] : 0.0f;
+        }
+        for (uint32_t e = tid; e < SC_TT * SC_COLS; e += blockDim.x) {
+            uint32_t tt = e / SC_COLS, jj = j0 + e % SC_COLS;
+            vs[e] = (tt < nt && jj < dv) ? vb[(size_t)(t0 + tt) * C + jj] : 0.0f;
+        }
+        if (tid < SC_TT) {
+            as[tid] = tid < nt ? ab[(size_t)(t0 + tid) * 2 * H + h] : 0.0f;
+            bs[tid] = tid < nt ? ab[(size_t)(t0 + tid) * 2 * H + H + h] : 0.0f;
+        }
+        __syncthreads();
+        if (t0 == 0) {
+            /* u for the first token: S_{t-1} k_t from the state as it enters the chunk */
+            float pu = 0.0f;
+#pragma unroll
+            for (int r = 0; r < R; r++)
+                pu = fmaf(m[r], ks[r * 16 + p], pu);
+            pu += __shfl_xor_sync(FULL, pu, 16);
+            float *rb = red + buf * (8 * 16 * 2);
+            if ((tid & 31) < 16)
+                rb[(w * 16 + cl) * 2 + 1] = pu;
+            __syncthreads();
+            float su = 0.0f;
+            for (int ww = 0; ww < 8; ww++)
+                su += rb[(ww * 16 + cl) * 2 + 1];
+            u = su;
+            buf ^= 1;
+        }
+        for (uint32_t tt = 0; tt < nt; tt++) {
+            float a = as[tt], b = bs[tt];
+            float d = b * (vs[tt * SC_COLS + cl] - a * u);
+            const float *kt = ks + tt * DKP, *qt = qs + tt * DKP, *kn = kt + DKP;
+            float po = 0.0f, pu = 0.0f;
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                uint32_t i = (uint32_t)r * 16 + p;
+                float mv = fmaf(kt[i], d, a * m[r]);
+                m[r] = mv;
+                po = fmaf(mv, qt[i], po);
+                pu = fmaf(mv, kn[i], pu);
+            }
+            po += __shfl_xor_sync(FULL, po, 16);
+            pu += __shfl_xor_sync(FULL, pu, 16);
+            float *rb = red + buf * (8 * 16 * 2);
+            if ((tid & 31) < 16) {
+                rb[(w * 16 + cl) * 2] = po;
+                rb[(w * 16 + cl) * 2 + 1] = pu;
+            }
+            __syncthreads();
+            float so = 0.0f, su = 0.0f;
+            for (int ww = 0; ww < 8; ww++) {
+                so += rb[(ww * 16 + cl) * 2];
+                su += rb[(ww * 16 + cl) * 2 + 1];
+            }
+            if (p == 0 && jv)
+                o[(size_t)(t0 + tt) * H * dv + (size_t)h * dv + j] = so;
+            u = su;
+            buf ^= 1;
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        uint32_t i = (uint32_t)r * 16 + p;
+        if (jv && i < dk)
+            Mh[(size_t)i * dv + j] = m[r];
+    }
+}
+
+/* DeltaNet output per (token, head) (grid (T, H)): y = bf16(rmsnorm(o_h) * norm * silu(gate)). */
+__global__ void k_dn_gate(const float *o, const float *gate, uint32_t ldm, const float *nw,
+                          uint32_t H, uint32_t dv, float eps, bf16 *y)
+{
+    __shared__ float sh[32];
+    uint32_t t = blockIdx.x, h = blockIdx.y;
+    const float *orow = o + (size_t)t * H * dv + (size_t)h * dv;
+    const float *g = gate + (size_t)t * ldm + (size_t)h * dv;
+    float ss = 0.0f;
+    for (uint32_t i = threadIdx.x; i < dv; i += blockDim.x)
+        ss = fmaf(orow[i], orow[i], ss);
+    ss = block_sum(ss, sh);
+    float sc = 1.0f / sqrtf(ss / (float)dv + eps);
+    bf16 *yr = y + (size_t)t * H * dv + (size_t)h * dv;
+    for (uint32_t i = threadIdx.x; i < dv; i += blockDim.x)
+        yr[i] = __float2bfloat16_rn(orow[i] * sc * nw[i] * silu_f(g[i]));
+}
+
+/* RoPE on adjacent pairs, angle pos * freq[i] in double (the CPU's formula). */
+__device__ void rope_vec(float *v, uint32_t hd, uint64_t pos, const double *freq)
+{
+    for (uint32_t i = threadIdx.x; i < hd / 2; i += blockDim.x) {
+        double a = (double)pos * freq[i];
+        float cs = (float)cos(a), sn = (float)sin(a);
+        float x0 = v[2 * i], x1 = v[2 * i + 1];
+        v[2 * i] = x0 * cs - x1 * sn;
+        v[2 * i + 1] = x0 * sn + x1 * cs;
+    }
+}
+
+/* RoPE on the query heads, in place: grid (T, n_head). */
+__global__ void k_rope_q(float *mix, uint32_t ldm, uint32_t hd, uint64_t pos0, const double *freq)
+{
+    rope_vec(mix + (size_t)blockIdx.x * ldm + (size_t)blockIdx.y * hd, hd, pos0 + blockIdx.x, freq);
+}
+
+typedef struct kv_geom {
+    uint8_t *const *pages;
+    uint32_t ps, krow, srow, i8;
+    uint64_t lay, off_v, off_ks, off_vs; /* lay: this layer's offset in a page block */
+} kv_geom;
+
+__device__ __forceinline__ uint8_t *kv_row(const kv_geom &g, uint64_t j, uint64_t off, uint32_t rb)
+{
+    return g.pages[j / g.ps] + g.lay + off + (j % g.ps) * rb;
+}
+
+/* RoPE on the K heads, then K and V of token pos0 + t into the arena (f16, or i8 with a scale
+ * per token and head: scale = max|x| / 127, q = round-to-even(x * 127 / max|x|)).
+ * grid (T, n_head_kv). */
+__global__ void k_kv_store(float *mix, uint32_t ldm, uint32_t qa, uint32_t kva, uint32_t hd,
+                           uint64_t pos0, const double *freq, kv_geom g)
+{
+    __shared__ float sh[32];
+    uint32_t t = blockIdx.x, hk = blockIdx.y;
+    float *k = mix + (size_t)t * ldm + qa + (size_t)hk * hd;
+    const float *v = mix + (size_t)t * ldm + qa + kva + (size_t)hk * hd;
+    uint64_t pos = pos0 + t;
+    rope_vec(k, hd, pos, freq);
+    __syncthreads();
+    if (!g.i8) {
+        __half *kr = (__half *)kv_row(g, pos, 0, g.krow) + (size_t)hk * hd;
+        __half *vr = (__half *)kv_row(g, pos, g.off_v, g.krow) + (size_t)hk * hd;
+        for (uint32_t i = threadIdx.x; i < hd; i += blockDim.x) {
+            kr[i] = __float2half_rn(k[i]);
+            vr[i] = __float2half_rn(v[i]);
+        }
+        return;
+    }
+    for (int which = 0; which < 2; which++) {
+        const float *x = which ? v : k;
+        int8_t *q = (int8_t *)kv_row(g, pos, which ? g.off_v : 0, g.krow) + (size_t)hk * hd;
+        float *sc = (float *)kv_row(g, pos, which ? g.off_vs : g.off_ks, g.srow) + hk;
+        float am = 0.0f;
+        for (uint32_t i = threadIdx.x; i < hd; i += blockDim.x)
+            am = fmaxf(am, fabsf(x[i]));
+        am = block_max(am, sh);
+        if (!(am > 0.0f) || !isfinite(am)) {
+            for (uint32_t i = threadIdx.x; i < hd; i += blockDim.x)
+                q[i] = 0;
+            if (threadIdx.x == 0)
+                *sc = 0.0f;
+            continue;
+        }
+        float inv = 127.0f / am;
+        for (uint32_t i = threadIdx.x; i < hd; i += blockDim.x) {
+            int r = __float2int_rn(x[i] * inv);
+            q[i] = (int8_t)(r > 127 ? 127 : r < -127 ? -127 : r);
+        }
+        if (threadIdx.x == 0)
+            *sc = am / 127.0f;
+    }
+}
+
+/* Attention over the paged K/V, grouped-query. The rows of a kv head g are (token t, head hh of
+ * its group) pairs r = t*G + hh; a block takes BR = 4*NI rows and the keys of one split
+ * [split*KS, (split+1)*KS), in tiles of 32 keys: the tile's K (then V) widened to f32 in shared
+ * memory; warp w owns rows w + 4i (i < NI), lane l the key l of the tile, so a row's scores,
+ * maximum and sum are warp shuffles in a fixed order; online softmax; the weighted sum of V
+ * accumulates per (row, element d = lane + 32c) in registers. With one split the result (divided
+ * by the sum) goes to out as bf16; with several, each split's (max, sum, unnormalised sum of V)
+ * goes to po/pm/pl and k_attn_comb merges the splits in order. */
+#define AT_BK 32
+#define AT_THREADS 128
+#define AT_MAXC 8 /* head_dim <= 256 */
+/* Row stride in shared memory: head_dim rounded up to 4 (zero-padded, for 16-byte loads), plus
+ * 4 when that is an even number of 16-byte units, so that the 8 lanes of a quarter-warp reading
+ * 8 different rows hit 8 different bank groups. */
+__host__ __device__ static inline uint32_t at_stride(uint32_t hd)
+{
+    uint32_t h4 = (hd + 3) / 4 * 4;
+    return (h4 / 4) % 2 ? h4 : h4 + 4;
+}
+typedef struct attn_args {
+    const float *mix;
+    uint32_t ldm, hd, nkv, G, T, qa, nsplit;
+    uint64_t pos0, KS;
+    float scale;
+    kv_geom g;
+    bf16 *out;
+    float *po, *pm, *pl;
+} attn_args;
+
+template <int NI>
+__global__ void __launch_bounds__(AT_THREADS) k_attn(attn_args a)
+{
+    extern __shared__ float4 sm4[];
+    float *sm = (float *)sm4;
+    const uint32_t BR = 4 * NI, HS = at_stride(a.hd), hd4 = (a.hd + 3) / 4 * 4;
+    float *Qs = sm;           /* [BR][HS] */
+    float *KV = sm + BR * HS; /* [AT_BK][HS] */
+    const uint32_t split = blockIdx.y, g = blockIdx.z;
+    const uint32_t tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+    const uint32_t nrows = a.T * a.G, r0 = blockIdx.x * BR, hd = a.hd;
+    __shared__ const uint8_t *rowp[AT_BK];
+    __shared__ const float *sclp[AT_BK];
+    for (uint32_t lr = w; lr < BR; lr += 4) {
+        uint32_t r = r0 + lr;
+        const float *q = NULL;
+        if (r < nrows)
+            q = a.mix + (size_t)(r / a.G) * a.ldm + (size_t)(g * a.G + r % a.G) * hd;
+        for (uint32_t d = lane; d < hd4; d += 32)
+            Qs[lr * HS + d] = q && d < hd ? q[d] : 0.0f;
+    }
+    uint32_t rlast = (r0 + BR < nrows ? r0 + BR : nrows) - 1;
+    uint64_t kend = a.pos0 + rlast / a.G + 1;
+    uint64_t k0 = (uint64_t)split * a.KS, k1 = k0 + a.KS < kend ? k0 + a.KS : kend;
+    float mrow[NI], lrow[NI], acc[NI][AT_MAXC];
+    uint64_t klim[NI];
+#pragma unroll
+    for (int i = 0; i < NI; i++) {
+        uint32_t r = r0 + w + 4 * i;
+        klim[i] = r < nrows ? a.pos0 + r / a.G + 1 : 0;
+        mrow[i] = -INFINITY;
+        lrow[i] = 0.0f;
+#pragma unroll
+        for (int c = 0; c < AT_MAXC; c++)
+            acc[i][c] = 0.0f;
+    }
+    const uint64_t ofs_k[2] = {0, a.g.off_v}, ofs_s[2] = {a.g.off_ks, a.g.off_vs};
+    for (uint64_t kb = k0; kb < k1; kb += AT_BK) {
+        uint32_t nkeys = k1 - kb < AT_BK ? (uint32_t)(k1 - kb) : AT_BK;
+        float s[NI];
+#pragma unroll
+        for (int i = 0; i < NI; i++)
+            s[i] = 0.0f;
+        for (int which = 0; which < 2; which++) {
+            __syncthreads(); /* the previous use of KV and of the row pointers is over */
+            if (tid < nkeys) {
+                /* one division per key, not per element */
+                rowp[tid] = kv_row(a.g, kb + tid, ofs_k[which], a.g.krow);
+                if (a.g.i8)
+                    sclp[tid] = (const float *)kv_row(a.g, kb + tid, ofs_s[which], a.g.srow) + g;
+            }
+            __syncthreads();
+            for (uint32_t kk = w; kk < AT_BK; kk += 4) {
+                const uint8_t *row = kk < nkeys ? rowp[kk] : NULL;
+                float sc = row && a.g.i8 ? *sclp[kk] : 0.0f;
+                for (uint32_t d = lane; d < hd4; d += 32) {
+                    float kv = 0.0f;
+                    if (row && d < hd)
+                        kv = a.g.i8 ? (float)((const int8_t *)row)[(size_t)g * hd + d] * sc
+                                    : __half2float(((const __half *)row)[(size_t)g * hd + d]);
+                    KV[kk * HS + d] = kv;
+                }
+            }
+            __syncthreads();
+            if (which == 0) {
+                const float4 *k4 = (const float4 *)(KV + lane * HS);
+                for (uint32_t d4 = 0; d4 < hd4 / 4; d4++) {
+                    float4 kd = k4[d4];
+#pragma unroll
+                    for (int i = 0; i < NI; i++) {
+                        float4 q = ((const float4 *)(Qs + (w + 4 * i) * HS))[d4];
+                        s[i] = fmaf(q.x, kd.x, s[i]);
+                        s[i] = fmaf(q.y, kd.y, s[i]);
+                        s[i] = fmaf(q.z, kd.z, s[i]);
+                        s[i] = fmaf(q.w, kd.w, s[i]);
+                    }
+                }
+            }
+        }
+        /* KV now holds V; the online softmax of this tile, row by row */
+        uint64_t j = kb + lane;
+#pragma unroll
+        for (int i = 0; i < NI; i++) {
+            float sv = (lane < nkeys && j < klim[i]) ? s[i] * a.scale : -INFINITY;
+            float mn = fmaxf(mrow[i], warp_max(sv));
+            float pr = sv == -INFINITY ? 0.0f : expf(sv - mn);
+            float al = mrow[i] == -INFINITY ? 0.0f : expf(mrow[i] - mn);
+            lrow[i] = lrow[i] * al + warp_sum(pr);
+            mrow[i] = mn;
+            s[i] = pr;
+#pragma unroll
+            for (int c = 0; c < AT_MAXC; c++)
+                acc[i][c] *= al;
+        }
+        for (uint32_t kk = 0; kk < nkeys; kk++) {
+            float pv[NI];
+#pragma unroll
+            for (int i = 0; i < NI; i++)
+                pv[i] = __shfl_sync(FULL, s[i], kk);
+#pragma unroll
+            for (int c = 0; c < AT_MAXC; c++) {
+                uint32_t d = lane + 32 * c;
+                float vv = d < hd ? KV[kk * HS + d] : 0.0f;
+#pragma unroll
+                for (int i = 0; i < NI; i++)
+                    acc[i][c] = fmaf(pv[i], vv, acc[i][c]);
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < NI; i++) {
+        uint32_t r = r0 + w + 4 * i;
+        if (r >= nrows)
+            continue;
+        if (a.nsplit == 1) {
+            uint32_t t = r / a.G, qh = g * a.G + r % a.G;
+            float inv = lrow[i] > 0.0f ? 1.0f / lrow[i] : 0.0f;
+            bf16 *orow = a.out + (size_t)t * a.qa + (size_t)qh * hd;
+#pragma unroll
+            for (int c = 0; c < AT_MAXC; c++) {
+                uint32_t d = lane + 32 * c;
+                if (d < hd)
+                    orow[d] = __float2bfloat16_rn(acc[i][c] * inv);
+            }
+        } else {
+            size_t pr = ((size_t)split * a.nkv + g) * nrows + r;
+#pragma unroll
+            for (int c = 0; c < AT_MAXC; c++) {
+                uint32_t d = lane + 32 * c;
+                if (d < hd)
+                    a.po[pr * hd + d] = acc[i][c];
+            }
+            if (lane == 0) {
+                a.pm[pr] = mrow[i];
+                a.pl[pr] = lrow[i];
+            }
+        }
+    }
+}
+
+/* Merge the splits of one row (grid (rows, n_head_kv)), in split order. */
+__global__ void k_attn_comb(attn_args a)
+{
+    extern __shared__ float wt[]; /* [nsplit] */
+    __shared__ float tot;
+    uint32_t r = blockIdx.x, g = blockIdx.y, nrows = a.T * a.G;
+    if (threadIdx.x == 0) {
+        float mx = -INFINITY;
+        for (uint32_t s = 0; s < a.nsplit; s++)
+            mx = fmaxf(mx, a.pm[((size_t)s * a.nkv + g) * nrows + r]);
+        float l = 0.0f;
+        for (uint32_t s = 0; s < a.nsplit; s++) {
+            size_t pr = ((size_t)s * a.nkv + g) * nrows + r;
+            float m = a.pm[pr];
+            wt[s] = m == -INFINITY ? 0.0f : expf(m - mx);
+            l += a.pl[pr] * wt[s];
+        }
+        tot = l > 0.0f ? 1.0f / l : 0.0f;
+    }
+    __syncthreads();
+    uint32_t t = r / a.G, qh = g * a.G + r % a.G;
+    bf16 *orow = a.out + (size_t)t * a.qa + (size_t)qh * a.hd;
+    for (uint32_t d = threadIdx.x; d < a.hd; d += blockDim.x) {
+        float acc = 0.0f;
+        for (uint32_t s = 0; s < a.nsplit; s++)
+            acc = fmaf(a.po[(((size_t)s * a.nkv + g) * nrows + r) * a.hd + d], wt[s], acc);
+        orow[d] = __float2bfloat16_rn(acc * tot);
+    }
+}
+
+/* Feed-forward per token (grid (T, blocks)): y = bf16(silu(gate) * up). */
+__global__ void k_swiglu(const float *mix, uint32_t F, bf16 *y)
+{
+    uint32_t t = blockIdx.x, i = blockIdx.y * blockDim.x + threadIdx.x;
+    if (i >= F)
+        return;
+    float gt = mix[(size_t)t * 2 * F + i], up = mix[(size_t)t * 2 * F + F + i];
+    y[(size_t)t * F + i] = __float2bfloat16_rn(silu_f(gt) * up);
+}
+
+/* Rows [row0, row0 + gridDim.x) of one K/V tensor between the pages and a contiguous buffer. */
+__global__ void k_kv_copy(uint8_t *const *pages, uint64_t off, uint32_t ps, uint32_t rb,
+                          uint64_t row0, uint8_t *buf, int to_pages)
+{
+    uint64_t r = row0 + blockIdx.x;
+    uint8_t *pr = pages[r / ps] + off + (r % ps) * rb;
+    uint8_t *br = buf + (size_t)blockIdx.x * rb;
+    if (rb % 16 == 0) {
+        uint4 *x = (uint4 *)pr, *y = (uint4 *)br;
+        for (uint32_t i = threadIdx.x; i < rb / 16; i += blockDim.x) {
+            if (to_pages)
+                x[i] = y[i];
+            else
+                y[i] = x[i];
+        }
+    } else if (rb % 4 == 0) {
+        uint32_t *x = (uint32_t *)pr, *y = (uint32_t *)br;
+        for (uint32_t i = threadIdx.x; i < rb / 4; i += blockDim.x) {
+            if (to_pages)
+                x[i] = y[i];
+            else
+                y[i] = x[i];
+        }
+    } else {
+        for (uint32_t i = threadIdx.x; i < rb; i += blockDim.x) {
+            if (to_pages)
+                pr[i] = br[i];
+            else
+                br[i] = pr[i];
+        }
+    }
+}
+
+/* ---- geometry ------------------------------------------------------------------------------ */
+static void add_desc(cu_ctx *c, uint32_t layer, uint32_t slot, uint32_t what, const char *name,
+                     uint32_t role, uint32_t dtype, uint32_t ndim, uint64_t d0, uint64_t d1,
+                     uint64_t d2)
+{
+    st_tensor_desc *d = &c->descs[c->n_desc];
+    memset(d, 0, sizeof *d);
+    snprintf(d->name, sizeof d->name, "%s", name);
+    d->role = role;
+    d->dtype = dtype;
+    d->ndim = ndim;
+    d->shape[0] = d0;
+    d->shape[1] = ndim > 1 ? d1 : 0;
+    d->shape[2] = ndim > 2 ? d2 : 0;
+    c->tm[c->n_desc] = {layer, slot, what};
+    c->n_desc++;
+}
+
+static uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+
+/* ---- create / destroy -------------------------------------------------------------------- */
+static void cu_destroy(void *bctx)
+{
+    cu_ctx *c = (cu_ctx *)bctx;
+    if (!c)
+        return;
+    if (c->stream)
+        cu_release(cudaStreamSynchronize(c->stream), "cudaStreamSynchronize");
+    for (uint32_t i = 0; i < c->n_free_pages; i++)
+        cu_release(cudaFree(c->free_pages[i]), "cudaFree (K/V page)");
+    for (uint32_t i = 0; i < c->n_free_run; i++)
+        cu_release(cudaFree(c->free_run[i]), "cudaFree (running state)");
+    free(c->free_pages);
+    free(c->free_run);
+    void *dev[] = {c->wbuf, c->x, c->out, c->mix, c->qkvc, c->ab, c->o, c->logits_d, c->xnb,
+                   c->gin, c->tok_d, c->att_po, c->att_pm, c->att_pl, c->blas_ws};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+        if (dev[i])
+            cu_release(cudaFree(dev[i]), "cudaFree");
+    for (int i = 0; i < NSTAGE; i++) {
+        if (c->dstage[i])
+            cu_release(cudaFree(c->dstage[i]), "cudaFree (staging)");
+        if (c->hstage[i])
+            cu_release(cudaFreeHost(c->hstage[i]), "cudaFreeHost (staging)");
+        if (c->ev[i])
+            cu_release(cudaEventDestroy(c->ev[i]), "cudaEventDestroy");
+    }
+    if (c->tok_h)
+        cu_release(cudaFreeHost(c->tok_h), "cudaFreeHost");
+    if (c->logits_h)
+        cu_release(cudaFreeHost(c->logits_h), "cudaFreeHost");
+    if (c->blas) {
+        cublasStatus_t st = cublasDestroy(c->blas);
+        if (st != CUBLAS_STATUS_SUCCESS)
+            blas_fail(st, "cublasDestroy");
+    }
+    if (c->stream)
+        cu_release(cudaStreamDestroy(c->stream), "cudaStreamDestroy");
+    free(c->L);
+    free(c->descs);
+    free(c->tm);
+    free(c->run_off);
+    free(c->run_len);
+    free(c->htmp);
+    free(c);
+}
+
+/* Bump layout of the weights in one device buffer (base NULL: only measure). */
+typedef struct bump {
+    uint8_t *base;
+    size_t off;
+} bump;
+
+static void *bump_take(bump *b, size_t bytes)
+{
+    size_t o = (size_t)align_up(b->off, 256);
+    b->off = o + bytes;
+    return b->base ? (void *)(b->base + o) : NULL;
+}
+
+static void layout_weights(cu_ctx *c, bump *b)
+{
+    size_t E = c->E, F = c->F, V = c->V;
+    c->tok_embd = (float *)bump_take(b, V * E * 4);
+    c->w_head = (bf16 *)bump_take(b, V * E * 2);
+    c->out_norm = (float *)bump_take(b, E * 4);
+    c->rope_freq = (double *)bump_take(b, (c->hd / 2 + 1) * sizeof(double));
+    for (uint32_t il = 0; il < c->hp->n_layer; il++) {
+        cu_layer *L = &c->L[il];
+        L->attn_norm = (float *)bump_take(b, E * 4);
+        L->ffn_norm = (float *)bump_take(b, E * 4);
+        L->w_ffn_in = (bf16 *)bump_take(b, 2 * F * E * 2);
+        L->w_ffn_down = (bf16 *)bump_take(b, E * F * 2);
+        if (L->kind == 'D') {
+            L->in_rows = c->C + c->hdv + 2 * c->H;
+            L->out_cols = c->hdv;
+            L->conv_w = (float *)bump_take(b, (size_t)c->C * 4 * 4);
+            L->a_log = (float *)bump_take(b, (size_t)c->H * 4);
+            L->dt_bias = (float *)bump_take(b, (size_t)c->H * 4);
+            L->ssm_norm = (float *)bump_take(b, (size_t)c->dv * 4);
+        } else {
+            L->in_rows = c->qa + 2 * c->kva;
+            L->out_cols = c->qa;
+        }
+        L->w_in = (bf16 *)bump_take(b, (size_t)L->in_rows * E * 2);
+        L->w_out = (bf16 *)bump_take(b, E * L->out_cols * 2);
+    }
+}
+
+static uint64_t wmat_bytes(const st_wmat *w)
+{
+    return (uint64_t)w->rows * w->cols * (w->type == ST_GGML_F32 ? 4 : 2);
+}
+
+/* Upload weight matrix w (expected rows x cols) into dst in codec dst_codec (bf16, or fp32 for
+ * the embedding), through tmp, converting on the device with the codec kernels. Every copy is
+ * queued on the backend's stream: a cudaMemcpy from pageable memory may return before its DMA
+ * lands, and the stream (non-blocking) would not wait for it. */
+static int upload_mat(cu_ctx *c, const st_wmat *w, uint32_t rows, uint32_t cols, void *dst,
+                      uint32_t dst_codec, void *tmp, const char *name)
+{
+    uint32_t codec;
+    switch (w->type) {
+    case ST_GGML_F32: codec = ST_CODEC_FP32; break;
+    case ST_GGML_F16: codec = ST_CODEC_F16; break;
+    case ST_GGML_BF16: codec = ST_CODEC_BF16; break;
+    default:
+        return st_error_set(ST_EINVAL, "cuda backend: weight %s: ggml type %u", name, w->type);
+    }
+    if (w->rows != rows || w->cols != cols || (w->stride && w->stride != w->cols))
+        return st_error_set(ST_EINVAL, "cuda backend: weight %s is %u x %u (stride %u), expected "
+                            "%u x %u", name, w->rows, w->cols, w->stride, rows, cols);
+    CU(cudaMemcpyAsync(tmp, w->data, wmat_bytes(w), cudaMemcpyHostToDevice, c->stream));
+    int rc = st_codec_cuda_convert(dst_codec, dst, codec, tmp, (size_t)rows * cols, c->stream);
+    if (!rc)
+        rc = st_codec_cuda_sync(c->stream);
+    return rc;
+}
+
+static int upload_f32(cu_ctx *c, void *dst, const float *src, size_t n)
+{
+    CU(cudaMemcpyAsync(dst, src, n * 4, cudaMemcpyHostToDevice, c->stream));
+    CU(cudaStreamSynchronize(c->stream));
+    return 0;
+}
+
+static int upload_weights(cu_ctx *c)
+{
+    const st_model *m = c->m;
+    uint32_t E = c->E, F = c->F, H = c->H;
+    void *tmp = NULL;
+    int rc = 0;
+    uint64_t maxb = wmat_bytes(&m->tok_embd);
+    if (wmat_bytes(&m->output) > maxb)
+        maxb = wmat_bytes(&m->output);
+    for (uint32_t il = 0; il < c->hp->n_layer; il++) {
+        const st_layer *l = &m->layers[il];
+        const st_wmat *all[] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->sq, &l->sk, &l->sv,
+                                &l->sgate, &l->sout, &l->salpha, &l->sbeta, &l->ffn_gate,
+                                &l->ffn_up, &l->ffn_down};
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+            if (all[i]->data && wmat_bytes(all[i]) > maxb)
+                maxb = wmat_bytes(all[i]);
+    }
+    CUG(cudaMalloc(&tmp, maxb));
+    if ((rc = upload_mat(c, &m->tok_embd, c->V, E, c->tok_embd, ST_CODEC_FP32, tmp,
+                         "token_embd")) ||
+        (rc = upload_mat(c, &m->output, c->V, E, c->w_head, ST_CODEC_BF16, tmp, "output")) ||
+        (rc = upload_f32(c, c->out_norm, m->output_norm, E)))
+        goto fail;
+    {
+        double *freq = (double *)calloc(c->hd / 2 + 1, sizeof *freq);
+        if (!freq) {
+            rc = st_error_set(ENOMEM, "cuda backend: rope");
+            goto fail;
+        }
+        for (uint32_t i = 0; i < c->hd / 2; i++)
+            freq[i] = pow((double)c->hp->rope_base, -(double)(2 * i) / (double)c->hd);
+        cudaError_t ce = cudaMemcpyAsync(c->rope_freq, freq, (c->hd / 2 + 1) * sizeof *freq,
+                                         cudaMemcpyHostToDevice, c->stream);
+        if (ce == cudaSuccess)
+            ce = cudaStreamSynchronize(c->stream);
+        free(freq);
+        if (ce != cudaSuccess) {
+            rc = cu_fail(ce, "cudaMemcpy (rope)");
+            goto fail;
+        }
+    }
+    for (uint32_t il = 0; il < c->hp->n_layer && !rc; il++) {
+        const st_layer *l = &m->layers[il];
+        cu_layer *L = &c->L[il];
+        char nm[64];
+        snprintf(nm, sizeof nm, "blk.%u", il);
+        if ((rc = upload_f32(c, L->attn_norm, l->attn_norm, E)) ||
+            (rc = upload_f32(c, L->ffn_norm, l->ffn_norm, E)) ||
+            (rc = upload_mat(c, &l->ffn_gate, F, E, L->w_ffn_in, ST_CODEC_BF16, tmp, nm)) ||
+            (rc = upload_mat(c, &l->ffn_up, F, E, L->w_ffn_in + (size_t)F * E, ST_CODEC_BF16, tmp,
+                             nm)) ||
+            (rc = upload_mat(c, &l->ffn_down, E, F, L->w_ffn_down, ST_CODEC_BF16, tmp, nm)))
+            break;
+        if (L->kind == 'D') {
+            uint32_t hdk = H * c->dk;
+            size_t r0[6] = {0, hdk, 2 * (size_t)hdk, c->C, (size_t)c->C + c->hdv,
+                            (size_t)c->C + c->hdv + H};
+            const st_wmat *in[6] = {&l->sq, &l->sk, &l->sv, &l->sgate, &l->salpha, &l->sbeta};
+            uint32_t rows[6] = {hdk, hdk, c->hdv, c->hdv, H, H};
+            for (int i = 0; i < 6 && !rc; i++)
+                rc = upload_mat(c, in[i], rows[i], E, L->w_in + r0[i] * E, ST_CODEC_BF16, tmp, nm);
+            if (rc || (rc = upload_mat(c, &l->sout, E, c->hdv, L->w_out, ST_CODEC_BF16, tmp, nm)) ||
+                (rc = upload_f32(c, L->conv_w, l->conv_w, (size_t)c->C * 4)) ||
+                (rc = upload_f32(c, L->a_log, l->a_log, H)) ||
+                (rc = upload_f32(c, L->dt_bias, l->dt_bias, H)) ||
+                (rc = upload_f32(c, L->ssm_norm, l->ssm_norm, c->dv)))
+                break;
+        } else {
+            if ((rc = upload_mat(c, &l->wq, c->qa, E, L->w_in, ST_CODEC_BF16, tmp, nm)) ||
+                (rc = upload_mat(c, &l->wk, c->kva, E, L->w_in + (size_t)c->qa * E, ST_CODEC_BF16,
+                                 tmp, nm)) ||
+                (rc = upload_mat(c, &l->wv, c->kva, E, L->w_in + (size_t)(c->qa + c->kva) * E,
+                                 ST_CODEC_BF16, tmp, nm)) ||
+                (rc = upload_mat(c, &l->wo, E, c->qa, L->w_out, ST_CODEC_BF16, tmp, nm)))
+                break;
+        }
+    }
+fail:
+    if (tmp)
+        cu_release(cudaFree(tmp), "cudaFree (upload)");
+    return rc;
+}
+
+static int cu_create(st_engine *e, void **out)
+{
+    *out = NULL;
+    const st_model_hparams *hp = &e->m->hp;
+    int rc = 0, ndev = 0, dev = 0;
+    cu_ctx *c = (cu_ctx *)calloc(1, sizeof *c);
+    if (!c)
+        return st_error_set(ENOMEM, "cuda backend");
+    c->e = e;
+    c->m = e->m;
+    c->hp = hp;
+    c->T = e->o.ubatch;
+    c->n_ctx = e->o.n_ctx;
+    c->ps = e->o.page_size;
+    c->n_pages = (c->n_ctx + c->ps - 1) / c->ps;
+    c->kv_dtype = e->o.kv_dtype;
+    c->n_threads = st_pool_size(e->pool);
+    c->E = hp->n_embd;
+    c->F = hp->n_ff;
+    c->V = hp->n_vocab;
+    c->H = hp->ssm_heads;
+    c->dk = hp->ssm_dk;
+    c->dv = hp->ssm_dv;
+    c->C = c->H * (2 * c->dk + c->dv);
+    c->hdv = c->H * c->dv;
+    c->nh = hp->n_head;
+    c->nkv = hp->n_head_kv;
+    c->hd = hp->head_dim;
+    c->qa = c->nh * c->hd;
+    c->kva = c->nkv * c->hd;
+    if (hp->ssm_conv != 4 || c->hd > 32 * AT_MAXC || c->dk > 32 * 16 || c->nkv == 0 ||
+        c->nh % c->nkv) {
+        rc = st_error_set(ST_EINVAL, "cuda backend: this model's shape is not supported (conv "
+                          "kernel %u: 4; head_dim %u: <= %u; ssm dk %u: <= 512)", hp->ssm_conv,
+                          c->hd, 32 * AT_MAXC, c->dk);
+        goto fail;
+    }
+    CUG(cudaGetDeviceCount(&ndev));
+    if (ndev < 1) {
+        rc = st_error_set(ST_EINVAL, "cuda backend: no CUDA device");
+        goto fail;
+    }
+    CUG(cudaGetDevice(&dev));
+    CUG(cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, dev));
+    CUG(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+    {
+        cublasStatus_t st = cublasCreate(&c->blas);
+        if (st == CUBLAS_STATUS_SUCCESS)
+            st = cublasSetStream(c->blas, c->stream);
+        if (st == CUBLAS_STATUS_SUCCESS)
+            st = cublasSetAtomicsMode(c->blas, CUBLAS_ATOMICS_NOT_ALLOWED);
+        if (st == CUBLAS_STATUS_SUCCESS)
+            st = cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH);
+        if (st != CUBLAS_STATUS_SUCCESS) {
+            rc = blas_fail(st, "cublas setup");
+            goto fail;
+        }
+        CUG(cudaMalloc(&c->blas_ws, BLAS_WS_BYTES));
+        st = cublasSetWorkspace(c->blas, c->blas_ws, BLAS_WS_BYTES);
+        if (st != CUBLAS_STATUS_SUCCESS) {
+            rc = blas_fail(st, "cublasSetWorkspace");
+            goto fail;
+        }
+    }
+    /* the geometry: the CPU backend's, in the same order */
+    c->descs = (st_tensor_desc *)calloc(4u * hp->n_layer + 1, sizeof *c->descs);
+    c->tm = (tmap *)calloc(4u * hp->n_layer + 1, sizeof *c->tm);
+    c->run_off = (uint64_t *)calloc(4u * hp->n_layer + 1, sizeof *c->run_off);
+    c->run_len = (uint64_t *)calloc(4u * hp->n_layer + 1, sizeof *c->run_len);
+    c->L = (cu_layer *)calloc(hp->n_layer ? hp->n_layer : 1, sizeof *c->L);
+    c->htmp = (uint16_t *)malloc(HASH_TMP * sizeof *c->htmp);
+    if (!c->descs || !c->tm || !c->run_off || !c->run_len || !c->L || !c->htmp) {
+        rc = st_error_set(ENOMEM, "cuda backend");
+        goto fail;
+    }
+    {
+        uint64_t esz = c->kv_dtype == ST_DTYPE_I8 ? 1 : 2;
+        c->krow = (uint64_t)c->nkv * c->hd * esz;
+        c->srow = (uint64_t)c->nkv * 4;
+        for (uint32_t il = 0; il < hp->n_layer; il++) {
+            char nm[ST_TENSOR_NAME_MAX];
+            cu_layer *L = &c->L[il];
+            L->kind = e->m->layers[il].kind;
+            if (L->kind == 'D') {
+                uint32_t s = L->slot = c->n_dn++;
+                snprintf(nm, sizeof nm, "blk.%u.ssm_state", il);
+                c->run_len[c->n_desc] = 4ull * c->H * c->dk * c->dv;
+                add_desc(c, il, s, W_SSM, nm, ST_ROLE_RUNNING, ST_DTYPE_F32, 3, c->H, c->dk, c->dv);
+                snprintf(nm, sizeof nm, "blk.%u.conv_state", il);
+                c->run_len[c->n_desc] = 4ull * 3 * c->C;
+                add_desc(c, il, s, W_CONV, nm, ST_ROLE_RUNNING, ST_DTYPE_F32, 2, 3, c->C, 0);
+            } else {
+                uint32_t s = L->slot = c->n_attn++;
+                snprintf(nm, sizeof nm, "blk.%u.k", il);
+                add_desc(c, il, s, W_K, nm, ST_ROLE_KV, c->kv_dtype, 3, c->n_ctx, c->nkv, c->hd);
+                snprintf(nm, sizeof nm, "blk.%u.v", il);
+                add_desc(c, il, s, W_V, nm, ST_ROLE_KV, c->kv_dtype, 3, c->n_ctx, c->nkv, c->hd);
+                if (c->kv_dtype == ST_DTYPE_I8) {
+                    snprintf(nm, sizeof nm, "blk.%u.k_scale", il);
+                    add_desc(c, il, s, W_KS, nm, ST_ROLE_KV, ST_DTYPE_F32, 2, c->n_ctx, c->nkv, 0);
+                    snprintf(nm, sizeof nm, "blk.%u.v_scale", il);
+                    add_desc(c, il, s, W_VS, nm, ST_ROLE_KV, ST_DTYPE_F32, 2, c->n_ctx, c->nkv, 0);
+                }
+            }
+        }
+        add_desc(c, 0, 0, W_POS, "pos", ST_ROLE_RUNNING, ST_DTYPE_I64, 1, 1, 0, 0);
+        uint64_t off = 0;
+        for (uint32_t ti = 0; ti < c->n_desc; ti++)
+            if (c->tm[ti].what == W_SSM || c->tm[ti].what == W_CONV) {
+                c->run_off[ti] = off;
+                if (c->tm[ti].what == W_SSM)
+                    c->L[c->tm[ti].layer].ssm_off = off;
+                else
+                    c->L[c->tm[ti].layer].conv_off = off;
+                off = align_up(off + c->run_len[ti], 256);
+            }
+        c->run_bytes = off;
+        c->table_off = off;
+        c->state_bytes = align_up(off + (uint64_t)c->n_pages * sizeof(void *), 256);
+        /* a page block: per attention layer K, V (and i8 scales) of ps rows, 16-byte aligned */
+        c->off_v = align_up((uint64_t)c->ps * c->krow, 16);
+        c->off_ks = c->off_v + align_up((uint64_t)c->ps * c->krow, 16);
+        c->off_vs = c->off_ks + (c->kv_dtype == ST_DTYPE_I8 ? align_up((uint64_t)c->ps * c->srow, 16) : 0);
+        c->per_layer = align_up(c->off_vs + (c->kv_dtype == ST_DTYPE_I8 ?
+                                              align_up((uint64_t)c->ps * c->srow, 16) : 0), 256);
+        c->page_bytes = c->per_layer * (c->n_attn ? c->n_attn : 1);
+    }
+    /* weights */
+    {
+        bump b = {NULL, 0};
+        layout_weights(c, &b);
+        CUG(cudaMalloc((void **)&c->wbuf, b.off));
+        b.base = c->wbuf;
+        b.off = 0;
+        layout_weights(c, &b);
+        if ((rc = upload_weights(c)))
+            goto fail;
+    }
+    /* workspace for a chunk */
+    {
+        size_t T = c->T, E = c->E;
+        uint32_t nmix = 2 * c->F, ngin = c->F;
+        if (c->n_dn) {
+            nmix = nmix > c->C + c->hdv + 2 * c->H ? nmix : c->C + c->hdv + 2 * c->H;
+            ngin = ngin > c->hdv ? ngin : c->hdv;
+        }
+        if (c->n_attn) {
+            nmix = nmix > c->qa + 2 * c->kva ? nmix : c->qa + 2 * c->kva;
+            ngin = ngin > c->qa ? ngin : c->qa;
+        }
+        c->nmix = nmix;
+        c->ngin = ngin;
+        CUG(cudaMalloc((void **)&c->x, T * E * 4));
+        CUG(cudaMalloc((void **)&c->out, T * E * 4));
+        CUG(cudaMalloc((void **)&c->xnb, T * E * 2));
+        CUG(cudaMalloc((void **)&c->gin, T * ngin * 2));
+        CUG(cudaMalloc((void **)&c->mix, T * nmix * 4));
+        CUG(cudaMalloc((void **)&c->qkvc, (c->n_dn ? T * c->C : 1) * 4));
+        CUG(cudaMalloc((void **)&c->ab, (c->n_dn ? T * 2 * c->H : 1) * 4));
+        CUG(cudaMalloc((void **)&c->o, (c->n_dn ? T * c->hdv : 1) * 4));
+        CUG(cudaMalloc((void **)&c->logits_d, (size_t)c->V * 4));
+        CUG(cudaMalloc((void **)&c->tok_d, T * 4));
+        CUG(cudaHostAlloc((void **)&c->tok_h, T * 4, cudaHostAllocDefault));
+        CUG(cudaHostAlloc((void **)&c->logits_h, (size_t)c->V * 4, cudaHostAllocDefault));
+        c->att_cap_rows = 2ull * 2 * (uint64_t)c->n_sm * 32;
+        CUG(cudaMalloc((void **)&c->att_po, c->att_cap_rows * c->hd * 4));
+        CUG(cudaMalloc((void **)&c->att_pm, c->att_cap_rows * 4));
+        CUG(cudaMalloc((void **)&c->att_pl, c->att_cap_rows * 4));
+    }
+    for (int i = 0; i < NSTAGE; i++) {
+        CUG(cudaHostAlloc((void **)&c->hstage[i], STAGE_BYTES, cudaHostAllocDefault));
+        CUG(cudaMalloc((void **)&c->dstage[i], STAGE_BYTES));
+        CUG(cudaEventCreateWithFlags(&c->ev[i], cudaEventDisableTiming));
+    }
+    {
+        size_t asm8 = (size_t)(32 + AT_BK) * at_stride(c->hd) * 4;
+        CUG(cudaFuncSetAttribute(k_attn<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)asm8));
+        CUG(cudaFuncSetAttribute(k_attn<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)asm8));
+        CUG(cudaFuncSetAttribute(k_attn<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)asm8));
+    }
+    *out = c;
+    return 0;
+fail:
+    cu_destroy(c);
+    return rc;
+}
+
+static int cu_tensors(void *bctx, const st_tensor_desc **descs, uint32_t *n)
+{
+    cu_ctx *c = (cu_ctx *)bctx;
+    *descs = c->descs;
+    *n = c->n_desc;
+    return 0;
+}
+
+/* ---- state ------------------------------------------------------------------------------- */
+static int list_push(void ***list, uint32_t *n, uint32_t *cap, void *p)
+{
+    if (*n == *cap) {
+        uint32_t nc = *cap ? *cap * 2 : 64;
+        void **nl = (void **)realloc(*list, nc * sizeof *nl);
+        if (!nl)
+            return ENOMEM;
+        *list = nl;
+        *cap = nc;
+    }
+    (*list)[(*n)++] = p;
+    return 0;
+}
+
+static void cu_state_free(void *bctx, void *stp)
+{
+    cu_ctx *c = (cu_ctx *)bctx;
+    cu_state *s = (cu_state *)stp;
+    if (!s)
+        return;
+    if (s->pages)
+        for (uint32_t p = 0; p < c->n_pages; p++)
+            if (s->pages[p] &&
+                list_push(&c->free_pages, &c->n_free_pages, &c->cap_free_pages, s->pages[p]))
+                cu_release(cudaFree(s->pages[p]), "cudaFree (K/V page)");
+    if (s->run && list_push(&c->free_run, &c->n_free_run, &c->cap_free_run, s->run))
+        cu_release(cudaFree(s->run), "cudaFree (running state)");
+    free(s->pages);
+    free(s);
+}
+
+static int cu_state_new(void *bctx, void **out)
+{
+    cu_ctx *c = (cu_ctx *)bctx;
+    *out = NULL;
+    cu_state *s = (cu_state *)calloc(1, sizeof *s);
+    if (!s)
+        return st_error_set(ENOMEM, "cuda backend: slot state");
+    s->pages = (uint8_t **)calloc(c->n_pages ? c->n_pages : 1, sizeof *s->pages);
+    if (!s->pages) {
+        cu_state_free(c, s);
+        return st_error_set(ENOMEM, "cuda backend: slot state");
+    }
+    if (c->n_free_run) {
+        s->run = (uint8_t *)c->free_run[--c->n_free_run];
+    } else {
+        cudaError_t ce = cudaMalloc((void **)&s->run, c->state_bytes);
+        if (ce != cudaSuccess) {
+            s->run = NULL;
+            cu_state_free(c, s);
+            return cu_fail(ce, "cudaMalloc (slot state)");
+        }
+    }
+    s->pages_d = (uint8_t **)(s->run + c->table_off);
+    s->table_dirty = 1;
+    *out = s;
+    return 0;
+}
+
+static void cu_state_reset(void *bctx, void *stp)
+{
+    cu_ctx *c = (cu_ctx *)bctx;
+    cu_state *s = (cu_state *)stp;
+    s->pos = 0;
+    cudaError_t ce = cudaMemsetAsync(s->run, 0, c->run_bytes, c->stream);
+    if (ce == cudaSuccess)
+        ce = cudaStreamSynchronize(c->stream);
+    s->err = ce == cudaSuccess ? 0 : cu_fail(ce, "cudaMemsetAsync (reset)");
+}
+
+/* Pages covering rows [r0, r1) exist afterwards, and the device table is current. */
+static int ensure_pages(cu_ctx *c, cu_state *s, uint64_t r0, uint64_t r1)
+{
+    if (r1 > r0)
+        for (uint64_t p = r0 / c->ps; p <= (r1 - 1) / c->ps; p++) {
+            if (s->pages[p])
+                continue;
+            if (c->n_free_pages) {
+                s->pages[p] = (uint8_t *)c->free_pages[--c->n_free_pages];
+            } else {
+                void *pg = NULL;
+                CU(cudaMalloc(&pg, c->page_bytes));
+                s->pages[p] = (uint8_t *)pg;
+            }
+            s->table_dirty = 1;
+        }
+    if (s->table_dirty) {
+        CU(cudaMemcpyAsync(s->pages_d, s->pages, (size_t)c->n_pages * sizeof *s->pages,
+                           cudaMemcpyHostToDevice, c->stream));
+        CU(cudaStreamSynchronize(c->stream));
+        s->table_dirty = 0;
+    }
+    return 0;
+}
+
+static int have_pages(cu_ctx *c, cu_state *s, uint64_t r0, uint64_t r1, const char *name)
+{
+    if (r1 > r0)
+        for (uint64_t p = r0 / c->ps; p <= (r1 - 1) / c->ps; p++)
+            if (!s->pages[p])
+                return st_error_set(ST_EINVAL, "cuda backend: K/V page %llu of %s never written",
+                                    (unsigned long long)p, name);
+    return 0;
+}
+
+/* ---- transfers ------------------------------------------------------------------------------ */
+enum { SEG_KV, SEG_F32, SEG_BF16, SEG_HOST };
+enum { HASH_NONE, HASH_RAW, HASH_F32_BF16, HASH_BF16_QUIET };
+
+/* One tensor's part of a transfer: units are rows (KV), f32 elements (F32: moved as f32; BF16:
+ * moved as bf16, coded on the device) or bytes (HOST: nothing to move, only hashed). */
+typedef struct seg {
+    int kind, hash;
+    uint64_t units, row0, koff;
+    uint32_t rb;
+    uint8_t *dev;
+    uint8_t *host;
+} seg;
+
+static uint64_t seg_unit(const seg *g)
+{
+    switch (g->kind) {
+    case SEG_KV: return g->rb;
+    case SEG_F32: return 4;
+    case SEG_BF16: return 2;
+    default: return 1;
+    }
+}
+
+typedef struct xchunk {
+    uint32_t si;
+    uint64_t a, b;
+} xchunk;
+
+typedef struct xit {
+    uint32_t si;
+    uint64_t at;
+} xit;
+
+static int xnext(const seg *segs, uint32_t ns, xit *it, xchunk *ch)
+{
+    while (it->si < ns && it->at >= segs[it->si].units) {
+        it->si++;
+        it->at = 0;
+    }
+    if (it->si >= ns)
+        return 0;
+    const seg *g = &segs[it->si];
+    uint64_t per = g->kind == SEG_HOST ? g->units : STAGE_BYTES / seg_unit(g);
+    ch->si = it->si;
+    ch->a = it->at;
+    ch->b = g->units - it->at < per ? g->units : it->at + per;
+    it->at = ch->b;
+    return 1;
+}
+
+typedef struct hjob {
+    cu_ctx *c;
+    uint8_t *stage, *host;
+    size_t bytes, piece;
+    int to_host, hash;
+    st_checksum_state *cs;
+    const uint8_t *hp;
+    size_t hbytes;
+} hjob;
+
+static void hjob_hash(hjob *j)
+{
+    size_t n, i, k;
+    switch (j->hash) {
+    case HASH_RAW:
+        st_checksum_update(j->cs, j->hp, j->hbytes);
+        break;
+    case HASH_F32_BF16: {
+        const float *f = (const float *)j->hp;
+        n = j->hbytes / 4;
+        for (i = 0; i < n; i += k) {
+            k = n - i < HASH_TMP ? n - i : HASH_TMP;
+            st_codec_bf16_encode(j->c->htmp, f + i, k);
+            st_checksum_update(j->cs, j->c->htmp, k * 2);
+        }
+        break;
+    }
+    case HASH_BF16_QUIET: {
+        /* the state holds bf16 widened to f32; rounded back it is the same bf16, except that a
+         * signalling NaN comes back quiet (bit 6 set), as the CPU codec rounds NaNs */
+        const uint16_t *h = (const uint16_t *)j->hp;
+        n = j->hbytes / 2;
+        for (i = 0; i < n; i += k) {
+            k = n - i < HASH_TMP ? n - i : HASH_TMP;
+            int snan = 0;
+            for (size_t x = 0; x < k; x++)
+                snan |= (h[i + x] & 0x7fff) > 0x7f80 && !(h[i + x] & 0x0040);
+            if (!snan) {
+                st_checksum_update(j->cs, h + i, k * 2);
+                continue;
+            }
+            for (size_t x = 0; x < k; x++) {
+                uint16_t v = h[i + x];
+                j->c->htmp[x] = (v & 0x7fff) > 0x7f80 ? (uint16_t)(v | 0x0040) : v;
+            }
+            st_checksum_update(j->cs, j->c->htmp, k * 2);
+        }
+        break;
+    }
+    default:
+        break;
+    }
+}
+
+/* Task 0 hashes (when there is a hash), the others copy one piece each. */
+static void hjob_task(void *ctx, uint32_t task, uint32_t thread)
+{
+    hjob *j = (hjob *)ctx;
+    if (j->cs) {
+        if (task == 0) {
+            hjob_hash(j);
+            return;
+        }
+        task--;
+    }
+    size_t a = (size_t)task * j->piece;
+    if (a >= j->bytes)
+        return;
+    size_t b = j->bytes - a < j->piece ? j->bytes : a + j->piece;
+    if (j->to_host)
+        memcpy(j->host + a, j->stage + a, b - a);
+    else
+        memcpy(j->stage + a, j->host + a, b - a);
+}
+
+/* The host's part of a chunk: copy between the pinned buffer and the caller's memory on the
+ * pool while one task hashes (save: the downloaded bytes; load: the caller's bytes). */
+static void host_step(cu_ctx *c, const seg *g, const xchunk *ch, int slot, int save,
+                      st_checksum_state *cs)
+{
+    hjob j;
+    memset(&j, 0, sizeof j);
+    uint64_t u = seg_unit(g);
+    j.c = c;
+    j.stage = c->hstage[slot];
+    j.host = g->host + ch->a * u;
+    j.bytes = g->kind == SEG_HOST ? 0 : (size_t)((ch->b - ch->a) * u);
+    j.to_host = save;
+    j.hash = g->hash;
+    j.cs = g->hash != HASH_NONE ? cs : NULL;
+    j.hp = save && g->kind != SEG_HOST ? j.stage : j.host;
+    j.hbytes = (size_t)((ch->b - ch->a) * u);
+    uint32_t ncopy = 0;
+    if (j.bytes) {
+        ncopy = (uint32_t)((j.bytes + (256u << 10) - 1) / (256u << 10));
+        if (ncopy > c->n_threads)
+            ncopy = c->n_threads;
+        j.piece = (size_t)align_up((j.bytes + ncopy - 1) / ncopy, 64);
+    }
+    uint32_t ntask = ncopy + (j.cs ? 1 : 0);
+    st_pool_run(c->e->pool, ntask, hjob_task, &j, ntask > 1 ? (uint64_t)1 << 40 : 0);
+}
+
+/* The device's part of a chunk, queued on the stream. */
+static int dev_step(cu_ctx *c, cu_state *s, const seg *g, const xchunk *ch, int slot, int save)
+{
+    uint64_t n = ch->b - ch->a;
+    int rc;
+    switch (g->kind) {
+    case SEG_KV:
+        if (save) {
+            k_kv_copy<<<(unsigned)n, 128, 0, c->stream>>>(s->pages_d, g->koff, c->ps, g->rb,
+                                                          g->row0 + ch->a, c->dstage[slot], 0);
+            KCHECK("k_kv_copy");
+            CU(cudaMemcpyAsync(c->hstage[slot], c->dstage[slot], n * g->rb,
+                               cudaMemcpyDeviceToHost, c->stream));
+        } else {
+            CU(cudaMemcpyAsync(c->dstage[slot], c->hstage[slot], n * g->rb,
+                               cudaMemcpyHostToDevice, c->stream));
+            k_kv_copy<<<(unsigned)n, 128, 0, c->stream>>>(s->pages_d, g->koff, c->ps, g->rb,
+                                                          g->row0 + ch->a, c->dstage[slot], 1);
+            KCHECK("k_kv_copy");
+        }
+        return 0;
+    case SEG_F32:
+        if (save)
+            CU(cudaMemcpyAsync(c->hstage[slot], g->dev + ch->a * 4, n * 4, cudaMemcpyDeviceToHost,
+                               c->stream));
+        else
+            CU(cudaMemcpyAsync(g->dev + ch->a * 4, c->hstage[slot], n * 4, cudaMemcpyHostToDevice,
+                               c->stream));
+        return 0;
+    case SEG_BF16:
+        if (save) {
+            if ((rc = st_codec_cuda_convert(ST_CODEC_BF16, c->dstage[slot], ST_CODEC_FP32,
+                                            g->dev + ch->a * 4, n, c->stream)))
+                return rc;
+            CU(cudaMemcpyAsync(c->hstage[slot], c->dstage[slot], n * 2, cudaMemcpyDeviceToHost,
+                               c->stream));
+        } else {
+            CU(cudaMemcpyAsync(c->dstage[slot], c->hstage[slot], n * 2, cudaMemcpyHostToDevice,
+                               c->stream));
+            if ((rc = st_codec_cuda_convert(ST_CODEC_FP32, g->dev + ch->a * 4, ST_CODEC_BF16,
+                                            c->dstage[slot], n, c->stream)))
+                return rc;
+        }
+        return 0;
+    default:
+        return 0;
+    }
+}
+
+/* Device -> host: up to NSTAGE chunks queued ahead of the host, which copies and hashes. */
+static int xfer_save(cu_ctx *c, cu_state *s, const seg *segs, uint32_t ns, st_checksum_state *cs)
+{
+    xit it = {0, 0};
+    xchunk q[NSTAGE], ch;
+    uint64_t ni = 0, nd = 0;
+    int rc = 0;
+    for (;;) {
+        while (ni - nd < NSTAGE && xnext(segs, ns, &it, &ch)) {
+            int slot = (int)(ni % NSTAGE);
+            q[slot] = ch;
+            if ((rc = dev_step(c, s, &segs[ch.si], &ch, slot, 1)))
+                goto fail;
+            CUG(cudaEventRecord(c->ev[slot], c->stream));
+            ni++;
+        }
+        if (nd == ni)
+            break;
+        int slot = (int)(nd % NSTAGE);
+        CUG(cudaEventSynchronize(c->ev[slot]));
+        host_step(c, &segs[q[slot].si], &q[slot], slot, 1, cs);
+        nd++;
+    }
+    return 0;
+fail:
+    cu_release(cudaStreamSynchronize(c->stream), "cudaStreamSynchronize");
+    return rc;
+}
+
+/* Host -> device: the host fills pinned buffer k while buffers k-1.. are in flight. */
+static int xfer_load(cu_ctx *c, cu_state *s, const seg *segs, uint32_t ns, st_checksum_state *cs)
+{
+    xit it = {0, 0};
+    xchunk ch;
+    uint64_t k = 0;
+    int rc = 0;
+    while (xnext(segs, ns, &it, &ch)) {
+        int slot = (int)(k % NSTAGE);
+        if (k >= NSTAGE)
+            CUG(cudaEventSynchronize(c->ev[slot]));
+        host_step(c, &segs[ch.si], &ch, slot, 0, cs);
+        if ((rc = dev_step(c, s, &segs[ch.si], &ch, slot, 0)))
+            goto fail;
+        CUG(cudaEventRecord(c->ev[slot], c->stream));
+        k++;
+    }
+    CUG(cudaStreamSynchronize(c->stream));
+    return 0;
+fail:
+    cu_release(cudaStreamSynchronize(c->stream), "cudaStreamSynchronize");
+    return rc;
+}
+
+/* A K/V tensor's rows as a transfer segment. */
+static int kv_seg(cu_ctx *c, uint32_t ti, uint64_t row0, uint64_t nrows, uint8_t *host, seg *g)
+{
+    const tmap *t = &c->tm[ti];
+    memset(g, 0, sizeof *g);
+    g->kind = SEG_KV;
+    g->row0 = row0;
+    g->units = nrows;
+    g->host = host;
+    g->koff = (uint64_t)t->slot * c->per_layer;
+    switch (t->what) {
+    case W_K: g->rb = (uint32_t)c->krow; break;
+    case W_V: g->koff += c->off_v; g->rb = (uint32_t)c->krow; break;
+    case W_KS: g->koff += c->off_ks; g->rb = (uint32_t)c->srow; break;
+    case W_VS: g->koff += c->off_vs; g->rb = (uint32_t)c->srow; break;
+    default:
+        return st_error_set(ST_EINVAL, "cuda backend: tensor %u (%s) is not K/V", ti,
+                            c->descs[ti].name);
+    }
+    if (row0 > c->n_ctx || nrows > c->n_ctx - row0)
+        return st_error_set(ST_EINVAL, "cuda backend: K/V rows [%llu, +%llu) beyond %u",
+                            (unsigned long long)row0, (unsigned long long)nrows, c->n_ctx);
+    return 0;
+}
+
+static int cu_kv_read(void *bctx, void *stp, uint32_t ti, uint64_t row0, uint64_t nrows, void *dst)
+{
+    cu_ctx *c = (cu_ctx *)bctx;
+    cu_state *s = (cu_state *)stp;
+    seg g;
+    int rc;
+    if (s->err)
+        return s->err;
+    if ((rc = kv_seg(c, ti, row0, nrows, (uint8_t *)dst, &g)) ||
+        (rc = have_pages(c, s, row0, row0 + nrows, c->descs[ti].name)))
+        return rc;
+    return xfer_save(c, s, &g, 1, NULL);
+}
+
+static int cu_kv_write(void *bctx, void *stp, uint32_t ti, uint64_t row0, uint64_t nrows,
+                       const void *src)
+{
+    cu_ctx *c = (cu_ctx *)bctx;
+    cu_state *s = (cu_state *)stp;
+    seg g;
+    int rc;
+    if (s->err)
+        return s->err;
+    if ((rc = kv_seg(c, ti, row0, nrows, (uint8_t *)src, &g)) ||
+        (rc = ensure_pages(c, s, row0, row0 + nrows)))
+        return rc;
+    return xfer_load(c, s, &g, 1, NULL);
+}
+
+static int cu_running_io(cu_ctx *c, cu_state *s, uint32_t ti, void *buf, uint64_t len, int write)
+{
+    const tmap *t = &c->tm[ti];
+    if (s->err)
+        return s->err;
+    if (t->what == W_POS && len == 8) {
+        if (!write) {
+            memcpy(buf, &s->pos, 8);
+            return 0;
+        }
+        int64_t p;
+        memcpy(&p, buf, 8);
+        if (p < 0 || (uint64_t)p > c->n_ctx)
+            return st_error_set(ST_ECORRUPT, "cuda backend: position %lld outside 0..%u",
+                                (long long)p, c->n_ctx);
+        s->pos = p;
+        return 0;
+    }
+    if ((t->what != W_SSM && t->what != W_CONV) || len != c->run_len[ti])
+        return st_error_set(ST_EINVAL, "cuda backend: running %s of tensor %u (%s), %llu bytes",
+                            write ? "write" : "read", ti, c->descs[ti].name,
+                            (unsigned long long)len);
+    seg g;
+    memset(&g, 0, sizeof g);
+    g.kind = SEG_F32;
+    g.units = len / 4;
+    g.dev = s->run + c->run_off[ti];
+    g.host = (uint8_t *)buf;
+    return write ? xfer_load(c, s, &g, 1, NULL) : xfer_save(c, s, &g, 1, NULL);
+}
+
+static int cu_running_read(void *bctx, void *st, uint32_t ti, void *dst, uint64_t len)
+{
+    return cu_running_io((cu_ctx *)bctx, (cu_state *)st, ti, dst, len, 0);
+}
+
+static int cu_running_write(void *bctx, void *st, uint32_t ti, const void *src, uint64_t len)
+{
+    return cu_running_io((cu_ctx *)bctx, (cu_state *)st, ti, (void *)src, len, 1);
+}
+
+/* The segments of the whole state in geometry order, against checkpoint ci of img. */
+static int state_segs(cu_ctx *c, cu_state *s, st_image *img, const st_image *cimg, uint32_t ci,
+                      uint64_t n, uint32_t codec, int save, seg *segs)
+{
+    int rc;
+    for (uint32_t ti = 0; ti < c->n_desc; ti++) {
+        const tmap *t = &c->tm[ti];
+        seg *g = &segs[ti];
+        uint64_t len = 0;
+        if (c->descs[ti].role == ST_ROLE_KV) {
+            const void *p = save ? st_image_kv(img, ti, &len) : st_image_kv_const(cimg, ti, &len);
+            if ((rc = kv_seg(c, ti, 0, n, (uint8_t *)p, g)))
+                return rc;
+            if (!p || len != n * g->rb)
+                return st_error_set(save ? ST_EINVAL : ST_ECORRUPT, "cuda backend: K/V tensor %s:"
+                                    " the image holds %llu bytes, expected %llu",
+                                    c->descs[ti].name, (unsigned long long)len,
+                                    (unsigned long long)(n * g->rb));
+            g->hash = HASH_RAW;
+            continue;
+        }
+        const void *p = save ? st_image_checkpoint_tensor(img, ci, ti, &len)
+                             : st_image_checkpoint_tensor_const(cimg, ci, ti, &len);
+        uint64_t want = t->what == W_POS ? 8 : c->run_len[ti] / 4 * (codec == ST_CODEC_FP32 ? 4 : 2);
+        if (!p || len != want)
+            return st_error_set(save ? ST_EINVAL : ST_ECORRUPT, "cuda backend: checkpoint %u "
+                                "tensor %s: %llu bytes, expected %llu", ci, c->descs[ti].name,
+                                (unsigned long long)len, (unsigned long long)want);
+        memset(g, 0, sizeof *g);
+        g->host = (uint8_t *)p;
+        if (t->what == W_POS) {
+            g->kind = SEG_HOST;
+            g->hash = HASH_RAW;
+            g->units = 8;
+            if (save)
+                memcpy(g->host, &s->pos, 8);
+            continue;
+        }
+        g->dev = s->run + c->run_off[ti];
+        g->units = c->run_len[ti] / 4;
+        if (codec == ST_CODEC_FP32) {
+            g->kind = SEG_F32;
+            g->hash = HASH_F32_BF16;
+        } else {
+            g->kind = SEG_BF16;
+            g->hash = save ? HASH_RAW : HASH_BF16_QUIET;
+        }
+    }
+    return 0;
+}
+
+static int cu_save(void *bctx, void *stp, st_image *img, uint32_t ci, uint64_t n,
+                   st_checksum_state *cs)
+{
+    cu_ctx *c = (cu_ctx *)bctx;
+    cu_state *s = (cu_state *)stp;
+    uint64_t pos;
+    uint32_t codec;
+    int rc;
+    if (s->err)
+        return s->err;
+    if ((rc = st_image_checkpoint_info(img, ci, &pos, &codec)))
+        return rc;
+    if ((codec != ST_CODEC_FP32 && codec != ST_CODEC_BF16) || n != (uint64_t)s->pos ||
+        pos != n || st_image_n_tokens(img) != n)
+        return st_error_set(ST_EINVAL, "cuda backend: save of %llu tokens at %lld into a "
+                            "checkpoint at %llu in codec %s", (unsigned long long)n,
+                            (long long)s->pos, (unsigned long long)pos, st_codec_name(codec));
+    if ((rc = have_pages(c, s, 0, n, "the arena")))
+        return rc;
+    seg *segs = (seg *)calloc(c->n_desc, sizeof *segs);
+    if (!segs)
+        return st_error_set(ENOMEM, "cuda backend: save");
+    rc = state_segs(c, s, img, NULL, ci, n, codec, 1, segs);
+    if (!rc)
+        rc = xfer_save(c, s, segs, c->n_desc, cs);
+    free(segs);
+    return rc;
+}
+
+static int cu_load(void *bctx, void *stp, const st_image *img, uint32_t ci, uint64_t n,
+                   st_checksum_state *cs)
+{
+    cu_ctx *c = (cu_ctx *)bctx;
+    cu_state *s = (cu_state *)stp;
+    uint64_t pos;
+    uint32_t codec;
+    int rc;
+    int64_t p = -1;
+    if (s->err)
+        return s->err;
+    if ((rc = st_image_checkpoint_info(img, ci, &pos, &codec)))
+        return rc;
+    if ((codec != ST_CODEC_FP32 && codec != ST_CODEC_BF16) || n > c->n_ctx || pos != n)
+        return st_error_set(ST_EINVAL, "cuda backend: load of %llu tokens from a checkpoint at "
+                            "%llu in codec %s", (unsigned long long)n, (unsigned long long)pos,
+                            st_codec_name(codec));
+    if ((rc = ensure_pages(c, s, 0, n)))
+        return rc;
+    seg *segs = (seg *)calloc(c->n_desc, sizeof *segs);
+    if (!segs)
+        return st_error_set(ENOMEM, "cuda backend: load");
+    rc = state_segs(c, s, NULL, img, ci, n, codec, 0, segs);
+    for (uint32_t ti = 0; !rc && ti < c->n_desc; ti++)
+        if (c->tm[ti].what == W_POS) {
+            memcpy(&p, segs[ti].host, 8);
+            if (p < 0 || (uint64_t)p != pos)
+                rc = st_error_set(ST_ECORRUPT, "restore: live state at %llu holds position %lld",
+                                  (unsigned long long)pos, (long long)p);
+        }
+    if (!rc)
+        rc = xfer_load(c, s, segs, c->n_desc, cs);
+    if (!rc)
+        s->pos = p;
+    free(segs);
+    return rc;
+}
+
+/* ---- the forward pass ------------------------------------------------------------------------ */
+static int gemm(cu_ctx *c, const bf16 *W, uint32_t rows, uint32_t cols, const bf16 *X,
+                uint32_t ldx, uint32_t T, float *Y, uint32_t ldy)
+{
+    const float one = 1.0f, zero = 0.0f;
+    cublasStatus_t st = cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, (int)T,
+                                     (int)cols, &one, W, CUDA_R_16BF, (int)cols, X, CUDA_R_16BF,
+                                     (int)ldx, &zero, Y, CUDA_R_32F, (int)ldy, CUBLAS_COMPUTE_32F,
+                                     CUBLAS_GEMM_DEFAULT);
+    if (st != CUBLAS_STATUS_SUCCESS)
+        return blas_fail(st, "cublasGemmEx");
+    return 0;
+}
+
+template <int R>
+static int scan_launch(cu_ctx *c, float *M, uint32_t T)
+{
+    size_t smem = ((2 * SC_TT + 1) * (size_t)R * 16 + SC_TT * SC_COLS + 2 * SC_TT + 2 * 8 * 16 * 2) * 4;
+    dim3 grid((c->dv + SC_COLS - 1) / SC_COLS, c->H);
+    k_dn_scan<R><<<grid, 256, smem, c->stream>>>(M, c->dk, c->dv, T, c->qkvc, c->C, c->H, c->ab,
+                                                 c->o);
+    KCHECK("k_dn_scan");
+    return 0;
+}
+
+static int scan(cu_ctx *c, float *M, uint32_t T)
+{
+    uint32_t need = (c->dk + 15) / 16;
+    if (need <= 1) return scan_launch<1>(c, M, T);
+    if (need <= 2) return scan_launch<2>(c, M, T);
+    if (need <= 4) return scan_launch<4>(c, M, T);
+    if (need <= 8) return scan_launch<8>(c, M, T);
+    if (need <= 12) return scan_launch<12>(c, M, T);
+    if (need <= 16) return scan_launch<16>(c, M, T);
+    if (need <= 20) return scan_launch<20>(c, M, T);
+    if (need <= 24) return scan_launch<24>(c, M, T);
+    if (need <= 28) return scan_launch<28>(c, M, T);
+    return scan_launch<32>(c, M, T);
+}
+
+static int layer_deltanet(cu_ctx *c, cu_state *s, const cu_layer *L, uint32_t T)
+{
+    int rc;
+    uint32_t C = c->C, H = c->H;
+    float *ssm = (float *)(s->run + L->ssm_off), *conv = (float *)(s->run + L->conv_off);
+    if ((rc = gemm(c, L->w_in, L->in_rows, c->E, c->xnb, c->E, T, c->mix, c->nmix)))
+        return rc;
+    k_conv<<<dim3(T, (C + 127) / 128), 128, 0, c->stream>>>(c->mix, c->nmix, C, L->conv_w, conv,
+                                                             c->qkvc);
+    KCHECK("k_conv");
+    k_conv_state<<<(C + 127) / 128, 128, 0, c->stream>>>(c->mix, c->nmix, C, conv, T);
+    KCHECK("k_conv_state");
+    k_dn_prep<<<dim3(T, H), 128, 0, c->stream>>>(c->qkvc, C, H, c->dk, c->mix + C + c->hdv,
+                                                 c->nmix, L->a_log, L->dt_bias, c->ab);
+    KCHECK("k_dn_prep");
+    if ((rc = scan(c, ssm, T)))
+        return rc;
+    k_dn_gate<<<dim3(T, H), 128, 0, c->stream>>>(c->o, c->mix + C, c->nmix, L->ssm_norm, H,
+                                                 c->dv, c->hp->rms_eps, c->gin);
+    KCHECK("k_dn_gate");
+    return gemm(c, L->w_out, c->E, c->hdv, c->gin, c->hdv, T, c->out, c->E);
+}
+
+static int layer_attention(cu_ctx *c, cu_state *s, const cu_layer *L, uint32_t T, uint64_t pos0)
+{
+    int rc;
+    if ((rc = gemm(c, L->w_in, L->in_rows, c->E, c->xnb, c->E, T, c->mix, c->nmix)))
+        return rc;
+    kv_geom g;
+    g.pages = s->pages_d;
+    g.ps = c->ps;
+    g.krow = (uint32_t)c->krow;
+    g.srow = (uint32_t)c->srow;
+    g.i8 = c->kv_dtype == ST_DTYPE_I8;
+    g.lay = (uint64_t)L->slot * c->per_layer;
+    g.off_v = c->off_v;
+    g.off_ks = c->off_ks;
+    g.off_vs = c->off_vs;
+    k_rope_q<<<dim3(T, c->nh), 64, 0, c->stream>>>(c->mix, c->nmix, c->hd, pos0, c->rope_freq);
+    KCHECK("k_rope_q");
+    k_kv_store<<<dim3(T, c->nkv), 128, 0, c->stream>>>(c->mix, c->nmix, c->qa, c->kva, c->hd, pos0,
+                                                       c->rope_freq, g);
+    KCHECK("k_kv_store");
+    /* split the keys when the row tiles alone would not fill the GPU */
+    uint32_t G = c->nh / c->nkv, nrows = T * G;
+    int NI = nrows <= 4 ? 1 : nrows <= 8 ? 2 : 8;
+    uint32_t BR = 4 * (uint32_t)NI, nrt = (nrows + BR - 1) / BR;
+    uint64_t kmax = pos0 + T, KS = align_up(kmax, AT_BK);
+    uint32_t target = 2 * (uint32_t)c->n_sm, base = nrt * c->nkv, nsplit = 1;
+    if (base < target) {
+        uint64_t want = (target + base - 1) / base;
+        KS = align_up((kmax + want - 1) / want, AT_BK);
+        nsplit = (uint32_t)((kmax + KS - 1) / KS);
+    }
+    if ((uint64_t)nsplit * c->nkv * nrows > c->att_cap_rows)
+        return st_error_set(ST_EINVAL, "cuda backend: attention workspace: %u splits x %u rows",
+                            nsplit, nrows);
+    attn_args a;
+    a.mix = c->mix;
+    a.ldm = c->nmix;
+    a.hd = c->hd;
+    a.nkv = c->nkv;
+    a.G = G;
+    a.T = T;
+    a.qa = c->qa;
+    a.nsplit = nsplit;
+    a.pos0 = pos0;
+    a.KS = KS;
+    a.scale = 1.0f / sqrtf((float)c->hd);
+    a.g = g;
+    a.out = c->gin;
+    a.po = c->att_po;
+    a.pm = c->att_pm;
+    a.pl = c->att_pl;
+    dim3 grid(nrt, nsplit, c->nkv);
+    size_t smem = (size_t)(BR + AT_BK) * at_stride(c->hd) * 4;
+    if (NI == 1)
+        k_attn<1><<<grid, AT_THREADS, smem, c->stream>>>(a);
+    else if (NI == 2)
+        k_attn<2><<<grid, AT_THREADS, smem, c->stream>>>(a);
+    else
+        k_attn<8><<<grid, AT_THREADS, smem, c->stream>>>(a);
+    KCHECK("k_attn");
+    if (nsplit > 1) {
+        k_attn_comb<<<dim3(nrows, c->nkv), 128, nsplit * 4, c->stream>>>(a);
+        KCHECK("k_attn_comb");
+    }
+    return gemm(c, L->w_out, c->E, c->qa, c->gin, c->qa, T, c->out, c->E);
+}
+
+static int ffn(cu_ctx *c, const cu_layer *L, uint32_t T)
+{
+    int rc;
+    uint32_t F = c->F;
+    if ((rc = gemm(c, L->w_ffn_in, 2 * F, c->E, c->xnb, c->E, T, c->mix, 2 * F)))
+        return rc;
+    k_swiglu<<<dim3(T, (F + 255) / 256), 256, 0, c->stream>>>(c->mix, F, c->gin);
+    KCHECK("k_swiglu");
+    return gemm(c, L->w_ffn_down, c->E, F, c->gin, F, T, c->out, c->E);
+}
+
+static int cu_forward(void *bctx, void *stp, const uint32_t *tokens, uint32_t n, uint64_t pos0,
+                      float *logits)
+{
+    cu_ctx *c = (cu_ctx *)bctx;
+    cu_state *s = (cu_state *)stp;
+    const st_model_hparams *hp = c->hp;
+    int rc;
+    if (s->err)
+        return s->err;
+    if ((uint64_t)s->pos != pos0)
+        return st_error_set(ST_EINVAL, "cuda backend: reading at %llu, the state is at %lld",
+                            (unsigned long long)pos0, (long long)s->pos);
+    if (n == 0 || n > c->T || pos0 + n > c->n_ctx)
+        return st_error_set(ST_EINVAL, "cuda backend: %u tokens at %llu (chunk %u, context %u)",
+                            n, (unsigned long long)pos0, c->T, c->n_ctx);
+    for (uint32_t t = 0; t < n; t++)
+        if (tokens[t] >= hp->n_vocab)
+            return st_error_set(ST_EINVAL, "cuda backend: token %u outside the vocabulary of %u",
+                                tokens[t], hp->n_vocab);
+    if ((rc = ensure_pages(c, s, pos0, pos0 + n)))
+        return rc;
+    memcpy(c->tok_h, tokens, (size_t)n * 4);
+    CU(cudaMemcpyAsync(c->tok_d, c->tok_h, (size_t)n * 4, cudaMemcpyHostToDevice, c->stream));
+    k_embed<<<n, 128, 0, c->stream>>>(c->tok_d, c->tok_embd, c->E, c->x);
+    KCHECK("k_embed");
+    for (uint32_t il = 0; il < hp->n_layer; il++) {
+        const cu_layer *L = &c->L[il];
+        k_add_norm<<<n, 256, 0, c->stream>>>(c->x, c->out, il > 0, L->attn_norm, c->E,
+                                             hp->rms_eps, c->xnb);
+        KCHECK("k_add_norm");
+        rc = L->kind == 'D' ? layer_deltanet(c, s, L, n) : layer_attention(c, s, L, n, pos0);
+        if (rc)
+            goto fail;
+        k_add_norm<<<n, 256, 0, c->stream>>>(c->x, c->out, 1, L->ffn_norm, c->E, hp->rms_eps,
+                                             c->xnb);
+        KCHECK("k_add_norm");
+        if ((rc = ffn(c, L, n)))
+            goto fail;
+    }
+    if (logits) {
+        size_t last = (size_t)(n - 1) * c->E;
+        k_add_norm<<<1, 256, 0, c->stream>>>(c->x + last, c->out + last, 1, c->out_norm, c->E,
+                                             hp->rms_eps, c->xnb);
+        KCHECK("k_add_norm");
+        if ((rc = gemm(c, c->w_head, c->V, c->E, c->xnb, c->E, 1, c->logits_d, c->V)))
+            goto fail;
+        CUG(cudaMemcpyAsync(c->logits_h, c->logits_d, (size_t)c->V * 4, cudaMemcpyDeviceToHost,
+                            c->stream));
+    }
+    CUG(cudaStreamSynchronize(c->stream));
+    if (logits)
+        memcpy(logits, c->logits_h, (size_t)c->V * 4);
+    s->pos = (int64_t)(pos0 + n);
+    return 0;
+fail:
+    cu_release(cudaStreamSynchronize(c->stream), "cudaStreamSynchronize");
+    return rc;
+}
+
+extern "C" const st_backend st_backend_cuda = {
+    "cuda",
+    cu_create,
+    cu_destroy,
+    cu_tensors,
+    cu_state_new,
+    cu_state_free,
+    cu_state_reset,
+    cu_forward,
+    cu_running_read,
+    cu_running_write,
+    cu_kv_read,
+    cu_kv_write,
+    cu_save,
+    cu_load,
+};
