@@ -23,11 +23,11 @@
  * (default ./bench-store.tmp; give a directory on the disk you care about). Removed at the end.
  * --only save,dedup,churn picks sections (save includes get).
  *
- * Page faults: LMDB stages a write transaction's pages in malloc'd memory, and get fills a newly
- * allocated image, so on a machine where a page fault is expensive (virtual machines) SAVE and
- * GET time is mostly first-touch faults. Run it again with GLIBC_TUNABLES=glibc.malloc.hugetlb=1
- * (transparent huge pages for malloc) to see the figures without that cost; the tunable in
- * effect is printed.
+ * Page faults: get fills a newly allocated image, so on a machine where a page fault is
+ * expensive (virtual machines) GET time, and its memcpy limit, are mostly first-touch faults.
+ * SAVE writes through LMDB's writable map into pages populated in one call (docs/STORE.md,
+ * "Writing"), so it no longer depends on the allocator; the GLIBC_TUNABLES in effect is printed.
+ * "data.mdb" sizes are the bytes the file occupies on disk (st_store_stats.file_bytes).
  */
 #include <errno.h>
 #include <fcntl.h>

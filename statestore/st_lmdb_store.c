@@ -27,6 +27,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/sysmacros.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -47,6 +49,10 @@ static ssize_t sys_write(int fd, const void *buf, size_t n) { return write(fd, b
 static int sys_fsync(int fd) { return fsync(fd); }
 static int sys_rename(const char *from, const char *to) { return rename(from, to); }
 static int sys_mkdir(const char *path, unsigned mode) { return mkdir(path, (mode_t)mode); }
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+static int sys_populate(void *addr, size_t len) { return madvise(addr, len, MADV_POPULATE_WRITE); }
 static int sys_disk_free(const char *path, uint64_t *bytes)
 {
     struct statvfs v;
@@ -66,6 +72,7 @@ void st_store_sys_init(st_store_sys *sys)
     sys->rename = sys_rename;
     sys->mkdir = sys_mkdir;
     sys->disk_free = sys_disk_free;
+    sys->populate = sys_populate;
 }
 
 /* ---- errors ------------------------------------------------------------------------------------ */
@@ -119,14 +126,23 @@ void st_store__progress(const st_store *st, const char *phase, uint64_t done, ui
 static uint64_t align_down(uint64_t x) { return x / ST_MAP_ALIGN * ST_MAP_ALIGN; }
 static uint64_t align_up(uint64_t x) { return (x + ST_MAP_ALIGN - 1) / ST_MAP_ALIGN * ST_MAP_ALIGN; }
 
-static uint64_t data_file_size(const char *dir)
+/* Size of data.mdb: its apparent size (*apparent; with MDB_WRITEMAP LMDB extends the file to the
+ * map size, sparse) and, returned, the bytes it occupies on disk (at most the apparent size). */
+static uint64_t data_file_size(const char *dir, uint64_t *apparent)
 {
     char path[4200];
     struct stat sb;
-    if (st_path(path, sizeof path, dir, "data.mdb"))
+    if (apparent)
+        *apparent = 0;
+    if (st_path(path, sizeof path, dir, "data.mdb") || stat(path, &sb) != 0)
         return 0;
-    return stat(path, &sb) == 0 ? (uint64_t)sb.st_size : 0;
+    if (apparent)
+        *apparent = (uint64_t)sb.st_size;
+    uint64_t used = (uint64_t)sb.st_blocks * 512;
+    return used < (uint64_t)sb.st_size ? used : (uint64_t)sb.st_size;
 }
+
+uint64_t st_store__file_bytes(const char *dir) { return data_file_size(dir, NULL); }
 
 /* The most bytes the map may take now: the configured budget, or the data file plus 3/4 of the
  * free disk (re-read every time, so space freed elsewhere becomes usable). */
@@ -134,7 +150,7 @@ static uint64_t map_budget(const st_store *st)
 {
     if (st->opts.budget)
         return align_down(st->opts.budget);
-    uint64_t file = data_file_size(st->dir), avail = 0;
+    uint64_t file = data_file_size(st->dir, NULL), avail = 0;
     if (st->sys.disk_free(st->dir, &avail) != 0)
         avail = 0;
     return align_down(file + avail / 4 * 3);
@@ -459,6 +475,8 @@ int st_store__open_any(st_store **out, const char *dir, const st_store_opts *opt
         st->sys = *st->opts.sys;
     else
         st_store_sys_init(&st->sys);
+    if (!st->sys.populate) /* a table filled before the entry existed */
+        st->sys.populate = sys_populate;
     st->opts.sys = &st->sys;
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     st->threads = st->opts.threads ? st->opts.threads : (unsigned)(cpus > 4 ? 4 : cpus < 1 ? 1 : cpus);
@@ -501,17 +519,22 @@ int st_store__open_any(st_store **out, const char *dir, const st_store_opts *opt
         goto fail;
     }
 
-    uint64_t file = data_file_size(dir);
+    uint64_t apparent = 0;
+    uint64_t file = data_file_size(dir, &apparent);
     uint64_t budget = map_budget(st);
     uint64_t map = st->opts.map_initial ? st->opts.map_initial : (file * 2 > ST_MAP_MIN ? file * 2 : ST_MAP_MIN);
     if (map > budget)
         map = budget;
-    if (map < file)
-        map = file;
+    /* Never below the file's apparent size: with MDB_WRITEMAP LMDB truncates the file to the map
+     * size, which must not cut the map of another process using the store. */
+    if (map < apparent)
+        map = apparent;
     map = align_up(map);
     if (map < ST_MAP_ALIGN)
         map = ST_MAP_ALIGN;
-    unsigned flags = MDB_NOTLS | extra_flags | (read_only ? MDB_RDONLY : 0);
+    /* Writers write straight into the file's map (MDB_WRITEMAP, see put_populate and
+     * docs/STORE.md "Writing"); every writer of a store opens it so. */
+    unsigned flags = MDB_NOTLS | extra_flags | (read_only ? MDB_RDONLY : MDB_WRITEMAP);
     if ((rc = env_open(st, map, flags)))
         goto fail;
     if (!(flags & MDB_NOLOCK)) {
@@ -1070,6 +1093,111 @@ static int geometry_mismatch(st_store *st, MDB_txn *txn, const char *id, const s
     return st_error_set(ST_EGEOMETRY, "session %s was saved with another geometry", id);
 }
 
+#define ST_POPULATE_MARGIN_PAGES 16ull    /* room for a put's copied B-tree and meta pages */
+#define ST_POPULATE_MARGIN_MAX (64ull << 20)
+#define ST_VERIFY_EVERY 16
+
+/* Where LMDB mapped data.mdb (mdb_env_info's me_mapaddr is only the MDB_FIXEDMAP address): the
+ * mapping of the environment's file, from offset 0, of map_size bytes, in /proc/self/maps.
+ * Found once per map size; NULL when it cannot be found. Called inside a write transaction. */
+static void *map_base(st_store *st, uint64_t map_size)
+{
+    if (st->map_base && st->map_base_size == map_size)
+        return st->map_base;
+    st->map_base = NULL;
+    int fd = -1;
+    struct stat sb;
+    if (mdb_env_get_fd(st->env, &fd) || fd < 0 || fstat(fd, &sb) != 0)
+        return NULL;
+    FILE *f = fopen("/proc/self/maps", "re");
+    if (!f)
+        return NULL;
+    char line[4352];
+    while (fgets(line, sizeof line, f)) {
+        unsigned long lo, hi, off, ino;
+        unsigned maj, mnr;
+        if (sscanf(line, "%lx-%lx %*s %lx %x:%x %lu", &lo, &hi, &off, &maj, &mnr, &ino) != 6)
+            continue;
+        if (off == 0 && ino == (unsigned long)sb.st_ino && makedev(maj, mnr) == sb.st_dev &&
+            hi - lo == map_size) {
+            st->map_base = (void *)lo;
+            st->map_base_size = map_size;
+            break;
+        }
+    }
+    fclose(f);
+    return st->map_base;
+}
+
+/* With MDB_WRITEMAP LMDB writes a put's new pages straight into the file's shared map, past the
+ * last page in use (or into pages of its free list). Each first write to a page of the map is a
+ * page fault - about 20 us on the benchmark VM, most of a SAVE's time - so before inserting, the
+ * range the new chunks will take is populated in one madvise(MADV_POPULATE_WRITE): the kernel
+ * allocates the file's pages (and blocks) without a fault per page. A disk that cannot take the
+ * bytes shows here as EFAULT (instead of a SIGBUS in the middle of the transaction): ST_EFULL.
+ * Only new chunks count (looked up in this transaction), less the pages on LMDB's free list
+ * (which it uses first), plus a margin for the B-tree pages the put copies. When the pages cannot fit past the last
+ * page and the map may still grow, it returns MDB_MAP_FULL at once (the caller grows the map and
+ * runs the transaction again) instead of inserting until LMDB finds the map full. Pages LMDB
+ * takes from its free list beyond that estimate leave part of the range unused: those are
+ * written once as zeros and used by later puts. */
+static int put_populate(st_store *st, MDB_txn *txn, const st_plan *p)
+{
+    if (!(st->env_flags & MDB_WRITEMAP))
+        return 0;
+    MDB_stat ms;
+    MDB_envinfo info;
+    int rc = mdb_env_stat(st->env, &ms);
+    if (rc)
+        return rc;
+    uint64_t psize = ms.ms_psize, need = 0;
+    for (uint32_t i = 0; i < p->m.n_chunks; i++) {
+        const st_piece *pc = &p->pieces[i];
+        MDB_val k = {ST_STORE_HASH_LEN, (void *)pc->hash}, v;
+        rc = mdb_get(txn, st->dbi_chunks, &k, &v);
+        if (rc == MDB_NOTFOUND)
+            need += ((uint64_t)pc->stored_len + 16 + psize - 1) / psize * psize; /* overflow pages */
+        else if (rc)
+            return rc;
+    }
+    /* LMDB takes pages from its free list (database 0; each value a page list led by its
+     * length) before growing the file: only what the free list cannot hold is populated. */
+    MDB_cursor *fc = NULL;
+    uint64_t free_pages = 0;
+    /* Every put also dirties B-tree, manifest and free-list pages (copy on write): room for
+     * them is counted too, so that no put - however small - first touches an unbacked page of
+     * the map, where a full disk would be a SIGBUS instead of ST_EFULL. */
+    uint64_t margin = (ST_POPULATE_MARGIN_PAGES + (uint64_t)p->m.n_chunks) * psize;
+    need += margin < ST_POPULATE_MARGIN_MAX ? margin : ST_POPULATE_MARGIN_MAX;
+    if (mdb_cursor_open(txn, 0, &fc) == 0) {
+        MDB_val fk, fv;
+        for (int frc = mdb_cursor_get(fc, &fk, &fv, MDB_FIRST); !frc; frc = mdb_cursor_get(fc, &fk, &fv, MDB_NEXT))
+            if (fv.mv_size >= sizeof(size_t)) {
+                size_t cnt;
+                memcpy(&cnt, fv.mv_data, sizeof cnt);
+                free_pages += cnt;
+            }
+        mdb_cursor_close(fc);
+    }
+    need = need > free_pages * psize ? need - free_pages * psize : 0;
+    if (!need)
+        return 0;
+    mdb_env_info(st->env, &info);
+    uint64_t start = ((uint64_t)info.me_last_pgno + 1) * psize, end = start + need + need / 64;
+    if (end > info.me_mapsize) {
+        if (map_budget(st) > info.me_mapsize)
+            return MDB_MAP_FULL;
+        end = info.me_mapsize;
+    }
+    char *base = map_base(st, info.me_mapsize);
+    if (!base || start >= end)
+        return 0;
+    if (st->sys.populate(base + start, (size_t)(end - start)) != 0 && errno == EFAULT)
+        return st_error_set(ST_EFULL, "store %s: the disk cannot take %llu MiB of new chunks", st->dir,
+                            (unsigned long long)((end - start) >> 20));
+    return 0; /* other errors (a kernel without MADV_POPULATE_WRITE): the writes fault page by page */
+}
+
 static int put_fn(st_store *st, MDB_txn *txn, void *arg)
 {
     st_put_ctx *c = arg;
@@ -1104,6 +1232,9 @@ static int put_fn(st_store *st, MDB_txn *txn, void *arg)
     }
     uint64_t version = rec.next_version;
     st_manifest_patch(c->mbuf, c->mlen, version, now);
+    if ((rc = put_populate(st, txn, p)))
+        return rc;
+    uint32_t tick = st->verify_tick++;
 
     for (uint32_t i = 0; i < p->m.n_chunks; i++) {
         const st_piece *pc = &p->pieces[i];
@@ -1114,11 +1245,18 @@ static int put_fn(st_store *st, MDB_txn *txn, void *arg)
             c->stats.new_chunks++;
             c->stats.new_bytes += pc->stored_len;
         } else if (rc == MDB_KEYEXIST) {
-            if (v.mv_size != pc->stored_len) {
-                char hex[2 * ST_STORE_HASH_LEN + 1];
-                st_store_hex(hex, pc->hash, ST_STORE_HASH_LEN);
-                return st_error_set(ST_ECORRUPT, "chunk %s: the store holds %zu bytes under it, expected %u",
-                                    hex, v.mv_size, pc->stored_len);
+            /* The chunk is stored: its length is compared always, its bytes (a compare with the
+             * fresh bytes, cheaper than a rehash) when its first hash byte plus the put's tick is
+             * a multiple of ST_VERIFY_EVERY - about one existing chunk in 16 per put, and each
+             * chunk at least once in 16 successive puts of the process. A damaged one is repaired
+             * in this transaction with the fresh bytes, which hash to the key. */
+            if (v.mv_size != pc->stored_len || ((pc->hash[0] + tick) % ST_VERIFY_EVERY == 0 &&
+                                                memcmp(v.mv_data, pc->stored, pc->stored_len))) {
+                MDB_val rv = {pc->stored_len, NULL};
+                if ((rc = mdb_put(txn, st->dbi_chunks, &k, &rv, MDB_RESERVE)))
+                    return rc;
+                memcpy(rv.mv_data, pc->stored, pc->stored_len);
+                c->stats.repaired++;
             }
         } else {
             return rc;

@@ -127,6 +127,48 @@ const float *st_image_logits(const st_image *img, uint32_t *n);
 void st_image_state_hash_set(st_image *img, uint64_t h);
 uint64_t st_image_state_hash(const st_image *img);
 
+/* ---- the state hash ----------------------------------------------------------------------------
+ * What the engine records in an image and checks on restore (docs/ENGINE.md, "State hash"): a
+ * hash of the live conversation as a slot holds it after a restore. It is defined over segments,
+ * in order:
+ *   segment 0: the tokens (u32 LE each);
+ *   segment 1 + ti, for each geometry tensor ti: a K/V tensor's rows [0, n_tokens) as stored; an
+ *     f32 running tensor of the live (last) checkpoint as the fp32 values (LE) it holds once
+ *     widened from the checkpoint's codec (exact); another running tensor as stored.
+ * Each segment is cut into blocks of ST_STATE_HASH_BLOCK bytes (the last one shorter; an empty
+ * segment has none). A block's digest is XXH3-64 (seed 0) of its bytes. The hash is XXH3-64 of
+ * n_tokens (u64 LE), the number of digests (u64 LE) and the digests (u64 LE) in segment and block
+ * order, 0 replaced by 1 (0 means "none"). The digests are independent, so any number of threads
+ * may compute them in any order: the value never depends on who computes it. Re-coding the live
+ * checkpoint changes the hash unless the codec is exact for its values; conversions recompute it
+ * (migrations/st_migrate.c) once the old one has been verified. */
+#define ST_STATE_HASH_BLOCK ((uint64_t)1 << 20)
+
+typedef struct st_state_hash_seg {
+    const void *data; /* the segment's bytes as held (may be NULL when bytes is 0) */
+    uint64_t bytes;   /* bytes hashed: for a widened segment, 4 per element */
+    int32_t widen;    /* -1 or ST_CODEC_FP32: data is hashed as it is; ST_CODEC_BF16 / _F16: data
+                         holds bytes / 4 values in that codec, hashed widened to fp32 */
+} st_state_hash_seg;
+
+/* A runner calls task(arg, i) once for every i in [0, n), on any threads in any order, and
+ * returns when all calls have returned. NULL runners mean: in order on the calling thread. */
+typedef void (*st_state_hash_task)(void *arg, uint64_t i);
+typedef void (*st_state_hash_runner)(void *run_arg, uint64_t n, st_state_hash_task task, void *arg);
+
+/* Digests of a segment of that many hashed bytes. */
+uint64_t st_state_hash_blocks(uint64_t bytes);
+/* The digests of segs[0..n_segs) into digests (sum of st_state_hash_blocks(segs[i].bytes)
+ * entries), block by block through run. ST_ECODEC for an unknown widen codec, ENOMEM. */
+int st_state_hash_digests(const st_state_hash_seg *segs, uint32_t n_segs, uint64_t *digests,
+                          st_state_hash_runner run, void *run_arg);
+/* The hash from all digests of a conversation of n_tokens tokens. */
+uint64_t st_state_hash_combine(uint64_t n_tokens, const uint64_t *digests, uint64_t n_digests);
+/* The state hash of a complete image (st_image_check), from its tokens, K/V and last checkpoint:
+ * what a restore of img must find in the slot. run may be NULL. */
+int st_image_state_hash_compute(const st_image *img, st_state_hash_runner run, void *run_arg,
+                                uint64_t *out);
+
 /* Structural invariants of a complete image: at least one checkpoint, positions strictly
  * increasing and <= n_tokens, the last at n_tokens, codecs known, logits empty or n_vocab. */
 int st_image_check(const st_image *img);
@@ -293,6 +335,8 @@ typedef struct st_store st_store;
  *               restore-backup copies (mdb_env_copyfd2 output goes through write), the directory
  *               a new store is created in, and their fsyncs.
  *   disk_free   free bytes of the file system holding a path (the default map budget).
+ *   populate    madvise(MADV_POPULATE_WRITE) of the map range a put's new chunks will take
+ *               (EFAULT: the disk cannot back it, the put fails with ST_EFULL).
  * LMDB's own page writes are not individually covered: a failing write or fsync inside LMDB
  * surfaces from txn_commit, which is where the table injects it. */
 struct MDB_env;
@@ -306,6 +350,7 @@ typedef struct st_store_sys {
     int (*rename)(const char *from, const char *to);         /* -1 and errno on failure */
     int (*mkdir)(const char *path, unsigned mode);           /* -1 and errno on failure */
     int (*disk_free)(const char *path, uint64_t *bytes);     /* 0 or errno */
+    int (*populate)(void *addr, size_t len);                 /* -1 and errno on failure */
 } st_store_sys;
 /* Fill sys with the real functions. */
 void st_store_sys_init(st_store_sys *sys);
@@ -362,6 +407,7 @@ typedef struct st_put_stats {
     uint64_t stored_bytes;  /* bytes of all referenced chunks, as stored */
     uint64_t new_bytes;     /* bytes of the new chunks, as stored */
     uint32_t pruned;        /* versions removed by retention */
+    uint32_t repaired;      /* stored chunks found damaged and rewritten with the fresh bytes */
 } st_put_stats;
 
 typedef struct st_put_opts {
@@ -454,13 +500,17 @@ int st_store_label_set(st_store *st, const char *id, const char *name, uint64_t 
 int st_store_label_remove(st_store *st, const char *id, const char *name);
 
 typedef struct st_gc_stats {
-    uint64_t chunks_freed;
-    uint64_t bytes_freed;
+    uint64_t chunks_freed;      /* chunks whose count was zero */
+    uint64_t bytes_freed;       /* bytes of those and of the orphans */
+    uint64_t orphans_freed;     /* chunks without a count entry that no manifest names */
 } st_gc_stats;
-/* Delete every chunk whose reference count is zero, in write transactions of a bounded size.
+/* Delete every chunk whose reference count is zero, in write transactions of a bounded size;
+ * then the orphans st_store_check reports (chunks with no count entry that no manifest of its
+ * snapshot names), unless check found a manifest it cannot read (its references are unknown);
+ * each is deleted only if it still has no count entry in the deleting transaction.
  * Safe alongside readers and writers in any process: a reader's snapshot keeps what it sees,
- * and a put that takes a reference to a chunk does so in the same transaction that finds it,
- * so a chunk is never freed under a reference. out may be NULL. */
+ * and a put that takes a reference to a chunk does so in the same transaction that finds it
+ * (creating its count entry), so a chunk is never freed under a reference. out may be NULL. */
 int st_store_gc(st_store *st, st_gc_stats *out);
 
 /* What check finds. */
@@ -515,7 +565,7 @@ typedef struct st_store_stats {
     uint64_t map_size, budget;
     uint64_t pages_used;        /* pages of the data file in use (last page + 1) */
     uint64_t pages_free;        /* pages on LMDB's free list, reusable */
-    uint64_t file_bytes;        /* size of data.mdb */
+    uint64_t file_bytes;        /* bytes data.mdb occupies on disk */
 } st_store_stats;
 int st_store_stat(st_store *st, st_store_stats *out);
 

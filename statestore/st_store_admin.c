@@ -96,10 +96,92 @@ static int gc_fn(st_store *st, MDB_txn *txn, void *arg)
     return rc;
 }
 
+/* Orphans: what a check reported as chunks without a count entry that no manifest names. */
+typedef struct st_orphans {
+    uint8_t (*hash)[ST_STORE_HASH_LEN];
+    size_t n, cap, done;
+    int unsafe;         /* a manifest could not be read: its references are unknown */
+    int nomem;
+    uint64_t freed, bytes;
+} st_orphans;
+
+static void orphan_collect(void *arg, const st_check_problem *p)
+{
+    st_orphans *o = arg;
+    if (p->kind == ST_CHECK_MANIFEST)
+        o->unsafe = 1;
+    if (p->kind != ST_CHECK_ORPHAN_CHUNK || strlen(p->chunk) != 2 * ST_STORE_HASH_LEN)
+        return;
+    if (o->n == o->cap) {
+        size_t cap = o->cap ? o->cap * 2 : 64;
+        void *h = realloc(o->hash, cap * sizeof *o->hash);
+        if (!h) {
+            o->nomem = 1;
+            return;
+        }
+        o->hash = h;
+        o->cap = cap;
+    }
+    for (size_t i = 0; i < ST_STORE_HASH_LEN; i++) {
+        unsigned b = 0;
+        if (sscanf(p->chunk + 2 * i, "%2x", &b) != 1)
+            return;
+        o->hash[o->n][i] = (uint8_t)b;
+    }
+    o->n++;
+}
+
+/* Delete up to ST_GC_BATCH orphans, each only if it still has no count entry. */
+static int orphan_fn(st_store *st, MDB_txn *txn, void *arg)
+{
+    st_orphans *o = arg;
+    int rc = 0;
+    o->freed = o->bytes = 0;
+    for (size_t i = o->done; i < o->n && i < o->done + ST_GC_BATCH && !rc; i++) {
+        MDB_val k = {ST_STORE_HASH_LEN, o->hash[i]}, v;
+        rc = mdb_get(txn, st->dbi_refcounts, &k, &v);
+        if (rc == 0) /* a put took a reference meanwhile */
+            continue;
+        if (rc != MDB_NOTFOUND)
+            break;
+        rc = mdb_get(txn, st->dbi_chunks, &k, &v);
+        if (rc == MDB_NOTFOUND) {
+            rc = 0;
+            continue;
+        }
+        uint64_t len = v.mv_size;
+        if (!rc)
+            rc = mdb_del(txn, st->dbi_chunks, &k, NULL);
+        if (!rc) {
+            o->freed++;
+            o->bytes += len;
+        }
+    }
+    return rc;
+}
+
+static int gc_orphans(st_store *st, st_gc_stats *total)
+{
+    st_orphans o;
+    memset(&o, 0, sizeof o);
+    int rc = st_store_check(st, 0, orphan_collect, &o, NULL);
+    if (!rc && o.nomem)
+        rc = st_error_set(ENOMEM, "gc: no memory for the list of orphan chunks");
+    while (!rc && !o.unsafe && o.done < o.n) {
+        if ((rc = st_store__write(st, orphan_fn, &o)))
+            break;
+        total->orphans_freed += o.freed;
+        total->bytes_freed += o.bytes;
+        o.done += ST_GC_BATCH;
+    }
+    free(o.hash);
+    return rc;
+}
+
 int st_store_gc(st_store *st, st_gc_stats *out)
 {
     st_gc_ctx c;
-    st_gc_stats total = {0, 0};
+    st_gc_stats total = {0, 0, 0};
     memset(&c, 0, sizeof c);
     if (!st)
         return st_error_set(ST_EINVAL, "gc: no store");
@@ -116,6 +198,9 @@ int st_store_gc(st_store *st, st_gc_stats *out)
         memcpy(c.start, c.next, ST_STORE_HASH_LEN);
         c.first = 0;
     }
+    int rc = gc_orphans(st, &total);
+    if (rc)
+        return rc;
     if (out)
         *out = total;
     return 0;
@@ -759,10 +844,7 @@ done:
     pthread_rwlock_unlock(&st->lock);
     if (rc)
         return lmdb_or(rc, "reading store statistics");
-    char path[4200];
-    struct stat sb;
-    if (st_path(path, sizeof path, st->dir, "data.mdb") == 0 && stat(path, &sb) == 0)
-        s.file_bytes = (uint64_t)sb.st_size;
+    s.file_bytes = st_store__file_bytes(st->dir);
     s.schema = st->schema;
     s.keep_last = st->keep_last;
     s.budget = st->opts.budget;

@@ -34,6 +34,9 @@ struct st_store {
      * map size or reopen the environment (LMDB forbids either with a transaction in flight). */
     pthread_rwlock_t lock;
     uint64_t map_size;        /* as last set (under lock) */
+    void *map_base;           /* where the map of map_base_size bytes starts (put_populate) */
+    uint64_t map_base_size;
+    uint32_t verify_tick;     /* put: which existing chunks to compare (inside write txns only) */
 };
 
 /* Open the environment in dir and its databases whatever the schema: st->schema says what was
@@ -59,6 +62,9 @@ int st_store__rtxn(st_store *st, MDB_txn **txn);
  * therefore have no effect outside the transaction until the call returns 0; it returns 0, an
  * LMDB code (passed through this handling) or an error already mapped. Takes st->lock itself. */
 int st_store__write(st_store *st, int (*fn)(st_store *st, MDB_txn *txn, void *arg), void *arg);
+
+/* Bytes data.mdb occupies on disk (with MDB_WRITEMAP its apparent size is the map size). */
+uint64_t st_store__file_bytes(const char *dir);
 
 /* Copy the environment, compacted, into a new file dest_dir/data.mdb (dest_dir must exist)
  * through st->sys (mdb_env_copyfd2 writes into a pipe drained by a thread that writes and

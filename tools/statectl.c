@@ -17,37 +17,14 @@
 #include "st_migrate.h"
 #include "st_store.h"
 #include "statectl_store.h"
-
-#define EXIT_PROBLEM 1
-#define EXIT_USAGE 2
-#define EXIT_ERROR 3
-
-static const char *verb_name = "statectl";
+#include "statectl_util.h"
 
 static void progress_end(void);
 
 static int fail_rc(int rc)
 {
-    const char *d = st_errdetail();
     progress_end();
-    fprintf(stderr, "statectl %s: %s%s%s\n", verb_name, st_strerror(rc), *d ? ": " : "", d);
-    return EXIT_ERROR;
-}
-
-static int usage_error(const char *fmt, const char *arg)
-{
-    fprintf(stderr, "statectl %s: ", verb_name);
-    fprintf(stderr, fmt, arg);
-    fprintf(stderr, "\n(see `statectl %s --help`)\n", verb_name);
-    return EXIT_USAGE;
-}
-
-static int wants_help(int argc, char **argv)
-{
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h"))
-            return 1;
-    return 0;
+    return statectl_fail(rc);
 }
 
 /* ---- progress on a terminal ------------------------------------------------------------------
@@ -69,7 +46,7 @@ static void progress_cb(void *arg, const char *phase, uint64_t done, uint64_t to
         return;
     last_phase = phase;
     last_pct = pct;
-    fprintf(stderr, "\r%s: %-6s %3u%% (%" PRIu64 "/%" PRIu64 ")   ", verb_name, phase, pct, done,
+    fprintf(stderr, "\r%s: %-6s %3u%% (%" PRIu64 "/%" PRIu64 ")   ", statectl_verb, phase, pct, done,
             total);
     progress_open = done != total;
     if (done == total)
@@ -279,7 +256,7 @@ static void info_text(const char *path, const st_file_info *in, const char *stop
 
 static int cmd_inspect(int argc, char **argv)
 {
-    if (wants_help(argc, argv)) {
+    if (statectl_wants_help(argc, argv)) {
         fputs(inspect_help, stdout);
         return 0;
     }
@@ -289,14 +266,14 @@ static int cmd_inspect(int argc, char **argv)
         if (!strcmp(argv[i], "--json"))
             as_json = 1;
         else if (argv[i][0] == '-')
-            return usage_error("unknown option %s", argv[i]);
+            return statectl_usage("unknown option %s", argv[i]);
         else if (!path)
             path = argv[i];
         else
-            return usage_error("unexpected argument %s", argv[i]);
+            return statectl_usage("unexpected argument %s", argv[i]);
     }
     if (!path)
-        return usage_error("%smissing FILE", "");
+        return statectl_usage("%smissing FILE", "");
     st_file_info info;
     memset(&info, 0, sizeof info);
     int rc = st_file_inspect(path, &info);
@@ -335,7 +312,7 @@ static const char verify_help[] =
 
 static int cmd_verify(int argc, char **argv)
 {
-    if (wants_help(argc, argv)) {
+    if (statectl_wants_help(argc, argv)) {
         fputs(verify_help, stdout);
         return 0;
     }
@@ -345,14 +322,14 @@ static int cmd_verify(int argc, char **argv)
         if (!strcmp(argv[i], "--quiet") || !strcmp(argv[i], "-q"))
             quiet = 1;
         else if (argv[i][0] == '-')
-            return usage_error("unknown option %s", argv[i]);
+            return statectl_usage("unknown option %s", argv[i]);
         else if (!path)
             path = argv[i];
         else
-            return usage_error("unexpected argument %s", argv[i]);
+            return statectl_usage("unexpected argument %s", argv[i]);
     }
     if (!path)
-        return usage_error("%smissing FILE", "");
+        return statectl_usage("%smissing FILE", "");
     st_image *img = NULL;
     st_file_read_opts ro = {.progress = progress_bytes, .progress_arg = (void *)"verify"};
     progress_tty = !quiet && isatty(STDERR_FILENO);
@@ -391,7 +368,7 @@ static const char convert_help[] =
 
 static int cmd_convert(int argc, char **argv)
 {
-    if (wants_help(argc, argv)) {
+    if (statectl_wants_help(argc, argv)) {
         fputs(convert_help, stdout);
         return 0;
     }
@@ -401,12 +378,12 @@ static int cmd_convert(int argc, char **argv)
         const char *a = argv[i];
         if (!strcmp(a, "--codec") || !strcmp(a, "--format") || !strcmp(a, "--compress")) {
             if (i + 1 >= argc)
-                return usage_error("%s needs a value", a);
+                return statectl_usage("%s needs a value", a);
             const char *v = argv[++i];
             if (!strcmp(a, "--codec")) {
                 st_codec_id c;
                 if (st_codec_parse(v, &c))
-                    return usage_error("unknown codec '%s' (fp32, bf16, f16)", v);
+                    return statectl_usage("unknown codec '%s' (fp32, bf16, f16)", v);
                 o.codec = (int)c;
             } else if (!strcmp(a, "--format")) {
                 if (!strcmp(v, "v1") || !strcmp(v, "1"))
@@ -414,35 +391,35 @@ static int cmd_convert(int argc, char **argv)
                 else if (!strcmp(v, "v2") || !strcmp(v, "2"))
                     o.version = 2;
                 else
-                    return usage_error("unknown format '%s' (v1, v2)", v);
+                    return statectl_usage("unknown format '%s' (v1, v2)", v);
             } else {
                 if (strncmp(v, "zstd", 4) || (v[4] && v[4] != ':'))
-                    return usage_error("unknown compression '%s' (zstd or zstd:LEVEL)", v);
+                    return statectl_usage("unknown compression '%s' (zstd or zstd:LEVEL)", v);
                 o.compress = 3;
                 if (v[4] == ':') {
                     char *end;
                     long lv = strtol(v + 5, &end, 10);
                     if (*end || lv < 1 || lv > 19)
-                        return usage_error("zstd level '%s' is not 1..19", v + 5);
+                        return statectl_usage("zstd level '%s' is not 1..19", v + 5);
                     o.compress = (int)lv;
                 }
             }
         } else if (!strcmp(a, "--no-compress")) {
             o.compress = 0;
         } else if (a[0] == '-' && a[1]) {
-            return usage_error("unknown option %s", a);
+            return statectl_usage("unknown option %s", a);
         } else if (!in) {
             in = a;
         } else if (!out) {
             out = a;
         } else {
-            return usage_error("unexpected argument %s", a);
+            return statectl_usage("unexpected argument %s", a);
         }
     }
     if (!in || !out)
-        return usage_error("%sneeds IN and OUT", "");
+        return statectl_usage("%sneeds IN and OUT", "");
     if (o.version == 1 && o.compress)
-        return usage_error("%sformat v1 cannot be compressed", "");
+        return statectl_usage("%sformat v1 cannot be compressed", "");
     progress_tty = isatty(STDERR_FILENO);
     struct stat si, so;
     int have_in = stat(in, &si) == 0; /* before: OUT may be IN */
@@ -470,7 +447,7 @@ static const char diff_help[] =
 
 static int cmd_diff(int argc, char **argv)
 {
-    if (wants_help(argc, argv)) {
+    if (statectl_wants_help(argc, argv)) {
         fputs(diff_help, stdout);
         return 0;
     }
@@ -480,16 +457,16 @@ static int cmd_diff(int argc, char **argv)
         if (!strcmp(argv[i], "--json"))
             as_json = 1;
         else if (argv[i][0] == '-')
-            return usage_error("unknown option %s", argv[i]);
+            return statectl_usage("unknown option %s", argv[i]);
         else if (!pa)
             pa = argv[i];
         else if (!pb)
             pb = argv[i];
         else
-            return usage_error("unexpected argument %s", argv[i]);
+            return statectl_usage("unexpected argument %s", argv[i]);
     }
     if (!pa || !pb)
-        return usage_error("%sneeds two files", "");
+        return statectl_usage("%sneeds two files", "");
     st_image *a = NULL, *b = NULL;
     st_diff d;
     memset(&d, 0, sizeof d);
@@ -588,7 +565,7 @@ static int parse_u64(const char *s, uint64_t *out)
 
 static int cmd_synth(int argc, char **argv)
 {
-    if (wants_help(argc, argv)) {
+    if (statectl_wants_help(argc, argv)) {
         fputs(synth_help, stdout);
         return 0;
     }
@@ -599,36 +576,36 @@ static int cmd_synth(int argc, char **argv)
         const char *a = argv[i];
         if (a[0] != '-') {
             if (out)
-                return usage_error("unexpected argument %s", a);
+                return statectl_usage("unexpected argument %s", a);
             out = a;
             continue;
         }
         if (i + 1 >= argc)
-            return usage_error("%s needs a value", a);
+            return statectl_usage("%s needs a value", a);
         const char *v = argv[++i];
         uint64_t n = 0;
         if (!strcmp(a, "--codec")) {
             st_codec_id c;
             if (st_codec_parse(v, &c))
-                return usage_error("unknown codec '%s' (fp32, bf16, f16)", v);
+                return statectl_usage("unknown codec '%s' (fp32, bf16, f16)", v);
             so.codec = c;
             continue;
         }
         if (!strcmp(a, "--compress")) {
             if (strncmp(v, "zstd", 4) || (v[4] && v[4] != ':'))
-                return usage_error("unknown compression '%s' (zstd or zstd:LEVEL)", v);
+                return statectl_usage("unknown compression '%s' (zstd or zstd:LEVEL)", v);
             wo.compress = 3;
             if (v[4] == ':') {
                 char *end;
                 long lv = strtol(v + 5, &end, 10);
                 if (end == v + 5 || *end || lv < 1 || lv > 19)
-                    return usage_error("zstd level in '%s' is not 1..19", v);
+                    return statectl_usage("zstd level in '%s' is not 1..19", v);
                 wo.compress = (int)lv;
             }
             continue;
         }
         if (parse_u64(v, &n) || n > UINT32_MAX)
-            return usage_error("'%s' is not a valid number", v);
+            return statectl_usage("'%s' is not a valid number", v);
         if (!strcmp(a, "--tokens"))
             so.n_tokens = n;
         else if (!strcmp(a, "--layers"))
@@ -644,17 +621,17 @@ static int cmd_synth(int argc, char **argv)
         else if (!strcmp(a, "--seed"))
             so.seed = n;
         else
-            return usage_error("unknown option %s", a);
+            return statectl_usage("unknown option %s", a);
     }
     if (!out)
-        return usage_error("%smissing OUT", "");
+        return statectl_usage("%smissing OUT", "");
     if (so.n_tokens && !so.n_ctx && so.n_tokens > 4096)
         so.n_ctx = (uint32_t)so.n_tokens;
     progress_tty = isatty(STDERR_FILENO);
     st_image *img = NULL;
     int rc = st_image_synthesize(&so, &img);
     if (rc == ST_EINVAL) /* options that do not go together (more tokens than --ctx, ...) */
-        return usage_error("%s", st_errdetail());
+        return statectl_usage("%s", st_errdetail());
     remove_temp_on_signal(out);
     if (!rc)
         rc = st_file_write(img, out, &wo);
@@ -696,7 +673,7 @@ int main(int argc, char **argv)
         return EXIT_USAGE;
     }
     const char *verb = argv[1];
-    verb_name = verb;
+    statectl_verb = verb;
     if (!strcmp(verb, "--help") || !strcmp(verb, "-h") || !strcmp(verb, "help")) {
         usage(stdout);
         return 0;
@@ -717,7 +694,7 @@ int main(int argc, char **argv)
         return cmd_synth(argc - 1, argv + 1);
     if (statectl_store_is_verb(verb))
         return statectl_store_main(argc - 1, argv + 1);
-    verb_name = "statectl";
+    statectl_verb = "statectl";
     fprintf(stderr, "statectl: unknown verb '%s'\n", verb);
     usage(stderr);
     return EXIT_USAGE;

@@ -19,28 +19,9 @@
 #include "st_migrate.h"
 #include "st_store.h"
 #include "statectl_store.h"
+#include "statectl_util.h"
 
-#define EXIT_PROBLEM 1
-#define EXIT_USAGE 2
-#define EXIT_ERROR 3
-
-static const char *verb;
 static int progress_on;
-
-static int fail(int rc)
-{
-    const char *d = st_errdetail();
-    fprintf(stderr, "statectl %s: %s%s%s\n", verb, st_strerror(rc), *d ? ": " : "", d);
-    return EXIT_ERROR;
-}
-
-static int usage(const char *fmt, const char *arg)
-{
-    fprintf(stderr, "statectl %s: ", verb);
-    fprintf(stderr, fmt, arg);
-    fprintf(stderr, "\n(see `statectl %s --help`)\n", verb);
-    return EXIT_USAGE;
-}
 
 static void progress(void *arg, const char *phase, uint64_t done, uint64_t total)
 {
@@ -48,9 +29,9 @@ static void progress(void *arg, const char *phase, uint64_t done, uint64_t total
     if (!progress_on)
         return;
     if (total)
-        fprintf(stderr, "\rstatectl %s: %-8s %3u%%   ", verb, phase, (unsigned)(done * 100 / total));
+        fprintf(stderr, "\rstatectl %s: %-8s %3u%%   ", statectl_verb, phase, (unsigned)(done * 100 / total));
     else
-        fprintf(stderr, "\rstatectl %s: %-8s %" PRIu64 "   ", verb, phase, done);
+        fprintf(stderr, "\rstatectl %s: %-8s %" PRIu64 "   ", statectl_verb, phase, done);
     if (total && done >= total)
         fputc('\n', stderr);
     fflush(stderr);
@@ -123,14 +104,14 @@ static int parse(int argc, char **argv, const char *flags, int max_pos, args *a)
         const char *s = argv[i];
         if (s[0] != '-' || !s[1]) {
             if (a->n_pos >= max_pos)
-                return usage("unexpected argument '%s'", s);
+                return statectl_usage("unexpected argument '%s'", s);
             a->pos[a->n_pos++] = s;
             continue;
         }
         char name[32];
         snprintf(name, sizeof name, "%s,", s);
         if (!strstr(flags, name))
-            return usage("unknown option %s", s);
+            return statectl_usage("unknown option %s", s);
         const char **val = !strcmp(s, "--id") ? &a->id
                          : !strcmp(s, "--label") ? &a->label
                          : !strcmp(s, "--backup-dir") ? &a->backup_dir
@@ -139,7 +120,7 @@ static int parse(int argc, char **argv, const char *flags, int max_pos, args *a)
                                                      : NULL;
         if (val) {
             if (i + 1 >= argc)
-                return usage("%s needs a value", s);
+                return statectl_usage("%s needs a value", s);
             *val = argv[++i];
         } else if (!strcmp(s, "--json")) {
             a->json = 1;
@@ -156,19 +137,45 @@ static int parse(int argc, char **argv, const char *flags, int max_pos, args *a)
     return 0;
 }
 
+/* parse, then exactly n positional arguments; needs says which when they are not. */
+static int parse_n(int argc, char **argv, const char *flags, int n, const char *needs, args *a)
+{
+    int rc = parse(argc, argv, flags, n, a);
+    if (rc)
+        return rc;
+    return a->n_pos != n ? statectl_usage("%s", needs) : 0;
+}
+
+/* Close the store (NULL is fine), end the progress line if asked, and turn rc into the exit
+ * status: 0, or the error printed and EXIT_ERROR. */
+static int store_done(st_store *st, int rc, int end_progress)
+{
+    st_store_close(st);
+    if (end_progress)
+        progress_end();
+    return rc ? statectl_fail(rc) : 0;
+}
+
+/* A version named on the command line: ID, ID@VERSION or ID@LABEL. */
+typedef struct ref {
+    char id[ST_STORE_ID_MAX + 1];
+    uint64_t v;          /* 0: the head (or a label, until resolved) */
+    const char *label;   /* set for a label (resolved after opening) */
+} ref;
+
 /* ID, ID@VERSION or ID@LABEL; *label_out set for a label (resolved after opening). */
-static int parse_ref(const char *s, char *id, uint64_t *version, const char **label_out)
+static int parse_ref_parts(const char *s, char *id, uint64_t *version, const char **label_out)
 {
     const char *at = strrchr(s, '@');
     size_t n = at ? (size_t)(at - s) : strlen(s);
     *version = 0;
     *label_out = NULL;
     if (n == 0 || n > ST_STORE_ID_MAX)
-        return usage("'%s' is not ID or ID@VERSION", s);
+        return statectl_usage("'%s' is not ID or ID@VERSION", s);
     memcpy(id, s, n);
     id[n] = '\0';
     if (!st_store_id_valid(id))
-        return usage("invalid session id in '%s' (1..128 of A-Z a-z 0-9 . _ : + = -)", s);
+        return statectl_usage("invalid session id in '%s' (1..128 of A-Z a-z 0-9 . _ : + = -)", s);
     if (at) {
         char *end;
         errno = 0;
@@ -178,9 +185,14 @@ static int parse_ref(const char *s, char *id, uint64_t *version, const char **la
         else if (at[1])
             *label_out = at + 1;
         else
-            return usage("'%s': nothing after @", s);
+            return statectl_usage("'%s': nothing after @", s);
     }
     return 0;
+}
+
+static int parse_ref(const char *s, ref *r)
+{
+    return parse_ref_parts(s, r->id, &r->v, &r->label);
 }
 
 static int resolve_label(st_store *st, const char *id, const char *label, uint64_t *version)
@@ -203,6 +215,20 @@ static int open_store(const char *dir, int read_only, int create, st_store **st)
 {
     st_store_opts o = {.read_only = read_only, .create = create, .progress = progress};
     return st_store_open(st, dir, &o);
+}
+
+/* parse_n, then the ref in the second positional argument. */
+static int parse_n_ref(int argc, char **argv, const char *flags, int n, const char *needs, args *a, ref *r)
+{
+    int rc = parse_n(argc, argv, flags, n, needs, a);
+    return rc ? rc : parse_ref(a->pos[1], r);
+}
+
+/* Open the store in dir (existing) and resolve r's label to its version. */
+static int open_ref(const char *dir, int read_only, ref *r, st_store **st)
+{
+    int rc = open_store(dir, read_only, 0, st);
+    return rc ? rc : resolve_label(*st, r->id, r->label, &r->v);
 }
 
 static json_t *labels_json(const st_session_info *si)
@@ -267,17 +293,15 @@ static const char ls_help[] =
 static int cmd_ls(int argc, char **argv)
 {
     args a;
-    int rc = parse(argc, argv, "--json,", 1, &a);
+    int rc = parse_n(argc, argv, "--json,", 1, "needs STORE", &a);
     if (rc)
         return rc;
-    if (a.n_pos != 1)
-        return usage("%s", "needs STORE");
     st_store *st = NULL;
     st_session_info *ss = NULL;
     size_t n = 0;
     if ((rc = open_store(a.pos[0], 1, 0, &st)) || (rc = st_store_list(st, &ss, &n))) {
         st_store_close(st);
-        return fail(rc);
+        return statectl_fail(rc);
     }
     json_t *arr = a.json ? json_array() : NULL;
     if (!a.json)
@@ -303,7 +327,7 @@ static int cmd_ls(int argc, char **argv)
     st_store_close(st);
     if (rc) {
         json_decref(arr);
-        return fail(rc);
+        return statectl_fail(rc);
     }
     if (a.json)
         print_json(json_pack("{s:s,s:o}", "store", a.pos[0], "sessions", arr));
@@ -321,26 +345,20 @@ static const char show_help[] =
 static int cmd_show(int argc, char **argv)
 {
     args a;
-    int rc = parse(argc, argv, "--json,", 2, &a);
+    ref r;
+    int rc = parse_n_ref(argc, argv, "--json,", 2, "needs STORE and ID[@VERSION]", &a, &r);
     if (rc)
-        return rc;
-    if (a.n_pos != 2)
-        return usage("%s", "needs STORE and ID[@VERSION]");
-    char id[ST_STORE_ID_MAX + 1];
-    uint64_t v;
-    const char *label;
-    if ((rc = parse_ref(a.pos[1], id, &v, &label)))
         return rc;
     st_store *st = NULL;
     st_session_info si;
     st_version_info *vs = NULL;
     size_t n = 0;
-    if ((rc = open_store(a.pos[0], 1, 0, &st)) || (rc = st_store_show(st, id, &si)) ||
-        (rc = resolve_label(st, id, label, &v)))
+    if ((rc = open_store(a.pos[0], 1, 0, &st)) || (rc = st_store_show(st, r.id, &si)) ||
+        (rc = resolve_label(st, r.id, r.label, &r.v)))
         goto done;
-    if (v) {
+    if (r.v) {
         st_version_info vi;
-        if ((rc = st_store_version_info(st, id, v, &vi)))
+        if ((rc = st_store_version_info(st, r.id, r.v, &vi)))
             goto done;
         if (a.json) {
             json_t *o = session_json(&si);
@@ -348,8 +366,8 @@ static int cmd_show(int argc, char **argv)
             print_json(o);
         } else {
             char t[32], s1[32], s2[32], lb[256];
-            labels_text(lb, sizeof lb, &si, v);
-            printf("session      %s\nversion      %" PRIu64 "%s%s%s\n", id, vi.version, vi.version == si.head ? " (head)" : "",
+            labels_text(lb, sizeof lb, &si, r.v);
+            printf("session      %s\nversion      %" PRIu64 "%s%s%s\n", r.id, vi.version, vi.version == si.head ? " (head)" : "",
                    *lb ? " labels " : "", lb);
             printf("created      %s\n", time_str(t, sizeof t, vi.created_ns));
             printf("tokens       %" PRIu64 "\n", vi.n_tokens);
@@ -366,7 +384,7 @@ static int cmd_show(int argc, char **argv)
         }
         goto done;
     }
-    if ((rc = st_store_versions(st, id, &vs, &n)))
+    if ((rc = st_store_versions(st, r.id, &vs, &n)))
         goto done;
     if (a.json) {
         json_t *o = session_json(&si), *arr = json_array();
@@ -377,7 +395,7 @@ static int cmd_show(int argc, char **argv)
     } else {
         char fp[2 * ST_FINGERPRINT_LEN + 1], t[32];
         hexs(fp, si.model_fp, ST_FINGERPRINT_LEN);
-        printf("session      %s\nmodel        %s\nhead         %" PRIu64 "\nversions     %" PRIu64 "\n", id, fp, si.head,
+        printf("session      %s\nmodel        %s\nhead         %" PRIu64 "\nversions     %" PRIu64 "\n", r.id, fp, si.head,
                si.n_versions);
         printf("created      %s\n", time_str(t, sizeof t, si.created_ns));
         printf("  %8s %8s %5s %10s %10s  %-20s  %s\n", "VERSION", "TOKENS", "CKPTS", "LOGICAL", "STORED", "CREATED",
@@ -392,8 +410,7 @@ static int cmd_show(int argc, char **argv)
     }
 done:
     free(vs);
-    st_store_close(st);
-    return rc ? fail(rc) : 0;
+    return store_done(st, rc, 0);
 }
 
 /* ---- import / export ------------------------------------------------------------------------------ */
@@ -422,21 +439,19 @@ static int default_id(const char *path, char *id)
                     : '_';
     }
     id[n] = '\0';
-    return n ? 0 : usage("cannot derive a session id from '%s': give --id", path);
+    return n ? 0 : statectl_usage("cannot derive a session id from '%s': give --id", path);
 }
 
 static int cmd_import(int argc, char **argv)
 {
     args a;
-    int rc = parse(argc, argv, "--json,--id,--label,--compress,", 2, &a);
+    int rc = parse_n(argc, argv, "--json,--id,--label,--compress,", 2, "needs STORE and FILE", &a);
     if (rc)
         return rc;
-    if (a.n_pos != 2)
-        return usage("%s", "needs STORE and FILE");
     char id[ST_STORE_ID_MAX + 1];
     if (a.id) {
         if (!st_store_id_valid(a.id))
-            return usage("invalid session id '%s' (1..128 of A-Z a-z 0-9 . _ : + = -)", a.id);
+            return statectl_usage("invalid session id '%s' (1..128 of A-Z a-z 0-9 . _ : + = -)", a.id);
         snprintf(id, sizeof id, "%s", a.id);
     } else if ((rc = default_id(a.pos[1], id))) {
         return rc;
@@ -447,17 +462,15 @@ static int cmd_import(int argc, char **argv)
         char *end;
         long l = strtol(a.compress, &end, 10);
         if (*end || l < 1 || l > 19)
-            return usage("compression level '%s' is not 1..19", a.compress);
+            return statectl_usage("compression level '%s' is not 1..19", a.compress);
         po.compress = (int)l;
     }
     st_store *st = NULL;
     uint64_t v = 0;
     if (!(rc = open_store(a.pos[0], 0, 1, &st)))
         rc = st_store_import(st, a.pos[1], id, &po, &v);
-    st_store_close(st);
-    progress_end();
-    if (rc)
-        return fail(rc);
+    if ((rc = store_done(st, rc, 1)))
+        return rc;
     if (a.json) {
         print_json(json_pack("{s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:I}", "id", id, "version", (json_int_t)v, "chunks",
                              (json_int_t)ps.chunks, "new_chunks", (json_int_t)ps.new_chunks, "logical_bytes",
@@ -481,15 +494,9 @@ static const char export_help[] =
 static int cmd_export(int argc, char **argv)
 {
     args a;
-    int rc = parse(argc, argv, "--format,--compress,", 3, &a);
+    ref r;
+    int rc = parse_n_ref(argc, argv, "--format,--compress,", 3, "needs STORE, ID[@VERSION] and FILE", &a, &r);
     if (rc)
-        return rc;
-    if (a.n_pos != 3)
-        return usage("%s", "needs STORE, ID[@VERSION] and FILE");
-    char id[ST_STORE_ID_MAX + 1];
-    uint64_t v;
-    const char *label;
-    if ((rc = parse_ref(a.pos[1], id, &v, &label)))
         return rc;
     st_file_write_opts fo = {.shuffle = 1};
     int forced = 0;
@@ -500,29 +507,27 @@ static int cmd_export(int argc, char **argv)
         else if (!strcmp(a.format, "v2") || !strcmp(a.format, "2"))
             fo.version = 2;
         else
-            return usage("unknown format '%s' (v1, v2)", a.format);
+            return statectl_usage("unknown format '%s' (v1, v2)", a.format);
     }
     if (a.compress) {
         forced = 1;
         const char *c = a.compress;
         if (strncmp(c, "zstd", 4) || (c[4] && c[4] != ':'))
-            return usage("unknown compression '%s' (zstd or zstd:LEVEL)", c);
+            return statectl_usage("unknown compression '%s' (zstd or zstd:LEVEL)", c);
         fo.compress = 3;
         if (c[4] == ':') {
             char *end;
             long l = strtol(c + 5, &end, 10);
             if (*end || l < 1 || l > 19)
-                return usage("zstd level in '%s' is not 1..19", c);
+                return statectl_usage("zstd level in '%s' is not 1..19", c);
             fo.compress = (int)l;
         }
     }
     st_store *st = NULL;
-    if (!(rc = open_store(a.pos[0], 1, 0, &st)) && !(rc = resolve_label(st, id, label, &v)))
-        rc = st_store_export(st, id, v, a.pos[2], forced ? &fo : NULL);
-    st_store_close(st);
-    progress_end();
-    if (rc)
-        return fail(rc);
+    if (!(rc = open_ref(a.pos[0], 1, &r, &st)))
+        rc = st_store_export(st, r.id, r.v, a.pos[2], forced ? &fo : NULL);
+    if ((rc = store_done(st, rc, 1)))
+        return rc;
     printf("exported %s to %s\n", a.pos[1], a.pos[2]);
     return 0;
 }
@@ -538,28 +543,21 @@ static const char rm_help[] =
 static int cmd_rm(int argc, char **argv)
 {
     args a;
-    int rc = parse(argc, argv, "", 2, &a);
+    ref r;
+    int rc = parse_n_ref(argc, argv, "", 2, "needs STORE and ID[@VERSION]", &a, &r);
     if (rc)
-        return rc;
-    if (a.n_pos != 2)
-        return usage("%s", "needs STORE and ID[@VERSION]");
-    char id[ST_STORE_ID_MAX + 1];
-    uint64_t v;
-    const char *label;
-    if ((rc = parse_ref(a.pos[1], id, &v, &label)))
         return rc;
     st_store *st = NULL;
     st_session_info si;
-    if (!(rc = open_store(a.pos[0], 0, 0, &st)) && !(rc = resolve_label(st, id, label, &v)) &&
-        !(rc = st_store_show(st, id, &si)))
-        rc = v ? st_store_version_delete(st, id, v) : st_store_session_delete(st, id);
-    st_store_close(st);
-    if (rc)
-        return fail(rc);
-    if (v)
-        printf("removed %s@%" PRIu64 "\n", id, v);
+    if (!(rc = open_ref(a.pos[0], 0, &r, &st)) &&
+        !(rc = st_store_show(st, r.id, &si)))
+        rc = r.v ? st_store_version_delete(st, r.id, r.v) : st_store_session_delete(st, r.id);
+    if ((rc = store_done(st, rc, 0)))
+        return rc;
+    if (r.v)
+        printf("removed %s@%" PRIu64 "\n", r.id, r.v);
     else
-        printf("removed session %s (%" PRIu64 " versions)\n", id, si.n_versions);
+        printf("removed session %s (%" PRIu64 " versions)\n", r.id, si.n_versions);
     return 0;
 }
 
@@ -572,24 +570,17 @@ static const char label_help[] =
 static int cmd_label(int argc, char **argv)
 {
     args a;
-    int rc = parse(argc, argv, "--remove,", 3, &a);
+    ref r;
+    int rc = parse_n_ref(argc, argv, "--remove,", 3, "needs STORE, ID[@VERSION] and NAME", &a, &r);
     if (rc)
-        return rc;
-    if (a.n_pos != 3)
-        return usage("%s", "needs STORE, ID[@VERSION] and NAME");
-    char id[ST_STORE_ID_MAX + 1];
-    uint64_t v;
-    const char *label;
-    if ((rc = parse_ref(a.pos[1], id, &v, &label)))
         return rc;
     st_store *st = NULL;
-    if (!(rc = open_store(a.pos[0], 0, 0, &st)) && !(rc = resolve_label(st, id, label, &v)))
-        rc = a.remove ? st_store_label_remove(st, id, a.pos[2]) : st_store_label_set(st, id, a.pos[2], v);
-    st_store_close(st);
-    if (rc)
-        return fail(rc);
+    if (!(rc = open_ref(a.pos[0], 0, &r, &st)))
+        rc = a.remove ? st_store_label_remove(st, r.id, a.pos[2]) : st_store_label_set(st, r.id, a.pos[2], r.v);
+    if ((rc = store_done(st, rc, 0)))
+        return rc;
     if (a.remove)
-        printf("removed label %s of %s\n", a.pos[2], id);
+        printf("removed label %s of %s\n", a.pos[2], r.id);
     else
         printf("labelled %s as %s\n", a.pos[1], a.pos[2]);
     return 0;
@@ -603,25 +594,24 @@ static const char gc_help[] =
 static int cmd_gc(int argc, char **argv)
 {
     args a;
-    int rc = parse(argc, argv, "--json,", 1, &a);
+    int rc = parse_n(argc, argv, "--json,", 1, "needs STORE", &a);
     if (rc)
         return rc;
-    if (a.n_pos != 1)
-        return usage("%s", "needs STORE");
     st_store *st = NULL;
-    st_gc_stats gs = {0, 0};
+    st_gc_stats gs = {0, 0, 0};
     if (!(rc = open_store(a.pos[0], 0, 0, &st)))
         rc = st_store_gc(st, &gs);
-    st_store_close(st);
-    progress_end();
-    if (rc)
-        return fail(rc);
+    if ((rc = store_done(st, rc, 1)))
+        return rc;
     if (a.json) {
-        print_json(json_pack("{s:I,s:I}", "chunks_freed", (json_int_t)gs.chunks_freed, "bytes_freed",
-                             (json_int_t)gs.bytes_freed));
+        print_json(json_pack("{s:I,s:I,s:I}", "chunks_freed", (json_int_t)gs.chunks_freed, "bytes_freed",
+                             (json_int_t)gs.bytes_freed, "orphans_freed", (json_int_t)gs.orphans_freed));
     } else {
         char b[32];
-        printf("freed %" PRIu64 " chunks (%s)\n", gs.chunks_freed, bytes_str(b, sizeof b, gs.bytes_freed));
+        printf("freed %" PRIu64 " chunks (%s)", gs.chunks_freed, bytes_str(b, sizeof b, gs.bytes_freed));
+        if (gs.orphans_freed)
+            printf(" and %" PRIu64 " orphan chunks", gs.orphans_freed);
+        printf("\n");
     }
     return 0;
 }
@@ -675,11 +665,9 @@ static void check_report(void *arg, const st_check_problem *p)
 static int cmd_check(int argc, char **argv)
 {
     args a;
-    int rc = parse(argc, argv, "--json,--read-data,", 1, &a);
+    int rc = parse_n(argc, argv, "--json,--read-data,", 1, "needs STORE", &a);
     if (rc)
         return rc;
-    if (a.n_pos != 1)
-        return usage("%s", "needs STORE");
     st_store *st = NULL;
     check_out c = {a.json ? json_array() : NULL};
     st_check_result res;
@@ -690,7 +678,7 @@ static int cmd_check(int argc, char **argv)
     progress_end();
     if (rc) {
         json_decref(c.arr);
-        return fail(rc);
+        return statectl_fail(rc);
     }
     if (a.json) {
         print_json(json_pack("{s:b,s:I,s:I,s:I,s:I,s:I,s:I,s:b,s:I,s:I,s:o}", "ok", res.problems == 0, "problem_count",
@@ -723,18 +711,15 @@ static const char stat_help[] =
 static int cmd_stat(int argc, char **argv)
 {
     args a;
-    int rc = parse(argc, argv, "--json,", 1, &a);
+    int rc = parse_n(argc, argv, "--json,", 1, "needs STORE", &a);
     if (rc)
         return rc;
-    if (a.n_pos != 1)
-        return usage("%s", "needs STORE");
     st_store *st = NULL;
     st_store_stats s;
     if (!(rc = open_store(a.pos[0], 1, 0, &st)))
         rc = st_store_stat(st, &s);
-    st_store_close(st);
-    if (rc)
-        return fail(rc);
+    if ((rc = store_done(st, rc, 0)))
+        return rc;
     if (a.json) {
         print_json(json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:f,s:I,s:I,s:I,s:I,s:I,s:I}", "schema",
                              (json_int_t)s.schema, "keep_last", (json_int_t)s.keep_last, "sessions",
@@ -776,18 +761,14 @@ static const char backup_help[] =
 static int cmd_backup(int argc, char **argv)
 {
     args a;
-    int rc = parse(argc, argv, "", 2, &a);
+    int rc = parse_n(argc, argv, "", 2, "needs STORE and DEST", &a);
     if (rc)
         return rc;
-    if (a.n_pos != 2)
-        return usage("%s", "needs STORE and DEST");
     st_store *st = NULL;
     if (!(rc = open_store(a.pos[0], 1, 0, &st)))
         rc = st_store_backup(st, a.pos[1]);
-    st_store_close(st);
-    progress_end();
-    if (rc)
-        return fail(rc);
+    if ((rc = store_done(st, rc, 1)))
+        return rc;
     printf("backup of %s written to %s and checked\n", a.pos[0], a.pos[1]);
     return 0;
 }
@@ -801,16 +782,13 @@ static const char restore_help[] =
 static int cmd_restore(int argc, char **argv)
 {
     args a;
-    int rc = parse(argc, argv, "", 2, &a);
+    int rc = parse_n(argc, argv, "", 2, "needs BACKUP and DEST", &a);
     if (rc)
         return rc;
-    if (a.n_pos != 2)
-        return usage("%s", "needs BACKUP and DEST");
     st_store_opts o = {.progress = progress};
     rc = st_store_restore_backup(a.pos[0], a.pos[1], &o);
-    progress_end();
-    if (rc)
-        return fail(rc);
+    if ((rc = store_done(NULL, rc, 1)))
+        return rc;
     printf("restored %s into %s (checked)\n", a.pos[0], a.pos[1]);
     return 0;
 }
@@ -827,18 +805,15 @@ static const char migrate_help[] =
 static int cmd_migrate(int argc, char **argv)
 {
     args a;
-    int rc = parse(argc, argv, "--json,--dry-run,--no-backup,--backup-dir,", 1, &a);
+    int rc = parse_n(argc, argv, "--json,--dry-run,--no-backup,--backup-dir,", 1, "needs STORE", &a);
     if (rc)
         return rc;
-    if (a.n_pos != 1)
-        return usage("%s", "needs STORE");
     st_schema_migrate_opts o = {.dry_run = a.dry_run, .no_backup = a.no_backup, .backup_dir = a.backup_dir,
                                 .progress = progress};
     st_schema_migrate_report r;
     rc = st_schema_migrate(a.pos[0], &o, &r);
-    progress_end();
-    if (rc)
-        return fail(rc);
+    if ((rc = store_done(NULL, rc, 1)))
+        return rc;
     size_t n = 0;
     const st_schema_step *steps = st_schema_steps(&n);
     if (a.json) {
@@ -914,12 +889,11 @@ int statectl_store_main(int argc, char **argv)
     for (size_t i = 0; i < sizeof verbs / sizeof verbs[0]; i++) {
         if (strcmp(argv[0], verbs[i].name))
             continue;
-        verb = verbs[i].name;
-        for (int j = 1; j < argc; j++)
-            if (!strcmp(argv[j], "--help") || !strcmp(argv[j], "-h")) {
-                fputs(verbs[i].help, stdout);
-                return 0;
-            }
+        statectl_verb = verbs[i].name;
+        if (statectl_wants_help(argc, argv)) {
+            fputs(verbs[i].help, stdout);
+            return 0;
+        }
         progress_on = isatty(STDERR_FILENO);
         return verbs[i].fn(argc, argv);
     }

@@ -706,6 +706,69 @@ static void test_check_finds_damage(void **state)
     }
     assert_true(orphan);
     assert_true(count);
+    /* gc removes the orphan (no count, no manifest names it), not the chunk with a wrong count */
+    st_gc_stats gs;
+    assert_int_equal(st_store_gc(st, &gs), 0);
+    assert_int_equal(gs.orphans_freed, 1);
+    assert_int_equal(gs.chunks_freed, 0);
+    assert_int_equal(gs.bytes_freed, 6);
+    memset(&pr, 0, sizeof pr);
+    assert_int_equal(st_store_check(st, 0, store_test_report, &pr, &res), 0);
+    assert_int_equal(res.problems, 1);
+    assert_int_equal(pr.kind[0], ST_CHECK_REFCOUNT);
+    store_test_assert_get(st, "a", 0, a);
+    st_store_close(st);
+    st_image_free(a);
+}
+
+/* Overwrite the stored chunk under hash h with n bytes of val, behind the store's back. */
+static void chunk_overwrite(st_store *st, const uint8_t *h, const void *val, size_t n)
+{
+    MDB_txn *txn = NULL;
+    assert_int_equal(mdb_txn_begin(st->env, NULL, 0, &txn), 0);
+    MDB_val k = {ST_STORE_HASH_LEN, (void *)h}, v = {n, (void *)val};
+    assert_int_equal(mdb_put(txn, st->dbi_chunks, &k, &v, 0), 0);
+    assert_int_equal(mdb_txn_commit(txn), 0);
+}
+
+static void test_put_repairs(void **state)
+{
+    (void)state;
+    char dir[4200];
+    st_store *st = open_new(dir, sizeof dir, NULL);
+    st_image *a = store_test_image(91, 600, 0, 0);
+    assert_int_equal(st_store_put(st, "a", a, 0, NULL, NULL), 0);
+    uint64_t len;
+    const uint8_t *kv = st_image_kv_const(a, store_test_kv(a), &len);
+    uint8_t h[ST_STORE_HASH_LEN];
+    assert_int_equal(st_store_sha256(kv, 32768, h), 0);
+    /* a wrong length is always found and repaired */
+    chunk_overwrite(st, h, kv, 100);
+    st_put_stats ps;
+    assert_int_equal(st_store_put(st, "a", a, ST_STORE_HEAD_ANY, &(st_put_opts){.stats = &ps}, NULL), 0);
+    assert_int_equal(ps.repaired, 1);
+    store_test_assert_get(st, "a", 0, a);
+    store_test_assert_clean(st);
+    /* flipped bytes of the right length: found within 16 puts */
+    uint8_t *bad = malloc(32768);
+    assert_non_null(bad);
+    memcpy(bad, kv, 32768);
+    bad[1000] ^= 0x40;
+    chunk_overwrite(st, h, bad, 32768);
+    uint32_t repaired = 0;
+    for (int i = 0; i < 16 && !repaired; i++) {
+        assert_int_equal(st_store_put(st, "a", a, ST_STORE_HEAD_ANY, &(st_put_opts){.stats = &ps}, NULL), 0);
+        repaired += ps.repaired;
+    }
+    assert_int_equal(repaired, 1);
+    store_test_assert_get(st, "a", 0, a);
+    store_test_assert_clean(st);
+    store_test_problems pr;
+    memset(&pr, 0, sizeof pr);
+    st_check_result res;
+    assert_int_equal(st_store_check(st, 1, store_test_report, &pr, &res), 0);
+    assert_int_equal(res.problems, 0);
+    free(bad);
     st_store_close(st);
     st_image_free(a);
 }
@@ -728,6 +791,7 @@ int main(void)
         cmocka_unit_test(test_backup_restore),
         cmocka_unit_test(test_schema_refused),
         cmocka_unit_test(test_check_finds_damage),
+        cmocka_unit_test(test_put_repairs),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     if (rc == 0)

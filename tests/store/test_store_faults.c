@@ -22,6 +22,7 @@ static struct {
     int fsyncs, fsync_fail_at, fsync_err;
     int renames, rename_fail_at;
     int no_disk;
+    int populates, populate_fail;
 } F;
 
 static int f_commit(struct MDB_txn *txn)
@@ -78,10 +79,24 @@ static int f_disk_free(const char *path, uint64_t *bytes)
     return 0;
 }
 
+static int (*real_populate)(void *addr, size_t len);
+
+static int f_populate(void *addr, size_t len)
+{
+    F.populates++;
+    if (F.populate_fail) {
+        errno = EFAULT;
+        return -1;
+    }
+    return real_populate(addr, len);
+}
+
 static st_store_sys fault_sys(void)
 {
     st_store_sys s;
     st_store_sys_init(&s);
+    real_populate = s.populate;
+    s.populate = f_populate;
     s.txn_commit = f_commit;
     s.set_mapsize = f_mapsize;
     s.write = f_write;
@@ -280,6 +295,35 @@ static void test_map_growth_fails(void **state)
     st_image_free(big);
 }
 
+/* The disk cannot back the pages a big put needs (populating them fails with EFAULT, where a
+ * write into the map would be a SIGBUS): ST_EFULL, nothing written, the store usable. */
+static void test_populate_fails(void **state)
+{
+    (void)state;
+    char dir[1200];
+    st_store_sys sys = fault_sys();
+    memset(&F, 0, sizeof F);
+    st_store *st = open_fresh(dir, sizeof dir, &sys, 64u << 20, 0);
+    /* 16 attention layers: 4 KiB of K/V per token, 16 MiB (populating starts at 4 MiB) */
+    st_synth_opts so = {.seed = 9, .n_tokens = 4000, .n_checkpoints = 2, .n_layers = 16, .attn_every = 1};
+    st_image *big = NULL;
+    assert_int_equal(st_image_synthesize(&so, &big), 0);
+    assert_true(st_image_bytes(big) > (8u << 20));
+    assert_int_equal(st_store_put(st, "small", imgs[0], 0, NULL, NULL), 0);
+    F.populate_fail = 1;
+    assert_int_equal(st_store_put(st, "big", big, 0, NULL, NULL), ST_EFULL);
+    assert_true(F.populates > 0);
+    assert_int_equal(st_store_show(st, "big", &(st_session_info){0}), ST_ENOTFOUND);
+    store_test_assert_clean(st);
+    F.populate_fail = 0;
+    assert_int_equal(st_store_put(st, "big", big, 0, NULL, NULL), 0);
+    store_test_assert_get(st, "big", 0, big);
+    store_test_assert_get(st, "small", 0, imgs[0]);
+    store_test_assert_clean(st);
+    st_store_close(st);
+    st_image_free(big);
+}
+
 static int exists(const char *p)
 {
     struct stat sb;
@@ -385,6 +429,7 @@ int main(void)
         cmocka_unit_test(test_commit_eio_before),
         cmocka_unit_test(test_commit_eio_after),
         cmocka_unit_test(test_map_growth_fails),
+        cmocka_unit_test(test_populate_fails),
         cmocka_unit_test(test_backup_restore_faults),
         cmocka_unit_test(test_create_fails),
     };
