@@ -28,8 +28,8 @@
  * 5. Transfers (snapshot, restore, checkpoints, hashes) run through NSTAGE pinned host buffers
  *    and NSTAGE device buffers of STAGE_BYTES: the GPU gathers K/V rows from pages (or encodes
  *    the running state to bf16) into a device buffer and copies it to a pinned buffer while the
- *    host copies earlier buffers into the image with the thread pool and hashes them; a restore
- *    is the reverse. The hash sees the bytes in geometry order, as the state hash defines them.
+ *    host copies earlier buffers into the image with the thread pool; a restore is the reverse.
+ *    The state hash is the slot code's (engine/st_slot.c), computed on the pool from the image.
  */
 #include <errno.h>
 #include <math.h>
@@ -51,7 +51,6 @@ typedef __nv_bfloat16 bf16;
 #define NSTAGE 4
 #define STAGE_BYTES ((size_t)16 << 20)
 #define BLAS_WS_BYTES ((size_t)32 << 20)
-#define HASH_TMP 32768 /* u16 elements of the hash's bf16 scratch */
 #define FULL 0xffffffffu
 
 /* ---- errors ------------------------------------------------------------------------------ */
@@ -829,7 +828,6 @@ static void cu_destroy(void *bctx)
     free(c->tm);
     free(c->run_off);
     free(c->run_len);
-    free(c->htmp);
     free(c);
 }
 
@@ -1066,8 +1064,7 @@ static int cu_create(st_engine *e, void **out)
     c->run_off = (uint64_t *)calloc(4u * hp->n_layer + 1, sizeof *c->run_off);
     c->run_len = (uint64_t *)calloc(4u * hp->n_layer + 1, sizeof *c->run_len);
     c->L = (cu_layer *)calloc(hp->n_layer ? hp->n_layer : 1, sizeof *c->L);
-    c->htmp = (uint16_t *)malloc(HASH_TMP * sizeof *c->htmp);
-    if (!c->descs || !c->tm || !c->run_off || !c->run_len || !c->L || !c->htmp) {
+    if (!c->descs || !c->tm || !c->run_off || !c->run_len || !c->L) {
         rc = st_error_set(ENOMEM, "cuda backend");
         goto fail;
     }
@@ -1299,12 +1296,11 @@ static int have_pages(cu_ctx *c, cu_state *s, uint64_t r0, uint64_t r1, const ch
 
 /* ---- transfers ------------------------------------------------------------------------------ */
 enum { SEG_KV, SEG_F32, SEG_BF16, SEG_HOST };
-enum { HASH_NONE, HASH_RAW, HASH_F32_BF16, HASH_BF16_QUIET };
 
 /* One tensor's part of a transfer: units are rows (KV), f32 elements (F32: moved as f32; BF16:
- * moved as bf16, coded on the device) or bytes (HOST: nothing to move, only hashed). */
+ * moved as bf16, coded on the device) or bytes (HOST: in the image already, nothing to move). */
 typedef struct seg {
-    int kind, hash;
+    int kind;
     uint64_t units, row0, koff;
     uint32_t rb;
     uint8_t *dev;
@@ -1349,70 +1345,16 @@ static int xnext(const seg *segs, uint32_t ns, xit *it, xchunk *ch)
 }
 
 typedef struct hjob {
-    cu_ctx *c;
     uint8_t *stage, *host;
     size_t bytes, piece;
-    int to_host, hash;
-    st_checksum_state *cs;
-    const uint8_t *hp;
-    size_t hbytes;
+    int to_host;
 } hjob;
 
-static void hjob_hash(hjob *j)
-{
-    size_t n, i, k;
-    switch (j->hash) {
-    case HASH_RAW:
-        st_checksum_update(j->cs, j->hp, j->hbytes);
-        break;
-    case HASH_F32_BF16: {
-        const float *f = (const float *)j->hp;
-        n = j->hbytes / 4;
-        for (i = 0; i < n; i += k) {
-            k = n - i < HASH_TMP ? n - i : HASH_TMP;
-            st_codec_bf16_encode(j->c->htmp, f + i, k);
-            st_checksum_update(j->cs, j->c->htmp, k * 2);
-        }
-        break;
-    }
-    case HASH_BF16_QUIET: {
-        /* the state holds bf16 widened to f32; rounded back it is the same bf16, except that a
-         * signalling NaN comes back quiet (bit 6 set), as the CPU codec rounds NaNs */
-        const uint16_t *h = (const uint16_t *)j->hp;
-        n = j->hbytes / 2;
-        for (i = 0; i < n; i += k) {
-            k = n - i < HASH_TMP ? n - i : HASH_TMP;
-            int snan = 0;
-            for (size_t x = 0; x < k; x++)
-                snan |= (h[i + x] & 0x7fff) > 0x7f80 && !(h[i + x] & 0x0040);
-            if (!snan) {
-                st_checksum_update(j->cs, h + i, k * 2);
-                continue;
-            }
-            for (size_t x = 0; x < k; x++) {
-                uint16_t v = h[i + x];
-                j->c->htmp[x] = (v & 0x7fff) > 0x7f80 ? (uint16_t)(v | 0x0040) : v;
-            }
-            st_checksum_update(j->cs, j->c->htmp, k * 2);
-        }
-        break;
-    }
-    default:
-        break;
-    }
-}
-
-/* Task 0 hashes (when there is a hash), the others copy one piece each. */
+/* Each task copies one piece. */
 static void hjob_task(void *ctx, uint32_t task, uint32_t thread)
 {
+    (void)thread;
     hjob *j = (hjob *)ctx;
-    if (j->cs) {
-        if (task == 0) {
-            hjob_hash(j);
-            return;
-        }
-        task--;
-    }
     size_t a = (size_t)task * j->piece;
     if (a >= j->bytes)
         return;
@@ -1424,31 +1366,23 @@ static void hjob_task(void *ctx, uint32_t task, uint32_t thread)
 }
 
 /* The host's part of a chunk: copy between the pinned buffer and the caller's memory on the
- * pool while one task hashes (save: the downloaded bytes; load: the caller's bytes). */
-static void host_step(cu_ctx *c, const seg *g, const xchunk *ch, int slot, int save,
-                      st_checksum_state *cs)
+ * pool. */
+static void host_step(cu_ctx *c, const seg *g, const xchunk *ch, int slot, int save)
 {
     hjob j;
     memset(&j, 0, sizeof j);
     uint64_t u = seg_unit(g);
-    j.c = c;
     j.stage = c->hstage[slot];
     j.host = g->host + ch->a * u;
     j.bytes = g->kind == SEG_HOST ? 0 : (size_t)((ch->b - ch->a) * u);
     j.to_host = save;
-    j.hash = g->hash;
-    j.cs = g->hash != HASH_NONE ? cs : NULL;
-    j.hp = save && g->kind != SEG_HOST ? j.stage : j.host;
-    j.hbytes = (size_t)((ch->b - ch->a) * u);
-    uint32_t ncopy = 0;
-    if (j.bytes) {
-        ncopy = (uint32_t)((j.bytes + (256u << 10) - 1) / (256u << 10));
-        if (ncopy > c->n_threads)
-            ncopy = c->n_threads;
-        j.piece = (size_t)align_up((j.bytes + ncopy - 1) / ncopy, 64);
-    }
-    uint32_t ntask = ncopy + (j.cs ? 1 : 0);
-    st_pool_run(c->e->pool, ntask, hjob_task, &j, ntask > 1 ? (uint64_t)1 << 40 : 0);
+    if (!j.bytes)
+        return;
+    uint32_t ncopy = (uint32_t)((j.bytes + (256u << 10) - 1) / (256u << 10));
+    if (ncopy > c->n_threads)
+        ncopy = c->n_threads;
+    j.piece = (size_t)align_up((j.bytes + ncopy - 1) / ncopy, 64);
+    st_pool_run(c->e->pool, ncopy, hjob_task, &j, ncopy > 1 ? (uint64_t)1 << 40 : 0);
 }
 
 /* The device's part of a chunk, queued on the stream. */
@@ -1500,8 +1434,8 @@ static int dev_step(cu_ctx *c, cu_state *s, const seg *g, const xchunk *ch, int 
     }
 }
 
-/* Device -> host: up to NSTAGE chunks queued ahead of the host, which copies and hashes. */
-static int xfer_save(cu_ctx *c, cu_state *s, const seg *segs, uint32_t ns, st_checksum_state *cs)
+/* Device -> host: up to NSTAGE chunks queued ahead of the host, which copies them out. */
+static int xfer_save(cu_ctx *c, cu_state *s, const seg *segs, uint32_t ns)
 {
     xit it = {0, 0};
     xchunk q[NSTAGE], ch;
@@ -1520,7 +1454,7 @@ static int xfer_save(cu_ctx *c, cu_state *s, const seg *segs, uint32_t ns, st_ch
             break;
         int slot = (int)(nd % NSTAGE);
         CUG(cudaEventSynchronize(c->ev[slot]));
-        host_step(c, &segs[q[slot].si], &q[slot], slot, 1, cs);
+        host_step(c, &segs[q[slot].si], &q[slot], slot, 1);
         nd++;
     }
     return 0;
@@ -1530,7 +1464,7 @@ fail:
 }
 
 /* Host -> device: the host fills pinned buffer k while buffers k-1.. are in flight. */
-static int xfer_load(cu_ctx *c, cu_state *s, const seg *segs, uint32_t ns, st_checksum_state *cs)
+static int xfer_load(cu_ctx *c, cu_state *s, const seg *segs, uint32_t ns)
 {
     xit it = {0, 0};
     xchunk ch;
@@ -1540,7 +1474,7 @@ static int xfer_load(cu_ctx *c, cu_state *s, const seg *segs, uint32_t ns, st_ch
         int slot = (int)(k % NSTAGE);
         if (k >= NSTAGE)
             CUG(cudaEventSynchronize(c->ev[slot]));
-        host_step(c, &segs[ch.si], &ch, slot, 0, cs);
+        host_step(c, &segs[ch.si], &ch, slot, 0);
         if ((rc = dev_step(c, s, &segs[ch.si], &ch, slot, 0)))
             goto fail;
         CUG(cudaEventRecord(c->ev[slot], c->stream));
@@ -1589,7 +1523,7 @@ static int cu_kv_read(void *bctx, void *stp, uint32_t ti, uint64_t row0, uint64_
     if ((rc = kv_seg(c, ti, row0, nrows, (uint8_t *)dst, &g)) ||
         (rc = have_pages(c, s, row0, row0 + nrows, c->descs[ti].name)))
         return rc;
-    return xfer_save(c, s, &g, 1, NULL);
+    return xfer_save(c, s, &g, 1);
 }
 
 static int cu_kv_write(void *bctx, void *stp, uint32_t ti, uint64_t row0, uint64_t nrows,
@@ -1604,7 +1538,7 @@ static int cu_kv_write(void *bctx, void *stp, uint32_t ti, uint64_t row0, uint64
     if ((rc = kv_seg(c, ti, row0, nrows, (uint8_t *)src, &g)) ||
         (rc = ensure_pages(c, s, row0, row0 + nrows)))
         return rc;
-    return xfer_load(c, s, &g, 1, NULL);
+    return xfer_load(c, s, &g, 1);
 }
 
 static int cu_running_io(cu_ctx *c, cu_state *s, uint32_t ti, void *buf, uint64_t len, int write)
@@ -1635,7 +1569,7 @@ static int cu_running_io(cu_ctx *c, cu_state *s, uint32_t ti, void *buf, uint64_
     g.units = len / 4;
     g.dev = s->run + c->run_off[ti];
     g.host = (uint8_t *)buf;
-    return write ? xfer_load(c, s, &g, 1, NULL) : xfer_save(c, s, &g, 1, NULL);
+    return write ? xfer_load(c, s, &g, 1) : xfer_save(c, s, &g, 1);
 }
 
 static int cu_running_read(void *bctx, void *st, uint32_t ti, void *dst, uint64_t len)
@@ -1666,7 +1600,6 @@ static int state_segs(cu_ctx *c, cu_state *s, st_image *img, const st_image *cim
                                     " the image holds %llu bytes, expected %llu",
                                     c->descs[ti].name, (unsigned long long)len,
                                     (unsigned long long)(n * g->rb));
-            g->hash = HASH_RAW;
             continue;
         }
         const void *p = save ? st_image_checkpoint_tensor(img, ci, ti, &len)
@@ -1680,7 +1613,6 @@ static int state_segs(cu_ctx *c, cu_state *s, st_image *img, const st_image *cim
         g->host = (uint8_t *)p;
         if (t->what == W_POS) {
             g->kind = SEG_HOST;
-            g->hash = HASH_RAW;
             g->units = 8;
             if (save)
                 memcpy(g->host, &s->pos, 8);
@@ -1690,17 +1622,14 @@ static int state_segs(cu_ctx *c, cu_state *s, st_image *img, const st_image *cim
         g->units = c->run_len[ti] / 4;
         if (codec == ST_CODEC_FP32) {
             g->kind = SEG_F32;
-            g->hash = HASH_F32_BF16;
         } else {
             g->kind = SEG_BF16;
-            g->hash = save ? HASH_RAW : HASH_BF16_QUIET;
         }
     }
     return 0;
 }
 
-static int cu_save(void *bctx, void *stp, st_image *img, uint32_t ci, uint64_t n,
-                   st_checksum_state *cs)
+static int cu_save(void *bctx, void *stp, st_image *img, uint32_t ci, uint64_t n)
 {
     cu_ctx *c = (cu_ctx *)bctx;
     cu_state *s = (cu_state *)stp;
@@ -1723,13 +1652,12 @@ static int cu_save(void *bctx, void *stp, st_image *img, uint32_t ci, uint64_t n
         return st_error_set(ENOMEM, "cuda backend: save");
     rc = state_segs(c, s, img, NULL, ci, n, codec, 1, segs);
     if (!rc)
-        rc = xfer_save(c, s, segs, c->n_desc, cs);
+        rc = xfer_save(c, s, segs, c->n_desc);
     free(segs);
     return rc;
 }
 
-static int cu_load(void *bctx, void *stp, const st_image *img, uint32_t ci, uint64_t n,
-                   st_checksum_state *cs)
+static int cu_load(void *bctx, void *stp, const st_image *img, uint32_t ci, uint64_t n)
 {
     cu_ctx *c = (cu_ctx *)bctx;
     cu_state *s = (cu_state *)stp;
@@ -1759,7 +1687,7 @@ static int cu_load(void *bctx, void *stp, const st_image *img, uint32_t ci, uint
                                   (unsigned long long)pos, (long long)p);
         }
     if (!rc)
-        rc = xfer_load(c, s, segs, c->n_desc, cs);
+        rc = xfer_load(c, s, segs, c->n_desc);
     if (!rc)
         s->pos = p;
     free(segs);

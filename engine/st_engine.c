@@ -33,6 +33,7 @@ void st_engine_free(st_engine *e)
     if (e->be && e->bctx)
         e->be->destroy(e->bctx);
     st_pool_free(e->pool);
+    free(e->hstage);
     pthread_mutex_destroy(&e->lock);
     free(e);
 }

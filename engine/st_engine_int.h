@@ -129,18 +129,14 @@ typedef struct st_backend {
                     const void *src);
     /* Optional bulk transfers (NULL: the slot code uses the per-tensor functions above). A
      * backend whose state lives in another memory (the CUDA backend) moves the whole state in
-     * one pipelined pass and hashes it on the way: cs receives, tensor by tensor in geometry
-     * order, exactly what the state hash covers (K/V rows [0, n) as stored, f32 running tensors
-     * rounded to bf16, other running tensors as stored). Only used with checkpoint codecs fp32
-     * and bf16.
+     * one pipelined pass. The slot code computes the state hash from the image (after a save,
+     * before a load's swap). Only used with checkpoint codecs fp32 and bf16.
      * save: the live state into img: K/V rows [0, n) into its K/V buffers (n is its n_tokens)
      *       and the running tensors into checkpoint ci, in that checkpoint's codec.
      * load: K/V rows [0, n) and checkpoint ci of img into st (new and reset); the position
      *       tensor must hold the checkpoint's position (ST_ECORRUPT otherwise). */
-    int (*save)(void *bctx, void *st, st_image *img, uint32_t ci, uint64_t n,
-                st_checksum_state *cs);
-    int (*load)(void *bctx, void *st, const st_image *img, uint32_t ci, uint64_t n,
-                st_checksum_state *cs);
+    int (*save)(void *bctx, void *st, st_image *img, uint32_t ci, uint64_t n);
+    int (*load)(void *bctx, void *st, const st_image *img, uint32_t ci, uint64_t n);
 } st_backend;
 
 extern const st_backend st_backend_cpu;
@@ -157,6 +153,10 @@ struct st_engine {
     st_pool *pool;
     pthread_mutex_t lock; /* one slot computes at a time */
     st_geometry geom;     /* tensors point into the backend's list */
+    /* The state hash's staging buffer (st_slot.c), kept between calls so that hashing a state
+     * does not fault in fresh memory each time; used under lock. */
+    uint8_t *hstage;
+    uint64_t hstage_cap;
 };
 
 /* A conversation-cache checkpoint: host copies of every running tensor. */

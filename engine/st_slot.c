@@ -14,10 +14,11 @@
  *    checkpoint starts at one of these points, so it is cut exactly as a full read would be.
  * 5. Restore builds a complete new backend state and checkpoint chain, verifies them (positions,
  *    state hash), and only then swaps them in; the old ones are freed after the swap.
- * 6. The state hash is XXH3-64 over: n_tokens (u64), the tokens (u32 each), then for each
- *    geometry tensor in order: K/V rows [0, n_tokens) as stored; f32 running tensors rounded to
- *    bf16 (so the hash survives a conversion of the stored state between fp32 and bf16); other
- *    running tensors as stored.
+ * 6. The state hash (defined in statestore/st_store.h) covers the tokens, the K/V rows and the
+ *    running state as the slot holds it after a restore: f32 tensors as the fp32 values widened
+ *    from the stored codec. A snapshot hashes the finished image (what a restore will widen); a
+ *    restore hashes the fresh backend state read back (the bulk path: the image's bytes it
+ *    sent). Block digests run on the pool, so the value never depends on the thread count.
  */
 #include <errno.h>
 #include <math.h>
@@ -364,84 +365,140 @@ int st_slot_sample(const st_slot *s, float temp, uint64_t seed, uint32_t *token)
 }
 
 /* ---- state hash ------------------------------------------------------------------------------ */
-static int state_hash(st_engine *e, void *bst, const uint32_t *tokens, uint64_t n, uint64_t *out)
+#define HASH_STAGE ((uint64_t)16 << 20) /* bytes of backend state staged per parallel pass */
+
+typedef struct hash_run {
+    st_state_hash_task task;
+    void *arg;
+    uint64_t base;
+} hash_run;
+
+static void hash_pool_task(void *ctx, uint32_t task, uint32_t thread)
+{
+    (void)thread;
+    const hash_run *r = (const hash_run *)ctx;
+    r->task(r->arg, r->base + task);
+}
+
+/* The state hash's runner: the block digests on the engine's pool. */
+static void hash_runner(void *run_arg, uint64_t n, st_state_hash_task task, void *arg)
+{
+    st_engine *e = (st_engine *)run_arg;
+    hash_run r = {task, arg, 0};
+    for (r.base = 0; r.base < n; r.base += (uint64_t)1 << 30) {
+        uint64_t k = n - r.base < ((uint64_t)1 << 30) ? n - r.base : ((uint64_t)1 << 30);
+        st_pool_run(e->pool, (uint32_t)k, hash_pool_task, &r, k * ST_STATE_HASH_BLOCK);
+    }
+}
+
+/* The state hash of an image (what its restore must find), on the pool. */
+static int image_hash(st_engine *e, const st_image *img, uint64_t *out)
+{
+    return st_image_state_hash_compute(img, hash_runner, e, out);
+}
+
+/* Bytes segment 1 + ti of the state hash covers for a backend state of n tokens. */
+static uint64_t hash_seg_bytes(const st_engine *e, uint32_t ti, uint64_t n)
+{
+    const st_tensor_desc *d = &e->geom.tensors[ti];
+    if (d->role == ST_ROLE_KV)
+        return n * st_tensor_row_bytes(d);
+    return st_engine_running_bytes(e, ti);
+}
+
+/* The state hash of a backend state holding tokens[0..n), its running state as a snapshot in
+ * codec would record it (f32 tensors rounded through codec, then widened): see st_store.h. The
+ * tensors are read into a staging buffer a group at a time and each group's block digests are
+ * computed on the pool. */
+static int state_hash(st_engine *e, void *bst, const uint32_t *tokens, uint64_t n, uint32_t codec,
+                      uint64_t *out)
 {
     const st_geometry *g = &e->geom;
-    st_checksum_state cs = {0};
-    uint8_t *buf = NULL;
-    uint16_t *h16 = NULL;
-    int rc = st_checksum_init(&cs);
-    if (rc)
-        return st_error_set(rc, "state hash");
-    uint64_t maxb = SCRATCH_BYTES;
-    for (uint32_t ti = 0; ti < g->n_tensors; ti++)
-        if (st_engine_running_bytes(e, ti) > maxb)
-            maxb = st_engine_running_bytes(e, ti);
-    buf = malloc(maxb);
-    h16 = malloc(SCRATCH_BYTES / 2);
-    if (!buf || !h16) {
-        rc = st_error_set(ENOMEM, "state hash: scratch");
+    st_state_hash_seg *segs = NULL;
+    uint64_t *dg = NULL, total, maxb = 0, cap, used = 0, d0;
+    uint8_t *stage, *tmp = NULL;
+    uint32_t first = 0;
+    int rc = 0;
+    size_t es = st_codec_elem_size(codec);
+    if (!es)
+        return st_error_set(ST_ECODEC, "state hash: codec %u", codec);
+    total = st_state_hash_blocks(n * 4);
+    for (uint32_t ti = 0; ti < g->n_tensors; ti++) {
+        uint64_t b = hash_seg_bytes(e, ti, n);
+        total += st_state_hash_blocks(b);
+        if (b > maxb)
+            maxb = b;
+    }
+    cap = maxb > HASH_STAGE ? maxb : HASH_STAGE;
+    cap = (cap + 63) & ~(uint64_t)63;
+    if (e->hstage_cap < cap) {
+        free(e->hstage);
+        e->hstage_cap = 0;
+        if (!(e->hstage = st_big_alloc((size_t)cap))) {
+            rc = st_error_set(ENOMEM, "state hash: staging of %llu bytes", (unsigned long long)cap);
+            goto done;
+        }
+        e->hstage_cap = cap;
+    }
+    stage = e->hstage;
+    segs = calloc(g->n_tensors + 1, sizeof *segs);
+    dg = malloc((size_t)(total ? total : 1) * sizeof *dg);
+    if (codec != ST_CODEC_FP32)
+        tmp = st_big_alloc((size_t)maxb);
+    if (!segs || !dg || (codec != ST_CODEC_FP32 && !tmp)) {
+        rc = st_error_set(ENOMEM, "state hash: staging");
         goto done;
     }
-    uint64_t n_le = n;
-    st_checksum_update(&cs, &n_le, 8);
-    st_checksum_update(&cs, tokens, n * sizeof *tokens);
-    for (uint32_t ti = 0; ti < g->n_tensors; ti++) {
-        const st_tensor_desc *d = &g->tensors[ti];
-        if (d->role == ST_ROLE_KV) {
-            uint64_t rb = st_tensor_row_bytes(d), per = SCRATCH_BYTES / rb;
-            if (per == 0)
-                per = 1;
-            if (rb > maxb) {
-                rc = st_error_set(ST_EINVAL, "state hash: K/V row of %llu bytes",
-                                  (unsigned long long)rb);
+    segs[0] = (st_state_hash_seg){tokens, n * 4, -1};
+    if ((rc = st_state_hash_digests(segs, 1, dg, hash_runner, e)))
+        goto done;
+    d0 = st_state_hash_blocks(n * 4);
+    first = 1;
+    for (uint32_t ti = 0; ti <= g->n_tensors; ti++) {
+        uint64_t b = ti < g->n_tensors ? hash_seg_bytes(e, ti, n) : 0;
+        int f32 = ti < g->n_tensors && g->tensors[ti].role != ST_ROLE_KV &&
+                  g->tensors[ti].dtype == ST_DTYPE_F32;
+        uint64_t held = f32 ? b / 4 * es : b; /* the bytes the stage holds for it */
+        if (ti == g->n_tensors || used + held > cap) {
+            /* hash the group staged so far: segments [first, 1 + ti) */
+            if ((rc = st_state_hash_digests(segs + first, 1 + ti - first, dg + d0, hash_runner, e)))
                 goto done;
-            }
-            for (uint64_t r = 0; r < n; r += per) {
-                uint64_t k = n - r < per ? n - r : per;
-                if ((rc = e->be->kv_read(e->bctx, bst, ti, r, k, buf)))
-                    goto done;
-                st_checksum_update(&cs, buf, k * rb);
-            }
-            continue;
+            for (uint32_t k = first; k < 1 + ti; k++)
+                d0 += st_state_hash_blocks(segs[k].bytes);
+            first = 1 + ti;
+            used = 0;
+            if (ti == g->n_tensors)
+                break;
         }
-        uint64_t b = st_engine_running_bytes(e, ti);
-        if ((rc = e->be->running_read(e->bctx, bst, ti, buf, b)))
-            goto done;
-        if (d->dtype != ST_DTYPE_F32) {
-            st_checksum_update(&cs, buf, b);
-            continue;
+        st_state_hash_seg *sg = &segs[1 + ti];
+        *sg = (st_state_hash_seg){stage + used, b, -1};
+        if (g->tensors[ti].role == ST_ROLE_KV) {
+            if (n && (rc = e->be->kv_read(e->bctx, bst, ti, 0, n, stage + used)))
+                goto done;
+        } else if (!f32 || codec == ST_CODEC_FP32) {
+            if (b && (rc = e->be->running_read(e->bctx, bst, ti, stage + used, b)))
+                goto done;
+        } else {
+            if ((rc = e->be->running_read(e->bctx, bst, ti, tmp, b)) ||
+                (rc = st_codec_convert(codec, stage + used, ST_CODEC_FP32, tmp, (size_t)(b / 4),
+                                       NULL, 0)))
+                goto done;
+            sg->widen = (int32_t)codec;
         }
-        const float *f = (const float *)buf;
-        uint64_t ne = b / 4, per = SCRATCH_BYTES / 4;
-        for (uint64_t i = 0; i < ne; i += per) {
-            uint64_t k = ne - i < per ? ne - i : per;
-            st_codec_bf16_encode(h16, f + i, k);
-            st_checksum_update(&cs, h16, k * 2);
-        }
+        used += (held + 63) & ~(uint64_t)63;
     }
-    *out = st_checksum_final(&cs);
+    *out = st_state_hash_combine(n, dg, total);
+    if (!*out)
+        rc = st_error_set(ENOMEM, "state hash: out of memory");
 done:
-    st_checksum_free(&cs);
-    free(buf);
-    free(h16);
+    free(segs);
+    free(dg);
+    free(tmp);
     return rc;
 }
 
-/* The state hash's stream up to the tensors: n_tokens (u64 LE) and the tokens. */
-static int hash_begin(st_checksum_state *cs, const uint32_t *tokens, uint64_t n)
-{
-    int rc = st_checksum_init(cs);
-    if (rc)
-        return st_error_set(rc, "state hash");
-    uint64_t n_le = n;
-    st_checksum_update(cs, &n_le, 8);
-    st_checksum_update(cs, tokens, n * sizeof *tokens);
-    return 0;
-}
-
-/* A backend with bulk transfers (st_backend.save / .load) moves and hashes the whole state in
- * one pass when the live checkpoint is in one of these codecs. */
+/* A backend with bulk transfers (st_backend.save / .load) moves the whole state in one pass when
+ * the live checkpoint is in one of these codecs. */
 static int bulk_ok(uint32_t codec)
 {
     return codec == ST_CODEC_FP32 || codec == ST_CODEC_BF16;
@@ -449,9 +506,8 @@ static int bulk_ok(uint32_t codec)
 
 int st_slot_state_hash(const st_slot *s, uint32_t codec, uint64_t *out)
 {
-    (void)codec; /* the hash rounds f32 state to bf16 whatever the codec: see invariant 6 */
     pthread_mutex_lock(&s->e->lock);
-    int rc = state_hash(s->e, s->st, s->tokens, s->n_tokens, out);
+    int rc = state_hash(s->e, s->st, s->tokens, s->n_tokens, codec, out);
     pthread_mutex_unlock(&s->e->lock);
     return rc;
 }
@@ -531,22 +587,17 @@ int st_slot_snapshot(st_slot *s, int mode, uint32_t codec, st_image **out)
         if ((rc = add_ckpt(e, img, s->ck[i].e.position, &s->ck[i], NULL, codec, scratch)))
             goto done;
     if (bulk) {
-        /* the live state and its hash in one pass of the backend */
-        st_checksum_state cs = {0};
+        /* the live state in one pass of the backend */
         uint32_t ci;
         if ((rc = st_image_checkpoint_add(img, s->n_tokens, codec, &ci)) ||
-            (rc = hash_begin(&cs, s->tokens, s->n_tokens)))
+            (rc = e->be->save(e->bctx, s->st, img, ci, s->n_tokens)))
             goto done;
-        rc = e->be->save(e->bctx, s->st, img, ci, s->n_tokens, &cs);
-        h = st_checksum_final(&cs);
-        st_checksum_free(&cs);
-        if (rc)
-            goto done;
-    } else if ((rc = add_ckpt(e, img, s->n_tokens, NULL, s->st, codec, scratch)) ||
-               (rc = state_hash(e, s->st, s->tokens, s->n_tokens, &h))) {
+    } else if ((rc = add_ckpt(e, img, s->n_tokens, NULL, s->st, codec, scratch))) {
         goto done;
     }
-    if ((rc = st_image_logits_set(img, s->logits, e->m->hp.n_vocab)))
+    /* the hash of the state as stored (in codec) and as a restore will widen it */
+    if ((rc = st_image_logits_set(img, s->logits, e->m->hp.n_vocab)) ||
+        (rc = image_hash(e, img, &h)))
         goto done;
     st_image_state_hash_set(img, h);
     if ((rc = st_image_check(img)))
@@ -689,14 +740,9 @@ int st_slot_restore(st_slot *s, const st_image *img)
     st_image_checkpoint_info(img, nck - 1, &live_pos, &live_codec);
     int bulk = be->load && bulk_ok(live_codec);
     if (bulk) {
-        /* K/V and the live state and their hash in one pass of the backend */
-        st_checksum_state cs = {0};
-        if ((rc = hash_begin(&cs, tokens, n)))
-            goto done;
-        rc = be->load(e->bctx, ns, img, nck - 1, n, &cs);
-        h = st_checksum_final(&cs);
-        st_checksum_free(&cs);
-        if (rc)
+        /* K/V and the live state in one pass of the backend, which puts the image's bytes on
+         * the device unchanged: the hash is verified over the bytes it sent */
+        if ((rc = be->load(e->bctx, ns, img, nck - 1, n)) || (rc = image_hash(e, img, &h)))
             goto done;
     }
     for (uint32_t ti = 0; !bulk && ti < g->n_tensors; ti++) {
@@ -736,7 +782,7 @@ int st_slot_restore(st_slot *s, const st_image *img)
             goto done;
         chain[n_chain - 1].e.position = pos;
     }
-    if (!bulk && (rc = state_hash(e, ns, tokens, n, &h)))
+    if (!bulk && (rc = state_hash(e, ns, tokens, n, ST_CODEC_FP32, &h)))
         goto done;
     if (st_image_state_hash(img) == 0) {
         rc = st_error_set(ST_ECORRUPT, "restore: the image carries no state hash");

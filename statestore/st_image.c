@@ -3,11 +3,20 @@
  *
  * The image's invariants are listed in st_store_int.h. Every mutating function either succeeds
  * completely or leaves the image as it was (allocations happen before anything is replaced).
+ * Buffers of 2 MiB and more (K/V tensors, checkpoint blocks) are mapped by st_alloc straight
+ * from the kernel, aligned to 2 MiB and offered for transparent huge pages: first-touching fresh
+ * memory page by page costs about 20 us per 4 KiB on a virtual machine, which dominated snapshot
+ * and restore. A fresh mapping is zero, so they need no zero-fill either (the kernel clears each
+ * huge page once, when it is first touched). A registry (address -> length) tells st_buf_free
+ * whether a buffer is such a mapping (munmap) or came from malloc (free(), e.g. the session-file
+ * reader's buffers); every image buffer is released through st_buf_free.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "st_store_int.h"
 
@@ -229,11 +238,132 @@ int st_geometry_compare(const st_geometry *a, const st_geometry *b)
 
 /* ---- image --------------------------------------------------------------------------------- */
 
-static uint8_t *st_alloc0(uint64_t n)
+#define ST_HUGE_PAGE ((uint64_t)2 << 20)
+
+/* The registry of mapped buffers: open addressing, linear probing, tombstones. */
+#define ST_REG_EMPTY ((uintptr_t)0)
+#define ST_REG_TOMB ((uintptr_t)1)
+typedef struct st_reg_ent {
+    uintptr_t p;
+    size_t len;
+} st_reg_ent;
+static pthread_mutex_t st_reg_mu = PTHREAD_MUTEX_INITIALIZER;
+static st_reg_ent *st_reg_tab;
+static size_t st_reg_cap, st_reg_used; /* used: live entries and tombstones */
+
+static size_t st_reg_slot(uintptr_t p, size_t cap)
 {
-    if (n > SIZE_MAX)
+    uint64_t h = (uint64_t)(p >> 21) * 0x9e3779b97f4a7c15ull;
+    return (size_t)(h >> 20) & (cap - 1);
+}
+
+/* Find p's slot (or NULL); the caller holds the lock. */
+static st_reg_ent *st_reg_find(uintptr_t p)
+{
+    if (!st_reg_cap)
         return NULL;
-    return calloc(n ? (size_t)n : 1, 1);
+    for (size_t i = st_reg_slot(p, st_reg_cap);; i = (i + 1) & (st_reg_cap - 1)) {
+        if (st_reg_tab[i].p == p)
+            return &st_reg_tab[i];
+        if (st_reg_tab[i].p == ST_REG_EMPTY)
+            return NULL;
+    }
+}
+
+static int st_reg_put(void *ptr, size_t len)
+{
+    uintptr_t p = (uintptr_t)ptr;
+    int rc = 0;
+    pthread_mutex_lock(&st_reg_mu);
+    if ((st_reg_used + 1) * 2 > st_reg_cap) {
+        size_t live = 0, cap = 64;
+        for (size_t i = 0; i < st_reg_cap; i++)
+            live += st_reg_tab[i].p > ST_REG_TOMB;
+        while ((live + 1) * 4 > cap)
+            cap *= 2;
+        st_reg_ent *t = calloc(cap, sizeof *t);
+        if (!t) {
+            rc = ENOMEM;
+            goto done;
+        }
+        for (size_t i = 0; i < st_reg_cap; i++) {
+            if (st_reg_tab[i].p <= ST_REG_TOMB)
+                continue;
+            size_t j = st_reg_slot(st_reg_tab[i].p, cap);
+            while (t[j].p != ST_REG_EMPTY)
+                j = (j + 1) & (cap - 1);
+            t[j] = st_reg_tab[i];
+        }
+        free(st_reg_tab);
+        st_reg_tab = t;
+        st_reg_cap = cap;
+        st_reg_used = live;
+    }
+    size_t i = st_reg_slot(p, st_reg_cap);
+    while (st_reg_tab[i].p > ST_REG_TOMB)
+        i = (i + 1) & (st_reg_cap - 1);
+    if (st_reg_tab[i].p == ST_REG_EMPTY)
+        st_reg_used++;
+    st_reg_tab[i].p = p;
+    st_reg_tab[i].len = len;
+done:
+    pthread_mutex_unlock(&st_reg_mu);
+    return rc;
+}
+
+/* Length of the mapping at p (0: not a mapped buffer); with take, it leaves the registry. */
+static size_t st_reg_len(const void *ptr, int take)
+{
+    size_t len = 0;
+    pthread_mutex_lock(&st_reg_mu);
+    st_reg_ent *e = st_reg_find((uintptr_t)ptr);
+    if (e) {
+        len = e->len;
+        if (take)
+            e->p = ST_REG_TOMB;
+    }
+    pthread_mutex_unlock(&st_reg_mu);
+    return len;
+}
+
+/* n bytes (at least 1), zeroed when zero is set (mapped buffers always are); see the file
+ * comment for sizes >= 2 MiB. Release with st_buf_free. */
+static uint8_t *st_alloc(uint64_t n, int zero)
+{
+    if (n > SIZE_MAX / 2)
+        return NULL;
+    if (n < ST_HUGE_PAGE)
+        return zero ? calloc(n ? (size_t)n : 1, 1) : malloc(n ? (size_t)n : 1);
+    size_t r = (size_t)((n + ST_HUGE_PAGE - 1) & ~(ST_HUGE_PAGE - 1));
+    size_t span = r + (size_t)ST_HUGE_PAGE;
+    uint8_t *m = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED)
+        return NULL;
+    uint8_t *a = (uint8_t *)(((uintptr_t)m + ST_HUGE_PAGE - 1) & ~(uintptr_t)(ST_HUGE_PAGE - 1));
+    if (a > m)
+        munmap(m, (size_t)(a - m));
+    if (m + span > a + r)
+        munmap(a + r, (size_t)(m + span - (a + r)));
+#ifdef MADV_HUGEPAGE
+    madvise(a, r, MADV_HUGEPAGE); /* advice only: without huge pages the memory still works */
+#endif
+    if (st_reg_put(a, r)) {
+        munmap(a, r);
+        return NULL;
+    }
+    return a;
+}
+
+/* Release an image buffer, mapped or malloc'd; accepts NULL. */
+static void st_buf_free(void *p)
+{
+    if (!p)
+        return;
+    size_t len = st_reg_len(p, 1);
+    if (len)
+        munmap(p, len);
+    else
+        free(p);
 }
 
 /* Lay out a checkpoint block for each codec: running tensors in geometry order, each aligned to
@@ -262,12 +392,12 @@ void st_image_free(st_image *img)
     if (!img)
         return;
     for (uint32_t c = 0; c < img->n_ckpt; c++)
-        free(img->ckpt[c].data);
+        st_buf_free(img->ckpt[c].data);
     free(img->ckpt);
     free(img->ckpt_off);
     if (img->kv)
         for (uint32_t i = 0; i < img->g.n_tensors; i++)
-            free(img->kv[i]);
+            st_buf_free(img->kv[i]);
     free(img->kv);
     free(img->tokens);
     free(img->logits);
@@ -334,9 +464,11 @@ const uint32_t *st_image_tokens(const st_image *img)
     return img ? img->tokens : NULL;
 }
 
-int st_image_tokens_set(st_image *img, const uint32_t *tokens, uint64_t n)
+/* st_image_tokens_set; zero_new 0 leaves new K/V rows unset (the caller overwrites them). */
+static int st_tokens_set(st_image *img, const uint32_t *tokens, uint64_t n, int zero_new)
 {
     uint64_t old;
+    uint8_t *fresh = NULL; /* fresh[ti]: kv[ti] is a new mapping, zero past the old rows */
 
     if (!img)
         return st_error_set(ST_EINVAL, "tokens set: NULL image");
@@ -354,13 +486,29 @@ int st_image_tokens_set(st_image *img, const uint32_t *tokens, uint64_t n)
             return st_error_set(ENOMEM, "tokens set: out of memory for %llu tokens",
                                 (unsigned long long)n);
         img->tokens = t;
+        if (zero_new) /* without it every new row is zeroed, which is only slower */
+            fresh = calloc(img->g.n_tensors ? img->g.n_tensors : 1, 1);
         for (uint32_t i = 0; i < img->g.n_tensors; i++) {
             uint8_t *k;
             if (img->tensors[i].role != ST_ROLE_KV)
                 continue;
-            k = realloc(img->kv[i], (size_t)(n * st_tensor_row_bytes(&img->tensors[i])));
-            if (!k)
+            uint64_t row = st_tensor_row_bytes(&img->tensors[i]);
+            size_t have = st_reg_len(img->kv[i], 0);
+            if (have >= n * row)
+                continue; /* a mapped buffer kept from a larger size still holds them */
+            if (n * row < ST_HUGE_PAGE && !have) {
+                k = realloc(img->kv[i], (size_t)(n * row));
+            } else if ((k = st_alloc(n * row, 0)) != NULL) {
+                if (old)
+                    memcpy(k, img->kv[i], (size_t)(old * row));
+                st_buf_free(img->kv[i]);
+                if (fresh)
+                    fresh[i] = 1;
+            }
+            if (!k) {
+                free(fresh);
                 return st_error_set(ENOMEM, "tokens set: out of memory for K/V tensor %u", i);
+            }
             img->kv[i] = k;
         }
     }
@@ -371,17 +519,25 @@ int st_image_tokens_set(st_image *img, const uint32_t *tokens, uint64_t n)
             continue;
         row = st_tensor_row_bytes(&img->tensors[i]);
         if (n > old) {
-            memset(img->kv[i] + old * row, 0, (size_t)((n - old) * row));
-        } else if (n < old && n > 0) {
+            if (zero_new && !(fresh && fresh[i]))
+                memset(img->kv[i] + old * row, 0, (size_t)((n - old) * row));
+        } else if (n < old && n > 0 && !st_reg_len(img->kv[i], 0)) {
+            /* a mapped buffer keeps its size: rows beyond n_tokens are never read */
             uint8_t *k = realloc(img->kv[i], (size_t)(n * row));
             if (k)
                 img->kv[i] = k;
         }
     }
+    free(fresh);
     if (n > 0)
         memcpy(img->tokens, tokens, (size_t)n * sizeof *tokens);
     img->n_tokens = n;
     return 0;
+}
+
+int st_image_tokens_set(st_image *img, const uint32_t *tokens, uint64_t n)
+{
+    return st_tokens_set(img, tokens, n, 1);
 }
 
 void *st_image_kv(st_image *img, uint32_t ti, uint64_t *len)
@@ -444,13 +600,13 @@ int st_image_ckpt_append_empty(st_image *img, uint64_t position, uint32_t codec,
     return 0;
 }
 
-int st_image_checkpoint_add(st_image *img, uint64_t position, uint32_t codec, uint32_t *index)
+static int st_ckpt_add(st_image *img, uint64_t position, uint32_t codec, uint32_t *index, int zero)
 {
-    uint32_t ci;
+    uint32_t ci = 0;
     int rc = st_image_ckpt_append_empty(img, position, codec, &ci);
     if (rc)
         return rc;
-    img->ckpt[ci].data = st_alloc0(img->ckpt_bytes[codec]);
+    img->ckpt[ci].data = st_alloc(img->ckpt_bytes[codec], zero);
     if (!img->ckpt[ci].data) {
         img->n_ckpt--;
         return st_error_set(ENOMEM, "checkpoint add: out of memory for %llu bytes",
@@ -459,6 +615,11 @@ int st_image_checkpoint_add(st_image *img, uint64_t position, uint32_t codec, ui
     if (index)
         *index = ci;
     return 0;
+}
+
+int st_image_checkpoint_add(st_image *img, uint64_t position, uint32_t codec, uint32_t *index)
+{
+    return st_ckpt_add(img, position, codec, index, 1);
 }
 
 uint32_t st_image_n_checkpoints(const st_image *img)
@@ -511,16 +672,20 @@ int st_image_checkpoint_recode(st_image *img, uint32_t ci, uint32_t codec, void 
     c = &img->ckpt[ci];
     if (c->codec == codec)
         return 0;
-    nd = st_alloc0(img->ckpt_bytes[codec]);
+    /* every tensor is written below; only the padding between them must be zeroed */
+    nd = st_alloc(img->ckpt_bytes[codec], 0);
     if (!nd)
         return st_error_set(ENOMEM, "checkpoint %u recode: out of memory for %llu bytes", ci,
                             (unsigned long long)img->ckpt_bytes[codec]);
+    uint64_t end = 0;
     for (uint32_t i = 0; i < img->g.n_tensors; i++) {
         const st_tensor_desc *t = &img->tensors[i];
         uint8_t *dst;
         const uint8_t *src;
         if (t->role != ST_ROLE_RUNNING)
             continue;
+        memset(nd + end, 0, (size_t)(st_ckpt_offset(img, codec, i) - end));
+        end = st_ckpt_offset(img, codec, i) + st_tensor_stored_bytes(t, codec);
         dst = nd + st_ckpt_offset(img, codec, i);
         src = c->data + st_ckpt_offset(img, c->codec, i);
         if (t->dtype != ST_DTYPE_F32) { /* other dtypes are stored unchanged */
@@ -534,12 +699,16 @@ int st_image_checkpoint_recode(st_image *img, uint32_t ci, uint32_t codec, void 
             snprintf(d, sizeof d, "%s", st_errdetail());
             st_error_set(rc, "checkpoint %u recode %s -> %s: tensor %u (\"%s\"): %s", ci,
                          st_codec_name(c->codec), st_codec_name(codec), i, t->name, d);
-            free(nd);
+            st_buf_free(nd);
             return rc;
         }
     }
+    if (img->ckpt_bytes[codec] > end)
+        memset(nd + end, 0, (size_t)(img->ckpt_bytes[codec] - end));
+    else if (end == 0)
+        nd[0] = 0; /* a block without running tensors still holds one (zero) byte */
     /* every conversion succeeded: the new block replaces the old one */
-    free(c->data);
+    st_buf_free(c->data);
     c->data = nd;
     c->codec = codec;
     return 0;
@@ -549,7 +718,7 @@ int st_image_checkpoint_remove(st_image *img, uint32_t ci)
 {
     if (!img || ci >= img->n_ckpt)
         return st_error_set(ST_ENOTFOUND, "checkpoint %u: no such checkpoint", ci);
-    free(img->ckpt[ci].data);
+    st_buf_free(img->ckpt[ci].data);
     memmove(&img->ckpt[ci], &img->ckpt[ci + 1], (img->n_ckpt - ci - 1) * sizeof *img->ckpt);
     img->n_ckpt--;
     return 0;
@@ -658,7 +827,7 @@ int st_image_clone(st_image **out, const st_image *img)
     rc = st_image_create(&c, &img->g);
     if (rc)
         return rc;
-    rc = st_image_tokens_set(c, img->tokens, img->n_tokens);
+    rc = st_tokens_set(c, img->tokens, img->n_tokens, 0); /* every row is copied below */
     if (rc)
         goto fail;
     for (uint32_t i = 0; i < img->g.n_tensors; i++)
@@ -666,8 +835,8 @@ int st_image_clone(st_image **out, const st_image *img)
             memcpy(c->kv[i], img->kv[i],
                    (size_t)(img->n_tokens * st_tensor_row_bytes(&img->tensors[i])));
     for (uint32_t k = 0; k < img->n_ckpt; k++) {
-        uint32_t ci;
-        rc = st_image_checkpoint_add(c, img->ckpt[k].position, img->ckpt[k].codec, &ci);
+        uint32_t ci = 0;
+        rc = st_ckpt_add(c, img->ckpt[k].position, img->ckpt[k].codec, &ci, 0);
         if (rc)
             goto fail;
         memcpy(c->ckpt[ci].data, img->ckpt[k].data, (size_t)img->ckpt_bytes[img->ckpt[k].codec]);
@@ -680,5 +849,180 @@ int st_image_clone(st_image **out, const st_image *img)
     return 0;
 fail:
     st_image_free(c);
+    return rc;
+}
+
+/* ---- the state hash (st_store.h) -------------------------------------------------------------- */
+
+#define ST_WIDEN_SLICE 4096u /* fp32 elements widened at a time, on the stack */
+
+uint64_t st_state_hash_blocks(uint64_t bytes)
+{
+    return (bytes + ST_STATE_HASH_BLOCK - 1) / ST_STATE_HASH_BLOCK;
+}
+
+typedef struct st_hash_job {
+    const st_state_hash_seg *segs;
+    uint32_t n_segs;
+    const uint64_t *first; /* [n_segs + 1]: index of each segment's first digest */
+    uint64_t *digests;
+    int err;               /* first error of a task (written with atomics) */
+} st_hash_job;
+
+static void st_hash_block(void *arg, uint64_t i)
+{
+    st_hash_job *j = arg;
+    uint32_t lo = 0, hi = j->n_segs;
+    /* the last segment with first[lo] <= i: it holds digest i (an empty one never does) */
+    while (hi - lo > 1) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (j->first[mid] <= i)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    const st_state_hash_seg *g = &j->segs[lo];
+    uint64_t off = (i - j->first[lo]) * ST_STATE_HASH_BLOCK;
+    uint64_t len = g->bytes - off < ST_STATE_HASH_BLOCK ? g->bytes - off : ST_STATE_HASH_BLOCK;
+    if (g->widen < 0 || g->widen == ST_CODEC_FP32) {
+        j->digests[i] = st_checksum((const uint8_t *)g->data + off, (size_t)len);
+        return;
+    }
+    /* widened: elements [off / 4, (off + len) / 4) of the codec's array, hashed as fp32 */
+    st_checksum_state cs = {0};
+    float buf[ST_WIDEN_SLICE];
+    size_t es = st_codec_elem_size((uint32_t)g->widen);
+    const uint8_t *src = (const uint8_t *)g->data + off / 4 * es;
+    uint64_t ne = len / 4;
+    if (st_checksum_init(&cs)) {
+        __atomic_store_n(&j->err, ENOMEM, __ATOMIC_RELAXED);
+        return;
+    }
+    for (uint64_t e = 0; e < ne; e += ST_WIDEN_SLICE) {
+        size_t k = ne - e < ST_WIDEN_SLICE ? (size_t)(ne - e) : ST_WIDEN_SLICE;
+        st_codec_convert(ST_CODEC_FP32, buf, (uint32_t)g->widen, src + e * es, k, NULL, 0);
+        st_checksum_update(&cs, buf, k * sizeof *buf);
+    }
+    j->digests[i] = st_checksum_final(&cs);
+    st_checksum_free(&cs);
+}
+
+int st_state_hash_digests(const st_state_hash_seg *segs, uint32_t n_segs, uint64_t *digests,
+                          st_state_hash_runner run, void *run_arg)
+{
+    st_hash_job j = {segs, n_segs, NULL, digests, 0};
+    uint64_t *first = NULL, total = 0;
+    if (n_segs == 0)
+        return 0;
+    if (!segs || !digests)
+        return st_error_set(ST_EINVAL, "state hash: NULL segments or digests");
+    first = malloc(((size_t)n_segs + 1) * sizeof *first);
+    if (!first)
+        return st_error_set(ENOMEM, "state hash: out of memory");
+    for (uint32_t s = 0; s < n_segs; s++) {
+        int32_t w = segs[s].widen;
+        if (w >= 0 && (st_codec_check((uint32_t)w) || segs[s].bytes % 4)) {
+            free(first);
+            return st_error_set(ST_ECODEC, "state hash: segment %u widened from codec %d over "
+                                "%llu bytes", s, (int)w, (unsigned long long)segs[s].bytes);
+        }
+        if (segs[s].bytes && !segs[s].data) {
+            free(first);
+            return st_error_set(ST_EINVAL, "state hash: segment %u has no data", s);
+        }
+        first[s] = total;
+        total += st_state_hash_blocks(segs[s].bytes);
+    }
+    first[n_segs] = total;
+    j.first = first;
+    if (run)
+        run(run_arg, total, st_hash_block, &j);
+    else
+        for (uint64_t i = 0; i < total; i++)
+            st_hash_block(&j, i);
+    free(first);
+    if (j.err)
+        return st_error_set(j.err, "state hash: out of memory for a block's state");
+    return 0;
+}
+
+uint64_t st_state_hash_combine(uint64_t n_tokens, const uint64_t *digests, uint64_t n_digests)
+{
+    st_checksum_state cs = {0};
+    uint64_t head[2] = {n_tokens, n_digests}, h;
+    if (st_checksum_init(&cs)) {
+        /* no memory for a streaming state: hash the same bytes laid out in one buffer */
+        uint64_t *all = malloc((size_t)(n_digests + 2) * sizeof *all);
+        if (!all)
+            return 0; /* never a valid hash: the caller reports it */
+        memcpy(all, head, sizeof head);
+        if (n_digests)
+            memcpy(all + 2, digests, (size_t)n_digests * sizeof *all);
+        h = st_checksum(all, (size_t)(n_digests + 2) * sizeof *all);
+        free(all);
+        return h ? h : 1;
+    }
+    st_checksum_update(&cs, head, sizeof head);
+    if (n_digests)
+        st_checksum_update(&cs, digests, (size_t)n_digests * sizeof *digests);
+    h = st_checksum_final(&cs);
+    st_checksum_free(&cs);
+    return h ? h : 1;
+}
+
+int st_image_state_hash_compute(const st_image *img, st_state_hash_runner run, void *run_arg,
+                                uint64_t *out)
+{
+    st_state_hash_seg *segs = NULL;
+    uint64_t *dg = NULL, total = 0, h;
+    int rc;
+
+    if (!out)
+        return st_error_set(ST_EINVAL, "state hash: NULL output");
+    *out = 0;
+    if ((rc = st_image_check(img)))
+        return rc;
+    const st_ckpt *live = &img->ckpt[img->n_ckpt - 1];
+    uint32_t ns = img->g.n_tensors + 1;
+    segs = calloc(ns, sizeof *segs);
+    if (!segs)
+        return st_error_set(ENOMEM, "state hash: out of memory");
+    segs[0].data = img->tokens;
+    segs[0].bytes = img->n_tokens * 4;
+    segs[0].widen = -1;
+    for (uint32_t i = 0; i < img->g.n_tensors; i++) {
+        const st_tensor_desc *t = &img->tensors[i];
+        st_state_hash_seg *g = &segs[i + 1];
+        g->widen = -1;
+        if (t->role == ST_ROLE_KV) {
+            g->data = img->kv[i];
+            g->bytes = img->n_tokens * st_tensor_row_bytes(t);
+            continue;
+        }
+        g->data = live->data + st_ckpt_offset(img, live->codec, i);
+        if (t->dtype == ST_DTYPE_F32) {
+            g->bytes = st_tensor_elems(t) * 4;
+            g->widen = (int32_t)live->codec;
+        } else {
+            g->bytes = st_tensor_stored_bytes(t, live->codec);
+        }
+    }
+    for (uint32_t s = 0; s < ns; s++)
+        total += st_state_hash_blocks(segs[s].bytes);
+    if (!(dg = malloc((size_t)(total ? total : 1) * sizeof *dg))) {
+        rc = st_error_set(ENOMEM, "state hash: out of memory for %llu digests",
+                          (unsigned long long)total);
+        goto done;
+    }
+    if ((rc = st_state_hash_digests(segs, ns, dg, run, run_arg)))
+        goto done;
+    if (!(h = st_state_hash_combine(img->n_tokens, dg, total))) {
+        rc = st_error_set(ENOMEM, "state hash: out of memory");
+        goto done;
+    }
+    *out = h;
+done:
+    free(segs);
+    free(dg);
     return rc;
 }

@@ -116,6 +116,17 @@ static void test_bf16_and_diff(void **state)
         if (rc != 1)
             fail_msg("statectl diff exited %d:\n%s", rc, out);
         assert_non_null(strstr(out, "largest relative error"));
+        /* converted by statectl (f16, and bf16 -> f16 -> fp32), the sessions restore: the
+         * conversion records the hash of the re-coded state once the old one verified */
+        sh(1, BIN "/statectl convert %s/f32.stsf %s/f16.stsf --codec f16", g_dir, g_dir);
+        sh(1, BIN "/statectl convert %s/bf16.stsf %s/c1.stsf --codec f16", g_dir, g_dir);
+        sh(1, BIN "/statectl convert %s/c1.stsf %s/c2.stsf --codec fp32", g_dir, g_dir);
+        const char *again[] = {"f16.stsf", "c1.stsf", "c2.stsf"};
+        for (int i = 0; i < 3; i++) {
+            sh(1, BIN "/strata generate -m %s/m.gguf -n 6 --ignore-eos --session-in %s/%s "
+               "--tokens", g_dir, g_dir, again[i]);
+            assert_non_null(strstr(out, "restored"));
+        }
     }
 }
 

@@ -13,6 +13,7 @@
 #include <cmocka.h>
 
 #include "engine_test.h"
+#include "st_migrate.h"
 
 static char g_dir[4096];
 static char g_model[4200], g_other[4200];
@@ -391,6 +392,156 @@ static int teardown(void **state)
     return 0;
 }
 
+/* Restore img into a fresh slot (must succeed) and generate n greedy tokens into out. */
+static void restore_gen(const st_image *img, uint32_t threads, uint32_t n, uint32_t *out)
+{
+    st_engine_opts o = opts(threads);
+    rig r;
+    rig_open(&r, g_model, &o);
+    int rc = st_slot_restore(r.s, img);
+    if (rc)
+        fail_msg("restore: %s", st_errdetail());
+    uint64_t h = 0;
+    uint32_t codec;
+    assert_int_equal(st_image_checkpoint_info(img, st_image_n_checkpoints(img) - 1, NULL, &codec),
+                     0);
+    /* the slot holds the widened values: as fp32 they hash to what the image records */
+    assert_int_equal(st_slot_state_hash(r.s, ST_CODEC_FP32, &h), 0);
+    assert_true(h == st_image_state_hash(img));
+    gen(r.s, n, out, 0.0f);
+    const float *l = st_slot_logits(r.s, NULL);
+    for (uint32_t i = 0; i < ST_VOCAB_BYTES; i++)
+        assert_false(isnan(l[i]));
+    rig_close(&r);
+}
+
+/* Zero the f32 running tensors of img's live checkpoint. */
+static void zero_live(st_image *img)
+{
+    const st_geometry *g = st_image_geometry(img);
+    uint32_t last = st_image_n_checkpoints(img) - 1;
+    for (uint32_t ti = 0; ti < g->n_tensors; ti++)
+        if (g->tensors[ti].role == ST_ROLE_RUNNING && g->tensors[ti].dtype == ST_DTYPE_F32) {
+            uint64_t len = 0;
+            void *p = st_image_checkpoint_tensor(img, last, ti, &len);
+            assert_true(len > 0);
+            memset(p, 0, len);
+        }
+}
+
+/* The state hash is codec-independent in the sound sense: it covers the values a restore puts
+ * in the slot, so state stored (or converted) in any codec restores and continues. */
+static void test_state_hash_codecs(void **state)
+{
+    (void)state;
+    uint32_t toks[256], a[16], b[16];
+    uint64_t n = et_tokens(toks, "Convert me between codecs and bring me back.");
+    st_engine_opts o = opts(2);
+    rig r;
+    rig_open(&r, g_model, &o);
+    assert_int_equal(st_slot_eval(r.s, toks, n, 0, NULL), 0);
+    gen(r.s, 5, a, 0.0f);
+    st_image *fp = NULL, *f16 = NULL, *x = NULL;
+    uint64_t h;
+    assert_int_equal(st_slot_snapshot(r.s, ST_SNAPSHOT_PARK, ST_CODEC_FP32, &fp), 0);
+    assert_int_equal(st_slot_snapshot(r.s, ST_SNAPSHOT_PARK, ST_CODEC_F16, &f16), 0);
+    /* the slot's hash through a codec is what a snapshot in that codec records */
+    assert_int_equal(st_slot_state_hash(r.s, ST_CODEC_F16, &h), 0);
+    assert_true(h == st_image_state_hash(f16));
+    assert_int_equal(st_slot_state_hash(r.s, ST_CODEC_FP32, &h), 0);
+    assert_true(h == st_image_state_hash(fp));
+    assert_true(st_image_state_hash(f16) != st_image_state_hash(fp));
+    gen(r.s, 8, a, 0.0f);
+
+    /* 1. a snapshot in f16 restores and continues; fp32 continues exactly */
+    restore_gen(f16, 2, 8, b);
+    restore_gen(fp, 2, 8, b);
+    assert_memory_equal(a, b, sizeof a[0] * 8);
+
+    /* 2. an fp32 snapshot re-coded to f16 (st_image_checkpoint_recode): the recorded hash no
+     *    longer describes it until recomputed, as a conversion does; then it restores */
+    void *scratch = malloc(ST_CODEC_SCRATCH_MAX);
+    assert_non_null(scratch);
+    assert_int_equal(st_image_clone(&x, fp), 0);
+    for (uint32_t ci = 0; ci < st_image_n_checkpoints(x); ci++)
+        assert_int_equal(st_image_checkpoint_recode(x, ci, ST_CODEC_F16, scratch,
+                                                    ST_CODEC_SCRATCH_MAX), 0);
+    rig q;
+    rig_open(&q, g_model, &o);
+    assert_int_equal(st_slot_restore(q.s, x), ST_ECORRUPT);
+    assert_int_equal(st_slot_n_tokens(q.s), 0);
+    rig_close(&q);
+    assert_int_equal(st_image_state_hash_compute(x, NULL, NULL, &h), 0);
+    assert_true(h == st_image_state_hash(f16));
+    st_image_state_hash_set(x, h);
+    restore_gen(x, 1, 8, b);
+    st_image_free(x);
+    x = NULL;
+    free(scratch);
+
+    /* 3. fp32 -> bf16 -> f16 -> fp32 through the conversions (which recompute a verified
+     *    hash): each step restores and continues */
+    assert_int_equal(st_image_clone(&x, fp), 0);
+    uint32_t chain[] = {ST_CODEC_BF16, ST_CODEC_F16, ST_CODEC_FP32};
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(st_migrate_image_recode(x, chain[i]), 0);
+        restore_gen(x, 2, 4, b);
+    }
+    /* fp32 -> bf16 -> f16 -> fp32 is lossy, so the hash differs from the original's */
+    assert_true(st_image_state_hash(x) != st_image_state_hash(fp));
+    /* a conversion never makes unverifiable state pass: zeroed state keeps its old hash */
+    uint64_t hx = st_image_state_hash(x);
+    zero_live(x);
+    assert_int_equal(st_migrate_image_recode(x, ST_CODEC_BF16), 0);
+    assert_true(st_image_state_hash(x) == hx);
+    rig_open(&q, g_model, &o);
+    assert_int_equal(st_slot_restore(q.s, x), ST_ECORRUPT);
+    assert_non_null(strstr(st_errdetail(), "state hash"));
+    rig_close(&q);
+    st_image_free(x);
+
+    /* 4. an image whose running state was zeroed is refused, in f16 too */
+    zero_live(f16);
+    rig_open(&q, g_model, &o);
+    assert_int_equal(st_slot_restore(q.s, f16), ST_ECORRUPT);
+    assert_non_null(strstr(st_errdetail(), "state hash mismatch"));
+    assert_int_equal(st_slot_n_tokens(q.s), 0);
+    rig_close(&q);
+    st_image_free(f16);
+    st_image_free(fp);
+    rig_close(&r);
+}
+
+/* The hash's block digests run on the pool: any thread count gives the same value, and it is
+ * the value of the definition computed on one thread. */
+static void test_state_hash_threads(void **state)
+{
+    (void)state;
+    uint32_t toks[256], out[8];
+    uint64_t n = et_tokens(toks, "The same conversation on one, two and three threads.");
+    uint64_t ref = 0;
+    for (uint32_t th = 1; th <= 3; th++) {
+        st_engine_opts o = opts(th);
+        rig r;
+        rig_open(&r, g_model, &o);
+        assert_int_equal(st_slot_eval(r.s, toks, n, 0, NULL), 0);
+        gen(r.s, 6, out, 0.0f);
+        st_image *img = NULL;
+        uint64_t h = 0, hs = 0;
+        assert_int_equal(st_slot_snapshot(r.s, ST_SNAPSHOT_SESSION, ST_CODEC_BF16, &img), 0);
+        assert_int_equal(st_image_state_hash_compute(img, NULL, NULL, &h), 0);
+        assert_true(h == st_image_state_hash(img));
+        assert_int_equal(st_slot_state_hash(r.s, ST_CODEC_BF16, &hs), 0);
+        assert_true(hs == h);
+        if (th == 1)
+            ref = h;
+        assert_true(h == ref);
+        restore_gen(img, 4 - th, 2, out);
+        st_image_free(img);
+        rig_close(&r);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -399,6 +550,8 @@ int main(void)
         cmocka_unit_test(test_prefix_reuse),
         cmocka_unit_test(test_periodic_and_park),
         cmocka_unit_test(test_cache_limits),
+        cmocka_unit_test(test_state_hash_codecs),
+        cmocka_unit_test(test_state_hash_threads),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

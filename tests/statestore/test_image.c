@@ -491,9 +491,156 @@ static void test_image_minimal(void **state)
     assert_null(st_image_geometry(NULL));
 }
 
+/* The state hash as st_store.h defines it, recomputed here block by block: segments of tokens,
+ * K/V rows and the live checkpoint widened to fp32, 1 MiB blocks, digests combined in order. */
+static uint64_t ref_digests(uint64_t *dg, uint64_t k, const void *p, uint64_t bytes)
+{
+    for (uint64_t off = 0; off < bytes; off += ST_STATE_HASH_BLOCK) {
+        uint64_t len = bytes - off < ST_STATE_HASH_BLOCK ? bytes - off : ST_STATE_HASH_BLOCK;
+        dg[k++] = st_checksum((const uint8_t *)p + off, (size_t)len);
+    }
+    return k;
+}
+
+static void reverse_runner(void *run_arg, uint64_t n, st_state_hash_task task, void *arg)
+{
+    *(uint64_t *)run_arg += n;
+    for (uint64_t i = n; i-- > 0;)
+        task(arg, i);
+}
+
+static uint64_t ref_hash(const st_image *img)
+{
+    const st_geometry *g = st_image_geometry(img);
+    uint64_t n = st_image_n_tokens(img), k = 0, dg[64], *all;
+    uint32_t live = st_image_n_checkpoints(img) - 1, codec;
+    assert_int_equal(st_image_checkpoint_info(img, live, NULL, &codec), 0);
+    k = ref_digests(dg, k, st_image_tokens(img), n * 4);
+    for (uint32_t ti = 0; ti < g->n_tensors; ti++) {
+        uint64_t len = 0;
+        if (g->tensors[ti].role == ST_ROLE_KV) {
+            const void *p = st_image_kv_const(img, ti, &len);
+            k = ref_digests(dg, k, p, len);
+            continue;
+        }
+        const void *p = st_image_checkpoint_tensor_const(img, live, ti, &len);
+        if (g->tensors[ti].dtype != ST_DTYPE_F32) {
+            k = ref_digests(dg, k, p, len);
+            continue;
+        }
+        uint64_t ne = st_tensor_elems(&g->tensors[ti]);
+        float *w = malloc(ne * 4);
+        assert_non_null(w);
+        assert_int_equal(st_codec_convert(ST_CODEC_FP32, w, codec, p, ne, NULL, 0), 0);
+        k = ref_digests(dg, k, w, ne * 4);
+        free(w);
+        assert_true(k < 60);
+    }
+    all = malloc((k + 2) * 8);
+    assert_non_null(all);
+    all[0] = n;
+    all[1] = k;
+    memcpy(all + 2, dg, k * 8);
+    uint64_t h = st_checksum(all, (k + 2) * 8);
+    free(all);
+    return h ? h : 1;
+}
+
+static void test_state_hash(void **state)
+{
+    (void)state;
+    st_geometry g;
+    st_tensor_desc t[4];
+    memset(&g, 0, sizeof g);
+    g.page_size = 16;
+    g.n_ctx = 64;
+    g.n_vocab = 8;
+    g.n_tensors = 4;
+    /* K/V rows of 40000 bytes: 40 rows cross a block boundary; 300000 floats: 2 blocks widened */
+    desc(&t[0], "k", ST_ROLE_KV, ST_DTYPE_I8, 2, 64, 40000, 0);
+    desc(&t[1], "ssm", ST_ROLE_RUNNING, ST_DTYPE_F32, 1, 300000, 0, 0);
+    desc(&t[2], "empty_kv", ST_ROLE_KV, ST_DTYPE_F16, 2, 64, 1, 0);
+    desc(&t[3], "pos", ST_ROLE_RUNNING, ST_DTYPE_I64, 1, 1, 0, 0);
+    g.tensors = t;
+    st_image *img = NULL;
+    uint32_t toks[40], ci;
+    for (uint32_t i = 0; i < 40; i++)
+        toks[i] = i * 7 + 1;
+    assert_int_equal(st_image_create(&img, &g), 0);
+    assert_int_equal(st_image_tokens_set(img, toks, 40), 0);
+    uint64_t len;
+    uint8_t *kv = st_image_kv(img, 0, &len);
+    for (uint64_t i = 0; i < len; i++)
+        kv[i] = (uint8_t)(i * 131 + (i >> 13));
+    assert_int_equal(st_image_checkpoint_add(img, 40, ST_CODEC_FP32, &ci), 0);
+    float *f = st_image_checkpoint_tensor(img, ci, 1, &len);
+    for (uint64_t i = 0; i < 300000; i++)
+        f[i] = (float)((double)i * 1e-3 - 17.0) * (i % 3 ? 1.0f : -0.37f);
+    int64_t pos = 40;
+    memcpy(st_image_checkpoint_tensor(img, ci, 3, &len), &pos, 8);
+
+    uint64_t h1 = 0, h2 = 0, calls = 0;
+    assert_int_equal(st_image_state_hash_compute(img, NULL, NULL, &h1), 0);
+    assert_true(h1 == ref_hash(img));
+    /* any order of the block digests gives the same value */
+    assert_int_equal(st_image_state_hash_compute(img, reverse_runner, &calls, &h2), 0);
+    assert_true(h2 == h1);
+    assert_true(calls > 0);
+    /* re-coded: the hash covers the values as they widen from the stored codec */
+    void *scratch = malloc(ST_CODEC_SCRATCH_MAX);
+    assert_non_null(scratch);
+    uint32_t codecs[] = {ST_CODEC_BF16, ST_CODEC_F16, ST_CODEC_FP32};
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(st_image_checkpoint_recode(img, ci, codecs[i], scratch,
+                                                    ST_CODEC_SCRATCH_MAX), 0);
+        assert_int_equal(st_image_state_hash_compute(img, reverse_runner, &calls, &h2), 0);
+        assert_true(h2 == ref_hash(img));
+        if (i < 2)
+            assert_true(h2 != h1); /* these values are not exact in bf16 / f16 */
+    }
+    free(scratch);
+    /* zeroed running state or K/V hash differently */
+    f = st_image_checkpoint_tensor(img, ci, 1, &len);
+    memset(f, 0, len);
+    assert_int_equal(st_image_state_hash_compute(img, NULL, NULL, &h2), 0);
+    assert_true(h2 != h1 && h2 == ref_hash(img));
+    /* K/V buffers across the 2 MiB line (mapped, huge pages): rows kept, new rows zero after
+     * a grow, a shrink and a grow again */
+    uint32_t many[64];
+    for (uint32_t i = 0; i < 64; i++)
+        many[i] = i;
+    uint8_t *copy = malloc(40 * 40000);
+    assert_non_null(copy);
+    memcpy(copy, st_image_kv(img, 0, &len), 40 * 40000);
+    uint64_t sizes[] = {64, 10, 64};
+    for (int k = 0; k < 3; k++) {
+        assert_int_equal(st_image_tokens_set(img, many, sizes[k]), 0);
+        kv = st_image_kv(img, 0, &len);
+        assert_int_equal(len, sizes[k] * 40000);
+        uint64_t keep = k == 0 ? 40 : 10;
+        assert_memory_equal(kv, copy, (size_t)(keep < sizes[k] ? keep : sizes[k]) * 40000);
+        for (uint64_t b = keep * 40000; b < len; b++)
+            assert_int_equal(kv[b], 0);
+        if (k == 0)
+            memset(kv + 50 * 40000, 0x5a, 40000); /* beyond the shrink: zero again after it */
+    }
+    st_image *cl = NULL;
+    assert_int_equal(st_image_clone(&cl, img), 0);
+    assert_memory_equal(st_image_kv(cl, 0, &len), st_image_kv(img, 0, &len), len);
+    st_image_free(cl);
+    free(copy);
+    /* an incomplete image has no state hash */
+    st_image *e = NULL;
+    assert_int_equal(st_image_create(&e, &g), 0);
+    assert_int_equal(st_image_state_hash_compute(e, NULL, NULL, &h2), ST_EINVAL);
+    st_image_free(e);
+    st_image_free(img);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_state_hash),
         cmocka_unit_test(test_dtype_helpers),   cmocka_unit_test(test_geometry_check),
         cmocka_unit_test(test_geometry_compare), cmocka_unit_test(test_image_build),
         cmocka_unit_test(test_image_clone),     cmocka_unit_test(test_image_recode),
