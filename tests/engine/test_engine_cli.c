@@ -13,37 +13,7 @@
 
 #include <cmocka.h>
 
-#include "engine_test.h"
-
-static char g_dir[4096];
-static char out[65536];
-
-#define BIN ST_BIN_DIR
-
-static void sh(int expect_ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sh(int expect_ok, const char *fmt, ...)
-{
-    char cmd[8192];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    int rc = st_test_run(out, sizeof out, "( %s )", cmd);
-    if (expect_ok && rc != 0)
-        fail_msg("command failed (%d): %s\n%s", rc, cmd, out);
-    if (!expect_ok && rc == 0)
-        fail_msg("command succeeded but should not have: %s\n%s", cmd, out);
-}
-
-static unsigned char *slurp(const char *name, size_t *len)
-{
-    char p[4300];
-    snprintf(p, sizeof p, "%s/%s", g_dir, name);
-    unsigned char *b = st_test_slurp(p, len);
-    if (!b)
-        fail_msg("cannot read %s", p);
-    return b;
-}
+#include "engine_cli_test.h"
 
 static void test_identity_fp32(void **state)
 {
