@@ -3,7 +3,7 @@
 #   make build      configure and build into build/
 #   make test       deps + build + every test that needs no GPU, then the sanitizer suite
 #   make test-slow  the long suites (ctest label `slow`)
-#   make bench      benchmarks; figures go to docs/BENCHMARKS.md by hand with the command used
+#   make bench      benchmarks (BENCH_ARGS=--quick for a short run); figures: docs/BENCHMARKS.md
 #   make run        deps + build + the main job
 #   make fuzz       libFuzzer targets (clang) into build-fuzz/
 BUILD      ?= build

@@ -267,7 +267,8 @@ static int bench_framing(size_t bytes)
 
 static void usage(void)
 {
-    fprintf(stderr, "usage: bench_codec [--size-mib N] [--frame-mib N]\n"
+    fprintf(stderr, "usage: bench_codec [--quick] [--size-mib N] [--frame-mib N]\n"
+                    "  --quick        a short run: --size-mib 128 --frame-mib 16\n"
                     "  --size-mib N   fp32 MiB for the element codecs (default 1024)\n"
                     "  --frame-mib N  fp32 MiB for the framing (default 64, at most --size-mib)\n");
 }
@@ -284,6 +285,10 @@ int main(int argc, char **argv)
         else if (strcmp(argv[i], "--help") == 0) {
             usage();
             return 0;
+        } else if (strcmp(argv[i], "--quick") == 0) {
+            size_mib = 128;
+            frame_mib = 16;
+            continue;
         }
         char *end = NULL;
         if (!target || i + 1 >= argc || (*target = strtol(argv[++i], &end, 10)) <= 0 || *end ||
