@@ -29,7 +29,9 @@
  *    and NSTAGE device buffers of STAGE_BYTES: the GPU gathers K/V rows from pages (or encodes
  *    the running state to bf16) into a device buffer and copies it to a pinned buffer while the
  *    host copies earlier buffers into the image with the thread pool; a restore is the reverse.
- *    The state hash is the slot code's (engine/st_slot.c), computed on the pool from the image.
+ *    A snapshot / restore (save / load) also computes the state hash's block digests of the
+ *    tensors from the image's bytes in the same pool runs as the copies; the slot code
+ *    (engine/st_slot.c) adds the tokens' and combines them.
  */
 #include <errno.h>
 #include <math.h>
@@ -1344,17 +1346,116 @@ static int xnext(const seg *segs, uint32_t ns, xit *it, xchunk *ch)
     return 1;
 }
 
+/* The state hash's block digests of a transfer's segments (st_store.h: segment 1 + i of the hash
+ * is geometry tensor i, so segment i here), computed on the pool while the transfer runs: a
+ * segment's blocks are digested once its bytes up to their end are in host memory. */
+typedef struct xhash {
+    uint64_t *dg;    /* the digests of every segment, in order */
+    uint64_t *first; /* [ns] index in dg of a segment's first block */
+    uint64_t *next;  /* [ns] its next block to digest */
+    uint64_t *ready; /* [ns] its hashed bytes present in host memory */
+    uint64_t total;  /* blocks in all */
+    int err;
+} xhash;
+
+typedef struct xblock {
+    uint32_t si;
+    uint64_t b;
+} xblock;
+
+/* Bytes a segment's part of the state hash covers: f32 tensors as fp32 (bf16 ones widened). */
+static uint64_t seg_hbytes(const seg *g)
+{
+    switch (g->kind) {
+    case SEG_KV: return g->units * g->rb;
+    case SEG_F32:
+    case SEG_BF16: return g->units * 4;
+    default: return g->units;
+    }
+}
+
+static int xh_init(xhash *h, const seg *segs, uint32_t ns, uint64_t *dg)
+{
+    memset(h, 0, sizeof *h);
+    if (!dg)
+        return 0;
+    h->first = (uint64_t *)calloc((size_t)ns * 3 + 1, sizeof *h->first);
+    if (!h->first)
+        return st_error_set(ENOMEM, "cuda backend: state hash of a transfer");
+    h->next = h->first + ns;
+    h->ready = h->next + ns;
+    h->dg = dg;
+    for (uint32_t i = 0; i < ns; i++) {
+        h->first[i] = h->total;
+        h->total += st_state_hash_blocks(seg_hbytes(&segs[i]));
+    }
+    return 0;
+}
+
+static void xh_free(xhash *h)
+{
+    free(h->first);
+}
+
+/* Segment si's hashed bytes are present up to unit u. */
+static void xh_ready(xhash *h, const seg *g, uint32_t si, uint64_t u)
+{
+    if (h->dg)
+        h->ready[si] = u >= g->units ? seg_hbytes(g) : u * (seg_hbytes(g) / g->units);
+}
+
+/* The blocks present and not yet digested, at most cap, into bl. */
+static uint32_t xh_collect(xhash *h, const seg *segs, uint32_t ns, xblock *bl, uint32_t cap)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; h->dg && i < ns && n < cap; i++) {
+        uint64_t hb = seg_hbytes(&segs[i]), nb = st_state_hash_blocks(hb);
+        while (h->next[i] < nb && n < cap) {
+            uint64_t end = (h->next[i] + 1) * ST_STATE_HASH_BLOCK;
+            if ((end < hb ? end : hb) > h->ready[i])
+                break;
+            bl[n].si = i;
+            bl[n].b = h->next[i]++;
+            n++;
+        }
+    }
+    return n;
+}
+
+/* Digest block b of segment g into dg (the segment's first digest): the state hash's own block
+ * function over a one-block segment starting at the block. */
+static void xh_block(xhash *h, const seg *g, uint64_t *dg, uint64_t b)
+{
+    uint64_t hb = seg_hbytes(g), off = b * ST_STATE_HASH_BLOCK;
+    st_state_hash_seg hs;
+    hs.data = g->host + (g->kind == SEG_BF16 ? off / 2 : off);
+    hs.bytes = hb - off < ST_STATE_HASH_BLOCK ? hb - off : ST_STATE_HASH_BLOCK;
+    hs.widen = g->kind == SEG_BF16 ? (int32_t)ST_CODEC_BF16 : -1;
+    if (st_state_hash_digests(&hs, 1, dg + b, NULL, NULL))
+        __atomic_store_n(&h->err, ENOMEM, __ATOMIC_RELAXED);
+}
+
 typedef struct hjob {
     uint8_t *stage, *host;
     size_t bytes, piece;
     int to_host;
+    uint32_t ncopy;
+    /* digests to compute in the same run */
+    xhash *xh;
+    const seg *segs;
+    const xblock *bl;
 } hjob;
 
-/* Each task copies one piece. */
+/* Tasks [0, ncopy) copy one piece each; the others digest one block each. */
 static void hjob_task(void *ctx, uint32_t task, uint32_t thread)
 {
     (void)thread;
     hjob *j = (hjob *)ctx;
+    if (task >= j->ncopy) {
+        const xblock *x = &j->bl[task - j->ncopy];
+        xh_block(j->xh, &j->segs[x->si], j->xh->dg + j->xh->first[x->si], x->b);
+        return;
+    }
     size_t a = (size_t)task * j->piece;
     if (a >= j->bytes)
         return;
@@ -1365,24 +1466,35 @@ static void hjob_task(void *ctx, uint32_t task, uint32_t thread)
         memcpy(j->stage + a, j->host + a, b - a);
 }
 
-/* The host's part of a chunk: copy between the pinned buffer and the caller's memory on the
- * pool. */
-static void host_step(cu_ctx *c, const seg *g, const xchunk *ch, int slot, int save)
+/* The host's part of a chunk on the pool: copy between the pinned buffer and the caller's memory
+ * (ch may be NULL: no copy) and digest the blocks of the state hash present by now. */
+static void host_step(cu_ctx *c, const seg *segs, uint32_t ns, xhash *xh, xblock *bl,
+                      const xchunk *ch, int slot, int save)
 {
     hjob j;
     memset(&j, 0, sizeof j);
-    uint64_t u = seg_unit(g);
-    j.stage = c->hstage[slot];
-    j.host = g->host + ch->a * u;
-    j.bytes = g->kind == SEG_HOST ? 0 : (size_t)((ch->b - ch->a) * u);
-    j.to_host = save;
-    if (!j.bytes)
+    if (ch) {
+        const seg *g = &segs[ch->si];
+        uint64_t u = seg_unit(g);
+        j.stage = c->hstage[slot];
+        j.host = g->host + ch->a * u;
+        j.bytes = g->kind == SEG_HOST ? 0 : (size_t)((ch->b - ch->a) * u);
+        j.to_host = save;
+    }
+    if (j.bytes) {
+        j.ncopy = (uint32_t)((j.bytes + (256u << 10) - 1) / (256u << 10));
+        if (j.ncopy > c->n_threads)
+            j.ncopy = c->n_threads;
+        j.piece = (size_t)align_up((j.bytes + j.ncopy - 1) / j.ncopy, 64);
+    }
+    j.xh = xh;
+    j.segs = segs;
+    j.bl = bl;
+    uint32_t nb = xh->dg ? xh_collect(xh, segs, ns, bl, (uint32_t)xh->total) : 0;
+    uint32_t nt = j.ncopy + nb;
+    if (!nt)
         return;
-    uint32_t ncopy = (uint32_t)((j.bytes + (256u << 10) - 1) / (256u << 10));
-    if (ncopy > c->n_threads)
-        ncopy = c->n_threads;
-    j.piece = (size_t)align_up((j.bytes + ncopy - 1) / ncopy, 64);
-    st_pool_run(c->e->pool, ncopy, hjob_task, &j, ncopy > 1 ? (uint64_t)1 << 40 : 0);
+    st_pool_run(c->e->pool, nt, hjob_task, &j, nt > 1 ? (uint64_t)1 << 40 : 0);
 }
 
 /* The device's part of a chunk, queued on the stream. */
@@ -1434,13 +1546,22 @@ static int dev_step(cu_ctx *c, cu_state *s, const seg *g, const xchunk *ch, int 
     }
 }
 
-/* Device -> host: up to NSTAGE chunks queued ahead of the host, which copies them out. */
-static int xfer_save(cu_ctx *c, cu_state *s, const seg *segs, uint32_t ns)
+/* Device -> host: up to NSTAGE chunks queued ahead of the host, which copies them out and
+ * digests (dg not NULL) the blocks copied out by earlier steps. */
+static int xfer_save(cu_ctx *c, cu_state *s, const seg *segs, uint32_t ns, uint64_t *dg)
 {
     xit it = {0, 0};
     xchunk q[NSTAGE], ch;
     uint64_t ni = 0, nd = 0;
-    int rc = 0;
+    xhash xh;
+    xblock *bl = NULL;
+    int rc;
+    if ((rc = xh_init(&xh, segs, ns, dg)))
+        return rc;
+    if (dg && !(bl = (xblock *)malloc((size_t)(xh.total ? xh.total : 1) * sizeof *bl))) {
+        rc = st_error_set(ENOMEM, "cuda backend: state hash of a transfer");
+        goto done;
+    }
     for (;;) {
         while (ni - nd < NSTAGE && xnext(segs, ns, &it, &ch)) {
             int slot = (int)(ni % NSTAGE);
@@ -1454,36 +1575,67 @@ static int xfer_save(cu_ctx *c, cu_state *s, const seg *segs, uint32_t ns)
             break;
         int slot = (int)(nd % NSTAGE);
         CUG(cudaEventSynchronize(c->ev[slot]));
-        host_step(c, &segs[q[slot].si], &q[slot], slot, 1);
+        host_step(c, segs, ns, &xh, bl, &q[slot], slot, 1);
+        xh_ready(&xh, &segs[q[slot].si], q[slot].si, q[slot].b);
         nd++;
     }
-    return 0;
+    if (dg) {
+        for (uint32_t i = 0; i < ns; i++)
+            xh_ready(&xh, &segs[i], i, segs[i].units);
+        host_step(c, segs, ns, &xh, bl, NULL, 0, 1);
+        if (xh.err)
+            rc = st_error_set(xh.err, "cuda backend: state hash: out of memory for a block");
+    }
+    goto done;
 fail:
     cu_release(cudaStreamSynchronize(c->stream), "cudaStreamSynchronize");
+done:
+    free(bl);
+    xh_free(&xh);
     return rc;
 }
 
-/* Host -> device: the host fills pinned buffer k while buffers k-1.. are in flight. */
-static int xfer_load(cu_ctx *c, cu_state *s, const seg *segs, uint32_t ns)
+/* Host -> device: the host fills pinned buffer k (and digests, dg not NULL, the blocks of the
+ * state hash up to its end) while buffers k-1.. are in flight. */
+static int xfer_load(cu_ctx *c, cu_state *s, const seg *segs, uint32_t ns, uint64_t *dg)
 {
     xit it = {0, 0};
     xchunk ch;
     uint64_t k = 0;
-    int rc = 0;
+    xhash xh;
+    xblock *bl = NULL;
+    int rc;
+    if ((rc = xh_init(&xh, segs, ns, dg)))
+        return rc;
+    if (dg && !(bl = (xblock *)malloc((size_t)(xh.total ? xh.total : 1) * sizeof *bl))) {
+        rc = st_error_set(ENOMEM, "cuda backend: state hash of a transfer");
+        goto done;
+    }
     while (xnext(segs, ns, &it, &ch)) {
         int slot = (int)(k % NSTAGE);
         if (k >= NSTAGE)
             CUG(cudaEventSynchronize(c->ev[slot]));
-        host_step(c, &segs[ch.si], &ch, slot, 0);
+        xh_ready(&xh, &segs[ch.si], ch.si, ch.b);
+        host_step(c, segs, ns, &xh, bl, &ch, slot, 0);
         if ((rc = dev_step(c, s, &segs[ch.si], &ch, slot, 0)))
             goto fail;
         CUG(cudaEventRecord(c->ev[slot], c->stream));
         k++;
     }
+    if (dg) {
+        for (uint32_t i = 0; i < ns; i++)
+            xh_ready(&xh, &segs[i], i, segs[i].units);
+        host_step(c, segs, ns, &xh, bl, NULL, 0, 0);
+    }
     CUG(cudaStreamSynchronize(c->stream));
-    return 0;
+    if (xh.err)
+        rc = st_error_set(xh.err, "cuda backend: state hash: out of memory for a block");
+    goto done;
 fail:
     cu_release(cudaStreamSynchronize(c->stream), "cudaStreamSynchronize");
+done:
+    free(bl);
+    xh_free(&xh);
     return rc;
 }
 
@@ -1523,7 +1675,7 @@ static int cu_kv_read(void *bctx, void *stp, uint32_t ti, uint64_t row0, uint64_
     if ((rc = kv_seg(c, ti, row0, nrows, (uint8_t *)dst, &g)) ||
         (rc = have_pages(c, s, row0, row0 + nrows, c->descs[ti].name)))
         return rc;
-    return xfer_save(c, s, &g, 1);
+    return xfer_save(c, s, &g, 1, NULL);
 }
 
 static int cu_kv_write(void *bctx, void *stp, uint32_t ti, uint64_t row0, uint64_t nrows,
@@ -1538,7 +1690,7 @@ static int cu_kv_write(void *bctx, void *stp, uint32_t ti, uint64_t row0, uint64
     if ((rc = kv_seg(c, ti, row0, nrows, (uint8_t *)src, &g)) ||
         (rc = ensure_pages(c, s, row0, row0 + nrows)))
         return rc;
-    return xfer_load(c, s, &g, 1);
+    return xfer_load(c, s, &g, 1, NULL);
 }
 
 static int cu_running_io(cu_ctx *c, cu_state *s, uint32_t ti, void *buf, uint64_t len, int write)
@@ -1569,7 +1721,7 @@ static int cu_running_io(cu_ctx *c, cu_state *s, uint32_t ti, void *buf, uint64_
     g.units = len / 4;
     g.dev = s->run + c->run_off[ti];
     g.host = (uint8_t *)buf;
-    return write ? xfer_load(c, s, &g, 1) : xfer_save(c, s, &g, 1);
+    return write ? xfer_load(c, s, &g, 1, NULL) : xfer_save(c, s, &g, 1, NULL);
 }
 
 static int cu_running_read(void *bctx, void *st, uint32_t ti, void *dst, uint64_t len)
@@ -1629,7 +1781,8 @@ static int state_segs(cu_ctx *c, cu_state *s, st_image *img, const st_image *cim
     return 0;
 }
 
-static int cu_save(void *bctx, void *stp, st_image *img, uint32_t ci, uint64_t n)
+static int cu_save(void *bctx, void *stp, st_image *img, uint32_t ci, uint64_t n,
+                   uint64_t *digests)
 {
     cu_ctx *c = (cu_ctx *)bctx;
     cu_state *s = (cu_state *)stp;
@@ -1652,12 +1805,13 @@ static int cu_save(void *bctx, void *stp, st_image *img, uint32_t ci, uint64_t n
         return st_error_set(ENOMEM, "cuda backend: save");
     rc = state_segs(c, s, img, NULL, ci, n, codec, 1, segs);
     if (!rc)
-        rc = xfer_save(c, s, segs, c->n_desc);
+        rc = xfer_save(c, s, segs, c->n_desc, digests);
     free(segs);
     return rc;
 }
 
-static int cu_load(void *bctx, void *stp, const st_image *img, uint32_t ci, uint64_t n)
+static int cu_load(void *bctx, void *stp, const st_image *img, uint32_t ci, uint64_t n,
+                   uint64_t *digests)
 {
     cu_ctx *c = (cu_ctx *)bctx;
     cu_state *s = (cu_state *)stp;
@@ -1687,7 +1841,7 @@ static int cu_load(void *bctx, void *stp, const st_image *img, uint32_t ci, uint
                                   (unsigned long long)pos, (long long)p);
         }
     if (!rc)
-        rc = xfer_load(c, s, segs, c->n_desc);
+        rc = xfer_load(c, s, segs, c->n_desc, digests);
     if (!rc)
         s->pos = p;
     free(segs);

@@ -134,9 +134,12 @@ typedef struct st_backend {
      * save: the live state into img: K/V rows [0, n) into its K/V buffers (n is its n_tokens)
      *       and the running tensors into checkpoint ci, in that checkpoint's codec.
      * load: K/V rows [0, n) and checkpoint ci of img into st (new and reset); the position
-     *       tensor must hold the checkpoint's position (ST_ECORRUPT otherwise). */
-    int (*save)(void *bctx, void *st, st_image *img, uint32_t ci, uint64_t n);
-    int (*load)(void *bctx, void *st, const st_image *img, uint32_t ci, uint64_t n);
+     *       tensor must hold the checkpoint's position (ST_ECORRUPT otherwise).
+     * digests (not NULL): also the state hash's block digests of segments 1.. (the geometry
+     *       tensors, st_store.h) of the image's bytes, computed while the state moves. */
+    int (*save)(void *bctx, void *st, st_image *img, uint32_t ci, uint64_t n, uint64_t *digests);
+    int (*load)(void *bctx, void *st, const st_image *img, uint32_t ci, uint64_t n,
+                uint64_t *digests);
 } st_backend;
 
 extern const st_backend st_backend_cpu;

@@ -497,6 +497,34 @@ done:
     return rc;
 }
 
+/* The digests of a bulk transfer's state hash (st_backend.save / .load): *dg holds room for all of
+ * a state of n tokens; the backend fills those of the geometry tensors (from *d0 on) while it
+ * moves the state. */
+static int bulk_digests(const st_engine *e, uint64_t n, uint64_t **dg, uint64_t *total,
+                        uint64_t *d0)
+{
+    *d0 = st_state_hash_blocks(n * 4);
+    *total = *d0;
+    for (uint32_t ti = 0; ti < e->geom.n_tensors; ti++)
+        *total += st_state_hash_blocks(hash_seg_bytes(e, ti, n));
+    if (!(*dg = malloc((size_t)(*total ? *total : 1) * sizeof **dg)))
+        return st_error_set(ENOMEM, "state hash: %llu digests", (unsigned long long)*total);
+    return 0;
+}
+
+/* The tokens' digests on the pool, then the hash of a bulk transfer's digests. */
+static int bulk_hash(st_engine *e, const uint32_t *tokens, uint64_t n, uint64_t *dg,
+                     uint64_t total, uint64_t *out)
+{
+    st_state_hash_seg tg = {tokens, n * 4, -1};
+    int rc = st_state_hash_digests(&tg, 1, dg, hash_runner, e);
+    if (rc)
+        return rc;
+    if (!(*out = st_state_hash_combine(n, dg, total)))
+        return st_error_set(ENOMEM, "state hash: out of memory");
+    return 0;
+}
+
 /* A backend with bulk transfers (st_backend.save / .load) moves the whole state in one pass when
  * the live checkpoint is in one of these codecs. */
 static int bulk_ok(uint32_t codec)
@@ -544,7 +572,7 @@ int st_slot_snapshot(st_slot *s, int mode, uint32_t codec, st_image **out)
     st_engine *e = s->e;
     st_image *img = NULL;
     void *scratch = NULL;
-    uint64_t h = 0;
+    uint64_t h = 0, *dg = NULL, nd = 0, d0 = 0;
     int rc;
     *out = NULL;
     if ((rc = st_codec_check(codec)))
@@ -564,6 +592,8 @@ int st_slot_snapshot(st_slot *s, int mode, uint32_t codec, st_image **out)
         (rc = st_image_tokens_set(img, s->tokens, s->n_tokens)))
         goto done;
     int bulk = e->be->save && bulk_ok(codec);
+    if (bulk && (rc = bulk_digests(e, s->n_tokens, &dg, &nd, &d0)))
+        goto done;
     for (uint32_t ti = 0; !bulk && ti < e->geom.n_tensors; ti++) {
         if (e->geom.tensors[ti].role != ST_ROLE_KV)
             continue;
@@ -590,14 +620,15 @@ int st_slot_snapshot(st_slot *s, int mode, uint32_t codec, st_image **out)
         /* the live state in one pass of the backend */
         uint32_t ci;
         if ((rc = st_image_checkpoint_add(img, s->n_tokens, codec, &ci)) ||
-            (rc = e->be->save(e->bctx, s->st, img, ci, s->n_tokens)))
+            (rc = e->be->save(e->bctx, s->st, img, ci, s->n_tokens, dg + d0)))
             goto done;
     } else if ((rc = add_ckpt(e, img, s->n_tokens, NULL, s->st, codec, scratch))) {
         goto done;
     }
-    /* the hash of the state as stored (in codec) and as a restore will widen it */
+    /* the hash of the state as stored (in codec) and as a restore will widen it: the bulk
+     * path's tensor digests were computed from the image's bytes as the backend wrote them */
     if ((rc = st_image_logits_set(img, s->logits, e->m->hp.n_vocab)) ||
-        (rc = image_hash(e, img, &h)))
+        (rc = bulk ? bulk_hash(e, s->tokens, s->n_tokens, dg, nd, &h) : image_hash(e, img, &h)))
         goto done;
     st_image_state_hash_set(img, h);
     if ((rc = st_image_check(img)))
@@ -608,6 +639,7 @@ done:
     pthread_mutex_unlock(&e->lock);
     st_image_free(img);
     free(scratch);
+    free(dg);
     return rc;
 }
 
@@ -704,7 +736,7 @@ int st_slot_restore(st_slot *s, const st_image *img)
     void *ns = NULL, *scratch = NULL;
     st_slot_ckpt *chain = NULL;
     uint32_t n_chain = 0;
-    uint64_t h = 0;
+    uint64_t h = 0, *dg = NULL, nd = 0, d0 = 0;
     int rc;
     const st_geometry *g = st_image_geometry(img);
     if ((rc = st_geometry_compare(&e->geom, g))) {
@@ -742,7 +774,9 @@ int st_slot_restore(st_slot *s, const st_image *img)
     if (bulk) {
         /* K/V and the live state in one pass of the backend, which puts the image's bytes on
          * the device unchanged: the hash is verified over the bytes it sent */
-        if ((rc = be->load(e->bctx, ns, img, nck - 1, n)) || (rc = image_hash(e, img, &h)))
+        if ((rc = bulk_digests(e, n, &dg, &nd, &d0)) ||
+            (rc = be->load(e->bctx, ns, img, nck - 1, n, dg + d0)) ||
+            (rc = bulk_hash(e, tokens, n, dg, nd, &h)))
             goto done;
     }
     for (uint32_t ti = 0; !bulk && ti < g->n_tensors; ti++) {
@@ -816,5 +850,6 @@ done:
     if (chain)
         chain_free(e, chain, n_chain);
     free(scratch);
+    free(dg);
     return rc;
 }
