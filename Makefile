@@ -6,6 +6,7 @@
 #   make bench      benchmarks (BENCH_ARGS=--quick for a short run); figures: docs/BENCHMARKS.md
 #   make run        deps + build + the main job
 #   make fuzz       libFuzzer targets (clang) into build-fuzz/
+MAKEFLAGS  += --no-print-directory
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
 FUZZ_BUILD ?= build-fuzz
