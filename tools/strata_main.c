@@ -119,6 +119,12 @@ int main(int argc, char **argv)
         return 2;
     }
     for (int i = 2; i < argc; i++) {
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            usage(stdout);
+            return 0;
+        }
+    }
+    for (int i = 2; i < argc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--ignore-eos")) {
             ignore_eos = 1;
