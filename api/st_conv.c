@@ -1188,6 +1188,11 @@ int st_conv_new(st_api_server *srv, st_conv **out)
     }
     st_engine_opts eo;
     st_engine_opts_default(&eo);
+    eo.backend = cfg->backend;
+    if (!eo.backend) {
+        const char *env = getenv("STRATA_BACKEND");
+        eo.backend = env && *env ? env : st_codec_cuda_available() ? "cuda" : "cpu";
+    }
     if (cfg->threads)
         eo.n_threads = cfg->threads;
     if (cfg->ubatch)
@@ -1204,6 +1209,7 @@ int st_conv_new(st_api_server *srv, st_conv **out)
     eo.prompt_cache_root = cfg->prompt_cache_root;
     if ((rc = st_engine_new(cv->model, &eo, &cv->engine)))
         goto fail;
+    fprintf(stderr, "strata-server: engine on the %s backend\n", eo.backend);
     cv->n_vocab = st_model_hparams_get(cv->model)->n_vocab;
     cv->n_ctx = st_engine_opts_get(cv->engine)->n_ctx;
     cv->n_slots = cfg->slots;

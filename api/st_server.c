@@ -1565,6 +1565,8 @@ int st_api_config_check(const st_api_config *cfg)
         return st_error_set(ST_EINVAL, "--workers must be 1..256, got %u", cfg->workers);
     if (!cfg->slots || cfg->slots > 1024)
         return st_error_set(ST_EINVAL, "--slots must be 1..1024, got %u", cfg->slots);
+    if (cfg->backend && strcmp(cfg->backend, "cpu") && strcmp(cfg->backend, "cuda"))
+        return st_error_set(ST_EINVAL, "--backend must be cpu or cuda, got \"%s\"", cfg->backend);
     const struct {
         const char *flag;
         uint64_t v, min;

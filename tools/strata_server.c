@@ -25,6 +25,8 @@ static void usage(FILE *f)
             "  --conversation-cache-mib N    RAM for parked conversations (default 1024; 0: park to disk)\n"
             "  --slot-save-path DIR          directory of /slots/{id}?action=save|restore files\n"
             "                                (default none: those actions answer 501)\n"
+            "  --backend cpu|cuda            compute backend (default: $STRATA_BACKEND, else cuda\n"
+            "                                where a GPU is present, else cpu)\n"
             "  --threads N                   compute threads (default 0: every online CPU)\n"
             "  --ubatch N                    prompt chunk in tokens (default 2048)\n"
             "  --ctx N                       slot context in tokens (default 0: the model's)\n"
@@ -118,6 +120,14 @@ int main(int argc, char **argv)
         if (!strcmp(a, "--slot-save-path")) { c.slot_save_path = v; continue; }
         if (!strcmp(a, "--spool-dir")) { c.spool_dir = v; continue; }
         if (!strcmp(a, "--ready-file")) { c.ready_file = v; continue; }
+        if (!strcmp(a, "--backend")) {
+            if (strcmp(v, "cpu") && strcmp(v, "cuda")) {
+                fprintf(stderr, "strata-server: --backend needs cpu|cuda, got \"%s\"\n", v);
+                return 2;
+            }
+            c.backend = v;
+            continue;
+        }
         if (!strcmp(a, "--meminfo")) { c.meminfo_path = v; continue; }
         if (!strcmp(a, "--mem-guard")) {
             if (strcmp(v, "on") && strcmp(v, "off")) {
