@@ -171,11 +171,12 @@ static uint32_t greedy(const st_slot *s)
     return tok;
 }
 
-/* Best of 3 park snapshots and restores; returns the image of the last snapshot. */
+/* Best of 3 park snapshots and restores; also the first of each (the first PARK fills the CUDA
+ * backend's pinned image pool: cudaHostAlloc of the image's buffers). */
 static void park_restore(st_slot *s, st_slot *r, uint32_t codec, uint64_t pcie, double d2h,
                          double h2d, double hash)
 {
-    double tp = 1e30, tr = 1e30;
+    double tp = 1e30, tr = 1e30, tp1 = 0, tr1 = 0;
     uint64_t img_bytes = 0;
     int rc;
     for (int i = 0; i < 3; i++) {
@@ -185,12 +186,14 @@ static void park_restore(st_slot *s, st_slot *r, uint32_t codec, uint64_t pcie, 
             die("park", rc);
         t = now_s() - t;
         tp = t < tp ? t : tp;
+        tp1 = i == 0 ? t : tp1;
         img_bytes = st_image_bytes(img);
         t = now_s();
         if ((rc = st_slot_restore(r, img)))
             die("restore", rc);
         t = now_s() - t;
         tr = t < tr ? t : tr;
+        tr1 = i == 0 ? t : tr1;
         st_image_free(img);
     }
     double gp = (double)pcie / tp / 1e9, gr = (double)pcie / tr / 1e9;
@@ -198,8 +201,9 @@ static void park_restore(st_slot *s, st_slot *r, uint32_t codec, uint64_t pcie, 
            "| XXH3 %4.2fx |\n", st_codec_name(codec), tp * 1e3, gp, d2h, gp / d2h, gp / hash);
     printf("| RESTORE from RAM (%s state) | %7.1f ms | %6.1f GB/s | pinned H2D %5.1f GB/s | %5.2fx "
            "| XXH3 %4.2fx |\n", st_codec_name(codec), tr * 1e3, gr, h2d, gr / h2d, gr / hash);
-    printf("|   (%.1f MB cross PCIe each way; the image holds %.1f MB)\n", (double)pcie / 1e6,
-           (double)img_bytes / 1e6);
+    printf("|   (%.1f MB cross PCIe each way; the image holds %.1f MB; first PARK %.1f ms, first "
+           "RESTORE %.1f ms)\n", (double)pcie / 1e6, (double)img_bytes / 1e6, tp1 * 1e3,
+           tr1 * 1e3);
 }
 
 int main(int argc, char **argv)

@@ -32,9 +32,12 @@
  *    A snapshot / restore (save / load) also computes the state hash's block digests of the
  *    tensors from the image's bytes in the same pool runs as the copies; the slot code
  *    (engine/st_slot.c) adds the tokens' and combines them.
+ *    Image buffers in the pinned image pool (PARK images, cu_image_allocator) skip the pinned
+ *    host buffers: the device copies straight to / from them (seg.direct).
  */
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1307,6 +1310,7 @@ typedef struct seg {
     uint32_t rb;
     uint8_t *dev;
     uint8_t *host;
+    int direct; /* host is pinned (the image pool): the device copies to / from it directly */
 } seg;
 
 static uint64_t seg_unit(const seg *g)
@@ -1478,7 +1482,7 @@ static void host_step(cu_ctx *c, const seg *segs, uint32_t ns, xhash *xh, xblock
         uint64_t u = seg_unit(g);
         j.stage = c->hstage[slot];
         j.host = g->host + ch->a * u;
-        j.bytes = g->kind == SEG_HOST ? 0 : (size_t)((ch->b - ch->a) * u);
+        j.bytes = g->kind == SEG_HOST || g->direct ? 0 : (size_t)((ch->b - ch->a) * u);
         j.to_host = save;
     }
     if (j.bytes) {
@@ -1501,6 +1505,7 @@ static void host_step(cu_ctx *c, const seg *segs, uint32_t ns, xhash *xh, xblock
 static int dev_step(cu_ctx *c, cu_state *s, const seg *g, const xchunk *ch, int slot, int save)
 {
     uint64_t n = ch->b - ch->a;
+    uint8_t *hs = g->direct ? g->host + ch->a * seg_unit(g) : c->hstage[slot];
     int rc;
     switch (g->kind) {
     case SEG_KV:
@@ -1508,10 +1513,10 @@ static int dev_step(cu_ctx *c, cu_state *s, const seg *g, const xchunk *ch, int 
             k_kv_copy<<<(unsigned)n, 128, 0, c->stream>>>(s->pages_d, g->koff, c->ps, g->rb,
                                                           g->row0 + ch->a, c->dstage[slot], 0);
             KCHECK("k_kv_copy");
-            CU(cudaMemcpyAsync(c->hstage[slot], c->dstage[slot], n * g->rb,
+            CU(cudaMemcpyAsync(hs, c->dstage[slot], n * g->rb,
                                cudaMemcpyDeviceToHost, c->stream));
         } else {
-            CU(cudaMemcpyAsync(c->dstage[slot], c->hstage[slot], n * g->rb,
+            CU(cudaMemcpyAsync(c->dstage[slot], hs, n * g->rb,
                                cudaMemcpyHostToDevice, c->stream));
             k_kv_copy<<<(unsigned)n, 128, 0, c->stream>>>(s->pages_d, g->koff, c->ps, g->rb,
                                                           g->row0 + ch->a, c->dstage[slot], 1);
@@ -1520,10 +1525,10 @@ static int dev_step(cu_ctx *c, cu_state *s, const seg *g, const xchunk *ch, int 
         return 0;
     case SEG_F32:
         if (save)
-            CU(cudaMemcpyAsync(c->hstage[slot], g->dev + ch->a * 4, n * 4, cudaMemcpyDeviceToHost,
+            CU(cudaMemcpyAsync(hs, g->dev + ch->a * 4, n * 4, cudaMemcpyDeviceToHost,
                                c->stream));
         else
-            CU(cudaMemcpyAsync(g->dev + ch->a * 4, c->hstage[slot], n * 4, cudaMemcpyHostToDevice,
+            CU(cudaMemcpyAsync(g->dev + ch->a * 4, hs, n * 4, cudaMemcpyHostToDevice,
                                c->stream));
         return 0;
     case SEG_BF16:
@@ -1531,10 +1536,10 @@ static int dev_step(cu_ctx *c, cu_state *s, const seg *g, const xchunk *ch, int 
             if ((rc = st_codec_cuda_convert(ST_CODEC_BF16, c->dstage[slot], ST_CODEC_FP32,
                                             g->dev + ch->a * 4, n, c->stream)))
                 return rc;
-            CU(cudaMemcpyAsync(c->hstage[slot], c->dstage[slot], n * 2, cudaMemcpyDeviceToHost,
+            CU(cudaMemcpyAsync(hs, c->dstage[slot], n * 2, cudaMemcpyDeviceToHost,
                                c->stream));
         } else {
-            CU(cudaMemcpyAsync(c->dstage[slot], c->hstage[slot], n * 2, cudaMemcpyHostToDevice,
+            CU(cudaMemcpyAsync(c->dstage[slot], hs, n * 2, cudaMemcpyHostToDevice,
                                c->stream));
             if ((rc = st_codec_cuda_convert(ST_CODEC_FP32, g->dev + ch->a * 4, ST_CODEC_BF16,
                                             c->dstage[slot], n, c->stream)))
@@ -1735,6 +1740,111 @@ static int cu_running_write(void *bctx, void *st, uint32_t ti, const void *src, 
 }
 
 /* The segments of the whole state in geometry order, against checkpoint ci of img. */
+/* ---- the pinned image pool -------------------------------------------------------------------
+ * Process-wide pinned host blocks (cudaHostAlloc, portable) for the large buffers of PARK images,
+ * handed out through an st_image_allocator: save and load then DMA straight between the device
+ * and the image, with no staging copy. A freed block returns to the pool for reuse (best fit, at
+ * most twice the size asked). The pool holds at most PIN_POOL_CAP bytes: beyond it, unused blocks
+ * are given back (cudaFreeHost) to make room, and when that is not enough the hook refuses and
+ * the image uses ordinary memory (moved through the staging buffers). Blocks in use are never
+ * freed: the pool lives as long as the process, so images may outlive every engine. */
+#define PIN_POOL_CAP ((size_t)4 << 30)
+
+typedef struct pin_blk {
+    uint8_t *p;
+    size_t len;
+    int used;
+} pin_blk;
+
+static pthread_mutex_t pin_mu = PTHREAD_MUTEX_INITIALIZER;
+static pin_blk *pin_tab;
+static size_t pin_n, pin_capn, pin_bytes;
+
+static void *pin_alloc(void *ctx, size_t len)
+{
+    (void)ctx;
+    void *r = NULL;
+    size_t best = SIZE_MAX;
+    if (!len || len > PIN_POOL_CAP)
+        return NULL;
+    pthread_mutex_lock(&pin_mu);
+    for (size_t i = 0; i < pin_n; i++)
+        if (!pin_tab[i].used && pin_tab[i].len >= len && pin_tab[i].len / 2 <= len &&
+            (best == SIZE_MAX || pin_tab[i].len < pin_tab[best].len))
+            best = i;
+    if (best != SIZE_MAX) {
+        pin_tab[best].used = 1;
+        r = pin_tab[best].p;
+        goto done;
+    }
+    for (size_t i = 0; i < pin_n && pin_bytes + len > PIN_POOL_CAP;) {
+        if (pin_tab[i].used) {
+            i++;
+            continue;
+        }
+        cu_release(cudaFreeHost(pin_tab[i].p), "cudaFreeHost (image pool)");
+        pin_bytes -= pin_tab[i].len;
+        pin_tab[i] = pin_tab[--pin_n];
+    }
+    if (pin_bytes + len > PIN_POOL_CAP)
+        goto done;
+    if (pin_n == pin_capn) {
+        size_t nc = pin_capn ? pin_capn * 2 : 64;
+        pin_blk *t = (pin_blk *)realloc(pin_tab, nc * sizeof *t);
+        if (!t)
+            goto done;
+        pin_tab = t;
+        pin_capn = nc;
+    }
+    if (cudaHostAlloc(&r, len, cudaHostAllocPortable) != cudaSuccess) {
+        (void)cudaGetLastError();
+        r = NULL;
+        goto done;
+    }
+    pin_tab[pin_n].p = (uint8_t *)r;
+    pin_tab[pin_n].len = len;
+    pin_tab[pin_n].used = 1;
+    pin_n++;
+    pin_bytes += len;
+done:
+    pthread_mutex_unlock(&pin_mu);
+    return r;
+}
+
+static void pin_free(void *ctx, void *p, size_t len)
+{
+    (void)ctx;
+    (void)len;
+    pthread_mutex_lock(&pin_mu);
+    for (size_t i = 0; i < pin_n; i++)
+        if (pin_tab[i].p == (uint8_t *)p) {
+            pin_tab[i].used = 0;
+            break;
+        }
+    pthread_mutex_unlock(&pin_mu);
+}
+
+/* Whether [p, p + n) lies in a pool block in use (an image's buffer). */
+static int pin_holds(const void *p, uint64_t n)
+{
+    const uint8_t *q = (const uint8_t *)p;
+    int r = 0;
+    pthread_mutex_lock(&pin_mu);
+    for (size_t i = 0; i < pin_n && !r; i++)
+        r = pin_tab[i].used && q >= pin_tab[i].p && n <= pin_tab[i].len &&
+            (uint64_t)(q - pin_tab[i].p) <= pin_tab[i].len - n;
+    pthread_mutex_unlock(&pin_mu);
+    return r;
+}
+
+static const st_image_allocator pin_allocator = {pin_alloc, pin_free, NULL};
+
+static const st_image_allocator *cu_image_allocator(void *bctx)
+{
+    (void)bctx;
+    return &pin_allocator;
+}
+
 static int state_segs(cu_ctx *c, cu_state *s, st_image *img, const st_image *cimg, uint32_t ci,
                       uint64_t n, uint32_t codec, int save, seg *segs)
 {
@@ -1752,6 +1862,7 @@ static int state_segs(cu_ctx *c, cu_state *s, st_image *img, const st_image *cim
                                     " the image holds %llu bytes, expected %llu",
                                     c->descs[ti].name, (unsigned long long)len,
                                     (unsigned long long)(n * g->rb));
+            g->direct = pin_holds(p, len);
             continue;
         }
         const void *p = save ? st_image_checkpoint_tensor(img, ci, ti, &len)
@@ -1777,6 +1888,7 @@ static int state_segs(cu_ctx *c, cu_state *s, st_image *img, const st_image *cim
         } else {
             g->kind = SEG_BF16;
         }
+        g->direct = pin_holds(p, len);
     }
     return 0;
 }
@@ -2063,4 +2175,5 @@ extern "C" const st_backend st_backend_cuda = {
     cu_kv_write,
     cu_save,
     cu_load,
+    cu_image_allocator,
 };

@@ -140,6 +140,10 @@ typedef struct st_backend {
     int (*save)(void *bctx, void *st, st_image *img, uint32_t ci, uint64_t n, uint64_t *digests);
     int (*load)(void *bctx, void *st, const st_image *img, uint32_t ci, uint64_t n,
                 uint64_t *digests);
+    /* Optional (NULL, or returning NULL: ordinary memory): the allocation hook for the large
+     * buffers of a PARK image (st_image_create_with), e.g. pinned host memory that save and load
+     * move without staging. The hook must stay valid for the life of the process. */
+    const st_image_allocator *(*image_allocator)(void *bctx);
 } st_backend;
 
 extern const st_backend st_backend_cpu;

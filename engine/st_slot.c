@@ -588,10 +588,16 @@ int st_slot_snapshot(st_slot *s, int mode, uint32_t codec, st_image **out)
         rc = st_error_set(ENOMEM, "snapshot: scratch");
         goto done;
     }
-    if ((rc = st_image_create(&img, &e->geom)) ||
-        (rc = st_image_tokens_set(img, s->tokens, s->n_tokens)))
-        goto done;
     int bulk = e->be->save && bulk_ok(codec);
+    /* a PARK image of a bulk backend may live in memory the device moves directly (the CUDA
+     * backend's pinned pool); the bulk save writes every K/V row, so none is zeroed first */
+    const st_image_allocator *ia = NULL;
+    if (bulk && mode == ST_SNAPSHOT_PARK && e->be->image_allocator)
+        ia = e->be->image_allocator(e->bctx);
+    if ((rc = st_image_create_with(&img, &e->geom, ia)) ||
+        (rc = bulk ? st_image_tokens_set_unzeroed(img, s->tokens, s->n_tokens)
+                   : st_image_tokens_set(img, s->tokens, s->n_tokens)))
+        goto done;
     if (bulk && (rc = bulk_digests(e, s->n_tokens, &dg, &nd, &d0)))
         goto done;
     for (uint32_t ti = 0; !bulk && ti < e->geom.n_tensors; ti++) {

@@ -9,7 +9,9 @@
  * and restore. A fresh mapping is zero, so they need no zero-fill either (the kernel clears each
  * huge page once, when it is first touched). A registry (address -> length) tells st_buf_free
  * whether a buffer is such a mapping (munmap) or came from malloc (free(), e.g. the session-file
- * reader's buffers); every image buffer is released through st_buf_free.
+ * reader's buffers); every image buffer is released through st_buf_free. An image made with
+ * st_image_create_with takes its large buffers from the allocation hook first (falling back to
+ * a mapping when the hook refuses); the registry records that hook's free per buffer.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -246,6 +248,9 @@ int st_geometry_compare(const st_geometry *a, const st_geometry *b)
 typedef struct st_reg_ent {
     uintptr_t p;
     size_t len;
+    /* NULL: a mapping of st_alloc (munmap); else the allocator hook that made the buffer */
+    void (*free)(void *ctx, void *p, size_t len);
+    void *ctx;
 } st_reg_ent;
 static pthread_mutex_t st_reg_mu = PTHREAD_MUTEX_INITIALIZER;
 static st_reg_ent *st_reg_tab;
@@ -270,7 +275,7 @@ static st_reg_ent *st_reg_find(uintptr_t p)
     }
 }
 
-static int st_reg_put(void *ptr, size_t len)
+static int st_reg_put(void *ptr, size_t len, const st_image_allocator *a)
 {
     uintptr_t p = (uintptr_t)ptr;
     int rc = 0;
@@ -306,19 +311,24 @@ static int st_reg_put(void *ptr, size_t len)
         st_reg_used++;
     st_reg_tab[i].p = p;
     st_reg_tab[i].len = len;
+    st_reg_tab[i].free = a ? a->free : NULL;
+    st_reg_tab[i].ctx = a ? a->ctx : NULL;
 done:
     pthread_mutex_unlock(&st_reg_mu);
     return rc;
 }
 
-/* Length of the mapping at p (0: not a mapped buffer); with take, it leaves the registry. */
-static size_t st_reg_len(const void *ptr, int take)
+/* Length of the mapping at p (0: not a mapped buffer); with take, it leaves the registry and
+ * *ent receives its entry. */
+static size_t st_reg_take(const void *ptr, int take, st_reg_ent *ent)
 {
     size_t len = 0;
     pthread_mutex_lock(&st_reg_mu);
     st_reg_ent *e = st_reg_find((uintptr_t)ptr);
     if (e) {
         len = e->len;
+        if (ent)
+            *ent = *e;
         if (take)
             e->p = ST_REG_TOMB;
     }
@@ -326,15 +336,35 @@ static size_t st_reg_len(const void *ptr, int take)
     return len;
 }
 
+static size_t st_reg_len(const void *ptr, int take)
+{
+    return st_reg_take(ptr, take, NULL);
+}
+
 /* n bytes (at least 1), zeroed when zero is set (mapped buffers always are); see the file
  * comment for sizes >= 2 MiB. Release with st_buf_free. */
-static uint8_t *st_alloc(uint64_t n, int zero)
+static uint8_t *st_alloc(const st_image *img, uint64_t n, int zero, int *zeroed)
 {
+    if (zeroed)
+        *zeroed = 0;
     if (n > SIZE_MAX / 2)
         return NULL;
     if (n < ST_HUGE_PAGE)
         return zero ? calloc(n ? (size_t)n : 1, 1) : malloc(n ? (size_t)n : 1);
     size_t r = (size_t)((n + ST_HUGE_PAGE - 1) & ~(ST_HUGE_PAGE - 1));
+    if (img && img->has_alloc) {
+        /* the hook may refuse (NULL): the buffer is then mapped as usual */
+        uint8_t *h = (uint8_t *)img->alloc.alloc(img->alloc.ctx, r);
+        if (h) {
+            if (st_reg_put(h, r, &img->alloc)) {
+                img->alloc.free(img->alloc.ctx, h, r);
+                return NULL;
+            }
+            if (zero)
+                memset(h, 0, r);
+            return h;
+        }
+    }
     size_t span = r + (size_t)ST_HUGE_PAGE;
     uint8_t *m = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (m == MAP_FAILED)
@@ -347,20 +377,25 @@ static uint8_t *st_alloc(uint64_t n, int zero)
 #ifdef MADV_HUGEPAGE
     madvise(a, r, MADV_HUGEPAGE); /* advice only: without huge pages the memory still works */
 #endif
-    if (st_reg_put(a, r)) {
+    if (st_reg_put(a, r, NULL)) {
         munmap(a, r);
         return NULL;
     }
+    if (zeroed)
+        *zeroed = 1;
     return a;
 }
 
 /* Release an image buffer, mapped or malloc'd; accepts NULL. */
 static void st_buf_free(void *p)
 {
+    st_reg_ent e;
     if (!p)
         return;
-    size_t len = st_reg_len(p, 1);
-    if (len)
+    size_t len = st_reg_take(p, 1, &e);
+    if (len && e.free)
+        e.free(e.ctx, p, len);
+    else if (len)
         munmap(p, len);
     else
         free(p);
@@ -407,6 +442,11 @@ void st_image_free(st_image *img)
 
 int st_image_create(st_image **out, const st_geometry *g)
 {
+    return st_image_create_with(out, g, NULL);
+}
+
+int st_image_create_with(st_image **out, const st_geometry *g, const st_image_allocator *a)
+{
     st_image *img = NULL;
     int rc;
 
@@ -420,6 +460,14 @@ int st_image_create(st_image **out, const st_geometry *g)
     if (!img)
         goto nomem;
     img->g = *g;
+    if (a) {
+        if (!a->alloc || !a->free) {
+            free(img);
+            return st_error_set(ST_EINVAL, "image create: allocator without alloc or free");
+        }
+        img->alloc = *a;
+        img->has_alloc = 1;
+    }
     img->tensors = calloc(g->n_tensors ? g->n_tensors : 1, sizeof *img->tensors);
     img->kv = calloc(g->n_tensors ? g->n_tensors : 1, sizeof *img->kv);
     img->ckpt_off = calloc((size_t)ST_CODEC_COUNT * (g->n_tensors ? g->n_tensors : 1),
@@ -490,6 +538,7 @@ static int st_tokens_set(st_image *img, const uint32_t *tokens, uint64_t n, int 
             fresh = calloc(img->g.n_tensors ? img->g.n_tensors : 1, 1);
         for (uint32_t i = 0; i < img->g.n_tensors; i++) {
             uint8_t *k;
+            int zeroed = 0;
             if (img->tensors[i].role != ST_ROLE_KV)
                 continue;
             uint64_t row = st_tensor_row_bytes(&img->tensors[i]);
@@ -498,12 +547,12 @@ static int st_tokens_set(st_image *img, const uint32_t *tokens, uint64_t n, int 
                 continue; /* a mapped buffer kept from a larger size still holds them */
             if (n * row < ST_HUGE_PAGE && !have) {
                 k = realloc(img->kv[i], (size_t)(n * row));
-            } else if ((k = st_alloc(n * row, 0)) != NULL) {
+            } else if ((k = st_alloc(img, n * row, 0, &zeroed)) != NULL) {
                 if (old)
                     memcpy(k, img->kv[i], (size_t)(old * row));
                 st_buf_free(img->kv[i]);
                 if (fresh)
-                    fresh[i] = 1;
+                    fresh[i] = (uint8_t)zeroed;
             }
             if (!k) {
                 free(fresh);
@@ -538,6 +587,11 @@ static int st_tokens_set(st_image *img, const uint32_t *tokens, uint64_t n, int 
 int st_image_tokens_set(st_image *img, const uint32_t *tokens, uint64_t n)
 {
     return st_tokens_set(img, tokens, n, 1);
+}
+
+int st_image_tokens_set_unzeroed(st_image *img, const uint32_t *tokens, uint64_t n)
+{
+    return st_tokens_set(img, tokens, n, 0);
 }
 
 void *st_image_kv(st_image *img, uint32_t ti, uint64_t *len)
@@ -606,7 +660,7 @@ static int st_ckpt_add(st_image *img, uint64_t position, uint32_t codec, uint32_
     int rc = st_image_ckpt_append_empty(img, position, codec, &ci);
     if (rc)
         return rc;
-    img->ckpt[ci].data = st_alloc(img->ckpt_bytes[codec], zero);
+    img->ckpt[ci].data = st_alloc(img, img->ckpt_bytes[codec], zero, NULL);
     if (!img->ckpt[ci].data) {
         img->n_ckpt--;
         return st_error_set(ENOMEM, "checkpoint add: out of memory for %llu bytes",
@@ -673,7 +727,7 @@ int st_image_checkpoint_recode(st_image *img, uint32_t ci, uint32_t codec, void 
     if (c->codec == codec)
         return 0;
     /* every tensor is written below; only the padding between them must be zeroed */
-    nd = st_alloc(img->ckpt_bytes[codec], 0);
+    nd = st_alloc(img, img->ckpt_bytes[codec], 0, NULL);
     if (!nd)
         return st_error_set(ENOMEM, "checkpoint %u recode: out of memory for %llu bytes", ci,
                             (unsigned long long)img->ckpt_bytes[codec]);

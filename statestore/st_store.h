@@ -83,6 +83,21 @@ typedef struct st_image st_image;
 /* A new empty image (0 tokens, no checkpoints, no logits) with a copy of g (checked). */
 int st_image_create(st_image **out, const st_geometry *g);
 void st_image_free(st_image *img); /* accepts NULL */
+
+/* An allocation hook for an image's large buffers (those of 2 MiB and more: K/V tensors,
+ * checkpoint blocks), e.g. pinned host memory a device can DMA into. alloc(ctx, len) returns len
+ * bytes (contents undefined) or NULL, and the image then maps that buffer itself as usual. The
+ * image records per buffer who made it and frees each hook buffer exactly once with
+ * free(ctx, p, len) (the same len), also from st_image_free, recode and tokens_set. The hook
+ * (functions and ctx) must outlive every buffer it made; it may be called from any thread that
+ * uses the image. Clones use the default allocation. */
+typedef struct st_image_allocator {
+    void *(*alloc)(void *ctx, size_t len);
+    void (*free)(void *ctx, void *p, size_t len);
+    void *ctx;
+} st_image_allocator;
+/* st_image_create with an allocation hook (a copied; NULL: same as st_image_create). */
+int st_image_create_with(st_image **out, const st_geometry *g, const st_image_allocator *a);
 /* Deep copy. */
 int st_image_clone(st_image **out, const st_image *img);
 
@@ -92,6 +107,9 @@ const st_geometry *st_image_geometry(const st_image *img);
 /* Tokens. Setting them (n <= n_ctx) resizes every K/V tensor to n rows; rows [0, min(old, n))
  * keep their bytes, new rows are zero. */
 int st_image_tokens_set(st_image *img, const uint32_t *tokens, uint64_t n);
+/* The same, but K/V rows added beyond the old n_tokens are left undefined (not zeroed): for a
+ * caller that writes every one of them next (the engine's PARK). */
+int st_image_tokens_set_unzeroed(st_image *img, const uint32_t *tokens, uint64_t n);
 uint64_t st_image_n_tokens(const st_image *img);
 const uint32_t *st_image_tokens(const st_image *img);
 

@@ -48,6 +48,8 @@ struct st_image {
     float *logits;
     uint32_t n_logits;
     uint64_t state_hash;
+    st_image_allocator alloc; /* hook for buffers >= 2 MiB (has_alloc set) */
+    int has_alloc;
 };
 
 /* Offset of running tensor ti in a checkpoint block of codec (a known codec). */

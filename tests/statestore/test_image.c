@@ -637,6 +637,111 @@ static void test_state_hash(void **state)
     st_image_free(img);
 }
 
+/* An allocation hook that counts: every buffer it makes must come back exactly once. */
+typedef struct counting {
+    int allocs, frees, refuse;
+    void *live[16];
+    size_t len[16];
+} counting;
+
+static void *count_alloc(void *ctx, size_t len)
+{
+    counting *c = ctx;
+    if (c->refuse)
+        return NULL;
+    for (int i = 0; i < 16; i++)
+        if (!c->live[i]) {
+            c->live[i] = malloc(len);
+            c->len[i] = len;
+            c->allocs++;
+            memset(c->live[i], 0xa5, len); /* not zero: the image must zero what it needs */
+            return c->live[i];
+        }
+    return NULL;
+}
+
+static void count_free(void *ctx, void *p, size_t len)
+{
+    counting *c = ctx;
+    for (int i = 0; i < 16; i++)
+        if (c->live[i] == p) {
+            assert_int_equal(c->len[i], len);
+            free(p);
+            c->live[i] = NULL;
+            c->frees++;
+            return;
+        }
+    fail_msg("freed a buffer the allocator did not make");
+}
+
+static void test_image_allocator(void **state)
+{
+    (void)state;
+    st_geometry g;
+    st_tensor_desc t[3];
+    static unsigned char scratch[ST_CODEC_SCRATCH_MIN];
+    memset(&g, 0, sizeof g);
+    g.page_size = 16;
+    g.n_ctx = 96;
+    g.n_vocab = 8;
+    g.n_tensors = 3;
+    desc(&t[0], "k", ST_ROLE_KV, ST_DTYPE_I8, 2, 96, 65536, 0); /* 40 rows: 2.5 MiB (4 MiB mapped) */
+    desc(&t[1], "ssm", ST_ROLE_RUNNING, ST_DTYPE_F32, 1, 600000, 0, 0);
+    desc(&t[2], "pos", ST_ROLE_RUNNING, ST_DTYPE_I64, 1, 1, 0, 0);
+    g.tensors = t;
+    for (int refuse = 0; refuse < 2; refuse++) {
+        counting cnt;
+        memset(&cnt, 0, sizeof cnt);
+        cnt.refuse = refuse;
+        st_image_allocator a = {count_alloc, count_free, &cnt}, bad = {NULL, count_free, &cnt};
+        st_image *img = NULL, *cl = NULL;
+        uint32_t toks[96], ci = 0;
+        uint64_t len = 0;
+        for (uint32_t i = 0; i < 96; i++)
+            toks[i] = i * 3 + 1;
+        assert_int_equal(st_image_create_with(&img, &g, &bad), ST_EINVAL);
+        assert_int_equal(st_image_create_with(&img, &g, &a), 0);
+        assert_int_equal(st_image_tokens_set(img, toks, 40), 0);
+        uint8_t *kv = st_image_kv(img, 0, &len);
+        assert_int_equal(len, 40 * 65536);
+        for (uint64_t i = 0; i < len; i++)
+            assert_true(kv[i] == 0);
+        for (uint64_t i = 0; i < len; i++)
+            kv[i] = (uint8_t)(i * 7 + 3);
+        assert_int_equal(st_image_checkpoint_add(img, 40, ST_CODEC_FP32, &ci), 0);
+        float *f = st_image_checkpoint_tensor(img, ci, 1, &len);
+        assert_int_equal(len, 600000 * 4);
+        for (uint32_t i = 0; i < 600000; i++) {
+            assert_true(f[i] == 0.0f);
+            f[i] = (float)i;
+        }
+        assert_int_equal(cnt.allocs, refuse ? 0 : 2);
+        assert_int_equal(st_image_clone(&cl, img), 0);
+        assert_int_equal(cnt.allocs, refuse ? 0 : 2); /* clones use the default allocation */
+        assert_memory_equal(st_image_kv(cl, 0, &len), st_image_kv(img, 0, NULL), 40 * 65536);
+        /* growing moves K/V into a new hook buffer: old rows kept, new ones zero */
+        assert_int_equal(st_image_tokens_set(img, toks, 96), 0);
+        kv = st_image_kv(img, 0, &len);
+        assert_int_equal(len, 96 * 65536);
+        for (uint64_t i = 0; i < len; i++)
+            assert_true(kv[i] == (i < 40 * 65536 ? (uint8_t)(i * 7 + 3) : 0));
+        assert_int_equal(cnt.allocs, refuse ? 0 : 3);
+        assert_int_equal(cnt.frees, refuse ? 0 : 1);
+        /* recode to bf16 (1.2 MB: malloc'd) frees the hook block */
+        assert_int_equal(st_image_checkpoint_recode(img, ci, ST_CODEC_BF16, scratch, sizeof scratch),
+                         0);
+        assert_int_equal(cnt.frees, refuse ? 0 : 2);
+        const uint16_t *h = st_image_checkpoint_tensor_const(img, ci, 1, &len);
+        assert_int_equal(len, 600000 * 2);
+        assert_int_equal(h[1000], (uint16_t)0x447a); /* 1000.0f in bf16 */
+        st_image_free(cl);
+        st_image_free(img);
+        assert_int_equal(cnt.allocs, cnt.frees);
+        for (int i = 0; i < 16; i++)
+            assert_null(cnt.live[i]);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -645,6 +750,7 @@ int main(void)
         cmocka_unit_test(test_geometry_compare), cmocka_unit_test(test_image_build),
         cmocka_unit_test(test_image_clone),     cmocka_unit_test(test_image_recode),
         cmocka_unit_test(test_checkpoint_alignment), cmocka_unit_test(test_image_minimal),
+        cmocka_unit_test(test_image_allocator),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
