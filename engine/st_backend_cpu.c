@@ -25,13 +25,6 @@
 
 #include "st_engine_int.h"
 
-enum what { W_SSM, W_CONV, W_POS, W_K, W_V, W_KS, W_VS };
-
-typedef struct tmap {
-    uint32_t layer; /* model layer */
-    uint32_t slot;  /* index among DeltaNet or attention layers */
-    uint32_t what;
-} tmap;
 
 typedef struct cpu_ctx {
     st_engine *e;
@@ -43,7 +36,7 @@ typedef struct cpu_ctx {
     uint32_t *layer_slot;   /* per layer: index among its kind */
     uint64_t krow, srow;    /* bytes of one K (or V) row, of one scale row */
     st_tensor_desc *descs;
-    tmap *tm;
+    st_state_map *tm;
     uint32_t n_desc;
     double *rope_freq;
     float **convT;          /* per DeltaNet layer: conv weights transposed, [4][C] */
@@ -60,25 +53,6 @@ typedef struct cpu_state {
     float **ssm, **conv;
     uint8_t ***kp, ***vp, ***ksp, ***vsp; /* [attn layer][page] */
 } cpu_state;
-
-/* ---- geometry ------------------------------------------------------------------------ */
-static int add_desc(cpu_ctx *c, uint32_t layer, uint32_t slot, uint32_t what, const char *name,
-                    uint32_t role, uint32_t dtype, uint32_t ndim, uint64_t d0, uint64_t d1,
-                    uint64_t d2)
-{
-    st_tensor_desc *d = &c->descs[c->n_desc];
-    memset(d, 0, sizeof *d);
-    snprintf(d->name, sizeof d->name, "%s", name);
-    d->role = role;
-    d->dtype = dtype;
-    d->ndim = ndim;
-    d->shape[0] = d0;
-    d->shape[1] = ndim > 1 ? d1 : 0;
-    d->shape[2] = ndim > 2 ? d2 : 0;
-    c->tm[c->n_desc] = (tmap){layer, slot, what};
-    c->n_desc++;
-    return 0;
-}
 
 static void cpu_destroy(void *bctx)
 {
@@ -139,8 +113,8 @@ static int cpu_create(st_engine *e, void **out)
     c->n_threads = st_pool_size(e->pool);
     c->C = hp->ssm_heads * (2 * hp->ssm_dk + hp->ssm_dv);
     c->layer_slot = calloc(hp->n_layer, sizeof *c->layer_slot);
-    c->descs = calloc(4u * hp->n_layer + 1, sizeof *c->descs);
-    c->tm = calloc(4u * hp->n_layer + 1, sizeof *c->tm);
+    c->descs = calloc(ST_STATE_LAYOUT_MAX(hp->n_layer), sizeof *c->descs);
+    c->tm = calloc(ST_STATE_LAYOUT_MAX(hp->n_layer), sizeof *c->tm);
     c->rope_freq = calloc(hp->head_dim / 2 + 1, sizeof *c->rope_freq);
     if (!c->layer_slot || !c->descs || !c->tm || !c->rope_freq) {
         cpu_destroy(c);
@@ -149,35 +123,8 @@ static int cpu_create(st_engine *e, void **out)
     uint64_t esz = c->kv_dtype == ST_DTYPE_I8 ? 1 : 2;
     c->krow = (uint64_t)hp->n_head_kv * hp->head_dim * esz;
     c->srow = (uint64_t)hp->n_head_kv * 4;
-    for (uint32_t il = 0; il < hp->n_layer; il++) {
-        char nm[ST_TENSOR_NAME_MAX];
-        if (e->m->layers[il].kind == 'D') {
-            uint32_t s = c->layer_slot[il] = c->n_dn++;
-            snprintf(nm, sizeof nm, "blk.%u.ssm_state", il);
-            add_desc(c, il, s, W_SSM, nm, ST_ROLE_RUNNING, ST_DTYPE_F32, 3, hp->ssm_heads,
-                     hp->ssm_dk, hp->ssm_dv);
-            snprintf(nm, sizeof nm, "blk.%u.conv_state", il);
-            add_desc(c, il, s, W_CONV, nm, ST_ROLE_RUNNING, ST_DTYPE_F32, 2, hp->ssm_conv - 1,
-                     c->C, 0);
-        } else {
-            uint32_t s = c->layer_slot[il] = c->n_attn++;
-            snprintf(nm, sizeof nm, "blk.%u.k", il);
-            add_desc(c, il, s, W_K, nm, ST_ROLE_KV, c->kv_dtype, 3, c->n_ctx, hp->n_head_kv,
-                     hp->head_dim);
-            snprintf(nm, sizeof nm, "blk.%u.v", il);
-            add_desc(c, il, s, W_V, nm, ST_ROLE_KV, c->kv_dtype, 3, c->n_ctx, hp->n_head_kv,
-                     hp->head_dim);
-            if (c->kv_dtype == ST_DTYPE_I8) {
-                snprintf(nm, sizeof nm, "blk.%u.k_scale", il);
-                add_desc(c, il, s, W_KS, nm, ST_ROLE_KV, ST_DTYPE_F32, 2, c->n_ctx,
-                         hp->n_head_kv, 0);
-                snprintf(nm, sizeof nm, "blk.%u.v_scale", il);
-                add_desc(c, il, s, W_VS, nm, ST_ROLE_KV, ST_DTYPE_F32, 2, c->n_ctx,
-                         hp->n_head_kv, 0);
-            }
-        }
-    }
-    add_desc(c, 0, 0, W_POS, "pos", ST_ROLE_RUNNING, ST_DTYPE_I64, 1, 1, 0, 0);
+    c->n_desc = st_state_layout(e->m, c->n_ctx, c->kv_dtype, c->descs, c->tm, c->layer_slot,
+                                &c->n_dn, &c->n_attn);
     c->convT = calloc(c->n_dn ? c->n_dn : 1, sizeof *c->convT);
     if (!c->convT) {
         cpu_destroy(c);
@@ -359,19 +306,19 @@ static int cpu_running_read(void *bctx, void *stp, uint32_t ti, void *dst, uint6
     cpu_ctx *c = bctx;
     cpu_state *s = stp;
     const st_model_hparams *hp = c->hp;
-    const tmap *t = &c->tm[ti];
+    const st_state_map *t = &c->tm[ti];
     switch (t->what) {
-    case W_SSM:
+    case ST_SW_SSM:
         if (len != 4ull * hp->ssm_heads * hp->ssm_dk * hp->ssm_dv)
             break;
         memcpy(dst, s->ssm[t->slot], len);
         return 0;
-    case W_CONV:
+    case ST_SW_CONV:
         if (len != 4ull * (hp->ssm_conv - 1) * c->C)
             break;
         memcpy(dst, s->conv[t->slot], len);
         return 0;
-    case W_POS:
+    case ST_SW_POS:
         if (len != 8)
             break;
         memcpy(dst, &s->pos, 8);
@@ -388,19 +335,19 @@ static int cpu_running_write(void *bctx, void *stp, uint32_t ti, const void *src
     cpu_ctx *c = bctx;
     cpu_state *s = stp;
     const st_model_hparams *hp = c->hp;
-    const tmap *t = &c->tm[ti];
+    const st_state_map *t = &c->tm[ti];
     switch (t->what) {
-    case W_SSM:
+    case ST_SW_SSM:
         if (len != 4ull * hp->ssm_heads * hp->ssm_dk * hp->ssm_dv)
             break;
         memcpy(s->ssm[t->slot], src, len);
         return 0;
-    case W_CONV:
+    case ST_SW_CONV:
         if (len != 4ull * (hp->ssm_conv - 1) * c->C)
             break;
         memcpy(s->conv[t->slot], src, len);
         return 0;
-    case W_POS: {
+    case ST_SW_POS: {
         int64_t p;
         if (len != 8)
             break;
@@ -421,14 +368,14 @@ static int cpu_running_write(void *bctx, void *stp, uint32_t ti, const void *src
 static int kv_io(cpu_ctx *c, cpu_state *s, uint32_t ti, uint64_t row0, uint64_t nrows, void *buf,
                  int write)
 {
-    const tmap *t = &c->tm[ti];
+    const st_state_map *t = &c->tm[ti];
     uint8_t ***tab;
     uint64_t rb;
     switch (t->what) {
-    case W_K: tab = s->kp; rb = c->krow; break;
-    case W_V: tab = s->vp; rb = c->krow; break;
-    case W_KS: tab = s->ksp; rb = c->srow; break;
-    case W_VS: tab = s->vsp; rb = c->srow; break;
+    case ST_SW_K: tab = s->kp; rb = c->krow; break;
+    case ST_SW_V: tab = s->vp; rb = c->krow; break;
+    case ST_SW_KS: tab = s->ksp; rb = c->srow; break;
+    case ST_SW_VS: tab = s->vsp; rb = c->srow; break;
     default:
         return st_error_set(ST_EINVAL, "cpu backend: tensor %u (%s) is not K/V", ti,
                             c->descs[ti].name);

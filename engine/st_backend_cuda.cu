@@ -102,11 +102,6 @@ static void cu_release(cudaError_t err, const char *what)
     } while (0)
 
 /* ---- contexts ---------------------------------------------------------------------------- */
-enum what { W_SSM, W_CONV, W_POS, W_K, W_V, W_KS, W_VS };
-
-typedef struct tmap {
-    uint32_t layer, slot, what;
-} tmap;
 
 typedef struct cu_layer {
     char kind;
@@ -134,7 +129,7 @@ typedef struct cu_ctx {
     uint32_t E, F, V, H, dk, dv, C, hdv, nh, nkv, hd, qa, kva;
     uint32_t n_dn, n_attn, nmix, ngin;
     st_tensor_desc *descs;
-    tmap *tm;
+    st_state_map *tm;
     uint32_t n_desc;
     uint64_t *run_off, *run_len; /* per tensor: byte offset / length in the running buffer */
     uint64_t run_bytes, table_off, state_bytes;
@@ -770,24 +765,6 @@ __global__ void k_kv_copy(uint8_t *const *pages, uint64_t off, uint32_t ps, uint
     }
 }
 
-/* ---- geometry ------------------------------------------------------------------------------ */
-static void add_desc(cu_ctx *c, uint32_t layer, uint32_t slot, uint32_t what, const char *name,
-                     uint32_t role, uint32_t dtype, uint32_t ndim, uint64_t d0, uint64_t d1,
-                     uint64_t d2)
-{
-    st_tensor_desc *d = &c->descs[c->n_desc];
-    memset(d, 0, sizeof *d);
-    snprintf(d->name, sizeof d->name, "%s", name);
-    d->role = role;
-    d->dtype = dtype;
-    d->ndim = ndim;
-    d->shape[0] = d0;
-    d->shape[1] = ndim > 1 ? d1 : 0;
-    d->shape[2] = ndim > 2 ? d2 : 0;
-    c->tm[c->n_desc] = {layer, slot, what};
-    c->n_desc++;
-}
-
 static uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
 /* ---- create / destroy -------------------------------------------------------------------- */
@@ -1064,10 +1041,10 @@ static int cu_create(st_engine *e, void **out)
         }
     }
     /* the geometry: the CPU backend's, in the same order */
-    c->descs = (st_tensor_desc *)calloc(4u * hp->n_layer + 1, sizeof *c->descs);
-    c->tm = (tmap *)calloc(4u * hp->n_layer + 1, sizeof *c->tm);
-    c->run_off = (uint64_t *)calloc(4u * hp->n_layer + 1, sizeof *c->run_off);
-    c->run_len = (uint64_t *)calloc(4u * hp->n_layer + 1, sizeof *c->run_len);
+    c->descs = (st_tensor_desc *)calloc(ST_STATE_LAYOUT_MAX(hp->n_layer), sizeof *c->descs);
+    c->tm = (st_state_map *)calloc(ST_STATE_LAYOUT_MAX(hp->n_layer), sizeof *c->tm);
+    c->run_off = (uint64_t *)calloc(ST_STATE_LAYOUT_MAX(hp->n_layer), sizeof *c->run_off);
+    c->run_len = (uint64_t *)calloc(ST_STATE_LAYOUT_MAX(hp->n_layer), sizeof *c->run_len);
     c->L = (cu_layer *)calloc(hp->n_layer ? hp->n_layer : 1, sizeof *c->L);
     if (!c->descs || !c->tm || !c->run_off || !c->run_len || !c->L) {
         rc = st_error_set(ENOMEM, "cuda backend");
@@ -1077,38 +1054,24 @@ static int cu_create(st_engine *e, void **out)
         uint64_t esz = c->kv_dtype == ST_DTYPE_I8 ? 1 : 2;
         c->krow = (uint64_t)c->nkv * c->hd * esz;
         c->srow = (uint64_t)c->nkv * 4;
-        for (uint32_t il = 0; il < hp->n_layer; il++) {
-            char nm[ST_TENSOR_NAME_MAX];
-            cu_layer *L = &c->L[il];
-            L->kind = e->m->layers[il].kind;
-            if (L->kind == 'D') {
-                uint32_t s = L->slot = c->n_dn++;
-                snprintf(nm, sizeof nm, "blk.%u.ssm_state", il);
-                c->run_len[c->n_desc] = 4ull * c->H * c->dk * c->dv;
-                add_desc(c, il, s, W_SSM, nm, ST_ROLE_RUNNING, ST_DTYPE_F32, 3, c->H, c->dk, c->dv);
-                snprintf(nm, sizeof nm, "blk.%u.conv_state", il);
-                c->run_len[c->n_desc] = 4ull * 3 * c->C;
-                add_desc(c, il, s, W_CONV, nm, ST_ROLE_RUNNING, ST_DTYPE_F32, 2, 3, c->C, 0);
-            } else {
-                uint32_t s = L->slot = c->n_attn++;
-                snprintf(nm, sizeof nm, "blk.%u.k", il);
-                add_desc(c, il, s, W_K, nm, ST_ROLE_KV, c->kv_dtype, 3, c->n_ctx, c->nkv, c->hd);
-                snprintf(nm, sizeof nm, "blk.%u.v", il);
-                add_desc(c, il, s, W_V, nm, ST_ROLE_KV, c->kv_dtype, 3, c->n_ctx, c->nkv, c->hd);
-                if (c->kv_dtype == ST_DTYPE_I8) {
-                    snprintf(nm, sizeof nm, "blk.%u.k_scale", il);
-                    add_desc(c, il, s, W_KS, nm, ST_ROLE_KV, ST_DTYPE_F32, 2, c->n_ctx, c->nkv, 0);
-                    snprintf(nm, sizeof nm, "blk.%u.v_scale", il);
-                    add_desc(c, il, s, W_VS, nm, ST_ROLE_KV, ST_DTYPE_F32, 2, c->n_ctx, c->nkv, 0);
-                }
-            }
+        uint32_t *layer_slot = (uint32_t *)calloc(hp->n_layer ? hp->n_layer : 1, sizeof *layer_slot);
+        if (!layer_slot) {
+            rc = st_error_set(ENOMEM, "cuda backend");
+            goto fail;
         }
-        add_desc(c, 0, 0, W_POS, "pos", ST_ROLE_RUNNING, ST_DTYPE_I64, 1, 1, 0, 0);
+        c->n_desc = st_state_layout(e->m, c->n_ctx, c->kv_dtype, c->descs, c->tm, layer_slot,
+                                    &c->n_dn, &c->n_attn);
+        for (uint32_t il = 0; il < hp->n_layer; il++) {
+            c->L[il].kind = e->m->layers[il].kind;
+            c->L[il].slot = layer_slot[il];
+        }
+        free(layer_slot);
         uint64_t off = 0;
         for (uint32_t ti = 0; ti < c->n_desc; ti++)
-            if (c->tm[ti].what == W_SSM || c->tm[ti].what == W_CONV) {
+            if (c->tm[ti].what == ST_SW_SSM || c->tm[ti].what == ST_SW_CONV) {
+                c->run_len[ti] = 4ull * st_tensor_elems(&c->descs[ti]);
                 c->run_off[ti] = off;
-                if (c->tm[ti].what == W_SSM)
+                if (c->tm[ti].what == ST_SW_SSM)
                     c->L[c->tm[ti].layer].ssm_off = off;
                 else
                     c->L[c->tm[ti].layer].conv_off = off;
@@ -1647,7 +1610,7 @@ done:
 /* A K/V tensor's rows as a transfer segment. */
 static int kv_seg(cu_ctx *c, uint32_t ti, uint64_t row0, uint64_t nrows, uint8_t *host, seg *g)
 {
-    const tmap *t = &c->tm[ti];
+    const st_state_map *t = &c->tm[ti];
     memset(g, 0, sizeof *g);
     g->kind = SEG_KV;
     g->row0 = row0;
@@ -1655,10 +1618,10 @@ static int kv_seg(cu_ctx *c, uint32_t ti, uint64_t row0, uint64_t nrows, uint8_t
     g->host = host;
     g->koff = (uint64_t)t->slot * c->per_layer;
     switch (t->what) {
-    case W_K: g->rb = (uint32_t)c->krow; break;
-    case W_V: g->koff += c->off_v; g->rb = (uint32_t)c->krow; break;
-    case W_KS: g->koff += c->off_ks; g->rb = (uint32_t)c->srow; break;
-    case W_VS: g->koff += c->off_vs; g->rb = (uint32_t)c->srow; break;
+    case ST_SW_K: g->rb = (uint32_t)c->krow; break;
+    case ST_SW_V: g->koff += c->off_v; g->rb = (uint32_t)c->krow; break;
+    case ST_SW_KS: g->koff += c->off_ks; g->rb = (uint32_t)c->srow; break;
+    case ST_SW_VS: g->koff += c->off_vs; g->rb = (uint32_t)c->srow; break;
     default:
         return st_error_set(ST_EINVAL, "cuda backend: tensor %u (%s) is not K/V", ti,
                             c->descs[ti].name);
@@ -1700,10 +1663,10 @@ static int cu_kv_write(void *bctx, void *stp, uint32_t ti, uint64_t row0, uint64
 
 static int cu_running_io(cu_ctx *c, cu_state *s, uint32_t ti, void *buf, uint64_t len, int write)
 {
-    const tmap *t = &c->tm[ti];
+    const st_state_map *t = &c->tm[ti];
     if (s->err)
         return s->err;
-    if (t->what == W_POS && len == 8) {
+    if (t->what == ST_SW_POS && len == 8) {
         if (!write) {
             memcpy(buf, &s->pos, 8);
             return 0;
@@ -1716,7 +1679,7 @@ static int cu_running_io(cu_ctx *c, cu_state *s, uint32_t ti, void *buf, uint64_
         s->pos = p;
         return 0;
     }
-    if ((t->what != W_SSM && t->what != W_CONV) || len != c->run_len[ti])
+    if ((t->what != ST_SW_SSM && t->what != ST_SW_CONV) || len != c->run_len[ti])
         return st_error_set(ST_EINVAL, "cuda backend: running %s of tensor %u (%s), %llu bytes",
                             write ? "write" : "read", ti, c->descs[ti].name,
                             (unsigned long long)len);
@@ -1850,7 +1813,7 @@ static int state_segs(cu_ctx *c, cu_state *s, st_image *img, const st_image *cim
 {
     int rc;
     for (uint32_t ti = 0; ti < c->n_desc; ti++) {
-        const tmap *t = &c->tm[ti];
+        const st_state_map *t = &c->tm[ti];
         seg *g = &segs[ti];
         uint64_t len = 0;
         if (c->descs[ti].role == ST_ROLE_KV) {
@@ -1867,14 +1830,14 @@ static int state_segs(cu_ctx *c, cu_state *s, st_image *img, const st_image *cim
         }
         const void *p = save ? st_image_checkpoint_tensor(img, ci, ti, &len)
                              : st_image_checkpoint_tensor_const(cimg, ci, ti, &len);
-        uint64_t want = t->what == W_POS ? 8 : c->run_len[ti] / 4 * (codec == ST_CODEC_FP32 ? 4 : 2);
+        uint64_t want = t->what == ST_SW_POS ? 8 : c->run_len[ti] / 4 * (codec == ST_CODEC_FP32 ? 4 : 2);
         if (!p || len != want)
             return st_error_set(save ? ST_EINVAL : ST_ECORRUPT, "cuda backend: checkpoint %u "
                                 "tensor %s: %llu bytes, expected %llu", ci, c->descs[ti].name,
                                 (unsigned long long)len, (unsigned long long)want);
         memset(g, 0, sizeof *g);
         g->host = (uint8_t *)p;
-        if (t->what == W_POS) {
+        if (t->what == ST_SW_POS) {
             g->kind = SEG_HOST;
             g->units = 8;
             if (save)
@@ -1946,7 +1909,7 @@ static int cu_load(void *bctx, void *stp, const st_image *img, uint32_t ci, uint
         return st_error_set(ENOMEM, "cuda backend: load");
     rc = state_segs(c, s, NULL, img, ci, n, codec, 0, segs);
     for (uint32_t ti = 0; !rc && ti < c->n_desc; ti++)
-        if (c->tm[ti].what == W_POS) {
+        if (c->tm[ti].what == ST_SW_POS) {
             memcpy(&p, segs[ti].host, 8);
             if (p < 0 || (uint64_t)p != pos)
                 rc = st_error_set(ST_ECORRUPT, "restore: live state at %llu holds position %lld",

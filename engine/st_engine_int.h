@@ -104,6 +104,33 @@ uint32_t st_pool_size(const st_pool *p);
 #define ST_POOL_MIN_WORK 262144u
 void st_pool_run(st_pool *p, uint32_t n_tasks, st_task_fn fn, void *ctx, uint64_t work);
 
+/* ---- the published state layout -------------------------------------------------------------
+ * Every backend publishes the same geometry tensors, in the same order, so that a state saved by
+ * one restores on another. st_state_layout is the one place that says what they are. */
+typedef enum st_state_what {
+    ST_SW_SSM,  /* blk.N.ssm_state f32 [heads, dk, dv] */
+    ST_SW_CONV, /* blk.N.conv_state f32 [conv - 1, channels] */
+    ST_SW_POS,  /* pos i64 [1] */
+    ST_SW_K,    /* blk.N.k kv_dtype [n_ctx, kv_heads, head_dim] */
+    ST_SW_V,    /* blk.N.v */
+    ST_SW_KS,   /* blk.N.k_scale f32 [n_ctx, kv_heads] (int8 K/V only) */
+    ST_SW_VS,   /* blk.N.v_scale */
+} st_state_what;
+
+typedef struct st_state_map {
+    uint32_t layer; /* model layer */
+    uint32_t slot;  /* index among the DeltaNet or among the attention layers */
+    uint32_t what;  /* st_state_what */
+} st_state_map;
+
+/* Room st_state_layout needs in descs and map for a model of n_layer layers. */
+#define ST_STATE_LAYOUT_MAX(n_layer) (4u * (n_layer) + 1u)
+/* Fill descs/map (ST_STATE_LAYOUT_MAX entries each) and, per layer, layer_slot (its index among
+ * the layers of its kind); count the DeltaNet and attention layers. Returns the tensor count. */
+uint32_t st_state_layout(const st_model *m, uint32_t n_ctx, uint32_t kv_dtype,
+                         st_tensor_desc *descs, st_state_map *map, uint32_t *layer_slot,
+                         uint32_t *n_dn, uint32_t *n_attn);
+
 /* ---- backends ------------------------------------------------------------------------------
  * A backend owns the buffers of a slot's state (running tensors and the K/V arena) and publishes
  * them as geometry tensors. Everything outside the backend reaches them only through these
