@@ -190,6 +190,16 @@ int st_codec_cuda_available(void);
 int st_codec_cuda_convert(uint32_t dst_id, void *dst_dev, uint32_t src_id, const void *src_dev,
                           size_t n, void *stream);
 
+/* Enqueue the XXH3-64 digests (st_checksum's, seed 0) of the consecutive blocks of `block` bytes
+ * of the bytes bytes at src_dev (the last block shorter) into digests_dev[0 .. ceil(bytes /
+ * block)) on stream, and return without waiting. One warp digests one block (codec/st_xxh3.h);
+ * the digests equal st_checksum's of the same blocks on the CPU. src_dev: memory the device can
+ * address, at any byte offset; digests_dev: device memory, 8-byte aligned. Returns 0; ST_EINVAL
+ * for block 0, a NULL or unaddressable buffer, or more than 2^31 blocks; ST_EIO if the launch
+ * fails. bytes == 0 does nothing. */
+int st_codec_cuda_checksum_blocks(const void *src_dev, uint64_t bytes, uint64_t block,
+                                  uint64_t *digests_dev, void *stream);
+
 /* Wait until the work queued on stream (a cudaStream_t; NULL: the default stream) is done.
  * 0, or ST_EIO naming the CUDA error (an earlier kernel's failure shows here). */
 int st_codec_cuda_sync(void *stream);

@@ -36,78 +36,8 @@
 
 #include "st_codec.h"
 
-#define ST_HD __host__ __device__ __forceinline__
-
-/* ---- the per-element functions (st_elem.c's scalar reference) ----------------------------- */
-
-ST_HD uint32_t st_cuda_bf16_from_bits(uint32_t u)
-{
-    /* NaN: truncating could clear every payload bit left and make Inf, so force the quiet bit. */
-    if ((u & 0x7fffffffu) > 0x7f800000u)
-        return (u >> 16) | 0x0040u;
-    /* Round to nearest even; a carry out of the mantissa bumps the exponent, up to Inf. */
-    return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-}
-
-ST_HD uint32_t st_cuda_f16_from_bits(uint32_t u)
-{
-    uint32_t sign = (u >> 16) & 0x8000u;
-    uint32_t a = u & 0x7fffffffu;
-
-    if (a > 0x7f800000u) /* NaN, as vcvtps2ph: quiet bit set, top 10 payload bits kept */
-        return sign | 0x7e00u | ((a >> 13) & 0x3ffu);
-    if (a >= 0x477ff000u) /* >= 65520 = 65504 + half an ulp: a tie whose even side is Inf */
-        return sign | 0x7c00u;
-    if (a >= 0x38800000u) { /* >= 2^-14: a normal half; rebias and round to nearest even */
-        uint32_t r = a - ((127u - 15u) << 23);
-        r += 0x0fffu + ((r >> 13) & 1u);
-        return sign | (r >> 13);
-    }
-    if (a <= 0x33000000u) /* <= 2^-25, half the smallest subnormal (the tie goes to even 0) */
-        return sign;
-    /* A subnormal half counts units of 2^-24: shift the full significand down by the gap. */
-    uint32_t e = a >> 23;
-    uint32_t m = (a & 0x7fffffu) | 0x800000u;
-    uint32_t shift = 126u - e; /* 14 .. 24 for e in 102 .. 112 */
-    uint32_t r = m >> shift;
-    uint32_t rem = m & ((1u << shift) - 1u);
-    uint32_t half = 1u << (shift - 1u);
-    r += (uint32_t)(rem > half) | ((uint32_t)(rem == half) & r);
-    return sign | r; /* r may reach 0x400, the smallest normal: the right encoding */
-}
-
-/* u as fp32, times 2^112, as bits. Exact for every u = finite half << 13 (a power-of-two scale
- * into the normal fp32 range). On the device an explicit mul.rn.f32 without .ftz, so subnormal
- * halves, which arrive as fp32 subnormals, stay exact whatever -ftz or fast-math say. */
-ST_HD uint32_t st_cuda_bits_mul_2p112(uint32_t u)
-{
-#ifdef __CUDA_ARCH__
-    float r;
-    asm("mul.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(__uint_as_float(u)), "f"(0x1p112f));
-    return __float_as_uint(r);
-#else
-    float f;
-    memcpy(&f, &u, 4);
-    f *= 0x1p112f;
-    memcpy(&u, &f, 4);
-    return u;
-#endif
-}
-
-/* The reference's st_f16_to_bits in fewer integer operations (f16 decode is bound by them, not
- * by memory, otherwise): exponent and mantissa shifted into fp32 place are the value scaled by
- * 2^-112, for normal and subnormal halves alike, so one exact multiply rebiases both. Proven
- * equal to the reference on all 2^16 inputs by tests/gpu/test_gpu_codec.c. */
-ST_HD uint32_t st_cuda_f16_to_bits(uint32_t h)
-{
-    uint32_t em = h & 0x7fffu;
-    uint32_t r;
-    if (em >= 0x7c00u) /* Inf or NaN; vcvtph2ps quiets a signalling NaN, so do the same */
-        r = 0x7f800000u | (em << 13) | (em > 0x7c00u ? 0x400000u : 0u);
-    else
-        r = st_cuda_bits_mul_2p112(em << 13);
-    return r | ((h & 0x8000u) << 16);
-}
+#include "st_elem_cuda.cuh"
+#include "st_xxh3.h"
 
 /* ---- operations ------------------------------------------------------------------------------ */
 
@@ -469,5 +399,67 @@ extern "C" int st_codec_cuda_convert(uint32_t dst_id, void *dst_dev, uint32_t sr
 extern "C" int st_codec_cuda_sync(void *stream)
 {
     ST_CUDA_CHECK(cudaStreamSynchronize((cudaStream_t)stream));
+    return 0;
+}
+
+/* ---- checksums of blocks ------------------------------------------------------------------ */
+
+/* Bytes of a plain buffer for st_xxh3_warp: 8-byte words where aligned, else two 4-byte or eight
+ * single-byte loads (any byte offset is accepted). */
+struct st_cuda_lin_reader {
+    const unsigned char *p;
+    __device__ uint8_t byte(uint64_t o) const { return p[o]; }
+    __device__ uint64_t word(uint64_t o) const
+    {
+        const unsigned char *q = p + o;
+        uintptr_t a = (uintptr_t)q;
+        if ((a & 7u) == 0)
+            return *(const uint64_t *)q;
+        if ((a & 3u) == 0)
+            return (uint64_t)((const uint32_t *)q)[0] | (uint64_t)((const uint32_t *)q)[1] << 32;
+        uint64_t v = 0;
+        for (unsigned i = 0; i < 8; i++)
+            v |= (uint64_t)q[i] << (8 * i);
+        return v;
+    }
+};
+
+#define ST_CUDA_HASH_THREADS 128u
+
+__global__ void st_cuda_checksum_kernel(const unsigned char *src, uint64_t bytes, uint64_t block,
+                                        uint64_t nb, uint64_t *out)
+{
+    uint64_t w = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    if (w >= nb)
+        return; /* whole warps: blockDim is a multiple of 32 */
+    uint64_t off = w * block, len = bytes - off < block ? bytes - off : block;
+    st_cuda_lin_reader r = {src + off};
+    uint64_t h = st_xxh3_warp(r, len);
+    if ((threadIdx.x & 31u) == 0)
+        out[w] = h;
+}
+
+extern "C" int st_codec_cuda_checksum_blocks(const void *src_dev, uint64_t bytes, uint64_t block,
+                                             uint64_t *digests_dev, void *stream)
+{
+    if (bytes == 0)
+        return 0;
+    if (block == 0 || !src_dev || !digests_dev || ((uintptr_t)digests_dev & 7u))
+        return st_error_set(ST_EINVAL, "codec cuda checksum: block %llu, src %p, digests %p",
+                            (unsigned long long)block, src_dev, (void *)digests_dev);
+    uint64_t nb = (bytes - 1) / block + 1;
+    if (nb > ((uint64_t)1 << 31))
+        return st_error_set(ST_EINVAL, "codec cuda checksum: %llu blocks (at most 2^31)",
+                            (unsigned long long)nb);
+    int device = 0, rc;
+    ST_CUDA_CHECK(cudaGetDevice(&device));
+    if ((rc = st_cuda_check_ptr(src_dev, device, "src")) ||
+        (rc = st_cuda_check_ptr(digests_dev, device, "digests")))
+        return rc;
+    uint64_t per = ST_CUDA_HASH_THREADS / 32;
+    st_cuda_checksum_kernel<<<(unsigned)((nb + per - 1) / per), ST_CUDA_HASH_THREADS, 0,
+                              (cudaStream_t)stream>>>((const unsigned char *)src_dev, bytes, block,
+                                                      nb, digests_dev);
+    ST_CUDA_CHECK(cudaGetLastError());
     return 0;
 }

@@ -21,3 +21,9 @@ int st_codec_cuda_sync(void *stream)
 {
     return st_error_set(ST_EINVAL, "codec cuda sync: built without CUDA");
 }
+
+int st_codec_cuda_checksum_blocks(const void *src_dev, uint64_t bytes, uint64_t block,
+                                  uint64_t *digests_dev, void *stream)
+{
+    return st_error_set(ST_EINVAL, "codec cuda checksum: built without CUDA");
+}

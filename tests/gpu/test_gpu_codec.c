@@ -420,6 +420,67 @@ static void test_errors_and_memory_kinds(void **state)
     free(got);
 }
 
+/* Block digests on the GPU against st_checksum (libxxhash) on the CPU: every length 0..1,300 as
+ * one block (every short path and the first block edges), at four byte offsets; then 5 MiB + 77
+ * bytes cut in 1 MiB blocks (the state hash's) and in odd block sizes, and a zero buffer. */
+static void test_checksum_blocks(void **state)
+{
+    (void)state;
+    size_t max = ((size_t)5 << 20) + 77;
+    unsigned char *h = host_alloc(max + 8);
+    for (size_t i = 0; i < max + 8; i++)
+        h[i] = (unsigned char)(rng() >> 56);
+    unsigned char *d = dev_alloc(max + 8);
+    uint64_t *dg = dev_alloc(8 * 32768), *got = host_alloc(8 * 32768);
+    CUDA_OK(cudaMemcpy(d, h, max + 8, cudaMemcpyHostToDevice));
+    for (size_t off = 0; off < 4; off++) {
+        for (size_t n = 0; n <= 1300; n++)
+            assert_int_equal(st_codec_cuda_checksum_blocks(d + off + 3 * n, n, n ? n : 1,
+                                                           dg + n, NULL), 0);
+        assert_int_equal(st_codec_cuda_sync(NULL), 0);
+        CUDA_OK(cudaMemcpy(got, dg, 8 * 1301, cudaMemcpyDeviceToHost));
+        for (size_t n = 1; n <= 1300; n++)
+            if (got[n] != st_checksum(h + off + 3 * n, n))
+                fail_msg("checksum of %zu bytes at offset %zu: GPU %016llx, CPU %016llx", n,
+                         off + 3 * n, (unsigned long long)got[n],
+                         (unsigned long long)st_checksum(h + off + 3 * n, n));
+    }
+    const uint64_t blocks[] = {(uint64_t)1 << 20, 4096, 1025, 241, 100000, (uint64_t)max};
+    for (size_t k = 0; k < sizeof blocks / sizeof blocks[0]; k++) {
+        for (int zero = 0; zero < 2; zero++) {
+            size_t off = k % 4;
+            if (zero)
+                CUDA_OK(cudaMemset(d, 0, max + 8));
+            uint64_t nb = (max + blocks[k] - 1) / blocks[k];
+            assert_true(nb <= 32768);
+            assert_int_equal(st_codec_cuda_checksum_blocks(d + off, max, blocks[k], dg, NULL), 0);
+            assert_int_equal(st_codec_cuda_sync(NULL), 0);
+            CUDA_OK(cudaMemcpy(got, dg, 8 * nb, cudaMemcpyDeviceToHost));
+            unsigned char *ref = zero ? calloc(1, max + 8) : h;
+            assert_non_null(ref);
+            for (uint64_t b = 0; b < nb; b++) {
+                uint64_t a = b * blocks[k], len = max - a < blocks[k] ? max - a : blocks[k];
+                if (got[b] != st_checksum(ref + off + a, len))
+                    fail_msg("block %llu of %llu bytes (block size %llu, %s): GPU %016llx",
+                             (unsigned long long)b, (unsigned long long)len,
+                             (unsigned long long)blocks[k], zero ? "zeros" : "random",
+                             (unsigned long long)got[b]);
+            }
+            if (zero) {
+                free(ref);
+                CUDA_OK(cudaMemcpy(d, h, max + 8, cudaMemcpyHostToDevice));
+            }
+        }
+    }
+    assert_int_equal(st_codec_cuda_checksum_blocks(d, 10, 0, dg, NULL), ST_EINVAL);
+    assert_int_equal(st_codec_cuda_checksum_blocks(h, 10, 4, dg, NULL), ST_EINVAL);
+    assert_int_equal(st_codec_cuda_checksum_blocks(d, 0, 4, dg, NULL), 0);
+    CUDA_OK(cudaFree(d));
+    CUDA_OK(cudaFree(dg));
+    free(h);
+    free(got);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -430,6 +491,7 @@ int main(void)
         cmocka_unit_test(test_encode_random),
         cmocka_unit_test(test_decode_random),
         cmocka_unit_test(test_encode_every_fp32),
+        cmocka_unit_test(test_checksum_blocks),
     };
     if (!st_codec_cuda_available()) {
         fprintf(stderr, "test_gpu_codec: FAIL: no usable CUDA device (%s); this test runs only "
