@@ -654,6 +654,24 @@ int st_image_ckpt_append_empty(st_image *img, uint64_t position, uint32_t codec,
     return 0;
 }
 
+/* Zero the bytes of a checkpoint block in codec that no running tensor covers (the padding
+ * between tensors and after the last; a block without tensors holds one zero byte). */
+static void st_ckpt_zero_gaps(const st_image *img, uint32_t codec, uint8_t *d)
+{
+    uint64_t end = 0;
+    for (uint32_t i = 0; i < img->g.n_tensors; i++) {
+        const st_tensor_desc *t = &img->tensors[i];
+        if (t->role != ST_ROLE_RUNNING)
+            continue;
+        memset(d + end, 0, (size_t)(st_ckpt_offset(img, codec, i) - end));
+        end = st_ckpt_offset(img, codec, i) + st_tensor_stored_bytes(t, codec);
+    }
+    if (img->ckpt_bytes[codec] > end)
+        memset(d + end, 0, (size_t)(img->ckpt_bytes[codec] - end));
+    else if (end == 0)
+        d[0] = 0;
+}
+
 static int st_ckpt_add(st_image *img, uint64_t position, uint32_t codec, uint32_t *index, int zero)
 {
     uint32_t ci = 0;
@@ -666,6 +684,8 @@ static int st_ckpt_add(st_image *img, uint64_t position, uint32_t codec, uint32_
         return st_error_set(ENOMEM, "checkpoint add: out of memory for %llu bytes",
                             (unsigned long long)img->ckpt_bytes[codec]);
     }
+    if (!zero)
+        st_ckpt_zero_gaps(img, codec, img->ckpt[ci].data);
     if (index)
         *index = ci;
     return 0;
@@ -674,6 +694,12 @@ static int st_ckpt_add(st_image *img, uint64_t position, uint32_t codec, uint32_
 int st_image_checkpoint_add(st_image *img, uint64_t position, uint32_t codec, uint32_t *index)
 {
     return st_ckpt_add(img, position, codec, index, 1);
+}
+
+int st_image_checkpoint_add_unzeroed(st_image *img, uint64_t position, uint32_t codec,
+                                     uint32_t *index)
+{
+    return st_ckpt_add(img, position, codec, index, 0);
 }
 
 uint32_t st_image_n_checkpoints(const st_image *img)
@@ -731,15 +757,13 @@ int st_image_checkpoint_recode(st_image *img, uint32_t ci, uint32_t codec, void 
     if (!nd)
         return st_error_set(ENOMEM, "checkpoint %u recode: out of memory for %llu bytes", ci,
                             (unsigned long long)img->ckpt_bytes[codec]);
-    uint64_t end = 0;
+    st_ckpt_zero_gaps(img, codec, nd);
     for (uint32_t i = 0; i < img->g.n_tensors; i++) {
         const st_tensor_desc *t = &img->tensors[i];
         uint8_t *dst;
         const uint8_t *src;
         if (t->role != ST_ROLE_RUNNING)
             continue;
-        memset(nd + end, 0, (size_t)(st_ckpt_offset(img, codec, i) - end));
-        end = st_ckpt_offset(img, codec, i) + st_tensor_stored_bytes(t, codec);
         dst = nd + st_ckpt_offset(img, codec, i);
         src = c->data + st_ckpt_offset(img, c->codec, i);
         if (t->dtype != ST_DTYPE_F32) { /* other dtypes are stored unchanged */
@@ -757,10 +781,6 @@ int st_image_checkpoint_recode(st_image *img, uint32_t ci, uint32_t codec, void 
             return rc;
         }
     }
-    if (img->ckpt_bytes[codec] > end)
-        memset(nd + end, 0, (size_t)(img->ckpt_bytes[codec] - end));
-    else if (end == 0)
-        nd[0] = 0; /* a block without running tensors still holds one (zero) byte */
     /* every conversion succeeded: the new block replaces the old one */
     st_buf_free(c->data);
     c->data = nd;

@@ -123,6 +123,10 @@ uint64_t st_image_kv_pages(const st_image *img);
  * must sit at n_tokens for the image to be complete (st_image_check). Adding allocates zeroed
  * tensors in the given codec and returns the new index in *index. */
 int st_image_checkpoint_add(st_image *img, uint64_t position, uint32_t codec, uint32_t *index);
+/* The same, but the tensors' bytes are left undefined (only the padding between them is zeroed):
+ * for a caller that writes every running tensor of the checkpoint next (the engine's PARK). */
+int st_image_checkpoint_add_unzeroed(st_image *img, uint64_t position, uint32_t codec,
+                                     uint32_t *index);
 uint32_t st_image_n_checkpoints(const st_image *img);
 int st_image_checkpoint_info(const st_image *img, uint32_t ci, uint64_t *position, uint32_t *codec);
 /* Running tensor ti (role running) of checkpoint ci: st_tensor_stored_bytes(desc, codec) bytes,
