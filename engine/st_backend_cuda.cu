@@ -29,11 +29,15 @@
  *    and NSTAGE device buffers of STAGE_BYTES: the GPU gathers K/V rows from pages (or encodes
  *    the running state to bf16) into a device buffer and copies it to a pinned buffer while the
  *    host copies earlier buffers into the image with the thread pool; a restore is the reverse.
- *    A snapshot / restore (save / load) also computes the state hash's block digests of the
- *    tensors from the image's bytes in the same pool runs as the copies; the slot code
- *    (engine/st_slot.c) adds the tokens' and combines them.
+ *    Chunks alternate between two streams, so one chunk's kernel overlaps the next one's copy.
  *    Image buffers in the pinned image pool (PARK images, cu_image_allocator) skip the pinned
  *    host buffers: the device copies straight to / from them (seg.direct).
+ * 6. A whole-state save / load also gives the state hash's block digests of the tensors, and the
+ *    GPU computes them (st_xxh3_warp, one warp per 1 MiB block) from device memory on a third
+ *    stream: a save digests the state while it is copied out (through the bf16 rounding for a
+ *    bf16 checkpoint); a load digests what arrived once the copies are done, so a restore is
+ *    verified over the bytes the slot will run on.
+ *    The slot code (engine/st_slot.c) adds the tokens' digests and combines them.
  */
 #include <errno.h>
 #include <math.h>
@@ -41,6 +45,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -50,6 +55,8 @@
 extern "C" {
 #include "st_engine_int.h"
 }
+#include "st_elem_cuda.cuh"
+#include "st_xxh3.h"
 
 typedef __nv_bfloat16 bf16;
 
@@ -100,6 +107,24 @@ static void cu_release(cudaError_t err, const char *what)
         if (e_ != cudaSuccess)                                                                 \
             return cu_fail(e_, "launch of " name);                                             \
     } while (0)
+
+/* The state hash on the device (hash_queue): a source of bytes and a block of one. */
+enum { HS_LIN, HS_BF16, HS_PAGED };
+
+typedef struct hsrc {
+    uint32_t kind, rb, ps;
+    uint32_t fast;           /* PAGED from row 0, < 4 GiB, 8-byte aligned: o / pb finds the page */
+    uint32_t pb, pbm, pbs;   /* the tensor's bytes per page (ps * rb), its division magic */
+    uint32_t pad;
+    const uint8_t *base;         /* LIN: the bytes; BF16: fp32 values, hashed rounded to bf16 */
+    uint8_t *const *pages;       /* PAGED: the device page table */
+    uint64_t koff, row0;
+} hsrc;
+
+typedef struct hjob {
+    uint32_t src, pad;
+    uint64_t off, len, out; /* the block [off, off + len) of source src, digest index out */
+} hjob;
 
 /* ---- contexts ---------------------------------------------------------------------------- */
 
@@ -152,6 +177,16 @@ typedef struct cu_ctx {
     /* staging */
     uint8_t *hstage[NSTAGE], *dstage[NSTAGE];
     cudaEvent_t ev[NSTAGE];
+    cudaStream_t xs2, hs;            /* the second transfer stream; the state hash's stream */
+    cudaEvent_t ev_go, ev_go2, ev_h; /* ordering between them; the digests are down */
+    /* the state hash on the device (hash_queue): sources, jobs and digests, room for a full
+     * state of n_ctx tokens (hjob_cap blocks) */
+    hsrc *hsrc_h, *hsrc_d;
+    hjob *hjob_h, *hjob_d;
+    uint64_t *hdg_h, *hdg_d, hjob_cap;
+    uint32_t *hjob_at; /* [n_desc + 1] */
+    int trace; /* STRATA_CUDA_TRACE set: save / load print their phases to stderr */
+    cudaEvent_t ev_t0, ev_t1; /* trace: the hash kernel's time */
     uint16_t *htmp;
     /* pools */
     void **free_pages, **free_run;
@@ -794,6 +829,25 @@ static void cu_destroy(void *bctx)
         if (c->ev[i])
             cu_release(cudaEventDestroy(c->ev[i]), "cudaEventDestroy");
     }
+    if (c->xs2)
+        cu_release(cudaStreamSynchronize(c->xs2), "cudaStreamSynchronize");
+    if (c->hs)
+        cu_release(cudaStreamSynchronize(c->hs), "cudaStreamSynchronize");
+    void *hdev[] = {c->hsrc_d, c->hjob_d, c->hdg_d}, *hhost[] = {c->hsrc_h, c->hjob_h, c->hdg_h};
+    for (size_t i = 0; i < 3; i++) {
+        if (hdev[i])
+            cu_release(cudaFree(hdev[i]), "cudaFree (state hash)");
+        if (hhost[i])
+            cu_release(cudaFreeHost(hhost[i]), "cudaFreeHost (state hash)");
+    }
+    cudaEvent_t evs[] = {c->ev_go, c->ev_go2, c->ev_h, c->ev_t0, c->ev_t1};
+    for (size_t i = 0; i < 5; i++)
+        if (evs[i])
+            cu_release(cudaEventDestroy(evs[i]), "cudaEventDestroy");
+    if (c->xs2)
+        cu_release(cudaStreamDestroy(c->xs2), "cudaStreamDestroy");
+    if (c->hs)
+        cu_release(cudaStreamDestroy(c->hs), "cudaStreamDestroy");
     if (c->tok_h)
         cu_release(cudaFreeHost(c->tok_h), "cudaFreeHost");
     if (c->logits_h)
@@ -805,6 +859,7 @@ static void cu_destroy(void *bctx)
     }
     if (c->stream)
         cu_release(cudaStreamDestroy(c->stream), "cudaStreamDestroy");
+    free(c->hjob_at);
     free(c->L);
     free(c->descs);
     free(c->tm);
@@ -1135,6 +1190,35 @@ static int cu_create(st_engine *e, void **out)
         CUG(cudaMalloc((void **)&c->dstage[i], STAGE_BYTES));
         CUG(cudaEventCreateWithFlags(&c->ev[i], cudaEventDisableTiming));
     }
+    c->trace = getenv("STRATA_CUDA_TRACE") && *getenv("STRATA_CUDA_TRACE");
+    if (c->trace) {
+        CUG(cudaEventCreate(&c->ev_t0));
+        CUG(cudaEventCreate(&c->ev_t1));
+    }
+    CUG(cudaStreamCreateWithFlags(&c->xs2, cudaStreamNonBlocking));
+    CUG(cudaStreamCreateWithFlags(&c->hs, cudaStreamNonBlocking));
+    CUG(cudaEventCreateWithFlags(&c->ev_go, cudaEventDisableTiming));
+    CUG(cudaEventCreateWithFlags(&c->ev_go2, cudaEventDisableTiming));
+    CUG(cudaEventCreateWithFlags(&c->ev_h, cudaEventDisableTiming));
+    for (uint32_t ti = 0; ti < c->n_desc; ti++) {
+        uint64_t b = c->descs[ti].role == ST_ROLE_KV
+                         ? (uint64_t)c->n_ctx * st_tensor_row_bytes(&c->descs[ti])
+                         : (c->run_len[ti] > 8 ? c->run_len[ti] : 8);
+        c->hjob_cap += st_state_hash_blocks(b);
+    }
+    if (!(c->hjob_at = (uint32_t *)calloc((size_t)c->n_desc + 1, sizeof *c->hjob_at))) {
+        rc = st_error_set(ENOMEM, "cuda backend: state hash");
+        goto fail;
+    }
+    CUG(cudaHostAlloc((void **)&c->hsrc_h, (size_t)c->n_desc * sizeof *c->hsrc_h,
+                      cudaHostAllocDefault));
+    CUG(cudaMalloc((void **)&c->hsrc_d, (size_t)c->n_desc * sizeof *c->hsrc_d));
+    CUG(cudaHostAlloc((void **)&c->hjob_h, (size_t)c->hjob_cap * sizeof *c->hjob_h,
+                      cudaHostAllocDefault));
+    CUG(cudaMalloc((void **)&c->hjob_d, (size_t)c->hjob_cap * sizeof *c->hjob_d));
+    CUG(cudaHostAlloc((void **)&c->hdg_h, (size_t)c->hjob_cap * sizeof *c->hdg_h,
+                      cudaHostAllocDefault));
+    CUG(cudaMalloc((void **)&c->hdg_d, (size_t)c->hjob_cap * sizeof *c->hdg_d));
     {
         size_t asm8 = (size_t)(32 + AT_BK) * at_stride(c->hd) * 4;
         CUG(cudaFuncSetAttribute(k_attn<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)asm8));
@@ -1313,22 +1397,88 @@ static int xnext(const seg *segs, uint32_t ns, xit *it, xchunk *ch)
     return 1;
 }
 
-/* The state hash's block digests of a transfer's segments (st_store.h: segment 1 + i of the hash
- * is geometry tensor i, so segment i here), computed on the pool while the transfer runs: a
- * segment's blocks are digested once its bytes up to their end are in host memory. */
-typedef struct xhash {
-    uint64_t *dg;    /* the digests of every segment, in order */
-    uint64_t *first; /* [ns] index in dg of a segment's first block */
-    uint64_t *next;  /* [ns] its next block to digest */
-    uint64_t *ready; /* [ns] its hashed bytes present in host memory */
-    uint64_t total;  /* blocks in all */
-    int err;
-} xhash;
+/* ---- the state hash on the device -------------------------------------------------------------
+ * The block digests of a save's or load's tensors (st_store.h: segment 1 + i of the state hash is
+ * geometry tensor i, so segment i here) are computed by the GPU from the bytes in device memory,
+ * one warp per block (st_xxh3_warp): a save digests the state it copies out, on its own stream
+ * while the copies run (a bf16 checkpoint through the bf16 rounding: the values a restore widens);
+ * a load digests what arrived in the slot's buffers once its copies are done, so the check covers
+ * the bytes the slot will run on. The position (SEG_HOST, 8 bytes on the host) is digested by the
+ * host. Each digest is XXH3-64 of its block, as st_state_hash_digests computes it on the CPU. */
+/* Bytes of one block of a source, for st_xxh3_warp; o counts from the block's start. */
+struct hreader {
+    hsrc g;
+    uint64_t at;
+    __device__ const uint8_t *paged(uint64_t o) const
+    {
+        /* rows and pages count in 32 bits (n_ctx is a uint32_t); the offset does when it fits:
+         * a 64-bit division costs several times a 32-bit one on the GPU */
+        uint32_t r, cc;
+        if (o < ((uint64_t)1 << 32)) {
+            r = (uint32_t)o / g.rb;
+            cc = (uint32_t)o - r * g.rb;
+        } else {
+            r = (uint32_t)(o / g.rb);
+            cc = (uint32_t)(o - (uint64_t)r * g.rb);
+        }
+        r += (uint32_t)g.row0;
+        uint32_t pg = r / g.ps;
+        return g.pages[pg] + g.koff + (uint64_t)(r - pg * g.ps) * g.rb + cc;
+    }
+    __device__ uint8_t byte(uint64_t o) const
+    {
+        o += at;
+        switch (g.kind) {
+        case HS_LIN: return g.base[o];
+        case HS_BF16: {
+            uint32_t w = st_cuda_bf16_from_bits(((const uint32_t *)g.base)[o / 4]) << 16;
+            return (uint8_t)(w >> (8 * (o % 4)));
+        }
+        default: return *paged(o);
+        }
+    }
+    /* A page's rows of one tensor are contiguous (ps rows of rb bytes): from row 0 on, byte o
+     * of the tensor is byte o % pb of page o / pb. The division is by an invariant, as a
+     * multiply-high (Granlund-Montgomery, set up by hash_prepare): these loads are the cost. */
+    __device__ const uint8_t *paged_fast(uint32_t o) const
+    {
+        uint32_t pg = g.pb == 1 ? o : (__umulhi(g.pbm, o) + ((o - __umulhi(g.pbm, o)) >> 1)) >> g.pbs;
+        return g.pages[pg] + g.koff + (o - pg * g.pb);
+    }
+    __device__ uint64_t word(uint64_t o) const
+    {
+        uint64_t p = at + o;
+        if (g.kind == HS_PAGED && g.fast && p % 8 == 0)
+            return *(const uint64_t *)paged_fast((uint32_t)p);
+        if (g.kind == HS_LIN && ((uintptr_t)(g.base + p) & 7u) == 0)
+            return *(const uint64_t *)(g.base + p);
+        if (g.kind == HS_BF16 && p % 4 == 0) {
+            const uint32_t *x = (const uint32_t *)g.base + p / 4;
+            return (uint64_t)(st_cuda_bf16_from_bits(x[0]) << 16) |
+                   (uint64_t)(st_cuda_bf16_from_bits(x[1]) << 16) << 32;
+        }
+        uint64_t v = 0;
+        for (unsigned i = 0; i < 8; i++)
+            v |= (uint64_t)byte(o + i) << (8 * i);
+        return v;
+    }
+};
 
-typedef struct xblock {
-    uint32_t si;
-    uint64_t b;
-} xblock;
+#define HASH_THREADS 128u
+
+__global__ void k_hash(const hsrc *srcs, const hjob *jobs, uint32_t n, uint64_t *out)
+{
+    uint32_t w = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    if (w >= n)
+        return; /* whole warps */
+    hjob j = jobs[w];
+    hreader r;
+    r.g = srcs[j.src];
+    r.at = j.off;
+    uint64_t h = st_xxh3_warp(r, j.len);
+    if ((threadIdx.x & 31u) == 0)
+        out[j.out] = h;
+}
 
 /* Bytes a segment's part of the state hash covers: f32 tensors as fp32 (bf16 ones widened). */
 static uint64_t seg_hbytes(const seg *g)
@@ -1341,88 +1491,142 @@ static uint64_t seg_hbytes(const seg *g)
     }
 }
 
-static int xh_init(xhash *h, const seg *segs, uint32_t ns, uint64_t *dg)
+/* Index in a transfer's digests of each segment's first block (first[ns] = all of them). */
+static int hash_first(const seg *segs, uint32_t ns, uint64_t **first)
 {
-    memset(h, 0, sizeof *h);
-    if (!dg)
-        return 0;
-    h->first = (uint64_t *)calloc((size_t)ns * 3 + 1, sizeof *h->first);
-    if (!h->first)
+    *first = (uint64_t *)malloc(((size_t)ns + 1) * sizeof **first);
+    if (!*first)
         return st_error_set(ENOMEM, "cuda backend: state hash of a transfer");
-    h->next = h->first + ns;
-    h->ready = h->next + ns;
-    h->dg = dg;
+    uint64_t t = 0;
     for (uint32_t i = 0; i < ns; i++) {
-        h->first[i] = h->total;
-        h->total += st_state_hash_blocks(seg_hbytes(&segs[i]));
+        (*first)[i] = t;
+        t += st_state_hash_blocks(seg_hbytes(&segs[i]));
+    }
+    (*first)[ns] = t;
+    return 0;
+}
+
+/* The device digests of segs, in three steps on c->hs: hash_prepare builds the sources and jobs
+ * (c->hjob_at[si]: segment si's first job) and sends them up; hash_launch digests segments
+ * [s0, s1) (c->hs must wait for their bytes first); hash_finish sends the digests down into
+ * c->hdg_h and records c->ev_h. */
+static int hash_prepare(cu_ctx *c, cu_state *s, const seg *segs, uint32_t ns, int save,
+                        const uint64_t *first)
+{
+    uint32_t nj = 0;
+    if (ns > c->n_desc || first[ns] > c->hjob_cap)
+        return st_error_set(ST_EINVAL, "cuda backend: state hash of %u segments, %llu blocks "
+                            "(room for %u and %llu)", ns, (unsigned long long)first[ns],
+                            c->n_desc, (unsigned long long)c->hjob_cap);
+    for (uint32_t si = 0; si < ns; si++) {
+        const seg *g = &segs[si];
+        hsrc *h = &c->hsrc_h[si];
+        memset(h, 0, sizeof *h);
+        c->hjob_at[si] = nj;
+        if (g->kind == SEG_HOST)
+            continue;
+        if (g->kind == SEG_KV) {
+            h->kind = HS_PAGED;
+            h->rb = g->rb;
+            h->ps = c->ps;
+            h->pages = s->pages_d;
+            h->koff = g->koff;
+            h->row0 = g->row0;
+            uint64_t pb = (uint64_t)c->ps * g->rb;
+            h->fast = g->row0 == 0 && pb % 8 == 0 && g->koff % 8 == 0 && pb < ((uint64_t)1 << 32) &&
+                      seg_hbytes(g) < ((uint64_t)1 << 32);
+            if (h->fast) {
+                /* Granlund-Montgomery: l = ceil(log2 pb), m = 2^32 (2^l - pb) / pb + 1, and
+                 * n / pb = (t + ((n - t) >> 1)) >> (l - 1) with t = umulhi(m, n), every n < 2^32 */
+                uint32_t l = 0;
+                while (((uint64_t)1 << l) < pb)
+                    l++;
+                h->pb = (uint32_t)pb;
+                h->pbm = (uint32_t)((((uint64_t)1 << 32) * (((uint64_t)1 << l) - pb)) / pb + 1);
+                h->pbs = l ? l - 1 : 0;
+            }
+        } else {
+            h->kind = g->kind == SEG_BF16 && save ? HS_BF16 : HS_LIN;
+            h->base = g->dev;
+        }
+        uint64_t hb = seg_hbytes(g);
+        for (uint64_t b = 0; b < st_state_hash_blocks(hb); b++) {
+            hjob *j = &c->hjob_h[nj++];
+            j->src = si;
+            j->pad = 0;
+            j->off = b * ST_STATE_HASH_BLOCK;
+            j->len = hb - j->off < ST_STATE_HASH_BLOCK ? hb - j->off : ST_STATE_HASH_BLOCK;
+            j->out = first[si] + b;
+        }
+    }
+    c->hjob_at[ns] = nj;
+    if (nj) {
+        CU(cudaMemcpyAsync(c->hsrc_d, c->hsrc_h, (size_t)ns * sizeof *c->hsrc_h,
+                           cudaMemcpyHostToDevice, c->hs));
+        CU(cudaMemcpyAsync(c->hjob_d, c->hjob_h, (size_t)nj * sizeof *c->hjob_h,
+                           cudaMemcpyHostToDevice, c->hs));
     }
     return 0;
 }
 
-static void xh_free(xhash *h)
+static int hash_launch(cu_ctx *c, uint32_t s0, uint32_t s1)
 {
-    free(h->first);
+    uint32_t j0 = c->hjob_at[s0], nj = c->hjob_at[s1] - j0, per = HASH_THREADS / 32;
+    if (!nj)
+        return 0;
+    if (c->trace)
+        CU(cudaEventRecord(c->ev_t0, c->hs));
+    k_hash<<<(nj + per - 1) / per, HASH_THREADS, 0, c->hs>>>(c->hsrc_d, c->hjob_d + j0, nj,
+                                                              c->hdg_d);
+    KCHECK("k_hash");
+    if (c->trace)
+        CU(cudaEventRecord(c->ev_t1, c->hs));
+    return 0;
 }
 
-/* Segment si's hashed bytes are present up to unit u. */
-static void xh_ready(xhash *h, const seg *g, uint32_t si, uint64_t u)
+static int hash_finish(cu_ctx *c, uint32_t ns, const uint64_t *first)
 {
-    if (h->dg)
-        h->ready[si] = u >= g->units ? seg_hbytes(g) : u * (seg_hbytes(g) / g->units);
+    if (c->hjob_at[ns])
+        CU(cudaMemcpyAsync(c->hdg_h, c->hdg_d, first[ns] * sizeof *c->hdg_d,
+                           cudaMemcpyDeviceToHost, c->hs));
+    CU(cudaEventRecord(c->ev_h, c->hs));
+    return 0;
 }
 
-/* The blocks present and not yet digested, at most cap, into bl. */
-static uint32_t xh_collect(xhash *h, const seg *segs, uint32_t ns, xblock *bl, uint32_t cap)
+/* After c->ev_h: the device digests into dg, and the host segments' digests from their bytes. */
+static int hash_collect(cu_ctx *c, const seg *segs, uint32_t ns, const uint64_t *first,
+                        uint64_t *dg)
 {
-    uint32_t n = 0;
-    for (uint32_t i = 0; h->dg && i < ns && n < cap; i++) {
-        uint64_t hb = seg_hbytes(&segs[i]), nb = st_state_hash_blocks(hb);
-        while (h->next[i] < nb && n < cap) {
-            uint64_t end = (h->next[i] + 1) * ST_STATE_HASH_BLOCK;
-            if ((end < hb ? end : hb) > h->ready[i])
-                break;
-            bl[n].si = i;
-            bl[n].b = h->next[i]++;
-            n++;
+    CU(cudaEventSynchronize(c->ev_h));
+    for (uint32_t si = 0; si < ns; si++) {
+        const seg *g = &segs[si];
+        uint64_t nb = first[si + 1] - first[si];
+        if (g->kind != SEG_HOST) {
+            memcpy(dg + first[si], c->hdg_h + first[si], nb * sizeof *dg);
+            continue;
         }
+        st_state_hash_seg hs;
+        hs.data = g->host;
+        hs.bytes = g->units;
+        hs.widen = -1;
+        int rc = st_state_hash_digests(&hs, 1, dg + first[si], NULL, NULL);
+        if (rc)
+            return rc;
     }
-    return n;
+    return 0;
 }
 
-/* Digest block b of segment g into dg (the segment's first digest): the state hash's own block
- * function over a one-block segment starting at the block. */
-static void xh_block(xhash *h, const seg *g, uint64_t *dg, uint64_t b)
-{
-    uint64_t hb = seg_hbytes(g), off = b * ST_STATE_HASH_BLOCK;
-    st_state_hash_seg hs;
-    hs.data = g->host + (g->kind == SEG_BF16 ? off / 2 : off);
-    hs.bytes = hb - off < ST_STATE_HASH_BLOCK ? hb - off : ST_STATE_HASH_BLOCK;
-    hs.widen = g->kind == SEG_BF16 ? (int32_t)ST_CODEC_BF16 : -1;
-    if (st_state_hash_digests(&hs, 1, dg + b, NULL, NULL))
-        __atomic_store_n(&h->err, ENOMEM, __ATOMIC_RELAXED);
-}
-
-typedef struct hjob {
+/* Host copies between a pinned staging buffer and an image, on the pool. */
+typedef struct cjob {
     uint8_t *stage, *host;
     size_t bytes, piece;
     int to_host;
-    uint32_t ncopy;
-    /* digests to compute in the same run */
-    xhash *xh;
-    const seg *segs;
-    const xblock *bl;
-} hjob;
+} cjob;
 
-/* Tasks [0, ncopy) copy one piece each; the others digest one block each. */
-static void hjob_task(void *ctx, uint32_t task, uint32_t thread)
+static void cjob_task(void *ctx, uint32_t task, uint32_t thread)
 {
     (void)thread;
-    hjob *j = (hjob *)ctx;
-    if (task >= j->ncopy) {
-        const xblock *x = &j->bl[task - j->ncopy];
-        xh_block(j->xh, &j->segs[x->si], j->xh->dg + j->xh->first[x->si], x->b);
-        return;
-    }
+    cjob *j = (cjob *)ctx;
     size_t a = (size_t)task * j->piece;
     if (a >= j->bytes)
         return;
@@ -1433,39 +1637,36 @@ static void hjob_task(void *ctx, uint32_t task, uint32_t thread)
         memcpy(j->stage + a, j->host + a, b - a);
 }
 
-/* The host's part of a chunk on the pool: copy between the pinned buffer and the caller's memory
- * (ch may be NULL: no copy) and digest the blocks of the state hash present by now. */
-static void host_step(cu_ctx *c, const seg *segs, uint32_t ns, xhash *xh, xblock *bl,
-                      const xchunk *ch, int slot, int save)
+/* Whether a chunk of g moves through the pinned staging buffer (the host copies it). */
+static int staged(const seg *g)
 {
-    hjob j;
-    memset(&j, 0, sizeof j);
-    if (ch) {
-        const seg *g = &segs[ch->si];
-        uint64_t u = seg_unit(g);
-        j.stage = c->hstage[slot];
-        j.host = g->host + ch->a * u;
-        j.bytes = g->kind == SEG_HOST || g->direct ? 0 : (size_t)((ch->b - ch->a) * u);
-        j.to_host = save;
-    }
-    if (j.bytes) {
-        j.ncopy = (uint32_t)((j.bytes + (256u << 10) - 1) / (256u << 10));
-        if (j.ncopy > c->n_threads)
-            j.ncopy = c->n_threads;
-        j.piece = (size_t)align_up((j.bytes + j.ncopy - 1) / j.ncopy, 64);
-    }
-    j.xh = xh;
-    j.segs = segs;
-    j.bl = bl;
-    uint32_t nb = xh->dg ? xh_collect(xh, segs, ns, bl, (uint32_t)xh->total) : 0;
-    uint32_t nt = j.ncopy + nb;
-    if (!nt)
-        return;
-    st_pool_run(c->e->pool, nt, hjob_task, &j, nt > 1 ? (uint64_t)1 << 40 : 0);
+    return g->kind != SEG_HOST && !g->direct;
 }
 
-/* The device's part of a chunk, queued on the stream. */
-static int dev_step(cu_ctx *c, cu_state *s, const seg *g, const xchunk *ch, int slot, int save)
+/* The host's part of a staged chunk: copy between pinned buffer slot and the image. */
+static void host_step(cu_ctx *c, const seg *segs, const xchunk *ch, int slot, int save)
+{
+    const seg *g = &segs[ch->si];
+    if (!staged(g))
+        return;
+    uint64_t u = seg_unit(g);
+    cjob j;
+    j.stage = c->hstage[slot];
+    j.host = g->host + ch->a * u;
+    j.bytes = (size_t)((ch->b - ch->a) * u);
+    j.to_host = save;
+    uint32_t nc = (uint32_t)((j.bytes + (256u << 10) - 1) / (256u << 10));
+    if (nc > c->n_threads)
+        nc = c->n_threads;
+    if (!nc)
+        return;
+    j.piece = (size_t)align_up((j.bytes + nc - 1) / nc, 64);
+    st_pool_run(c->e->pool, nc, cjob_task, &j, nc > 1 ? (uint64_t)1 << 40 : 0);
+}
+
+/* The device's part of a chunk, queued on stream st. */
+static int dev_step(cu_ctx *c, cu_state *s, const seg *g, const xchunk *ch, int slot, int save,
+                    cudaStream_t st)
 {
     uint64_t n = ch->b - ch->a;
     uint8_t *hs = g->direct ? g->host + ch->a * seg_unit(g) : c->hstage[slot];
@@ -1473,39 +1674,33 @@ static int dev_step(cu_ctx *c, cu_state *s, const seg *g, const xchunk *ch, int 
     switch (g->kind) {
     case SEG_KV:
         if (save) {
-            k_kv_copy<<<(unsigned)n, 128, 0, c->stream>>>(s->pages_d, g->koff, c->ps, g->rb,
-                                                          g->row0 + ch->a, c->dstage[slot], 0);
+            k_kv_copy<<<(unsigned)n, 128, 0, st>>>(s->pages_d, g->koff, c->ps, g->rb,
+                                                   g->row0 + ch->a, c->dstage[slot], 0);
             KCHECK("k_kv_copy");
-            CU(cudaMemcpyAsync(hs, c->dstage[slot], n * g->rb,
-                               cudaMemcpyDeviceToHost, c->stream));
+            CU(cudaMemcpyAsync(hs, c->dstage[slot], n * g->rb, cudaMemcpyDeviceToHost, st));
         } else {
-            CU(cudaMemcpyAsync(c->dstage[slot], hs, n * g->rb,
-                               cudaMemcpyHostToDevice, c->stream));
-            k_kv_copy<<<(unsigned)n, 128, 0, c->stream>>>(s->pages_d, g->koff, c->ps, g->rb,
-                                                          g->row0 + ch->a, c->dstage[slot], 1);
+            CU(cudaMemcpyAsync(c->dstage[slot], hs, n * g->rb, cudaMemcpyHostToDevice, st));
+            k_kv_copy<<<(unsigned)n, 128, 0, st>>>(s->pages_d, g->koff, c->ps, g->rb,
+                                                   g->row0 + ch->a, c->dstage[slot], 1);
             KCHECK("k_kv_copy");
         }
         return 0;
     case SEG_F32:
         if (save)
-            CU(cudaMemcpyAsync(hs, g->dev + ch->a * 4, n * 4, cudaMemcpyDeviceToHost,
-                               c->stream));
+            CU(cudaMemcpyAsync(hs, g->dev + ch->a * 4, n * 4, cudaMemcpyDeviceToHost, st));
         else
-            CU(cudaMemcpyAsync(g->dev + ch->a * 4, hs, n * 4, cudaMemcpyHostToDevice,
-                               c->stream));
+            CU(cudaMemcpyAsync(g->dev + ch->a * 4, hs, n * 4, cudaMemcpyHostToDevice, st));
         return 0;
     case SEG_BF16:
         if (save) {
             if ((rc = st_codec_cuda_convert(ST_CODEC_BF16, c->dstage[slot], ST_CODEC_FP32,
-                                            g->dev + ch->a * 4, n, c->stream)))
+                                            g->dev + ch->a * 4, n, st)))
                 return rc;
-            CU(cudaMemcpyAsync(hs, c->dstage[slot], n * 2, cudaMemcpyDeviceToHost,
-                               c->stream));
+            CU(cudaMemcpyAsync(hs, c->dstage[slot], n * 2, cudaMemcpyDeviceToHost, st));
         } else {
-            CU(cudaMemcpyAsync(c->dstage[slot], hs, n * 2, cudaMemcpyHostToDevice,
-                               c->stream));
+            CU(cudaMemcpyAsync(c->dstage[slot], hs, n * 2, cudaMemcpyHostToDevice, st));
             if ((rc = st_codec_cuda_convert(ST_CODEC_FP32, g->dev + ch->a * 4, ST_CODEC_BF16,
-                                            c->dstage[slot], n, c->stream)))
+                                            c->dstage[slot], n, st)))
                 return rc;
         }
         return 0;
@@ -1514,96 +1709,160 @@ static int dev_step(cu_ctx *c, cu_state *s, const seg *g, const xchunk *ch, int 
     }
 }
 
-/* Device -> host: up to NSTAGE chunks queued ahead of the host, which copies them out and
- * digests (dg not NULL) the blocks copied out by earlier steps. */
+/* Chunk k runs on the transfer stream k % 2, so one chunk's kernel (gather, scatter, codec)
+ * overlaps the next one's copy. Slot k % NSTAGE has the same parity as k: the chunk that used
+ * a slot's device buffer before is earlier on the same stream. */
+static cudaStream_t xstream(cu_ctx *c, uint64_t k)
+{
+    return k % 2 ? c->xs2 : c->stream;
+}
+
+static double xt_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* STRATA_CUDA_TRACE: one line per whole-state save / load on stderr, its phases in ms from its
+ * start: everything queued, the copies done, the digests down (hashed bytes / bytes moved). */
+static void xfer_trace(const cu_ctx *c, const char *what, double t0, double tq, double tc,
+                       double th, const seg *segs, uint32_t ns)
+{
+    uint64_t mv = 0, hb = 0;
+    if (!c->trace)
+        return;
+    for (uint32_t i = 0; i < ns; i++) {
+        mv += segs[i].units * seg_unit(&segs[i]);
+        hb += seg_hbytes(&segs[i]);
+    }
+    float kms = 0;
+    if (cudaEventElapsedTime(&kms, c->ev_t0, c->ev_t1) != cudaSuccess)
+        kms = -1;
+    fprintf(stderr, "strata cuda %s: %.1f MB moved, %.1f MB hashed: queued %.2f ms, copies done "
+            "%.2f ms, digests down %.2f ms (hash kernel %.2f ms)\n", what, (double)mv / 1e6,
+            (double)hb / 1e6, tq - t0, tc - t0, th - t0, (double)kms);
+}
+
+/* Wait for every stream a transfer used (after a failure: nothing may still touch its buffers). */
+static void xfer_drain(cu_ctx *c)
+{
+    cu_release(cudaStreamSynchronize(c->stream), "cudaStreamSynchronize");
+    cu_release(cudaStreamSynchronize(c->xs2), "cudaStreamSynchronize");
+    cu_release(cudaStreamSynchronize(c->hs), "cudaStreamSynchronize");
+}
+
+/* Device -> host: up to NSTAGE chunks queued ahead of the host, which copies out the staged ones
+ * as they arrive; with dg, the device digests the state meanwhile on c->hs. */
 static int xfer_save(cu_ctx *c, cu_state *s, const seg *segs, uint32_t ns, uint64_t *dg)
 {
     xit it = {0, 0};
     xchunk q[NSTAGE], ch;
-    uint64_t ni = 0, nd = 0;
-    xhash xh;
-    xblock *bl = NULL;
-    int rc;
-    if ((rc = xh_init(&xh, segs, ns, dg)))
+    uint64_t ni = 0, nd = 0, *first = NULL;
+    int rc = 0;
+    double t0 = c->trace ? xt_now() : 0, tq = 0;
+    if (dg && (rc = hash_first(segs, ns, &first)))
         return rc;
-    if (dg && !(bl = (xblock *)malloc((size_t)(xh.total ? xh.total : 1) * sizeof *bl))) {
-        rc = st_error_set(ENOMEM, "cuda backend: state hash of a transfer");
-        goto done;
+    /* the state is final once the work queued so far on c->stream is done */
+    CUG(cudaEventRecord(c->ev_go, c->stream));
+    CUG(cudaStreamWaitEvent(c->xs2, c->ev_go, 0));
+    if (dg) {
+        CUG(cudaStreamWaitEvent(c->hs, c->ev_go, 0));
+        if ((rc = hash_prepare(c, s, segs, ns, 1, first)) || (rc = hash_launch(c, 0, ns)) ||
+            (rc = hash_finish(c, ns, first)))
+            goto fail;
     }
     for (;;) {
         while (ni - nd < NSTAGE && xnext(segs, ns, &it, &ch)) {
             int slot = (int)(ni % NSTAGE);
             q[slot] = ch;
-            if ((rc = dev_step(c, s, &segs[ch.si], &ch, slot, 1)))
+            if ((rc = dev_step(c, s, &segs[ch.si], &ch, slot, 1, xstream(c, ni))))
                 goto fail;
-            CUG(cudaEventRecord(c->ev[slot], c->stream));
+            CUG(cudaEventRecord(c->ev[slot], xstream(c, ni)));
             ni++;
         }
+        if (c->trace && it.si >= ns && tq == 0)
+            tq = xt_now();
         if (nd == ni)
             break;
         int slot = (int)(nd % NSTAGE);
-        CUG(cudaEventSynchronize(c->ev[slot]));
-        host_step(c, segs, ns, &xh, bl, &q[slot], slot, 1);
-        xh_ready(&xh, &segs[q[slot].si], q[slot].si, q[slot].b);
+        if (staged(&segs[q[slot].si])) {
+            CUG(cudaEventSynchronize(c->ev[slot]));
+            host_step(c, segs, &q[slot], slot, 1);
+        }
         nd++;
     }
+    CUG(cudaStreamSynchronize(c->stream));
+    CUG(cudaStreamSynchronize(c->xs2));
     if (dg) {
-        for (uint32_t i = 0; i < ns; i++)
-            xh_ready(&xh, &segs[i], i, segs[i].units);
-        host_step(c, segs, ns, &xh, bl, NULL, 0, 1);
-        if (xh.err)
-            rc = st_error_set(xh.err, "cuda backend: state hash: out of memory for a block");
+        double tc = c->trace ? xt_now() : 0;
+        if ((rc = hash_collect(c, segs, ns, first, dg)))
+            goto fail;
+        if (c->trace)
+            xfer_trace(c, "save", t0, tq, tc, xt_now(), segs, ns);
     }
-    goto done;
+    free(first);
+    return 0;
 fail:
-    cu_release(cudaStreamSynchronize(c->stream), "cudaStreamSynchronize");
-done:
-    free(bl);
-    xh_free(&xh);
+    xfer_drain(c);
+    free(first);
     return rc;
 }
 
-/* Host -> device: the host fills pinned buffer k (and digests, dg not NULL, the blocks of the
- * state hash up to its end) while buffers k-1.. are in flight. */
+/* Host -> device: the host fills pinned buffer k (staged chunks) while buffers k-1.. are in
+ * flight; direct chunks are queued without waiting. With dg, the device digests what arrived. */
 static int xfer_load(cu_ctx *c, cu_state *s, const seg *segs, uint32_t ns, uint64_t *dg)
 {
     xit it = {0, 0};
     xchunk ch;
-    uint64_t k = 0;
-    xhash xh;
-    xblock *bl = NULL;
-    int rc;
-    if ((rc = xh_init(&xh, segs, ns, dg)))
+    uint64_t k = 0, *first = NULL;
+    int rc = 0;
+    double t0 = c->trace ? xt_now() : 0, tq = 0;
+    if (dg && (rc = hash_first(segs, ns, &first)))
         return rc;
-    if (dg && !(bl = (xblock *)malloc((size_t)(xh.total ? xh.total : 1) * sizeof *bl))) {
-        rc = st_error_set(ENOMEM, "cuda backend: state hash of a transfer");
-        goto done;
-    }
+    CUG(cudaEventRecord(c->ev_go, c->stream));
+    CUG(cudaStreamWaitEvent(c->xs2, c->ev_go, 0));
+    if (dg && (rc = hash_prepare(c, s, segs, ns, 0, first)))
+        goto fail;
     while (xnext(segs, ns, &it, &ch)) {
         int slot = (int)(k % NSTAGE);
-        if (k >= NSTAGE)
-            CUG(cudaEventSynchronize(c->ev[slot]));
-        xh_ready(&xh, &segs[ch.si], ch.si, ch.b);
-        host_step(c, segs, ns, &xh, bl, &ch, slot, 0);
-        if ((rc = dev_step(c, s, &segs[ch.si], &ch, slot, 0)))
+        if (staged(&segs[ch.si])) {
+            /* the slot's pinned buffer is free once the chunk that used it last is on the device */
+            if (k >= NSTAGE)
+                CUG(cudaEventSynchronize(c->ev[slot]));
+            host_step(c, segs, &ch, slot, 0);
+        }
+        if ((rc = dev_step(c, s, &segs[ch.si], &ch, slot, 0, xstream(c, k))))
             goto fail;
-        CUG(cudaEventRecord(c->ev[slot], c->stream));
+        CUG(cudaEventRecord(c->ev[slot], xstream(c, k)));
         k++;
     }
     if (dg) {
-        for (uint32_t i = 0; i < ns; i++)
-            xh_ready(&xh, &segs[i], i, segs[i].units);
-        host_step(c, segs, ns, &xh, bl, NULL, 0, 0);
+        /* the digests of what arrived, once both transfer streams are done: the kernel is bound
+         * by the latency of a block's sequential chain (~0.2 ms), not by bandwidth, so one
+         * launch at the end leaves the same tail as launches spread over the copies would */
+        CUG(cudaEventRecord(c->ev_go, c->xs2));
+        CUG(cudaStreamWaitEvent(c->hs, c->ev_go, 0));
+        CUG(cudaEventRecord(c->ev_go2, c->stream));
+        CUG(cudaStreamWaitEvent(c->hs, c->ev_go2, 0));
+        if ((rc = hash_launch(c, 0, ns)) || (rc = hash_finish(c, ns, first)))
+            goto fail;
     }
+    tq = c->trace ? xt_now() : 0;
     CUG(cudaStreamSynchronize(c->stream));
-    if (xh.err)
-        rc = st_error_set(xh.err, "cuda backend: state hash: out of memory for a block");
-    goto done;
+    CUG(cudaStreamSynchronize(c->xs2));
+    if (dg) {
+        double tc = c->trace ? xt_now() : 0;
+        if ((rc = hash_collect(c, segs, ns, first, dg)))
+            goto fail;
+        if (c->trace)
+            xfer_trace(c, "load", t0, tq, tc, xt_now(), segs, ns);
+    }
+    free(first);
+    return 0;
 fail:
-    cu_release(cudaStreamSynchronize(c->stream), "cudaStreamSynchronize");
-done:
-    free(bl);
-    xh_free(&xh);
+    xfer_drain(c);
+    free(first);
     return rc;
 }
 

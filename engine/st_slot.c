@@ -589,10 +589,11 @@ int st_slot_snapshot(st_slot *s, int mode, uint32_t codec, st_image **out)
         goto done;
     }
     int bulk = e->be->save && bulk_ok(codec);
-    /* a PARK image of a bulk backend may live in memory the device moves directly (the CUDA
-     * backend's pinned pool); the bulk save writes every K/V row, so none is zeroed first */
+    /* the image of a bulk backend may live in memory the device moves directly (the CUDA
+     * backend's pinned pool: a PARK image for as long as it is parked, a SAVE's until the caller
+     * has written it and frees it); the bulk save writes every K/V row, so none is zeroed first */
     const st_image_allocator *ia = NULL;
-    if (bulk && mode == ST_SNAPSHOT_PARK && e->be->image_allocator)
+    if (bulk && e->be->image_allocator)
         ia = e->be->image_allocator(e->bctx);
     if ((rc = st_image_create_with(&img, &e->geom, ia)) ||
         (rc = bulk ? st_image_tokens_set_unzeroed(img, s->tokens, s->n_tokens)
@@ -623,16 +624,16 @@ int st_slot_snapshot(st_slot *s, int mode, uint32_t codec, st_image **out)
         if ((rc = add_ckpt(e, img, s->ck[i].e.position, &s->ck[i], NULL, codec, scratch)))
             goto done;
     if (bulk) {
-        /* the live state in one pass of the backend */
+        /* the live state in one pass of the backend, which writes every running tensor */
         uint32_t ci;
-        if ((rc = st_image_checkpoint_add(img, s->n_tokens, codec, &ci)) ||
+        if ((rc = st_image_checkpoint_add_unzeroed(img, s->n_tokens, codec, &ci)) ||
             (rc = e->be->save(e->bctx, s->st, img, ci, s->n_tokens, dg + d0)))
             goto done;
     } else if ((rc = add_ckpt(e, img, s->n_tokens, NULL, s->st, codec, scratch))) {
         goto done;
     }
     /* the hash of the state as stored (in codec) and as a restore will widen it: the bulk
-     * path's tensor digests were computed from the image's bytes as the backend wrote them */
+     * path's tensor digests were computed by the backend from the state it copied out */
     if ((rc = st_image_logits_set(img, s->logits, e->m->hp.n_vocab)) ||
         (rc = bulk ? bulk_hash(e, s->tokens, s->n_tokens, dg, nd, &h) : image_hash(e, img, &h)))
         goto done;
@@ -779,7 +780,8 @@ int st_slot_restore(st_slot *s, const st_image *img)
     int bulk = be->load && bulk_ok(live_codec);
     if (bulk) {
         /* K/V and the live state in one pass of the backend, which puts the image's bytes on
-         * the device unchanged: the hash is verified over the bytes it sent */
+         * the device unchanged and digests them there: the hash is verified over the bytes that
+         * arrived */
         if ((rc = bulk_digests(e, n, &dg, &nd, &d0)) ||
             (rc = be->load(e->bctx, ns, img, nck - 1, n, dg + d0)) ||
             (rc = bulk_hash(e, tokens, n, dg, nd, &h)))
