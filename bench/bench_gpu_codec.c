@@ -325,6 +325,39 @@ int main(int argc, char **argv)
            "%.2f ms = %.1f GB/s of fp32 state, %.2fx the fp32 copy\n", size_mib, (double)d2h,
            size_mib / 2, (double)snap, (double)f32_bytes / ((double)snap * 1e6),
            (double)d2h / (double)snap);
+    /* the state hash's block digests on the GPU (st_codec_cuda_checksum_blocks, XXH3-64 of 1 MiB
+     * blocks, one warp a block): the whole buffer, and one block alone (the latency of one
+     * block's sequential chain, which bounds the hash of any state) */
+    uint64_t *d_dg = dev_alloc(((size_t)size_mib + 1) * 8);
+    float hash_all = 1e30f, hash_one = 1e30f, ms = 0;
+    for (int r = 0; r <= runs; r++) {
+        CK(cudaEventRecord(t.e0, t.stream));
+        ST(st_codec_cuda_checksum_blocks(d_f32, f32_bytes, (uint64_t)1 << 20, d_dg, t.stream));
+        CK(cudaEventRecord(t.e1, t.stream));
+        ST(st_codec_cuda_checksum_blocks(d_f32, (uint64_t)1 << 20, (uint64_t)1 << 20, d_dg,
+                                         t.stream));
+        CK(cudaEventRecord(t.e2, t.stream));
+        CK(cudaStreamSynchronize(t.stream));
+        CK(cudaEventElapsedTime(&ms, t.e0, t.e1));
+        if (r > 0 && ms < hash_all)
+            hash_all = ms;
+        CK(cudaEventElapsedTime(&ms, t.e1, t.e2));
+        if (r > 0 && ms < hash_one)
+            hash_one = ms;
+    }
+    uint64_t dg0 = 0;
+    CK(cudaMemcpy(&dg0, d_dg, 8, cudaMemcpyDeviceToHost));
+    int hash_same = !in32 ||
+                    dg0 == st_checksum(in32, (size_t)1 << 20 < m * 4 ? (size_t)1 << 20 : m * 4) ||
+                    m * 4 < ((size_t)1 << 20);
+    double hash_gbs = (double)f32_bytes / ((double)hash_all * 1e6);
+    printf("state hash on the GPU (XXH3-64 of 1 MiB blocks, one warp each), %ld MiB: %.3f ms = "
+           "%.0f GB/s read, %.2fx the D2D copy's read rate; one 1 MiB block alone %.3f ms; first "
+           "digest = CPU's: %s\n", size_mib, (double)hash_all, hash_gbs, hash_gbs / (copy_gbs / 2),
+           (double)hash_one, hash_same ? "yes" : "NO");
+    cudaFree(d_dg);
+    same = same && hash_same;
+
     printf("\nGPU outputs = CPU codecs on the first %zu elements of each vector op: %s\n", m,
            same ? "yes" : "NO");
 

@@ -5,11 +5,12 @@
  * - prefill of N tokens (default 32,768) and decode tokens/s;
  * - PARK (st_slot_snapshot, park image in RAM) and RESTORE (st_slot_restore into another slot)
  *   of that conversation, bf16 and fp32 running state, as the bytes that cross PCIe per second
- *   against the pinned host<->device bandwidth measured here; also against one thread's XXH3
- *   rate, since the state hash that every snapshot and restore computes is one sequential
- *   stream;
- * - SAVE to a session file (snapshot + st_file_write: temp file, fsync, rename) against the
- *   disk's write+fsync measured here with the same number of bytes, and LOAD (read + restore);
+ *   against the pinned host<->device bandwidth measured here (both include the state hash, which
+ *   the GPU computes; STRATA_CUDA_TRACE=1 prints each transfer's phases);
+ * - SAVE to a session file (snapshot + st_file_write: temp file, fsync, rename) and to the state
+ *   store (snapshot + st_store_put into a fresh LMDB store, durable commit), each against the
+ *   disk's write+fsync measured here with the same number of bytes; LOAD (read + restore) and
+ *   RESTORE from the store (st_store_get + restore);
  * - the time to first token of a new conversation sharing a 16,384-token system prompt, with the
  *   conversation cache (root checkpoint mounted) and without (full read); their first tokens are
  *   compared (the chunks are cut at the same places, so they must be identical).
@@ -29,6 +30,7 @@
 #include <cuda_runtime_api.h>
 
 #include "st_engine.h"
+#include "st_store.h"
 
 static double now_s(void)
 {
@@ -74,31 +76,6 @@ static void pinned_gbs(double *h2d, double *d2h)
     *d2h = (double)n / bd / 1e9;
     cuda_ok(cudaFreeHost(h), "cudaFreeHost");
     cuda_ok(cudaFree(d), "cudaFree");
-}
-
-static double xxh3_gbs(void)
-{
-    size_t n = (size_t)256 << 20;
-    unsigned char *b = malloc(n);
-    if (!b)
-        die("hash buffer", ENOMEM);
-    for (size_t i = 0; i < n; i++)
-        b[i] = (unsigned char)(i * 131u);
-    double best = 1e30;
-    for (int i = 0; i < 3; i++) {
-        st_checksum_state cs = {0};
-        if (st_checksum_init(&cs))
-            die("checksum", ENOMEM);
-        double t = now_s();
-        st_checksum_update(&cs, b, n);
-        volatile uint64_t h = st_checksum_final(&cs);
-        (void)h;
-        t = now_s() - t;
-        st_checksum_free(&cs);
-        best = t < best ? t : best;
-    }
-    free(b);
-    return (double)n / best / 1e9;
 }
 
 /* write + fsync of bytes in 8 MiB writes to a new file in dir (best of 2). */
@@ -174,7 +151,7 @@ static uint32_t greedy(const st_slot *s)
 /* Best of 3 park snapshots and restores; also the first of each (the first PARK fills the CUDA
  * backend's pinned image pool: cudaHostAlloc of the image's buffers). */
 static void park_restore(st_slot *s, st_slot *r, uint32_t codec, uint64_t pcie, double d2h,
-                         double h2d, double hash)
+                         double h2d)
 {
     double tp = 1e30, tr = 1e30, tp1 = 0, tr1 = 0;
     uint64_t img_bytes = 0;
@@ -198,9 +175,9 @@ static void park_restore(st_slot *s, st_slot *r, uint32_t codec, uint64_t pcie, 
     }
     double gp = (double)pcie / tp / 1e9, gr = (double)pcie / tr / 1e9;
     printf("| PARK to RAM (%s state)      | %7.1f ms | %6.1f GB/s | pinned D2H %5.1f GB/s | %5.2fx "
-           "| XXH3 %4.2fx |\n", st_codec_name(codec), tp * 1e3, gp, d2h, gp / d2h, gp / hash);
+           "|\n", st_codec_name(codec), tp * 1e3, gp, d2h, gp / d2h);
     printf("| RESTORE from RAM (%s state) | %7.1f ms | %6.1f GB/s | pinned H2D %5.1f GB/s | %5.2fx "
-           "| XXH3 %4.2fx |\n", st_codec_name(codec), tr * 1e3, gr, h2d, gr / h2d, gr / hash);
+           "|\n", st_codec_name(codec), tr * 1e3, gr, h2d, gr / h2d);
     printf("|   (%.1f MB cross PCIe each way; the image holds %.1f MB; first PARK %.1f ms, first "
            "RESTORE %.1f ms)\n", (double)pcie / 1e6, (double)img_bytes / 1e6, tp1 * 1e3,
            tr1 * 1e3);
@@ -233,7 +210,6 @@ int main(int argc, char **argv)
     cuda_ok(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
     double h2d, d2h;
     pinned_gbs(&h2d, &d2h);
-    double hash = xxh3_gbs();
 
     st_model_hparams hp;
     if ((rc = st_model_preset("bench", &hp)))
@@ -259,8 +235,8 @@ int main(int argc, char **argv)
            (double)st_model_n_params(&hp) / 1e6, (double)state_b / 1e6,
            (unsigned long long)kv_tok, t_setup);
     printf("limits measured now: pinned host->device %.1f GB/s, device->host %.1f GB/s (256 MiB, "
-           "best of 5); XXH3 %.1f GB/s (one thread)\n", h2d, d2h, hash);
-    printf("| figure | time | rate | limit | ratio | |\n|---|---|---|---|---|---|\n");
+           "best of 5)\n", h2d, d2h);
+    printf("| figure | time | rate | limit | ratio |\n|---|---|---|---|---|\n");
 
     /* prefill and decode */
     uint32_t *toks = malloc((n_tok + 64) * sizeof *toks);
@@ -287,9 +263,9 @@ int main(int argc, char **argv)
             if ((rc = st_slot_decode(r, greedy(r))))
                 die("decode", rc);
         double tds = now_s() - t;
-        printf("| prefill %llu tokens | %.3f s | %.0f tok/s | | | |\n", (unsigned long long)ns,
+        printf("| prefill %llu tokens | %.3f s | %.0f tok/s | | |\n", (unsigned long long)ns,
                tps, (double)ns / tps);
-        printf("| decode 32 tokens at %llu | %.2f ms/token | %.0f tok/s | | | |\n",
+        printf("| decode 32 tokens at %llu | %.2f ms/token | %.0f tok/s | | |\n",
                (unsigned long long)ns, tds / 32 * 1e3, 32 / tds);
         st_slot_reset(r);
     }
@@ -297,20 +273,20 @@ int main(int argc, char **argv)
     if ((rc = st_slot_eval(s, toks, n_tok, 0, NULL)))
         die("prefill", rc);
     double tp = now_s() - t;
-    printf("| prefill %llu tokens (ubatch 2048) | %.3f s | %.0f tok/s | | | |\n",
+    printf("| prefill %llu tokens (ubatch 2048) | %.3f s | %.0f tok/s | | |\n",
            (unsigned long long)n_tok, tp, (double)n_tok / tp);
     t = now_s();
     for (int i = 0; i < 64; i++)
         if ((rc = st_slot_decode(s, greedy(s))))
             die("decode", rc);
     double td = now_s() - t;
-    printf("| decode 64 tokens at %llu | %.1f ms/token | %.0f tok/s | | | |\n",
+    printf("| decode 64 tokens at %llu | %.1f ms/token | %.0f tok/s | | |\n",
            (unsigned long long)n_tok, td / 64 * 1e3, 64 / td);
     uint64_t n = st_slot_n_tokens(s);
 
     /* park and restore */
-    park_restore(s, r, ST_CODEC_BF16, n * kv_tok + state_b / 2, d2h, h2d, hash);
-    park_restore(s, r, ST_CODEC_FP32, n * kv_tok + state_b, d2h, h2d, hash);
+    park_restore(s, r, ST_CODEC_BF16, n * kv_tok + state_b / 2, d2h, h2d);
+    park_restore(s, r, ST_CODEC_FP32, n * kv_tok + state_b, d2h, h2d);
     {
         /* what making the image alone costs (statestore allocates and zeroes its buffers) */
         st_image *img = NULL;
@@ -354,9 +330,59 @@ int main(int argc, char **argv)
         double gs = (double)fsz / ts / 1e9;
         printf("| SAVE session file (bf16 state) | %7.1f ms | %6.2f GB/s | write+fsync %5.2f GB/s | "
                "%5.2fx | %.1f MB |\n", ts * 1e3, gs, disk, gs / disk, (double)fsz / 1e6);
-        printf("| LOAD session file (read + verified restore) | %7.1f ms | %6.2f GB/s | | | |\n",
+        printf("| LOAD session file (read + verified restore) | %7.1f ms | %6.2f GB/s | | |\n",
                tl * 1e3, (double)fsz / tl / 1e9);
         unlink(sess);
+    }
+    /* save to the state store (LMDB, durable commit), restore from it: a fresh store each time,
+     * so that no chunk is shared with an earlier put */
+    {
+        char sdir[4300], cmd[8800];
+        double ts = 1e30, tl = 1e30;
+        uint64_t stored = 0;
+        for (int i = 0; i < 2; i++) {
+            snprintf(sdir, sizeof sdir, "%s/bench-gpu-store", dir);
+            snprintf(cmd, sizeof cmd, "rm -rf '%s'", sdir);
+            if (system(cmd) != 0)
+                die("removing the store", EIO);
+            st_store *st = NULL;
+            st_store_opts so;
+            memset(&so, 0, sizeof so);
+            so.create = 1;
+            if ((rc = st_store_open(&st, sdir, &so)))
+                die("store open", rc);
+            st_image *img = NULL;
+            st_put_stats ps;
+            st_put_opts po;
+            memset(&po, 0, sizeof po);
+            po.stats = &ps;
+            t = now_s();
+            if ((rc = st_slot_snapshot(s, ST_SNAPSHOT_SESSION, ST_CODEC_BF16, &img)) ||
+                (rc = st_store_put(st, "bench", img, ST_STORE_HEAD_ANY, &po, NULL)))
+                die("save to the store", rc);
+            t = now_s() - t;
+            ts = t < ts ? t : ts;
+            stored = ps.stored_bytes;
+            st_image_free(img);
+            img = NULL;
+            t = now_s();
+            if ((rc = st_store_get(st, "bench", 0, &img)) || (rc = st_slot_restore(r, img)))
+                die("restore from the store", rc);
+            t = now_s() - t;
+            tl = t < tl ? t : tl;
+            st_image_free(img);
+            st_store_close(st);
+        }
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", sdir);
+        if (system(cmd) != 0)
+            die("removing the store", EIO);
+        double disk = disk_gbs(dir, stored);
+        double gs = (double)stored / ts / 1e9;
+        printf("| SAVE to the store (bf16 state, LMDB, durable) | %7.1f ms | %6.2f GB/s | "
+               "write+fsync %5.2f GB/s | %5.2fx | %.1f MB stored |\n", ts * 1e3, gs, disk,
+               gs / disk, (double)stored / 1e6);
+        printf("| RESTORE from the store (get, checked + verified restore) | %7.1f ms | %6.2f GB/s "
+               "| | |\n", tl * 1e3, (double)stored / tl / 1e9);
     }
     st_slot_free(s);
     st_slot_free(r);
