@@ -8,6 +8,8 @@
  *   - 32 concurrent clients with their own conversations: completions, SAVE, RESTORE, nothing
  *     lost and no cross-talk, /healthz answering throughout;
  *   - llama.cpp's /slots actions, DELETE of a live session, the memory guard on SAVE and park.
+ * The engine runs on the cpu backend, or on the one named by the first argument: `cuda` is the
+ * ctest test_api_engine_gpu (label gpu), every case above on the CUDA backend.
  */
 #include <jansson.h>
 #include <pthread.h>
@@ -25,6 +27,7 @@
 #define MKMODEL ST_BIN_DIR "/strata-mkmodel"
 
 static char dir[4096];
+static const char *backend = "cpu";
 static char model[4200];
 static char logpath[4200];
 
@@ -43,6 +46,8 @@ static int start(st_hc_server *s, const char *name, const char *const *extra)
     args[n++] = model;
     args[n++] = "--threads";
     args[n++] = "1";
+    args[n++] = "--backend";
+    args[n++] = backend;
     for (const char *const *a = extra; a && *a; a++)
         args[n++] = *a;
     args[n] = NULL;
@@ -91,7 +96,7 @@ static const char *found(json_t *o)
 static int setup(void **state)
 {
     (void)state;
-    st_test_tmpdir(dir, sizeof dir, "test_api_engine");
+    st_test_tmpdir(dir, sizeof dir, strcmp(backend, "cpu") ? "test_api_engine_gpu" : "test_api_engine");
     snprintf(model, sizeof model, "%s/tiny.gguf", dir);
     snprintf(logpath, sizeof logpath, "%s/server.log", dir);
     char out[4096];
@@ -134,6 +139,18 @@ static void test_save_kill9_restore_continue(void **state)
     const char *store = "crash-store";
     st_hc_server s;
     assert_int_equal(start(&s, store, NULL), 0);
+    {
+        /* the server names its backend on start: this is the one asked for */
+        char want[64], buf[1 << 16];
+        snprintf(want, sizeof want, "engine on the %s backend", backend);
+        FILE *f = fopen(logpath, "r");
+        assert_non_null(f);
+        size_t got = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        buf[got] = 0;
+        if (!strstr(buf, want))
+            fail_msg("the server log %s does not say \"%s\"", logpath, want);
+    }
     json_t *t0 = complete(s.port, "chat", prompts[0], 24);
     assert_string_equal(found(t0), "new");
     same_tokens(t0, json_array_get(ref, 0));
@@ -476,8 +493,10 @@ static void test_one_session_many_requests(void **state)
     assert_int_equal(st_hc_server_stop(&s, SIGTERM), 0);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    if (argc > 1)
+        backend = argv[1];
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_save_kill9_restore_continue),
         cmocka_unit_test(test_more_conversations_than_slots),
