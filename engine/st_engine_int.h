@@ -156,20 +156,23 @@ typedef struct st_backend {
                     const void *src);
     /* Optional bulk transfers (NULL: the slot code uses the per-tensor functions above). A
      * backend whose state lives in another memory (the CUDA backend) moves the whole state in
-     * one pipelined pass. The slot code computes the state hash from the image (after a save,
-     * before a load's swap). Only used with checkpoint codecs fp32 and bf16.
+     * one pipelined pass. The slot code combines the state hash from the digests these return
+     * and the tokens' (after a save, before a load's swap). Only used with checkpoint codecs
+     * fp32 and bf16.
      * save: the live state into img: K/V rows [0, n) into its K/V buffers (n is its n_tokens)
      *       and the running tensors into checkpoint ci, in that checkpoint's codec.
      * load: K/V rows [0, n) and checkpoint ci of img into st (new and reset); the position
      *       tensor must hold the checkpoint's position (ST_ECORRUPT otherwise).
      * digests (not NULL): also the state hash's block digests of segments 1.. (the geometry
-     *       tensors, st_store.h) of the image's bytes, computed while the state moves. */
+     *       tensors, st_store.h): of the state as saved (bf16 as a restore widens it), or of
+     *       the state as loaded into st; the CUDA backend computes them on the device. */
     int (*save)(void *bctx, void *st, st_image *img, uint32_t ci, uint64_t n, uint64_t *digests);
     int (*load)(void *bctx, void *st, const st_image *img, uint32_t ci, uint64_t n,
                 uint64_t *digests);
     /* Optional (NULL, or returning NULL: ordinary memory): the allocation hook for the large
-     * buffers of a PARK image (st_image_create_with), e.g. pinned host memory that save and load
-     * move without staging. The hook must stay valid for the life of the process. */
+     * buffers of an image that save fills (PARK and SAVE snapshots, st_image_create_with), e.g.
+     * pinned host memory that save and load move without staging. The hook must stay valid for
+     * the life of the process. */
     const st_image_allocator *(*image_allocator)(void *bctx);
 } st_backend;
 
