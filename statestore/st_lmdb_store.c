@@ -31,6 +31,7 @@
 #include <sys/sysmacros.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "st_store_lmdb_int.h"
@@ -53,6 +54,12 @@ static int sys_mkdir(const char *path, unsigned mode) { return mkdir(path, (mode
 #define MADV_POPULATE_WRITE 23
 #endif
 static int sys_populate(void *addr, size_t len) { return madvise(addr, len, MADV_POPULATE_WRITE); }
+static int sys_reserve(int fd, uint64_t off, uint64_t len)
+{
+    /* not posix_fallocate, which writes zeros where the file system cannot allocate */
+    return fallocate(fd, 0, (off_t)off, (off_t)len);
+}
+static ssize_t sys_pwrite(int fd, const void *buf, size_t n, uint64_t off) { return pwrite(fd, buf, n, (off_t)off); }
 static int sys_disk_free(const char *path, uint64_t *bytes)
 {
     struct statvfs v;
@@ -73,6 +80,8 @@ void st_store_sys_init(st_store_sys *sys)
     sys->mkdir = sys_mkdir;
     sys->disk_free = sys_disk_free;
     sys->populate = sys_populate;
+    sys->reserve = sys_reserve;
+    sys->pwrite = sys_pwrite;
 }
 
 /* ---- errors ------------------------------------------------------------------------------------ */
@@ -477,9 +486,13 @@ int st_store__open_any(st_store **out, const char *dir, const st_store_opts *opt
         st_store_sys_init(&st->sys);
     if (!st->sys.populate) /* a table filled before the entry existed */
         st->sys.populate = sys_populate;
+    if (!st->sys.reserve)
+        st->sys.reserve = sys_reserve;
+    if (!st->sys.pwrite)
+        st->sys.pwrite = sys_pwrite;
     st->opts.sys = &st->sys;
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    st->threads = st->opts.threads ? st->opts.threads : (unsigned)(cpus > 4 ? 4 : cpus < 1 ? 1 : cpus);
+    st->threads = st->opts.threads ? st->opts.threads : (unsigned)(cpus > 8 ? 8 : cpus < 1 ? 1 : cpus);
     pthread_rwlockattr_t ra;
     pthread_rwlockattr_init(&ra);
     pthread_rwlockattr_setkind_np(&ra, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
@@ -1069,7 +1082,18 @@ typedef struct st_put_ctx {
     uint8_t digest[ST_STORE_HASH_LEN];
     const char *label;
     st_put_stats stats;
+    double t_fn, t_pop, t_ins; /* STRATA_STORE_TRACE: write start, populate done, inserts done */
+    int attempts;
+    uint64_t wb_done, wb_hi;   /* early writeback: file bytes handed to it, end of the copies */
 } st_put_ctx;
+
+/* Monotonic milliseconds, for STRATA_STORE_TRACE. */
+static double trace_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
 
 /* The session holds another geometry: name the first difference. */
 static int geometry_mismatch(st_store *st, MDB_txn *txn, const char *id, const st_session_rec *rec,
@@ -1130,19 +1154,22 @@ static void *map_base(st_store *st, uint64_t map_size)
 }
 
 /* With MDB_WRITEMAP LMDB writes a put's new pages straight into the file's shared map, past the
- * last page in use (or into pages of its free list). Each first write to a page of the map is a
- * page fault - about 20 us on the benchmark VM, most of a SAVE's time - so before inserting, the
- * range the new chunks will take is populated in one madvise(MADV_POPULATE_WRITE): the kernel
- * allocates the file's pages (and blocks) without a fault per page. A disk that cannot take the
- * bytes shows here as EFAULT (instead of a SIGBUS in the middle of the transaction): ST_EFULL.
- * Only new chunks count (looked up in this transaction), less the pages on LMDB's free list
- * (which it uses first), plus a margin for the B-tree pages the put copies. When the pages cannot fit past the last
- * page and the map may still grow, it returns MDB_MAP_FULL at once (the caller grows the map and
- * runs the transaction again) instead of inserting until LMDB finds the map full. Pages LMDB
- * takes from its free list beyond that estimate leave part of the range unused: those are
- * written once as zeros and used by later puts. */
-static int put_populate(st_store *st, MDB_txn *txn, const st_plan *p)
+ * last page in use (or into pages of its free list). A write into a page the file system cannot
+ * back (full disk) would be a SIGBUS, and each first write to a page is a page fault (about
+ * 20 us on the benchmark VM). So before inserting, the range the new chunks will take is sized:
+ * only new chunks count (looked up in this transaction), less the pages on LMDB's free list (which
+ * it uses first), plus a margin for the B-tree pages the put copies. That range is reserved with
+ * fallocate (the disk says now whether it can take it: ST_EFULL), and *direct tells the caller to
+ * write the new chunks' bytes with pwrite at the places LMDB gives them (no fault, no zeroing of
+ * pages that are overwritten at once); where the file system cannot fallocate, the range is
+ * populated with one madvise(MADV_POPULATE_WRITE) instead (EFAULT: ST_EFULL) and the bytes are
+ * copied into the map. When the pages cannot fit past the last page and the map may still grow,
+ * it returns MDB_MAP_FULL at once (the caller grows the map and runs the transaction again)
+ * instead of inserting until LMDB finds the map full. Pages LMDB takes from its free list beyond
+ * that estimate leave part of the range unused for later puts. */
+static int put_populate(st_store *st, MDB_txn *txn, const st_plan *p, int *direct)
 {
+    *direct = 0;
     if (!(st->env_flags & MDB_WRITEMAP))
         return 0;
     MDB_stat ms;
@@ -1192,10 +1219,81 @@ static int put_populate(st_store *st, MDB_txn *txn, const st_plan *p)
     char *base = map_base(st, info.me_mapsize);
     if (!base || start >= end)
         return 0;
+    /* Reserve the blocks (fallocate): no page is touched, the disk's answer comes now, and the
+     * new chunks' bytes then go into the file with pwrite at the places LMDB gives them (the
+     * page cache is the map's, so LMDB sees them); only the pages LMDB writes itself (chunk
+     * headers, B-tree) fault in, onto reserved blocks. Without fallocate, populate the range. */
+    mdb_filehandle_t fd;
+    if (mdb_env_get_fd(st->env, &fd) == 0) {
+        if (st->sys.reserve(fd, start, end - start) == 0) {
+            *direct = 1;
+            return 0;
+        }
+        if (errno == ENOSPC || errno == EDQUOT)
+            return st_error_set(ST_EFULL, "store %s: the disk cannot take %llu MiB of new chunks", st->dir,
+                                (unsigned long long)((end - start) >> 20));
+    }
     if (st->sys.populate(base + start, (size_t)(end - start)) != 0 && errno == EFAULT)
         return st_error_set(ST_EFULL, "store %s: the disk cannot take %llu MiB of new chunks", st->dir,
                             (unsigned long long)((end - start) >> 20));
     return 0; /* other errors (a kernel without MADV_POPULATE_WRITE): the writes fault page by page */
+}
+
+/* With MDB_WRITEMAP a new chunk's bytes land in the file's shared map, mostly past the last page
+ * in use and in order. Every ST_WRITEBACK_STEP of them, the file range up to the end of the last
+ * copy is handed to the kernel's writeback (sync_file_range, SYNC_FILE_RANGE_WRITE: start, do not
+ * wait), so that the disk writes while later chunks are copied and the commit's sync finds most
+ * of the put on its way. Only a hint: durability is the commit's (pages written again later are
+ * dirty again; a failed hint is ignored). */
+#define ST_WRITEBACK_STEP ((uint64_t)64 << 20)
+
+static void writeback_hint(st_store *st, st_put_ctx *c, const char *from, const char *to)
+{
+#ifdef SYNC_FILE_RANGE_WRITE
+    const char *b = (const char *)st->map_base;
+    if (!(st->env_flags & MDB_WRITEMAP) || !b || from < b || to <= from ||
+        (uint64_t)(to - b) > st->map_base_size)
+        return;
+    uint64_t lo = (uint64_t)(from - b) & ~(uint64_t)4095, hi = (uint64_t)(to - b) & ~(uint64_t)4095;
+    if (!c->wb_hi)
+        c->wb_done = lo; /* the first new chunk: hints start there */
+    if (hi > c->wb_hi)
+        c->wb_hi = hi;
+    if (c->wb_hi < c->wb_done + ST_WRITEBACK_STEP)
+        return;
+    mdb_filehandle_t fd;
+    if (mdb_env_get_fd(st->env, &fd) == 0)
+        (void)sync_file_range(fd, (off_t)c->wb_done, (off_t)(c->wb_hi - c->wb_done), SYNC_FILE_RANGE_WRITE);
+    c->wb_done = c->wb_hi;
+#else
+    (void)st;
+    (void)c;
+    (void)from;
+    (void)to;
+#endif
+}
+
+/* A reserved put writes new chunks of at least this many bytes with pwrite (smaller ones, in
+ * B-tree leaves, are copied into the map). */
+#define ST_PWRITE_MIN (8u << 10)
+
+static int pwrite_chunk(st_store *st, int fd, const uint8_t *p, size_t n, uint64_t off)
+{
+    while (n) {
+        ssize_t w = st->sys.pwrite(fd, p, n, off);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0) {
+            int e = w < 0 ? errno : EIO;
+            return st_error_set(e == ENOSPC || e == EDQUOT ? ST_EFULL : ST_EIO,
+                                "store %s: writing a chunk of %zu bytes at offset %llu: %s", st->dir, n,
+                                (unsigned long long)off, strerror(e));
+        }
+        p += w;
+        n -= (size_t)w;
+        off += (uint64_t)w;
+    }
+    return 0;
 }
 
 static int put_fn(st_store *st, MDB_txn *txn, void *arg)
@@ -1232,8 +1330,17 @@ static int put_fn(st_store *st, MDB_txn *txn, void *arg)
     }
     uint64_t version = rec.next_version;
     st_manifest_patch(c->mbuf, c->mlen, version, now);
-    if ((rc = put_populate(st, txn, p)))
+    c->attempts++;
+    c->wb_done = c->wb_hi = 0;
+    c->t_fn = trace_ms();
+    int direct = 0;
+    if ((rc = put_populate(st, txn, p, &direct)))
         return rc;
+    c->t_pop = trace_ms();
+    mdb_filehandle_t fd = -1;
+    const char *base = (const char *)st->map_base;
+    if (direct && (mdb_env_get_fd(st->env, &fd) || !base))
+        direct = 0;
     uint32_t tick = st->verify_tick++;
 
     for (uint32_t i = 0; i < p->m.n_chunks; i++) {
@@ -1241,7 +1348,15 @@ static int put_fn(st_store *st, MDB_txn *txn, void *arg)
         MDB_val k = {ST_STORE_HASH_LEN, (void *)pc->hash}, v = {pc->stored_len, NULL};
         rc = mdb_put(txn, st->dbi_chunks, &k, &v, MDB_NOOVERWRITE | MDB_RESERVE);
         if (rc == 0) {
-            memcpy(v.mv_data, pc->stored, pc->stored_len);
+            const char *at = (const char *)v.mv_data;
+            if (direct && pc->stored_len >= ST_PWRITE_MIN && at > base &&
+                (uint64_t)(at - base) + pc->stored_len <= st->map_base_size) {
+                if ((rc = pwrite_chunk(st, fd, pc->stored, pc->stored_len, (uint64_t)(at - base))))
+                    return rc;
+                writeback_hint(st, c, at, at + pc->stored_len);
+            } else {
+                memcpy(v.mv_data, pc->stored, pc->stored_len);
+            }
             c->stats.new_chunks++;
             c->stats.new_bytes += pc->stored_len;
         } else if (rc == MDB_KEYEXIST) {
@@ -1291,6 +1406,7 @@ static int put_fn(st_store *st, MDB_txn *txn, void *arg)
         return rc;
     if ((rc = session_put(st, txn, c->id, &rec)))
         return rc;
+    c->t_ins = trace_ms();
     c->stats.version = version;
     c->stats.chunks = p->m.n_chunks;
     c->stats.logical_bytes = p->m.logical_bytes;
@@ -1340,6 +1456,7 @@ static int put_ex(st_store *st, const char *id, const st_image *img, uint64_t ex
     if (rc)
         goto done;
     /* Compress and hash before the write transaction (invariant 2). */
+    double t0 = trace_ms();
     uint64_t total = st_image_bytes(img);
     if ((rc = st_store__par_run(total < ST_PAR_MIN_BYTES ? 1 : st->threads, plan.m.n_chunks, prepare_one, &plan)))
         goto done;
@@ -1362,8 +1479,14 @@ static int put_ex(st_store *st, const char *id, const st_image *img, uint64_t ex
     c.img = img;
     c.expected = expected;
     c.label = opts ? opts->label : NULL;
+    double t1 = trace_ms();
     if ((rc = st_store__write(st, put_fn, &c)))
         goto done;
+    if (getenv("STRATA_STORE_TRACE") && *getenv("STRATA_STORE_TRACE"))
+        fprintf(stderr, "strata store put %s: %.1f MB in %u chunks (%u new): hash and frame %.1f ms, "
+                "reserve %.1f ms, inserts %.1f ms, commit %.1f ms (%d attempt%s)\n", id,
+                (double)total / 1e6, plan.m.n_chunks, c.stats.new_chunks, t1 - t0, c.t_pop - c.t_fn,
+                c.t_ins - c.t_pop, trace_ms() - c.t_ins, c.attempts, c.attempts == 1 ? "" : "s");
     if (version)
         *version = c.stats.version;
     if (opts && opts->stats)

@@ -357,8 +357,13 @@ typedef struct st_store st_store;
  *               restore-backup copies (mdb_env_copyfd2 output goes through write), the directory
  *               a new store is created in, and their fsyncs.
  *   disk_free   free bytes of the file system holding a path (the default map budget).
- *   populate    madvise(MADV_POPULATE_WRITE) of the map range a put's new chunks will take
+ *   reserve     fallocate of the file range a put's new chunks will take (ENOSPC: the put fails
+ *               with ST_EFULL; EOPNOTSUPP, ENOSYS or EINVAL: the file system cannot, and the put
+ *               populates the range instead).
+ *   populate    madvise(MADV_POPULATE_WRITE) of that range when it could not be reserved
  *               (EFAULT: the disk cannot back it, the put fails with ST_EFULL).
+ *   pwrite      the bytes of a reserved put's large new chunks, written into the file at the
+ *               place LMDB gave them (ENOSPC: ST_EFULL; other errors: ST_EIO).
  * LMDB's own page writes are not individually covered: a failing write or fsync inside LMDB
  * surfaces from txn_commit, which is where the table injects it. */
 struct MDB_env;
@@ -373,6 +378,8 @@ typedef struct st_store_sys {
     int (*mkdir)(const char *path, unsigned mode);           /* -1 and errno on failure */
     int (*disk_free)(const char *path, uint64_t *bytes);     /* 0 or errno */
     int (*populate)(void *addr, size_t len);                 /* -1 and errno on failure */
+    int (*reserve)(int fd, uint64_t off, uint64_t len);      /* -1 and errno on failure */
+    ssize_t (*pwrite)(int fd, const void *buf, size_t n, uint64_t off); /* -1 and errno */
 } st_store_sys;
 /* Fill sys with the real functions. */
 void st_store_sys_init(st_store_sys *sys);
@@ -395,7 +402,7 @@ typedef struct st_store_opts {
                              1: it stays (count 0) until st_store_gc */
     int verify_sha256;    /* get re-hashes every chunk with SHA-256 instead of XXH3-64 */
     unsigned threads;     /* threads of one call: put's hashing and compression, get's copy-out
-                             and checking, check's re-hashing; 0: min(4, online CPUs) */
+                             and checking, check's re-hashing; 0: min(8, online CPUs) */
     const st_store_sys *sys;   /* NULL: the real functions; copied at open */
     st_store_progress_fn progress; /* optional */
     void *progress_arg;

@@ -23,6 +23,8 @@ static struct {
     int renames, rename_fail_at;
     int no_disk;
     int populates, populate_fail;
+    int reserves, reserve_err;       /* reserve fails with this errno (0: works) */
+    int pwrites, pwrite_fail_at, pwrite_err;
 } F;
 
 static int f_commit(struct MDB_txn *txn)
@@ -91,12 +93,40 @@ static int f_populate(void *addr, size_t len)
     return real_populate(addr, len);
 }
 
+static int (*real_reserve)(int fd, uint64_t off, uint64_t len);
+
+static int f_reserve(int fd, uint64_t off, uint64_t len)
+{
+    F.reserves++;
+    if (F.reserve_err) {
+        errno = F.reserve_err;
+        return -1;
+    }
+    return real_reserve(fd, off, len);
+}
+
+static ssize_t (*real_pwrite)(int fd, const void *buf, size_t n, uint64_t off);
+
+static ssize_t f_pwrite(int fd, const void *buf, size_t n, uint64_t off)
+{
+    if (++F.pwrites == F.pwrite_fail_at) {
+        errno = F.pwrite_err;
+        return -1;
+    }
+    /* short writes, as a kernel may give: the store must loop */
+    return real_pwrite(fd, buf, n > 100000 ? n / 2 : n, off);
+}
+
 static st_store_sys fault_sys(void)
 {
     st_store_sys s;
     st_store_sys_init(&s);
     real_populate = s.populate;
     s.populate = f_populate;
+    real_reserve = s.reserve;
+    s.reserve = f_reserve;
+    real_pwrite = s.pwrite;
+    s.pwrite = f_pwrite;
     s.txn_commit = f_commit;
     s.set_mapsize = f_mapsize;
     s.write = f_write;
@@ -310,15 +340,69 @@ static void test_populate_fails(void **state)
     assert_int_equal(st_image_synthesize(&so, &big), 0);
     assert_true(st_image_bytes(big) > (8u << 20));
     assert_int_equal(st_store_put(st, "small", imgs[0], 0, NULL, NULL), 0);
+    /* a file system without fallocate: the put populates the map range instead */
+    F.reserve_err = EOPNOTSUPP;
     F.populate_fail = 1;
     assert_int_equal(st_store_put(st, "big", big, 0, NULL, NULL), ST_EFULL);
     assert_true(F.populates > 0);
+    assert_true(F.reserves > 0);
     assert_int_equal(st_store_show(st, "big", &(st_session_info){0}), ST_ENOTFOUND);
     store_test_assert_clean(st);
     F.populate_fail = 0;
     assert_int_equal(st_store_put(st, "big", big, 0, NULL, NULL), 0);
     store_test_assert_get(st, "big", 0, big);
     store_test_assert_get(st, "small", 0, imgs[0]);
+    store_test_assert_clean(st);
+    st_store_close(st);
+    st_image_free(big);
+}
+
+/* The reserved path: fallocate says the disk is full (ST_EFULL, nothing changed); a chunk's
+ * pwrite fails with ENOSPC (ST_EFULL) or EIO (ST_EIO) partway through the put (the transaction
+ * is dropped: the store is clean and holds what it held); then the same puts succeed, with short
+ * pwrites all along, and read back. */
+static void test_reserve_and_pwrite_fail(void **state)
+{
+    (void)state;
+    char dir[1200];
+    st_store_sys sys = fault_sys();
+    memset(&F, 0, sizeof F);
+    st_store *st = open_fresh(dir, sizeof dir, &sys, 64u << 20, 0);
+    st_synth_opts so = {.seed = 11, .n_tokens = 4000, .n_checkpoints = 2, .n_layers = 16, .attn_every = 1};
+    st_image *big = NULL;
+    assert_int_equal(st_image_synthesize(&so, &big), 0);
+    assert_int_equal(st_store_put(st, "small", imgs[0], 0, NULL, NULL), 0);
+    F.reserve_err = ENOSPC;
+    assert_int_equal(st_store_put(st, "big", big, 0, NULL, NULL), ST_EFULL);
+    assert_true(strstr(st_errdetail(), "cannot take") != NULL);
+    assert_int_equal(F.populates, 0);
+    assert_int_equal(st_store_show(st, "big", &(st_session_info){0}), ST_ENOTFOUND);
+    store_test_assert_clean(st);
+    F.reserve_err = 0;
+    const int errs[] = {ENOSPC, EIO};
+    const int want[] = {ST_EFULL, ST_EIO};
+    for (int k = 0; k < 2; k++) {
+        F.pwrites = 0;
+        F.pwrite_fail_at = 3;
+        F.pwrite_err = errs[k];
+        assert_int_equal(st_store_put(st, "big", big, 0, NULL, NULL), want[k]);
+        assert_true(F.pwrites >= 3);
+        assert_int_equal(st_store_show(st, "big", &(st_session_info){0}), ST_ENOTFOUND);
+        store_test_assert_clean(st);
+        store_test_assert_get(st, "small", 0, imgs[0]);
+    }
+    F.pwrite_fail_at = 0;
+    F.pwrites = 0;
+    assert_int_equal(st_store_put(st, "big", big, 0, NULL, NULL), 0);
+    assert_true(F.pwrites > 0); /* the reserved path was taken */
+    store_test_assert_get(st, "big", 0, big);
+    store_test_assert_get(st, "small", 0, imgs[0]);
+    store_test_assert_clean(st);
+    st_store_close(st);
+    /* and after a reopen */
+    st_store_opts o = {.sys = &sys};
+    assert_int_equal(st_store_open(&st, dir, &o), 0);
+    store_test_assert_get(st, "big", 0, big);
     store_test_assert_clean(st);
     st_store_close(st);
     st_image_free(big);
@@ -430,6 +514,7 @@ int main(void)
         cmocka_unit_test(test_commit_eio_after),
         cmocka_unit_test(test_map_growth_fails),
         cmocka_unit_test(test_populate_fails),
+        cmocka_unit_test(test_reserve_and_pwrite_fail),
         cmocka_unit_test(test_backup_restore_faults),
         cmocka_unit_test(test_create_fails),
     };
