@@ -5,7 +5,9 @@
  *     against writing the same payload bytes (the image's token, K/V, checkpoint and logits
  *     buffers, in order) to a plain file with write() and fsync(). "x write+fsync" = baseline
  *     time / put time. Best of --runs (default 3); baseline and put alternate so that a slow
- *     moment of the disk hits both. Also with zstd level 1, for information.
+ *     moment of the disk hits both. Also with zstd level 1, for information. And st_file_write of
+ *     the same image to a session file (temp file, fsync, rename, directory fsync; every section
+ *     XXH3-checksummed), against the same baseline, in the same alternation.
  *  2. GET from a warm store (the image was read once before timing): st_store_get, every chunk
  *     copied out and checked against its XXH3, against memcpy of the same payload parts into
  *     freshly allocated buffers of the same sizes (get must allocate its image too, and the
@@ -149,7 +151,9 @@ static void bench_save_get(const char *dir, uint64_t size_mib, int runs)
     part *ps = payload(img, &np, &total);
     char path[4200], sdir[4200];
     snprintf(path, sizeof path, "%s/baseline.bin", dir);
-    double best_base = 1e30, best_put = 1e30, best_put_z = 1e30;
+    char fpath[4200];
+    snprintf(fpath, sizeof fpath, "%s/session.stf", dir);
+    double best_base = 1e30, best_put = 1e30, best_put_z = 1e30, best_file = 1e30;
     uint64_t stored_z = 0;
     for (int r = 0; r < runs; r++) {
         double tb = write_fsync(path, ps, np);
@@ -175,6 +179,13 @@ static void bench_save_get(const char *dir, uint64_t size_mib, int runs)
             }
             st_store_close(st);
         }
+        double t0 = now();
+        if ((rc = st_file_write(img, fpath, NULL)))
+            die("file write", rc);
+        double tf = now() - t0;
+        if (tf < best_file)
+            best_file = tf;
+        unlink(fpath);
     }
     printf("\n1. Durable SAVE of a %.0f MiB image (payload %.1f MiB), best of %d\n", (double)total / MIB,
            (double)total / MIB, runs);
@@ -184,6 +195,8 @@ static void bench_save_get(const char *dir, uint64_t size_mib, int runs)
            best_base / best_put);
     printf("%-34s %9.3f %9.0f %14.2f   (stored %.1f MiB, ratio %.3f)\n", "st_store_put, zstd level 1", best_put_z,
            total / best_put_z / 1e6, best_base / best_put_z, (double)stored_z / MIB, (double)total / (double)stored_z);
+    printf("%-34s %9.3f %9.0f %14.2f\n", "st_file_write, session file", best_file, total / best_file / 1e6,
+           best_base / best_file);
 
     /* GET from the warm raw store */
     snprintf(sdir, sizeof sdir, "%s/save0", dir);
