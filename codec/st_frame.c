@@ -490,8 +490,8 @@ static int st_frame_finish(ZSTD_DCtx *dctx, ZSTD_inBuffer *in, uint64_t declared
 int st_frame_decode(st_frame_ctx *ctx, void *dst, size_t dst_cap, const void *src, size_t src_len,
                     size_t *out_len)
 {
-    uint64_t declared;
-    unsigned width;
+    uint64_t declared = 0;
+    unsigned width = 0;
     if (!ctx || !src || !out_len || (!dst && dst_cap))
         return st_error_set(ST_EINVAL, "frame decode: NULL argument");
     int rc = st_frame_header_check(src, src_len, &declared, &width);
