@@ -60,9 +60,9 @@ static void die(const char *what, int rc)
 
 static void sh(const char *fmt, const char *a)
 {
-    char cmd[4200];
-    snprintf(cmd, sizeof cmd, fmt, a, a);
-    if (system(cmd) != 0) {
+    char cmd[8600];
+    int k = snprintf(cmd, sizeof cmd, fmt, a, a);
+    if (k < 0 || (size_t)k >= sizeof cmd || system(cmd) != 0) {
         fprintf(stderr, "bench_store: `%s` failed\n", cmd);
         exit(1);
     }

@@ -434,7 +434,7 @@ static int check_tensor(const st_gguf *g, const tdesc *d, const st_gguf_tensor *
 
 static int load_vec(const st_gguf *g, const tdesc *d, float **out)
 {
-    const st_gguf_tensor *t;
+    const st_gguf_tensor *t = NULL;
     int rc = check_tensor(g, d, &t);
     if (rc)
         return rc;

@@ -163,8 +163,10 @@ static int diff_push(st_diff *d, uint32_t *cap, st_diff_entry **out)
     if (d->n_entries == *cap) {
         uint32_t ncap = *cap ? *cap * 2 : 16;
         st_diff_entry *e = realloc(d->entries, (size_t)ncap * sizeof *e);
-        if (!e)
-            return st_error_set(ENOMEM, "diff: no memory for %u entries", ncap);
+        if (!e) {
+            st_error_set(ENOMEM, "diff: no memory for %u entries", ncap);
+            return ENOMEM;
+        }
         d->entries = e;
         *cap = ncap;
     }
