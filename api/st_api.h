@@ -63,6 +63,10 @@ typedef struct st_api_config {
     int save_compress;           /* default zstd level of SAVE chunks (0: raw) */
     uint32_t keep_last;          /* store retention; 0 keeps the store's setting */
     uint32_t max_n_predict;      /* cap on n_predict (default 4096) */
+    uint32_t busy_wait_ms;       /* a request for a session another request is using waits this
+                                    long for it, then gets 409 busy (default 30000; 0: at once).
+                                    Waiting requests plus those they wait for take at most
+                                    workers - 1 workers (beyond: 409 at once). */
 
     /* HTTP limits */
     uint32_t max_connections;    /* default 256 */

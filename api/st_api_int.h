@@ -147,9 +147,11 @@ typedef struct st_metrics {
     _Atomic uint64_t conv_hits_slot, conv_hits_ram, conv_hits_disk, conv_hits_store, conv_new;
     _Atomic uint64_t prompt_reused, prompt_computed, tokens_generated;
     _Atomic uint64_t memguard_refusals;
+    _Atomic uint64_t busy_wait_timeouts, busy_wait_full; /* 409 busy after waiting; queue full */
     /* gauges set by their owners */
     _Atomic uint64_t pool_ram_bytes, pool_ram_entries, pool_disk_entries, pool_limit_bytes;
     _Atomic uint64_t slots_total, slots_bound, slots_busy;
+    _Atomic uint64_t busy_waiting; /* requests waiting for a busy session (st_conv.c) */
     /* store statistics refreshed by a worker now and then (dedup ratio * 1e6) */
     _Atomic uint64_t store_sessions, store_versions, store_logical, store_stored, store_dedup_micro;
     _Atomic uint64_t store_stat_ok;
@@ -241,7 +243,9 @@ int st_conv_new(st_api_server *srv, st_conv **out);
 void st_conv_free(st_conv *cv);
 /* At shutdown: park live conversations and spill the pool to the store (best effort). */
 void st_conv_persist_all(st_conv *cv);
-/* Route handlers (run on workers). */
+/* Route handlers (run on workers). Those naming a session in use by another request wait for it
+ * on the worker, up to --busy-wait-ms and with at most workers - 1 waiting (st_conv.c, invariant 6),
+ * then answer 409 busy. */
 void st_conv_completion(st_api_call *c);
 void st_conv_save(st_api_call *c);
 void st_conv_restore(st_api_call *c);
@@ -250,8 +254,18 @@ void st_conv_slots_action(st_api_call *c);
 void st_conv_slots_list(st_api_call *c);
 /* Where a session lives now: "slot", "ram", "disk" or NULL; *tokens when live. */
 const char *st_conv_where(st_conv *cv, const char *id, uint64_t *tokens);
-/* Forget a session's live state (slot, pool, spilled image). ST_EBUSY if it is in use. */
-int st_conv_forget(st_conv *cv, const char *id, int *found);
+/* DELETE of a session's live state (slot, pool, spilled image), in two steps so that no request
+ * finds the conversation while its stored versions are being deleted. begin waits while the
+ * session is in use, like the routes above (ST_EBUSY after --busy-wait-ms), then holds it busy in
+ * *h (nothing held when it is not live: st_conv_hold_live(h) is 0). end drops what begin held and
+ * lets requests waiting for the id start afresh; it must follow every successful begin. */
+typedef struct st_conv_hold {
+    int slot;    /* slot index, or -1 */
+    void *entry; /* park entry, or NULL */
+} st_conv_hold;
+#define st_conv_hold_live(h) ((h)->slot >= 0 || (h)->entry != NULL)
+int st_conv_forget_begin(st_conv *cv, const char *id, st_conv_hold *h);
+void st_conv_forget_end(st_conv *cv, st_conv_hold *h);
 /* Live sessions not in the store (and those in it): appended to arr as {id, where, tokens}. */
 void st_conv_list_live(st_conv *cv, json_t *arr);
 st_conv *st_api_conv(st_api_server *s);

@@ -12,8 +12,9 @@
  *    slot's previous conversation is being parked its id stays findable there (victim), busy,
  *    until it is in the pool: no request ever finds a conversation in two places or in none.
  * 2. A slot or park entry marked busy belongs to one worker; nobody else reads or changes the
- *    slot's state or the entry's image until it is released. Requests for a busy session are
- *    answered 409 (busy), never queued behind it.
+ *    slot's state or the entry's image until it is released. A park entry taken by SAVE or PARK
+ *    stays in the pool, busy; one taken into a slot leaves the pool while the slot is bound to
+ *    its id, busy: a session in use is always findable, and busy, in one place.
  * 3. ram_bytes is the sum of the bytes of the park entries whose image is in RAM. After a park,
  *    entries are spilled oldest first until ram_bytes <= ram_limit (an entry being used is
  *    skipped; a spill that fails leaves the entry in RAM and is logged).
@@ -24,6 +25,16 @@
  * 5. Choosing a slot for a session not in one takes a free slot, else the least recently used
  *    idle one, whose conversation is parked first; if parking fails the request fails and the
  *    slot keeps its conversation.
+ * 6. A request for a busy session waits for it on its own worker thread (never on the loop), in
+ *    cv->waiters, for at most wait_ms (--busy-wait-ms; 0: no waiting), then is answered 409
+ *    busy. Every place that clears a busy flag, or takes a victim's id out of its slot, wakes
+ *    the waiters (cv->freed). Waiters for one id are served in arrival order: a request takes a
+ *    session only when it is not busy and no earlier request waits for that id, so a newcomer
+ *    never overtakes a waiter. The waiting requests plus one holder per session waited for (each
+ *    holder runs on a worker too) never exceed wait_max = workers - 1 (beyond: 409 at once), so
+ *    one worker is always left for other sessions: for a single session, workers - 2 requests
+ *    wait. Requests that need a slot while every slot is busy, and /slots actions on a busy slot,
+ *    are still answered 409 at once: nothing guarantees that a slot will be freed soon.
  */
 #ifdef ST_API_HAVE_ENGINE
 
@@ -35,6 +46,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "st_api_int.h"
@@ -61,6 +73,12 @@ typedef struct pentry {
     struct pentry *prev, *next; /* oldest first */
 } pentry;
 
+/* A request waiting for a busy session (invariant 6): on its worker's stack while it waits. */
+typedef struct cwaiter {
+    const char *id;
+    struct cwaiter *next;
+} cwaiter;
+
 struct st_conv {
     st_api_server *srv;
     st_store *store;
@@ -74,6 +92,9 @@ struct st_conv {
     pthread_mutex_t mu;
     pentry *head, *tail;
     uint64_t ram_bytes, ram_limit, tick;
+    pthread_cond_t freed;          /* broadcast when a session may have stopped being busy */
+    cwaiter *wait_head, *wait_tail; /* arrival order */
+    uint32_t n_waiting, wait_max, wait_ms;
 };
 
 static void park_id(char *dst, const char *id)
@@ -148,11 +169,107 @@ static void park_remove_locked(st_conv *cv, pentry *p)
         cv->ram_bytes -= p->bytes;
 }
 
+/* ---- waiting for a busy session (invariant 6; under mu) ---------------------------------------- */
+
+static void wake_locked(st_conv *cv)
+{
+    if (cv->wait_head)
+        pthread_cond_broadcast(&cv->freed);
+}
+
+static int id_busy_locked(st_conv *cv, const char *id)
+{
+    int j = slot_find_locked(cv, id);
+    if (j >= 0)
+        return cv->slots[j].busy;
+    pentry *p = park_find_locked(cv, id);
+    return p && p->busy;
+}
+
+static cwaiter *waiter_first_locked(st_conv *cv, const char *id)
+{
+    for (cwaiter *w = cv->wait_head; w; w = w->next)
+        if (!strcmp(w->id, id))
+            return w;
+    return NULL;
+}
+
+static void waiter_remove_locked(st_conv *cv, cwaiter *me)
+{
+    cwaiter **pp = &cv->wait_head, *prev = NULL;
+    while (*pp != me) {
+        prev = *pp;
+        pp = &(*pp)->next;
+    }
+    *pp = me->next;
+    if (cv->wait_tail == me)
+        cv->wait_tail = prev;
+    cv->n_waiting--;
+    cv->m->busy_waiting = cv->n_waiting;
+}
+
+/* Returns 0, still holding mu, once session id is not busy and no earlier request waits for it:
+ * the caller takes it (or finds it absent) before unlocking. ST_EBUSY with a detail when waiting
+ * is off, when the wait queue is full (invariant 6), or when wait_ms passed. */
+static int wait_turn_locked(st_conv *cv, const char *id)
+{
+    if (!id_busy_locked(cv, id) && !waiter_first_locked(cv, id))
+        return 0;
+    if (!cv->wait_ms)
+        return st_error_set(ST_EBUSY, "session %s is busy with another request", id);
+    /* workers tied up once this one waits: the waiters, and one holder per session waited for */
+    uint32_t ids = 0;
+    for (cwaiter *w = cv->wait_head; w; w = w->next)
+        ids += waiter_first_locked(cv, w->id) == w;
+    uint32_t tied = cv->n_waiting + 1 + ids + (waiter_first_locked(cv, id) ? 0 : 1);
+    if (tied > cv->wait_max) {
+        cv->m->busy_wait_full++;
+        return st_error_set(ST_EBUSY, "session %s is busy with another request and the wait queue is "
+                                      "full (waiting requests: %u, sessions waited for: %u; waiting requests "
+                                      "and those they wait for take at most --workers - 1 = %u workers)",
+                            id, cv->n_waiting, ids, cv->wait_max);
+    }
+    struct timespec dl;
+    clock_gettime(CLOCK_MONOTONIC, &dl);
+    dl.tv_sec += (time_t)(cv->wait_ms / 1000);
+    dl.tv_nsec += (long)(cv->wait_ms % 1000) * 1000000L;
+    if (dl.tv_nsec >= 1000000000L) {
+        dl.tv_sec++;
+        dl.tv_nsec -= 1000000000L;
+    }
+    cwaiter me = {id, NULL};
+    if (cv->wait_tail)
+        cv->wait_tail->next = &me;
+    else
+        cv->wait_head = &me;
+    cv->wait_tail = &me;
+    cv->n_waiting++;
+    cv->m->busy_waiting = cv->n_waiting;
+    int rc = 0;
+    while (waiter_first_locked(cv, id) != &me || id_busy_locked(cv, id)) {
+        int e = pthread_cond_timedwait(&cv->freed, &cv->mu, &dl);
+        if (e == ETIMEDOUT && (waiter_first_locked(cv, id) != &me || id_busy_locked(cv, id))) {
+            cv->m->busy_wait_timeouts++;
+            rc = st_error_set(ST_EBUSY, "session %s is still busy with another request after waiting "
+                                        "%u ms (--busy-wait-ms)", id, cv->wait_ms);
+            break;
+        }
+    }
+    waiter_remove_locked(cv, &me);
+    /* the next in line for id is first now: it takes the session once the caller releases it,
+     * or at once if the caller leaves it (the session is not live, every slot is busy, a timeout) */
+    wake_locked(cv);
+    return rc;
+}
+
+/* ---- releasing ---------------------------------------------------------------------------------- */
+
 static void slot_release(st_conv *cv, int j)
 {
     pthread_mutex_lock(&cv->mu);
     cslot *cs = &cv->slots[j];
     cs->busy = 0;
+    wake_locked(cv);
     cs->last_used = ++cv->tick;
     cs->tokens = st_slot_n_tokens(cs->slot);
     if (cs->bound && cs->tokens == 0)
@@ -225,6 +342,7 @@ static void spill_excess(st_conv *cv)
 
         pthread_mutex_lock(&cv->mu);
         p->busy = 0;
+        wake_locked(cv);
         if (rc) {
             pthread_mutex_unlock(&cv->mu);
             fprintf(stderr, "strata-server: spilling parked %s to the store failed (it stays in RAM, "
@@ -268,6 +386,7 @@ static int park_slot(st_conv *cv, int j, const char *id, int unbind, const char 
     if (unbind)
         cv->slots[j].bound = 0;
     cv->slots[j].tokens = 0;
+    wake_locked(cv); /* a victim's id is in the pool now, not busy */
     pthread_mutex_unlock(&cv->mu);
     st_slot_reset(s);
     spill_excess(cv);
@@ -330,12 +449,13 @@ static int acquire(st_conv *cv, const char *id, int mode, int *out_j, pentry **p
         *pe = NULL;
     *source = "slot";
     pthread_mutex_lock(&cv->mu);
+    int rc = wait_turn_locked(cv, id);
+    if (rc) {
+        pthread_mutex_unlock(&cv->mu);
+        return rc;
+    }
     int j = slot_find_locked(cv, id);
     if (j >= 0) {
-        if (cv->slots[j].busy) {
-            pthread_mutex_unlock(&cv->mu);
-            return st_error_set(ST_EBUSY, "session %s is busy with another request", id);
-        }
         cv->slots[j].busy = 1;
         gauges_locked(cv);
         pthread_mutex_unlock(&cv->mu);
@@ -344,10 +464,6 @@ static int acquire(st_conv *cv, const char *id, int mode, int *out_j, pentry **p
         return 0;
     }
     pentry *p = park_find_locked(cv, id);
-    if (p && p->busy) {
-        pthread_mutex_unlock(&cv->mu);
-        return st_error_set(ST_EBUSY, "session %s is busy (being parked or spilled)", id);
-    }
     for (uint32_t i = 0; i < cv->n_slots && j < 0; i++)
         if (!cv->slots[i].bound && !cv->slots[i].busy)
             j = (int)i;
@@ -376,7 +492,6 @@ static int acquire(st_conv *cv, const char *id, int mode, int *out_j, pentry **p
     gauges_locked(cv);
     pthread_mutex_unlock(&cv->mu);
 
-    int rc = 0;
     if (victim[0] && (rc = park_slot(cv, j, victim, 0, NULL, NULL))) {
         pthread_mutex_lock(&cv->mu); /* the slot keeps its conversation */
         memcpy(cs->id, victim, sizeof cs->id);
@@ -386,6 +501,7 @@ static int acquire(st_conv *cv, const char *id, int mode, int *out_j, pentry **p
             park_append_locked(cv, p);
         }
         cs->busy = 0;
+        wake_locked(cv);
         gauges_locked(cv);
         pthread_mutex_unlock(&cv->mu);
         return rc;
@@ -437,6 +553,7 @@ fail:
     }
     cs->bound = 0; /* empty: its conversation was parked, the new one did not load */
     cs->busy = 0;
+    wake_locked(cv);
     gauges_locked(cv);
     pthread_mutex_unlock(&cv->mu);
     return rc;
@@ -449,6 +566,17 @@ static void park_giveback(st_conv *cv, pentry *p)
     pthread_mutex_lock(&cv->mu);
     p->busy = 0;
     park_append_locked(cv, p);
+    wake_locked(cv);
+    gauges_locked(cv);
+    pthread_mutex_unlock(&cv->mu);
+}
+
+/* Release a park entry take_live marked busy in place. */
+static void park_release(st_conv *cv, pentry *p)
+{
+    pthread_mutex_lock(&cv->mu);
+    p->busy = 0;
+    wake_locked(cv);
     gauges_locked(cv);
     pthread_mutex_unlock(&cv->mu);
 }
@@ -662,30 +790,26 @@ done:
     slot_release(cv, j);
 }
 
-/* Take the live conversation of id: its slot (busy) or its park entry (busy, out of the list). */
+/* Take the live conversation of id: its slot (busy; slot_release) or its park entry (busy, left
+ * in the pool so that it stays findable: park_release). Waits while it is busy (invariant 6). */
 static int take_live(st_conv *cv, const char *id, int *j, pentry **pe)
 {
     *j = -1;
     *pe = NULL;
     pthread_mutex_lock(&cv->mu);
+    int rc = wait_turn_locked(cv, id);
+    if (rc) {
+        pthread_mutex_unlock(&cv->mu);
+        return rc;
+    }
     int k = slot_find_locked(cv, id);
     pentry *p = k < 0 ? park_find_locked(cv, id) : NULL;
-    int rc = 0;
     if (k >= 0) {
-        if (cv->slots[k].busy)
-            rc = st_error_set(ST_EBUSY, "session %s is busy with another request", id);
-        else {
-            cv->slots[k].busy = 1;
-            *j = k;
-        }
+        cv->slots[k].busy = 1;
+        *j = k;
     } else if (p) {
-        if (p->busy)
-            rc = st_error_set(ST_EBUSY, "session %s is busy (being parked or spilled)", id);
-        else {
-            p->busy = 1;
-            park_remove_locked(cv, p);
-            *pe = p;
-        }
+        p->busy = 1;
+        *pe = p;
     } else {
         rc = st_error_set(ST_ENOTFOUND, "session %s is not live (neither in a slot nor parked)", id);
     }
@@ -793,7 +917,7 @@ done:
     if (j >= 0)
         slot_release(cv, j);
     else
-        park_giveback(cv, p);
+        park_release(cv, p);
 }
 
 void st_conv_restore(st_api_call *c)
@@ -864,7 +988,7 @@ void st_conv_park(st_api_call *c)
                              p->img ? "ram" : "disk", "bytes", (json_int_t)p->bytes, "tokens",
                              (json_int_t)p->tokens, "already", 1, "ms", 0.0);
         c->status = 200;
-        park_giveback(cv, p);
+        park_release(cv, p);
         return;
     }
     double t0 = st_api_now_ms();
@@ -1065,34 +1189,40 @@ void st_conv_list_live(st_conv *cv, json_t *arr)
     pthread_mutex_unlock(&cv->mu);
 }
 
-int st_conv_forget(st_conv *cv, const char *id, int *found)
+int st_conv_forget_begin(st_conv *cv, const char *id, st_conv_hold *h)
 {
-    *found = 0;
-    pthread_mutex_lock(&cv->mu);
-    int j = slot_find_locked(cv, id);
-    pentry *p = j < 0 ? park_find_locked(cv, id) : NULL;
-    if ((j >= 0 && cv->slots[j].busy) || (p && p->busy)) {
+    h->slot = -1;
+    h->entry = NULL;
+    pentry *p = NULL;
+    int rc = take_live(cv, id, &h->slot, &p);
+    h->entry = p;
+    if (rc == ST_ENOTFOUND) { /* not live: nothing to hold */
+        st_error_clear();
+        rc = 0;
+    }
+    return rc;
+}
+
+void st_conv_forget_end(st_conv *cv, st_conv_hold *h)
+{
+    if (h->slot >= 0) {
+        st_slot_reset(cv->slots[h->slot].slot);
+        pthread_mutex_lock(&cv->mu);
+        cv->slots[h->slot].bound = 0;
         pthread_mutex_unlock(&cv->mu);
-        return st_error_set(ST_EBUSY, "session %s is busy with another request", id);
+        slot_release(cv, h->slot);
     }
-    if (j >= 0) {
-        cv->slots[j].busy = 1;
-        cv->slots[j].bound = 0;
-    }
-    if (p)
-        park_remove_locked(cv, p);
-    gauges_locked(cv);
-    pthread_mutex_unlock(&cv->mu);
-    if (j >= 0) {
-        st_slot_reset(cv->slots[j].slot);
-        slot_release(cv, j);
-        *found = 1;
-    }
+    pentry *p = h->entry;
     if (p) {
+        pthread_mutex_lock(&cv->mu);
+        park_remove_locked(cv, p);
+        wake_locked(cv); /* the id is gone: its waiters start afresh */
+        gauges_locked(cv);
+        pthread_mutex_unlock(&cv->mu);
         park_drop(cv, p);
-        *found = 1;
     }
-    return 0;
+    h->slot = -1;
+    h->entry = NULL;
 }
 
 /* ---- life cycle -------------------------------------------------------------------------------- */
@@ -1175,6 +1305,13 @@ int st_conv_new(st_api_server *srv, st_conv **out)
     if (!cv)
         return st_error_set(ENOMEM, "no memory");
     pthread_mutex_init(&cv->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* deadlines immune to wall-clock steps */
+    pthread_cond_init(&cv->freed, &ca);
+    pthread_condattr_destroy(&ca);
+    cv->wait_ms = cfg->busy_wait_ms;
+    cv->wait_max = cfg->workers ? cfg->workers - 1 : 0;
     cv->srv = srv;
     cv->store = st_api_store(srv);
     cv->m = st_api_metrics(srv);
@@ -1250,6 +1387,7 @@ void st_conv_free(st_conv *cv)
     st_engine_free(cv->engine);
     st_model_free(cv->model);
     pthread_mutex_destroy(&cv->mu);
+    pthread_cond_destroy(&cv->freed);
     free(cv);
 }
 

@@ -121,6 +121,15 @@ void st_metrics_render(st_metrics *m, struct evbuffer *o, uint32_t connections,
     gauge(o, "strata_slots", "Engine slots.", (double)m->slots_total);
     gauge(o, "strata_slots_bound", "Slots holding a conversation.", (double)m->slots_bound);
     gauge(o, "strata_slots_busy", "Slots computing or being saved now.", (double)m->slots_busy);
+    gauge(o, "strata_busy_waiting_requests",
+          "Requests waiting for a session another request is using (--busy-wait-ms).",
+          (double)m->busy_waiting);
+    counter(o, "strata_busy_wait_timeouts_total",
+            "Requests answered 409 busy after waiting --busy-wait-ms for their session.",
+            m->busy_wait_timeouts);
+    counter(o, "strata_busy_wait_queue_full_total",
+            "Requests answered 409 busy at once because workers - 1 requests already waited.",
+            m->busy_wait_full);
 
     evbuffer_add_printf(o, "# HELP strata_conversation_lookups_total Where a request found its "
                            "conversation.\n# TYPE strata_conversation_lookups_total counter\n"

@@ -147,6 +147,7 @@ void st_api_config_default(st_api_config *c)
     c->kv_dtype = UINT32_MAX;
     c->state_codec = ST_CODEC_FP32;
     c->max_n_predict = 4096;
+    c->busy_wait_ms = 30000;
     c->max_connections = 256;
     c->max_header_bytes = 16u << 10;
     c->max_headers = 64;
@@ -921,12 +922,16 @@ static void h_session_delete(st_api_call *c)
     st_api_server *s = c->srv;
     int live_found = 0;
 #ifdef ST_API_HAVE_ENGINE
+    /* the live conversation is held (busy) until the versions are gone, so that a request waiting
+     * for it cannot load the head version this DELETE is removing */
+    st_conv_hold hold = {-1, NULL};
     if (s->conv) {
-        int rc = st_conv_forget(s->conv, c->id, &live_found);
+        int rc = st_conv_forget_begin(s->conv, c->id, &hold);
         if (rc) {
             st_api_call_fail(c, rc, "deleting the live conversation");
             return;
         }
+        live_found = st_conv_hold_live(&hold);
     }
 #endif
     st_session_info si;
@@ -938,10 +943,14 @@ static void h_session_delete(st_api_call *c)
     }
     if (rc == ST_ENOTFOUND && live_found)
         rc = 0;
-    if (rc) {
-        st_api_call_fail(c, rc, "deleting the session");
+    if (rc)
+        st_api_call_fail(c, rc, "deleting the session"); /* before forget_end replaces the detail */
+#ifdef ST_API_HAVE_ENGINE
+    if (s->conv)
+        st_conv_forget_end(s->conv, &hold);
+#endif
+    if (rc)
         return;
-    }
     c->reply = json_pack("{s:s,s:b,s:I,s:b}", "session", c->id, "deleted", 1, "versions_deleted",
                          (json_int_t)versions, "live_deleted", live_found);
     c->status = 200;

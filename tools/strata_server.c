@@ -38,6 +38,10 @@ static void usage(FILE *f)
             "  --session-state-codec fp32|bf16   running-state codec of SAVE (default fp32)\n"
             "  --save-compress LEVEL         zstd level 0..19 of stored chunks (default 0: raw)\n"
             "  --max-n-predict N             cap on n_predict (default 4096)\n"
+            "  --busy-wait-ms N              a request for a session another request is using waits\n"
+            "                                up to N ms for it, then 409 busy (default 30000; 0: 409 at\n"
+            "                                once); waiting requests and those they wait for take at\n"
+            "                                most --workers - 1 workers, beyond that 409 at once\n"
             "Store:\n"
             "  --store DIR                   the LMDB store, created when missing (required)\n"
             "  --keep-last N                 versions kept per session (default 0: the store's\n"
@@ -176,6 +180,7 @@ int main(int argc, char **argv)
         NUM("--prompt-cache-root", 1u << 24, c.prompt_cache_root, 1)
         NUM("--save-compress", 19, c.save_compress, 1)
         NUM("--max-n-predict", 1u << 24, c.max_n_predict, 1)
+        NUM("--busy-wait-ms", U32, c.busy_wait_ms, 1)
         NUM("--keep-last", 1u << 20, c.keep_last, 1)
         NUM("--max-connections", 1u << 20, c.max_connections, 1)
         NUM("--max-header-bytes", 1u << 20, c.max_header_bytes, 1)
