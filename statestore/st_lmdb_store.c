@@ -165,6 +165,14 @@ static uint64_t map_budget(const st_store *st)
     return align_down(file + avail / 4 * 3);
 }
 
+/* LMDB mapped data.mdb anew (open, reopen, growth, adoption): the map may sit at another address
+ * now, even at the same size, so the cached address (map_base) must be looked up again. */
+static void map_forget(st_store *st)
+{
+    st->map_base = NULL;
+    st->map_base_size = 0;
+}
+
 /* Grow the map after MDB_MAP_FULL seen with map size `seen`: double it (at least +64 MiB),
  * within the budget. Holds the lock exclusively, so no transaction of ours is in flight. */
 static int map_grow(st_store *st, uint64_t seen)
@@ -196,6 +204,7 @@ static int map_grow(st_store *st, uint64_t seen)
         goto done;
     }
     st->map_size = want;
+    map_forget(st);
 done:
     pthread_rwlock_unlock(&st->lock);
     return rc;
@@ -206,6 +215,7 @@ static int map_adopt(st_store *st)
 {
     pthread_rwlock_wrlock(&st->lock);
     int rc = st->sys.set_mapsize(st->env, 0);
+    map_forget(st);
     if (!rc) {
         MDB_envinfo info;
         mdb_env_info(st->env, &info);
@@ -243,6 +253,7 @@ static int env_open(st_store *st, uint64_t map, unsigned flags)
     st->env = env;
     st->env_flags = flags;
     st->map_size = info.me_mapsize;
+    map_forget(st);
     return 0;
 }
 
@@ -273,6 +284,7 @@ static int env_reopen(st_store *st)
     uint64_t map = info.me_mapsize;
     mdb_env_close(st->env);
     st->env = NULL;
+    map_forget(st);
     int rc = env_open(st, map, st->env_flags);
     MDB_txn *txn = NULL;
     if (!rc)
@@ -1207,9 +1219,15 @@ static int put_populate(st_store *st, MDB_txn *txn, const st_plan *p, int *direc
         mdb_cursor_close(fc);
     }
     need = need > free_pages * psize ? need - free_pages * psize : 0;
-    if (!need)
-        return 0;
+    mdb_filehandle_t fd;
+    int have_fd = mdb_env_get_fd(st->env, &fd) == 0;
     mdb_env_info(st->env, &info);
+    if (!need) {
+        /* everything fits in free-list pages, which have their blocks: write with pwrite all the
+         * same (a page LMDB takes past them gets its block from the pwrite, ENOSPC an error) */
+        *direct = have_fd && map_base(st, info.me_mapsize) != NULL;
+        return 0;
+    }
     uint64_t start = ((uint64_t)info.me_last_pgno + 1) * psize, end = start + need + need / 64;
     if (end > info.me_mapsize) {
         if (map_budget(st) > info.me_mapsize)
@@ -1223,15 +1241,22 @@ static int put_populate(st_store *st, MDB_txn *txn, const st_plan *p, int *direc
      * new chunks' bytes then go into the file with pwrite at the places LMDB gives them (the
      * page cache is the map's, so LMDB sees them); only the pages LMDB writes itself (chunk
      * headers, B-tree) fault in, onto reserved blocks. Without fallocate, populate the range. */
-    mdb_filehandle_t fd;
-    if (mdb_env_get_fd(st->env, &fd) == 0) {
-        if (st->sys.reserve(fd, start, end - start) == 0) {
+    if (have_fd) {
+        int r;
+        while ((r = st->sys.reserve(fd, start, end - start)) != 0 && errno == EINTR)
+            ;
+        if (r == 0) {
             *direct = 1;
             return 0;
         }
-        if (errno == ENOSPC || errno == EDQUOT)
+        int e = errno;
+        if (e == ENOSPC || e == EDQUOT)
             return st_error_set(ST_EFULL, "store %s: the disk cannot take %llu MiB of new chunks", st->dir,
                                 (unsigned long long)((end - start) >> 20));
+        if (e != EOPNOTSUPP && e != ENOSYS && e != EINVAL)
+            return st_error_set(ST_EIO, "store %s: reserving %llu MiB for new chunks: %s", st->dir,
+                                (unsigned long long)((end - start) >> 20), strerror(e));
+        /* the file system cannot fallocate: populate the range instead */
     }
     if (st->sys.populate(base + start, (size_t)(end - start)) != 0 && errno == EFAULT)
         return st_error_set(ST_EFULL, "store %s: the disk cannot take %llu MiB of new chunks", st->dir,
@@ -1276,6 +1301,23 @@ static void writeback_hint(st_store *st, st_put_ctx *c, const char *from, const 
 /* A reserved put writes new chunks of at least this many bytes with pwrite (smaller ones, in
  * B-tree leaves, are copied into the map). */
 #define ST_PWRITE_MIN (8u << 10)
+
+/* Whether at, a value LMDB reserved, is the data of an overflow page at its file offset, seen
+ * through the map at base: the page's header (LMDB 0.9: 16 bytes, its page number first) must
+ * carry the page number of that offset. Guards the offsets pwrite uses against a map address
+ * that went stale; false (copy through the map instead) whenever anything does not match. */
+static int overflow_at(st_store *st, const char *base, const char *at)
+{
+    const uint64_t hdr = 16;
+    MDB_stat ms;
+    if (!base || at < base + hdr || (uint64_t)(at - base) > st->map_base_size || mdb_env_stat(st->env, &ms))
+        return 0;
+    uint64_t off = (uint64_t)(at - hdr - base), pgno;
+    if (off % ms.ms_psize)
+        return 0;
+    memcpy(&pgno, at - hdr, sizeof pgno);
+    return pgno == off / ms.ms_psize;
+}
 
 static int pwrite_chunk(st_store *st, int fd, const uint8_t *p, size_t n, uint64_t off)
 {
@@ -1349,8 +1391,10 @@ static int put_fn(st_store *st, MDB_txn *txn, void *arg)
         rc = mdb_put(txn, st->dbi_chunks, &k, &v, MDB_NOOVERWRITE | MDB_RESERVE);
         if (rc == 0) {
             const char *at = (const char *)v.mv_data;
-            if (direct && pc->stored_len >= ST_PWRITE_MIN && at > base &&
-                (uint64_t)(at - base) + pc->stored_len <= st->map_base_size) {
+            if (direct && pc->stored_len >= ST_PWRITE_MIN &&
+                (!overflow_at(st, base, at) || (uint64_t)(at - base) + pc->stored_len > st->map_base_size))
+                direct = 0; /* the map is not where it was looked up: copy through it from now on */
+            if (direct && pc->stored_len >= ST_PWRITE_MIN) {
                 if ((rc = pwrite_chunk(st, fd, pc->stored, pc->stored_len, (uint64_t)(at - base))))
                     return rc;
                 writeback_hint(st, c, at, at + pc->stored_len);

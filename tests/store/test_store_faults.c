@@ -6,6 +6,7 @@
  * stays usable, check passes, and its contents are exactly those of a fault-free run that
  * stopped before (or, for a committed write, after) the failing operation.
  */
+#include <sys/mman.h>
 #include <sys/stat.h>
 
 #include "store_test.h"
@@ -357,6 +358,48 @@ static void test_populate_fails(void **state)
     st_image_free(big);
 }
 
+/* A commit that fails with MDB_PANIC makes the store reopen its environment (env_reopen) and run
+ * the put again; the new map may sit at another address (another mapping made meanwhile moves it),
+ * and the put's pwrites must follow it: the version it acknowledges reads back, byte for byte. */
+static int perturb_pages;
+
+static int panic_commit(struct MDB_txn *txn)
+{
+    if (++F.commits == F.commit_fail_at) {
+        mdb_txn_abort(txn);
+        if (perturb_pages) /* memory mapped meanwhile, as another thread's malloc would */
+            assert_true(mmap(NULL, (size_t)perturb_pages << 12, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1,
+                             0) != MAP_FAILED);
+        return MDB_PANIC;
+    }
+    return mdb_txn_commit(txn);
+}
+
+static void test_panic_reopen_then_put(void **state)
+{
+    (void)state;
+    for (perturb_pages = 0; perturb_pages <= 2; perturb_pages++) {
+        char dir[1200];
+        st_store_sys sys = fault_sys();
+        sys.txn_commit = panic_commit;
+        memset(&F, 0, sizeof F);
+        st_store *st = open_fresh(dir, sizeof dir, &sys, 64u << 20, 0);
+        st_synth_opts so = {.seed = 13, .n_tokens = 4000, .n_checkpoints = 2, .n_layers = 16, .attn_every = 1};
+        st_image *big = NULL;
+        assert_int_equal(st_image_synthesize(&so, &big), 0);
+        assert_int_equal(st_store_put(st, "small", imgs[0], 0, NULL, NULL), 0);
+        F.commit_fail_at = F.commits + 1; /* the next commit: MDB_PANIC, reopen, run again */
+        F.pwrites = 0;
+        assert_int_equal(st_store_put(st, "big", big, 0, NULL, NULL), 0);
+        assert_true(F.pwrites > 0);
+        store_test_assert_get(st, "big", 0, big);
+        store_test_assert_get(st, "small", 0, imgs[0]);
+        store_test_assert_clean(st);
+        st_store_close(st);
+        st_image_free(big);
+    }
+}
+
 /* The reserved path: fallocate says the disk is full (ST_EFULL, nothing changed); a chunk's
  * pwrite fails with ENOSPC (ST_EFULL) or EIO (ST_EIO) partway through the put (the transaction
  * is dropped: the store is clean and holds what it held); then the same puts succeed, with short
@@ -515,6 +558,7 @@ int main(void)
         cmocka_unit_test(test_map_growth_fails),
         cmocka_unit_test(test_populate_fails),
         cmocka_unit_test(test_reserve_and_pwrite_fail),
+        cmocka_unit_test(test_panic_reopen_then_put),
         cmocka_unit_test(test_backup_restore_faults),
         cmocka_unit_test(test_create_fails),
     };
