@@ -61,6 +61,7 @@ extern "C" {
 typedef __nv_bfloat16 bf16;
 
 #define NSTAGE 4
+static_assert(NSTAGE % 2 == 0, "xstream: a slot must keep the parity of its stream");
 #define STAGE_BYTES ((size_t)16 << 20)
 #define BLAS_WS_BYTES ((size_t)32 << 20)
 #define FULL 0xffffffffu
@@ -810,6 +811,10 @@ static void cu_destroy(void *bctx)
         return;
     if (c->stream)
         cu_release(cudaStreamSynchronize(c->stream), "cudaStreamSynchronize");
+    if (c->xs2)
+        cu_release(cudaStreamSynchronize(c->xs2), "cudaStreamSynchronize");
+    if (c->hs)
+        cu_release(cudaStreamSynchronize(c->hs), "cudaStreamSynchronize");
     for (uint32_t i = 0; i < c->n_free_pages; i++)
         cu_release(cudaFree(c->free_pages[i]), "cudaFree (K/V page)");
     for (uint32_t i = 0; i < c->n_free_run; i++)
@@ -829,10 +834,6 @@ static void cu_destroy(void *bctx)
         if (c->ev[i])
             cu_release(cudaEventDestroy(c->ev[i]), "cudaEventDestroy");
     }
-    if (c->xs2)
-        cu_release(cudaStreamSynchronize(c->xs2), "cudaStreamSynchronize");
-    if (c->hs)
-        cu_release(cudaStreamSynchronize(c->hs), "cudaStreamSynchronize");
     void *hdev[] = {c->hsrc_d, c->hjob_d, c->hdg_d}, *hhost[] = {c->hsrc_h, c->hjob_h, c->hdg_h};
     for (size_t i = 0; i < 3; i++) {
         if (hdev[i])
@@ -1737,19 +1738,25 @@ static void xfer_trace(const cu_ctx *c, const char *what, double t0, double tq, 
         hb += seg_hbytes(&segs[i]);
     }
     float kms = 0;
-    if (cudaEventElapsedTime(&kms, c->ev_t0, c->ev_t1) != cudaSuccess)
+    if (cudaEventElapsedTime(&kms, c->ev_t0, c->ev_t1) != cudaSuccess) {
+        (void)cudaGetLastError(); /* no hash launched: the events were never recorded */
         kms = -1;
+    }
     fprintf(stderr, "strata cuda %s: %.1f MB moved, %.1f MB hashed: queued %.2f ms, copies done "
             "%.2f ms, digests down %.2f ms (hash kernel %.2f ms)\n", what, (double)mv / 1e6,
             (double)hb / 1e6, tq - t0, tc - t0, th - t0, (double)kms);
 }
 
-/* Wait for every stream a transfer used (after a failure: nothing may still touch its buffers). */
-static void xfer_drain(cu_ctx *c)
+/* Wait for every stream a transfer used (after a failure: nothing may still touch its buffers),
+ * keeping the failure's own detail (a sticky CUDA error would otherwise overwrite it). */
+static int xfer_drain(cu_ctx *c, int rc)
 {
+    char d[512];
+    snprintf(d, sizeof d, "%s", st_errdetail());
     cu_release(cudaStreamSynchronize(c->stream), "cudaStreamSynchronize");
     cu_release(cudaStreamSynchronize(c->xs2), "cudaStreamSynchronize");
     cu_release(cudaStreamSynchronize(c->hs), "cudaStreamSynchronize");
+    return st_error_set(rc, "%s", d);
 }
 
 /* Device -> host: up to NSTAGE chunks queued ahead of the host, which copies out the staged ones
@@ -1804,7 +1811,7 @@ static int xfer_save(cu_ctx *c, cu_state *s, const seg *segs, uint32_t ns, uint6
     free(first);
     return 0;
 fail:
-    xfer_drain(c);
+    rc = xfer_drain(c, rc);
     free(first);
     return rc;
 }
@@ -1861,7 +1868,7 @@ static int xfer_load(cu_ctx *c, cu_state *s, const seg *segs, uint32_t ns, uint6
     free(first);
     return 0;
 fail:
-    xfer_drain(c);
+    rc = xfer_drain(c, rc);
     free(first);
     return rc;
 }
