@@ -220,9 +220,16 @@ typedef struct st_eval_stats {
  * deepest checkpoint at or before the divergence (K/V cut there); the rest is read in chunks
  * whose boundaries are those of a full read. system_len (0: none) marks the end of a system
  * prompt, where a root checkpoint is taken when system_len >= prompt_cache_root. A turn-boundary
- * checkpoint is taken at n. n >= 1. On error the slot is reset (it holds nothing). */
+ * checkpoint is taken at n. n >= 1. On error the slot is reset (it holds nothing), except
+ * ECANCELED: the cancel hook (st_slot_set_cancel) said stop before a chunk, and the slot holds
+ * the tokens read so far (a prefix of tokens, whole chunks), without logits, and no checkpoint
+ * was taken at the stop. */
 int st_slot_eval(st_slot *s, const uint32_t *tokens, uint64_t n, uint64_t system_len,
                  st_eval_stats *stats);
+/* A hook st_slot_eval asks before each chunk it reads: nonzero stops the read (ECANCELED). It
+ * runs on the thread of the eval, with the engine locked, and must be quick. NULL removes it. */
+typedef int (*st_cancel_fn)(void *arg);
+void st_slot_set_cancel(st_slot *s, st_cancel_fn fn, void *arg);
 /* Append one token (decode). */
 int st_slot_decode(st_slot *s, uint32_t token);
 uint64_t st_slot_n_tokens(const st_slot *s);

@@ -212,6 +212,8 @@ struct st_slot {
     st_slot_ckpt *ck;  /* ordered by position */
     uint32_t n_ck;
     uint64_t tick;
+    st_cancel_fn cancel; /* st_slot_set_cancel */
+    void *cancel_arg;
 };
 
 /* Running-state bytes of geometry tensor ti (0 for K/V). */

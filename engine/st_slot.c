@@ -230,7 +230,12 @@ static int read_range(st_slot *s, const uint32_t *tokens, uint64_t n, uint64_t s
         every = ((uint64_t)o->prompt_cache_every + ub - 1) / ub * ub;
     uint64_t p = s->n_tokens;
     int rc;
+    if (p < n)
+        s->has_logits = 0; /* those held are of an earlier token; the read sets them at n */
     while (p < n) {
+        if (s->cancel && s->cancel(s->cancel_arg))
+            return st_error_set(ECANCELED, "eval: stopped by its caller after %llu of %llu tokens",
+                                (unsigned long long)p, (unsigned long long)n);
         uint64_t end = (p / ub + 1) * ub;
         if (end > n)
             end = n;
@@ -252,6 +257,12 @@ static int read_range(st_slot *s, const uint32_t *tokens, uint64_t n, uint64_t s
     }
     s->has_logits = 1;
     return 0;
+}
+
+void st_slot_set_cancel(st_slot *s, st_cancel_fn fn, void *arg)
+{
+    s->cancel = fn;
+    s->cancel_arg = fn ? arg : NULL;
 }
 
 int st_slot_eval(st_slot *s, const uint32_t *tokens, uint64_t n, uint64_t system_len,
@@ -290,8 +301,17 @@ int st_slot_eval(st_slot *s, const uint32_t *tokens, uint64_t n, uint64_t system
     }
     st.reused = s->n_tokens;
     st.computed = n - s->n_tokens;
-    if (s->n_tokens < n && (rc = read_range(s, tokens, n, system_len)))
+    if (s->n_tokens < n && (rc = read_range(s, tokens, n, system_len))) {
+        if (rc == ECANCELED) { /* whole chunks read so far stay (st_engine.h) */
+            st.computed = s->n_tokens - st.reused;
+            st.checkpoints = s->n_ck;
+            pthread_mutex_unlock(&e->lock);
+            if (stats)
+                *stats = st;
+            return rc;
+        }
         goto fail;
+    }
     if ((rc = ckpt_take(s, n, 0)))
         goto fail;
     st.checkpoints = s->n_ck;

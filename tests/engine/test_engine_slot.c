@@ -4,6 +4,7 @@
  * periodic checkpoints, prefix reuse identical to a full read), park images.
  */
 #include <math.h>
+#include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -287,6 +288,69 @@ static void test_prefix_reuse(void **state)
     rig_close(&fresh);
 }
 
+/* The cancel hook (st_slot_set_cancel): asked before each chunk; a stop after k chunks leaves
+ * exactly k whole chunks read, no logits, no checkpoint at the stop, ECANCELED; the next eval
+ * reads on and gives the bits of a read that was never stopped. */
+static int stop_after(void *arg)
+{
+    int *left = arg;
+    return (*left)-- <= 0;
+}
+
+static void test_cancel_between_chunks(void **state)
+{
+    (void)state;
+    const char *sys = "You are a careful assistant. Keep every answer short and exact, please.";
+    uint32_t c[512], g1[8], g2[8];
+    uint64_t n, se;
+    build_conv(c, &n, &se, sys, "Tell me about chunks and how a read can stop between them.");
+    st_engine_opts o = opts(2);
+    o.ubatch = 16;
+    o.prompt_cache = 4;
+    rig r, fresh;
+    rig_open(&r, g_model, &o);
+    rig_open(&fresh, g_model, &o);
+    assert_true(n > 3 * 16);
+    /* a first turn with logits, so that stale logits would show */
+    st_eval_stats es;
+    assert_int_equal(st_slot_eval(r.s, c, 20, 0, &es), 0);
+    uint32_t nck = st_slot_n_checkpoints(r.s);
+    int left = 2;
+    st_slot_set_cancel(r.s, stop_after, &left);
+    assert_int_equal(st_slot_eval(r.s, c, n, 0, &es), ECANCELED);
+    st_slot_set_cancel(r.s, NULL, NULL);
+    /* chunks end on multiples of 16: [20, 32) and [32, 48) were read */
+    assert_int_equal(st_slot_n_tokens(r.s), 48);
+    assert_int_equal(es.reused, 20);
+    assert_int_equal(es.computed, 28);
+    assert_null(st_slot_logits(r.s, NULL));
+    assert_int_equal(st_slot_n_checkpoints(r.s), nck);
+    assert_memory_equal(st_slot_tokens(r.s), c, 48 * sizeof *c);
+    /* reading on: the live state is reused, the result is that of a fresh full read */
+    assert_int_equal(st_slot_eval(r.s, c, n, 0, &es), 0);
+    assert_int_equal(es.reused, 48);
+    assert_int_equal(st_slot_eval(fresh.s, c, n, 0, &es), 0);
+    uint32_t nl;
+    assert_memory_equal(st_slot_logits(r.s, &nl), st_slot_logits(fresh.s, &nl),
+                        ST_VOCAB_BYTES * sizeof(float));
+    gen(r.s, 8, g1, 0.0f);
+    gen(fresh.s, 8, g2, 0.0f);
+    assert_memory_equal(g1, g2, sizeof g1);
+    /* a hook that says stop at once: nothing read, the slot keeps what it held */
+    left = 0;
+    uint64_t held = st_slot_n_tokens(r.s);
+    uint32_t longer[600];
+    memcpy(longer, st_slot_tokens(r.s), held * sizeof *longer);
+    for (uint64_t i = held; i < held + 40; i++)
+        longer[i] = 'a' + (uint32_t)(i % 26);
+    st_slot_set_cancel(r.s, stop_after, &left);
+    assert_int_equal(st_slot_eval(r.s, longer, held + 40, 0, &es), ECANCELED);
+    st_slot_set_cancel(r.s, NULL, NULL);
+    assert_int_equal(st_slot_n_tokens(r.s), held);
+    rig_close(&r);
+    rig_close(&fresh);
+}
+
 static void test_periodic_and_park(void **state)
 {
     char text[200];
@@ -548,6 +612,7 @@ int main(void)
         cmocka_unit_test(test_restore_identity),
         cmocka_unit_test(test_failed_restore_leaves_slot),
         cmocka_unit_test(test_prefix_reuse),
+        cmocka_unit_test(test_cancel_between_chunks),
         cmocka_unit_test(test_periodic_and_park),
         cmocka_unit_test(test_cache_limits),
         cmocka_unit_test(test_state_hash_codecs),
