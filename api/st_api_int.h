@@ -26,13 +26,18 @@
  * the credentials and the Content-Length were accepted.
  *
  * Invariants:
- * 1. One request per connection at a time: reading stops once a head and its body are in, and
- *    resumes after the reply was written (pipelined bytes wait in the input buffer).
+ * 1. One request per connection at a time: parsing stops once a head and its body are in, and
+ *    resumes after the reply was written (pipelined bytes wait in the input buffer, a bounded
+ *    part of them read already so that a close is seen, invariant 5).
  * 2. A connection whose request is with a handler (state BUSY) is never freed; a failure noticed
  *    meanwhile marks it dead and the reply frees it.
  * 3. Every request gets exactly one reply; the layer replies for the handler when it refuses.
  * 4. Body bytes buffered at once, over all connections, never exceed the budget: a request's
  *    Content-Length is reserved before its body is read and released when the request ends.
+ * 5. When the connection of a request that is with its handler (BUSY) reaches EOF or fails,
+ *    on_gone is called once for that request, on the loop: only the request in flight, never a
+ *    pipelined one behind it. The request (and what is attached to it) stays valid until its
+ *    one reply, as in invariant 2; the handler decides whether to reply or drop it.
  * All functions run on the loop thread. */
 typedef struct st_http st_http;
 typedef struct st_http_req st_http_req;
@@ -69,6 +74,9 @@ typedef struct st_http_cbs {
     void (*on_refused)(int status, const char *code, void *arg);
     /* The request is freed: free what st_http_req_set_user attached. */
     void (*free_user)(void *user, void *arg);
+    /* The client of a request with the handler went away (EOF or an error; invariant 5). The
+     * request still needs its reply (st_http_reply_none sends nothing). May be NULL. */
+    void (*on_gone)(st_http_req *req, void *arg);
 } st_http_cbs;
 
 int st_http_new(struct event_base *base, const char *host, uint16_t port,
@@ -103,6 +111,9 @@ void st_http_reply_evbuf(st_http_req *r, int status, const char *ctype, struct e
 /* Streams len bytes of fd from offset 0 (sendfile where possible); takes ownership of fd. */
 void st_http_reply_file(st_http_req *r, int status, const char *ctype, int fd, uint64_t len);
 void st_http_reply_json(st_http_req *r, int status, json_t *body); /* steals body */
+/* Ends the request without sending anything and closes its connection (a client that went
+ * away); status is what on_done and the metrics see. */
+void st_http_reply_none(st_http_req *r, int status);
 void st_http_reply_error(st_http_req *r, int status, const char *code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 const char *st_http_reason(int status);
@@ -148,6 +159,7 @@ typedef struct st_metrics {
     _Atomic uint64_t prompt_reused, prompt_computed, tokens_generated;
     _Atomic uint64_t memguard_refusals;
     _Atomic uint64_t busy_wait_timeouts, busy_wait_full; /* 409 busy after waiting; queue full */
+    _Atomic uint64_t completions_cancelled; /* stopped because the client went away */
     /* gauges set by their owners */
     _Atomic uint64_t pool_ram_bytes, pool_ram_entries, pool_disk_entries, pool_limit_bytes;
     _Atomic uint64_t slots_total, slots_bound, slots_busy;
@@ -206,7 +218,17 @@ typedef struct st_api_call {
     uint64_t file_len;
     const char *file_ctype;
     void *ctx;                 /* handler's own */
+    /* Set by the loop (on_gone) when the client went away while the call was in flight; read by
+     * the worker. Lives with the call, which the loop frees only after the worker's done(). */
+    _Atomic int cancelled;
+    int no_reply;              /* st_api_call_cancel: end the request without a reply */
 } st_api_call;
+
+/* Whether the client of c went away (any thread). Long handlers that can stop early (completions)
+ * poll it; those whose result is durable (SAVE, RESTORE, downloads) finish regardless. */
+#define st_api_call_cancelled(c) atomic_load_explicit(&(c)->cancelled, memory_order_relaxed)
+/* The handler stopped because the client went away: nothing is sent (status 499 in metrics). */
+void st_api_call_cancel(st_api_call *c);
 
 /* Fill call's error from rc (an ST_E* code or errno) and the thread's detail. */
 void st_api_call_fail(st_api_call *c, int rc, const char *what);

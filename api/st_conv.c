@@ -35,6 +35,16 @@
  *    one worker is always left for other sessions: for a single session, workers - 2 requests
  *    wait. Requests that need a slot while every slot is busy, and /slots actions on a busy slot,
  *    are still answered 409 at once: nothing guarantees that a slot will be freed soon.
+ * 7. A completion whose client went away (st_api_call_cancelled, set by the loop) stops at the
+ *    next point where the conversation is whole: before it takes its session (while queued or
+ *    waiting for it: it never runs), between prompt chunks, or between generated tokens. The
+ *    slot then holds exactly the tokens read and generated so far, with the logits after the
+ *    last one, like a completion that asked for that many; the session is released as after
+ *    any completion, nothing is sent, and completions_cancelled counts it. The prompt is read
+ *    in one st_slot_eval whose cancel hook (st_slot_set_cancel) the engine asks before each
+ *    chunk: a stop there leaves the whole chunks read so far, without logits (the next request
+ *    reads on from there). SAVE, RESTORE, PARK, /slots and DELETE are never cancelled: their
+ *    result is durable or cheap, and they run to the end.
  */
 #ifdef ST_API_HAVE_ENGINE
 
@@ -54,6 +64,8 @@
 #include "st_store.h"
 
 #define PARK_ID_MAX (ST_STORE_ID_MAX + 1)
+/* how often a request waiting for a busy session looks whether its client went away */
+#define CANCEL_POLL_MS 50
 
 typedef struct cslot {
     st_slot *slot;
@@ -210,8 +222,9 @@ static void waiter_remove_locked(st_conv *cv, cwaiter *me)
 
 /* Returns 0, still holding mu, once session id is not busy and no earlier request waits for it:
  * the caller takes it (or finds it absent) before unlocking. ST_EBUSY with a detail when waiting
- * is off, when the wait queue is full (invariant 6), or when wait_ms passed. */
-static int wait_turn_locked(st_conv *cv, const char *id)
+ * is off, when the wait queue is full (invariant 6), or when wait_ms passed; ECANCELED when
+ * cancel (NULL: the request cannot be cancelled) is set while it waits (invariant 7). */
+static int wait_turn_locked(st_conv *cv, const char *id, const _Atomic int *cancel)
 {
     if (!id_busy_locked(cv, id) && !waiter_first_locked(cv, id))
         return 0;
@@ -247,13 +260,28 @@ static int wait_turn_locked(st_conv *cv, const char *id)
     cv->m->busy_waiting = cv->n_waiting;
     int rc = 0;
     while (waiter_first_locked(cv, id) != &me || id_busy_locked(cv, id)) {
-        int e = pthread_cond_timedwait(&cv->freed, &cv->mu, &dl);
-        if (e == ETIMEDOUT && (waiter_first_locked(cv, id) != &me || id_busy_locked(cv, id))) {
+        if (cancel && atomic_load_explicit(cancel, memory_order_relaxed)) {
+            rc = st_error_set(ECANCELED, "the client went away while session %s was busy", id);
+            break;
+        }
+        struct timespec now, until = dl;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if (now.tv_sec > dl.tv_sec || (now.tv_sec == dl.tv_sec && now.tv_nsec >= dl.tv_nsec)) {
             cv->m->busy_wait_timeouts++;
             rc = st_error_set(ST_EBUSY, "session %s is still busy with another request after waiting "
                                         "%u ms (--busy-wait-ms)", id, cv->wait_ms);
             break;
         }
+        if (cancel) { /* nobody signals a cancellation: look again every CANCEL_POLL_MS */
+            now.tv_nsec += CANCEL_POLL_MS * 1000000L;
+            if (now.tv_nsec >= 1000000000L) {
+                now.tv_sec++;
+                now.tv_nsec -= 1000000000L;
+            }
+            if (now.tv_sec < dl.tv_sec || (now.tv_sec == dl.tv_sec && now.tv_nsec < dl.tv_nsec))
+                until = now;
+        }
+        pthread_cond_timedwait(&cv->freed, &cv->mu, &until);
     }
     waiter_remove_locked(cv, &me);
     /* the next in line for id is first now: it takes the session once the caller releases it,
@@ -442,14 +470,15 @@ enum { ACQ_LOAD, ACQ_EMPTY };
  * ACQ_EMPTY: a slot already bound to id is returned as it is; otherwise an empty slot, and a park
  * entry of id, if any, is returned busy in *pe (out of the list) for the caller to drop or give
  * back with park_giveback. */
-static int acquire(st_conv *cv, const char *id, int mode, int *out_j, pentry **pe, const char **source)
+static int acquire(st_conv *cv, const char *id, int mode, int *out_j, pentry **pe, const char **source,
+                   const _Atomic int *cancel)
 {
     *out_j = -1;
     if (pe)
         *pe = NULL;
     *source = "slot";
     pthread_mutex_lock(&cv->mu);
-    int rc = wait_turn_locked(cv, id);
+    int rc = wait_turn_locked(cv, id, cancel);
     if (rc) {
         pthread_mutex_unlock(&cv->mu);
         return rc;
@@ -630,6 +659,13 @@ static char *utf8_clean(const unsigned char *s, size_t n)
 
 /* ---- routes --------------------------------------------------------------------------------- */
 
+
+/* st_slot_set_cancel's hook for a completion: whether its client went away. */
+static int call_gone(void *arg)
+{
+    return st_api_call_cancelled((st_api_call *)arg);
+}
+
 static void random_id(char *dst)
 {
     unsigned char r[8] = {0};
@@ -701,7 +737,17 @@ void st_conv_completion(st_api_call *c)
     }
     int j = -1;
     const char *source = "slot";
-    int rc = acquire(cv, idbuf, ACQ_LOAD, &j, NULL, &source);
+    if (st_api_call_cancelled(c)) { /* gone while queued for a worker: nothing runs */
+        cv->m->completions_cancelled++;
+        st_api_call_cancel(c);
+        return;
+    }
+    int rc = acquire(cv, idbuf, ACQ_LOAD, &j, NULL, &source, &c->cancelled);
+    if (rc == ECANCELED) { /* gone while waiting for the session: it never ran */
+        cv->m->completions_cancelled++;
+        st_api_call_cancel(c);
+        return;
+    }
     if (rc) {
         st_api_call_fail(c, rc, "completion");
         return;
@@ -742,18 +788,29 @@ void st_conv_completion(st_api_call *c)
     double t0 = st_api_now_ms();
     st_eval_stats es = {0, 0, UINT64_MAX, 0};
     es.reused = held;
+    uint64_t n_out = 0, n_bytes = 0;
     if (n > held || !st_slot_logits(s, NULL)) {
-        es.reused = 0;
-        if ((rc = st_slot_eval(s, toks, n, system_end, &es))) {
+        /* one read; the engine asks the call before each chunk whether the client is still
+         * there (invariant 7), and a stop leaves the whole chunks read so far */
+        if (st_api_call_cancelled(c))
+            goto cancelled;
+        st_slot_set_cancel(s, call_gone, c);
+        rc = st_slot_eval(s, toks, n, system_end, &es);
+        st_slot_set_cancel(s, NULL, NULL);
+        if (rc == ECANCELED)
+            goto cancelled;
+        if (rc) {
             st_api_call_fail(c, rc, "reading the prompt (the live conversation was dropped)");
             goto done;
         }
     }
     double t1 = st_api_now_ms();
-    uint64_t n_out = 0, n_bytes = 0;
     const char *stop = "length";
     for (uint64_t i = 0; i < n_predict; i++) {
         uint32_t tok;
+        /* between tokens: every token appended so far stays, with its logits (invariant 7) */
+        if (st_api_call_cancelled(c))
+            goto cancelled;
         if ((rc = st_slot_sample(s, (float)temp, seed, &tok)) || (rc = st_slot_decode(s, tok))) {
             st_api_call_fail(c, rc, "generating");
             goto done;
@@ -782,6 +839,13 @@ void st_conv_completion(st_api_call *c)
                          (json_int_t)es.computed, "decode_ms", st_api_ms(t2 - t1), "tokens_per_s",
                          st_api_ms(t2 > t1 ? (double)n_out * 1000.0 / (t2 - t1) : 0.0));
     c->status = 200;
+    goto done;
+cancelled:
+    cv->m->prompt_reused += es.reused;
+    cv->m->prompt_computed += es.computed;
+    cv->m->tokens_generated += n_out;
+    cv->m->completions_cancelled++;
+    st_api_call_cancel(c);
 done:
     free(toks);
     free(gen);
@@ -797,7 +861,7 @@ static int take_live(st_conv *cv, const char *id, int *j, pentry **pe)
     *j = -1;
     *pe = NULL;
     pthread_mutex_lock(&cv->mu);
-    int rc = wait_turn_locked(cv, id);
+    int rc = wait_turn_locked(cv, id, NULL);
     if (rc) {
         pthread_mutex_unlock(&cv->mu);
         return rc;
@@ -940,7 +1004,7 @@ void st_conv_restore(st_api_call *c)
     int j = -1;
     pentry *p = NULL;
     const char *source;
-    if ((rc = acquire(cv, c->id, ACQ_EMPTY, &j, &p, &source))) {
+    if ((rc = acquire(cv, c->id, ACQ_EMPTY, &j, &p, &source, NULL))) {
         st_api_call_fail(c, rc, "restore");
         return;
     }

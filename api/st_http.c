@@ -8,7 +8,12 @@
  *   BODY     reading Content-Length bytes into the request's buffer, after the router accepted
  *            the head and its length; a pause longer than read_timeout or a body slower than
  *            body_timeout is 408.
- *   BUSY     the handler has the request; reading is off (invariant 1 of st_api_int.h).
+ *   BUSY     the handler has the request (invariant 1 of st_api_int.h). The socket is still
+ *            read, into the input buffer and at most BUSY_READ_MAX bytes of it, only so that the
+ *            client's going away (EOF, a reset) is noticed while the request is in flight: the
+ *            handler is told once (on_gone, invariant 5). Pipelined bytes wait there, unparsed;
+ *            past BUSY_READ_MAX they wait in the kernel, and a close behind them goes unnoticed
+ *            until the reply is written.
  *   WRITING  the reply is queued; when the output is empty the connection goes back to HEAD,
  *            or closes (Connection: close, an unread body, a refusal, shutdown).
  *   LINGER   after a refusal whose body was not read: our side is shut for writing and what the
@@ -38,6 +43,8 @@
 
 #define LINGER_MS 2000
 #define LINGER_MAX_BYTES (64u << 20)
+/* input buffered while a request is with its handler (pipelined bytes) before reading pauses */
+#define BUSY_READ_MAX (64u << 10)
 
 typedef enum conn_state { C_HEAD, C_BODY, C_BUSY, C_WRITING, C_LINGER } conn_state;
 
@@ -81,6 +88,7 @@ struct st_http_conn {
     int head_started;
     int close_after;
     int dead;            /* failed while BUSY: freed by the reply */
+    int gone;            /* the client went away while BUSY: on_gone was called */
     int linger_needed;
     uint64_t lingered;
     double body_deadline;
@@ -271,6 +279,7 @@ static void reply_done(st_http_conn *c)
     c->state = C_HEAD;
     c->scanned = 0;
     c->head_started = 0;
+    bufferevent_setwatermark(c->bev, EV_READ, 0, 0);
     conn_arm(c, h->lim.idle_timeout_ms);
     bufferevent_enable(c->bev, EV_READ);
     if (evbuffer_get_length(bufferevent_get_input(c->bev)))
@@ -411,6 +420,17 @@ void st_http_reply_file(st_http_req *r, int status, const char *ctype, int fd, u
         evbuffer_file_segment_free(seg);
     }
     reply_end(r);
+}
+
+void st_http_reply_none(st_http_req *r, int status)
+{
+    if (reply_check(r))
+        return;
+    r->conn->close_after = 1;
+    r->conn->dead = 1;
+    r->replied = 1;
+    r->status = status;
+    reply_end(r); /* frees the connection: nothing was queued on it */
 }
 
 void st_http_reply_json(st_http_req *r, int status, json_t *body)
@@ -687,7 +707,9 @@ static void conn_try_body(st_http_conn *c)
     r->body_unread = 0;
     evtimer_del(c->timer);
     c->state = C_BUSY;
-    bufferevent_disable(c->bev, EV_READ);
+    /* reading goes on, bounded, so that EOF or a reset reaches event_cb (on_gone) */
+    bufferevent_setwatermark(c->bev, EV_READ, 0, BUSY_READ_MAX);
+    bufferevent_enable(c->bev, EV_READ);
     h->cbs.on_request(r, h->arg);
 }
 
@@ -829,12 +851,18 @@ static void event_cb(struct bufferevent *bev, short what, void *arg)
     (void)bev;
     if (c->state == C_BUSY) {
         /* the handler owns the request (invariant 2). A peer that only stopped sending still
-         * gets its reply; a failed socket does not. */
+         * gets its reply if the handler gives one; a failed socket does not. Either way the
+         * handler hears that the client went away (invariant 5). */
         if ((what & BEV_EVENT_EOF) && !(what & BEV_EVENT_ERROR)) {
             c->close_after = 1;
         } else {
             c->dead = 1;
             bufferevent_disable(c->bev, EV_READ | EV_WRITE);
+        }
+        if (!c->gone) {
+            c->gone = 1;
+            if (c->h->cbs.on_gone)
+                c->h->cbs.on_gone(c->req, c->h->arg);
         }
         return;
     }

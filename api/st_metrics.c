@@ -130,6 +130,9 @@ void st_metrics_render(st_metrics *m, struct evbuffer *o, uint32_t connections,
     counter(o, "strata_busy_wait_queue_full_total",
             "Requests answered 409 busy at once because workers - 1 requests already waited.",
             m->busy_wait_full);
+    counter(o, "strata_completions_cancelled_total",
+            "Completions stopped (or never started) because their client went away.",
+            m->completions_cancelled);
 
     evbuffer_add_printf(o, "# HELP strata_conversation_lookups_total Where a request found its "
                            "conversation.\n# TYPE strata_conversation_lookups_total counter\n"

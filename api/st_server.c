@@ -11,6 +11,11 @@
  * 3. No LMDB transaction outlives a store call, and no store call runs on the loop: a download
  *    is exported to a spool file by a worker first, then streamed from that file by the loop.
  * 4. Each upload is used by one request at a time (its busy flag, under uploads_mu).
+ * 5. A call belongs to its request: it is freed with the request, after the one reply, which the
+ *    loop sends only after the worker's done(). When the client goes away meanwhile (on_gone),
+ *    the loop sets the call's atomic cancelled flag; only completions act on it (st_conv.c,
+ *    invariant 7) and end with st_api_call_cancel, which sends nothing (status 499 in the
+ *    metrics). Every other route runs to the end.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -236,7 +241,9 @@ static void call_free(void *user, void *arg)
 static void call_reply(st_api_call *c)
 {
     st_http_req *r = c->req;
-    if (c->text) {
+    if (c->no_reply) {
+        st_http_reply_none(r, c->status);
+    } else if (c->text) {
         st_http_reply_evbuf(r, c->status ? c->status : 200, c->file_ctype, c->text);
     } else if (c->file_fd >= 0) {
         int fd = c->file_fd;
@@ -273,6 +280,14 @@ static void job_run(st_job *j)
 static void job_done(st_job *j)
 {
     call_reply((st_api_call *)((char *)j - offsetof(st_api_call, job)));
+}
+
+void st_api_call_cancel(st_api_call *c)
+{
+    c->no_reply = 1;
+    c->status = 499; /* nginx's "client closed request": what the request metrics count */
+    json_decref(c->reply);
+    c->reply = NULL;
 }
 
 void st_api_call_submit(st_api_call *c, void (*fn)(st_api_call *c))
@@ -694,6 +709,16 @@ static void on_done(st_http_req *r, void *arg)
         fprintf(stderr, "strata-server: %s %s %s %d %.3f ms %llu bytes\n", st_http_req_peer(r),
                 st_http_req_method_name(r), st_http_req_path(r), st_http_req_status(r), ms,
                 (unsigned long long)st_http_req_bytes_out(r));
+}
+
+/* The client went away while its request is in flight (on the loop): the worker sees the flag.
+ * c lives until the request's reply, after the worker's done() (st_http.c invariants 2, 5). */
+static void on_gone(st_http_req *r, void *arg)
+{
+    st_api_call *c = st_http_req_user(r);
+    (void)arg;
+    if (c)
+        atomic_store_explicit(&c->cancelled, 1, memory_order_relaxed);
 }
 
 static void on_refused(int status, const char *code, void *arg)
@@ -1686,7 +1711,7 @@ int st_api_server_new(const st_api_config *cfg, st_api_server **out)
         .write_timeout_ms = cfg->write_timeout_ms,
         .idle_timeout_ms = cfg->idle_timeout_ms,
     };
-    st_http_cbs cbs = {on_head, on_request, on_done, on_refused, call_free};
+    st_http_cbs cbs = {on_head, on_request, on_done, on_refused, call_free, on_gone};
     if ((rc = st_http_new(s->base, cfg->host, cfg->port, &lim, &cbs, s, &s->http)))
         goto fail;
     s->stop_ev = event_new(s->base, -1, 0, stop_cb, s);

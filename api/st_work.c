@@ -7,6 +7,9 @@
  * 2. Workers wake the loop with event_active() on one event (libevent's pthread support makes
  *    that safe from any thread); the loop drains the whole done queue each time, so a wake-up
  *    that coalesces several completions loses none.
+ * 3. The pool never frees a job: its memory is the submitter's until done() ran on the loop, so
+ *    a field of it that the loop writes while a worker runs the job (st_api_call's atomic
+ *    cancelled flag) is valid for both as long as either needs it.
  */
 #include <errno.h>
 #include <pthread.h>
