@@ -42,8 +42,8 @@
  *    last one, like a completion that asked for that many; the session is released as after
  *    any completion, nothing is sent, and completions_cancelled counts it. The prompt is read
  *    in one st_slot_eval whose cancel hook (st_slot_set_cancel) the engine asks before each
- *    chunk: a stop there leaves the whole chunks read so far, without logits (the next request
- *    reads on from there). SAVE, RESTORE, PARK, /slots and DELETE are never cancelled: their
+ *    chunk: a stop there leaves the whole chunks read so far with the logits after the last (the
+ *    next request reads on from there; SAVE and PARK take it as it is). SAVE, RESTORE, PARK, /slots and DELETE are never cancelled: their
  *    result is durable or cheap, and they run to the end.
  */
 #ifdef ST_API_HAVE_ENGINE

@@ -230,8 +230,6 @@ static int read_range(st_slot *s, const uint32_t *tokens, uint64_t n, uint64_t s
         every = ((uint64_t)o->prompt_cache_every + ub - 1) / ub * ub;
     uint64_t p = s->n_tokens;
     int rc;
-    if (p < n)
-        s->has_logits = 0; /* those held are of an earlier token; the read sets them at n */
     while (p < n) {
         if (s->cancel && s->cancel(s->cancel_arg))
             return st_error_set(ECANCELED, "eval: stopped by its caller after %llu of %llu tokens",
@@ -241,12 +239,14 @@ static int read_range(st_slot *s, const uint32_t *tokens, uint64_t n, uint64_t s
             end = n;
         if (root_on && system_len > p && system_len < end)
             end = system_len;
-        rc = e->be->forward(e->bctx, s->st, tokens + p, (uint32_t)(end - p), p,
-                            end == n ? s->logits : NULL);
+        /* every chunk leaves the logits of its last token (one row of the head: cheap next to
+         * the chunk), so the slot is whole at every chunk boundary, where a read may stop */
+        rc = e->be->forward(e->bctx, s->st, tokens + p, (uint32_t)(end - p), p, s->logits);
         if (rc)
             return rc;
         memcpy(s->tokens + p, tokens + p, (end - p) * sizeof *tokens);
         s->n_tokens = p = end;
+        s->has_logits = 1;
         if (root_on && p == system_len) {
             if ((rc = ckpt_take(s, p, 1)))
                 return rc;

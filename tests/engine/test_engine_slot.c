@@ -289,8 +289,8 @@ static void test_prefix_reuse(void **state)
 }
 
 /* The cancel hook (st_slot_set_cancel): asked before each chunk; a stop after k chunks leaves
- * exactly k whole chunks read, no logits, no checkpoint at the stop, ECANCELED; the next eval
- * reads on and gives the bits of a read that was never stopped. */
+ * exactly k whole chunks read with the logits after the last, no checkpoint at the stop,
+ * ECANCELED; the next eval reads on and gives the bits of a read that was never stopped. */
 static int stop_after(void *arg)
 {
     int *left = arg;
@@ -323,14 +323,19 @@ static void test_cancel_between_chunks(void **state)
     assert_int_equal(st_slot_n_tokens(r.s), 48);
     assert_int_equal(es.reused, 20);
     assert_int_equal(es.computed, 28);
-    assert_null(st_slot_logits(r.s, NULL));
     assert_int_equal(st_slot_n_checkpoints(r.s), nck);
+    /* whole: the logits are those after token 48, as a read of exactly 48 tokens gives */
+    uint32_t nl;
+    assert_int_equal(st_slot_eval(fresh.s, c, 48, 0, &es), 0);
+    assert_non_null(st_slot_logits(r.s, NULL));
+    assert_memory_equal(st_slot_logits(r.s, &nl), st_slot_logits(fresh.s, &nl),
+                        ST_VOCAB_BYTES * sizeof(float));
+    st_slot_reset(fresh.s);
     assert_memory_equal(st_slot_tokens(r.s), c, 48 * sizeof *c);
     /* reading on: the live state is reused, the result is that of a fresh full read */
     assert_int_equal(st_slot_eval(r.s, c, n, 0, &es), 0);
     assert_int_equal(es.reused, 48);
     assert_int_equal(st_slot_eval(fresh.s, c, n, 0, &es), 0);
-    uint32_t nl;
     assert_memory_equal(st_slot_logits(r.s, &nl), st_slot_logits(fresh.s, &nl),
                         ST_VOCAB_BYTES * sizeof(float));
     gen(r.s, 8, g1, 0.0f);
@@ -347,6 +352,7 @@ static void test_cancel_between_chunks(void **state)
     assert_int_equal(st_slot_eval(r.s, longer, held + 40, 0, &es), ECANCELED);
     st_slot_set_cancel(r.s, NULL, NULL);
     assert_int_equal(st_slot_n_tokens(r.s), held);
+    assert_non_null(st_slot_logits(r.s, NULL)); /* still those after its last token */
     rig_close(&r);
     rig_close(&fresh);
 }
