@@ -11,71 +11,25 @@
  * The engine runs on the cpu backend, or on the one named by the first argument: `cuda` is the
  * ctest test_api_engine_gpu (label gpu), every case above on the CUDA backend.
  */
-#include <jansson.h>
 #include <pthread.h>
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
 #include <stdint.h>
-#include <cmocka.h>
 
 #include "st_api_test.h"
-#include "st_http_client.h"
-#include "st_test_util.h"
 
-#define SERVER ST_BIN_DIR "/strata-server"
-#define MKMODEL ST_BIN_DIR "/strata-mkmodel"
-
-static char dir[4096];
-static const char *backend = "cpu";
-static char model[4200];
-static char logpath[4200];
+static st_at_env env = {.backend = "cpu"};
 
 /* ---- helpers -------------------------------------------------------------------------------- */
 
 /* strata-server on the tiny model, its store DIR/name, with extra flags (NULL-terminated). */
 static int start(st_hc_server *s, const char *name, const char *const *extra)
 {
-    char store[4400];
-    snprintf(store, sizeof store, "%s/%s", dir, name);
-    const char *args[40];
-    int n = 0;
-    args[n++] = "--store";
-    args[n++] = store;
-    args[n++] = "--model";
-    args[n++] = model;
-    args[n++] = "--threads";
-    args[n++] = "1";
-    args[n++] = "--backend";
-    args[n++] = backend;
-    for (const char *const *a = extra; a && *a; a++)
-        args[n++] = *a;
-    args[n] = NULL;
-    return st_hc_server_start(s, SERVER, dir, logpath, args);
+    return st_at_server_start(s, &env, name, extra, NULL);
 }
 
-static json_t *call(uint16_t port, const char *method, const char *path, const char *body, int want)
-{
-    st_hc_resp r;
-    assert_int_equal(st_hc_json(port, method, path, body, &r), 0);
-    if (r.status != want)
-        fprintf(stderr, "%s %s %s: %d (wanted %d): %s\n", method, path, body ? body : "", r.status, want,
-                r.body ? (char *)r.body : "");
-    assert_int_equal(r.status, want);
-    json_error_t e;
-    json_t *o = json_loadb((const char *)r.body, r.body_len, 0, &e);
-    assert_non_null(o);
-    st_hc_resp_free(&r);
-    return o;
-}
-
-/* A completion; returns the reply (tokens, text, found, ...). */
+/* A completion that stops at an end of sequence; returns the reply (tokens, text, found, ...). */
 static json_t *complete(uint16_t port, const char *session, const char *prompt, int n)
 {
-    char body[1024];
-    snprintf(body, sizeof body, "{\"session\":\"%s\",\"prompt\":\"%s\",\"n_predict\":%d,\"temperature\":0}",
-             session, prompt, n);
-    return call(port, "POST", "/v1/completions", body, 200);
+    return st_at_complete(port, session, prompt, n, false);
 }
 
 static void same_tokens(json_t *a, json_t *b)
@@ -96,20 +50,13 @@ static const char *found(json_t *o)
 static int setup(void **state)
 {
     (void)state;
-    st_test_tmpdir(dir, sizeof dir, strcmp(backend, "cpu") ? "test_api_engine_gpu" : "test_api_engine");
-    snprintf(model, sizeof model, "%s/tiny.gguf", dir);
-    snprintf(logpath, sizeof logpath, "%s/server.log", dir);
-    char out[4096];
-    return st_test_run(out, sizeof out, MKMODEL " --preset tiny -o '%s'", model) == 0 ? 0 : -1;
+    return st_at_setup(&env, strcmp(env.backend, "cpu") ? "test_api_engine_gpu" : "test_api_engine");
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    st_hc_server_kill_all(); /* servers a failed test left running */
-    if (!getenv("ST_TEST_KEEP")) /* keep the servers' logs and stores to look at */
-        st_test_rmdir(dir);
-    return 0;
+    return st_at_teardown(&env);
 }
 
 /* The reference: turns of one conversation on a fresh server that is never interrupted. */
@@ -117,7 +64,7 @@ static json_t *reference(const char *const *prompts, int turns, int n)
 {
     const char *store = "ref-store";
     char path[4400];
-    snprintf(path, sizeof path, "%s/%s", dir, store);
+    snprintf(path, sizeof path, "%s/%s", env.dir, store);
     st_test_rmdir(path);
     st_hc_server s;
     static const char *const args[] = {"--slots", "1", NULL};
@@ -142,19 +89,19 @@ static void test_save_kill9_restore_continue(void **state)
     {
         /* the server names its backend on start: this is the one asked for */
         char want[64], buf[1 << 16];
-        snprintf(want, sizeof want, "engine on the %s backend", backend);
-        FILE *f = fopen(logpath, "r");
+        snprintf(want, sizeof want, "engine on the %s backend", env.backend);
+        FILE *f = fopen(env.logpath, "r");
         assert_non_null(f);
         size_t got = fread(buf, 1, sizeof buf - 1, f);
         fclose(f);
         buf[got] = 0;
         if (!strstr(buf, want))
-            fail_msg("the server log %s does not say \"%s\"", logpath, want);
+            fail_msg("the server log %s does not say \"%s\"", env.logpath, want);
     }
     json_t *t0 = complete(s.port, "chat", prompts[0], 24);
     assert_string_equal(found(t0), "new");
     same_tokens(t0, json_array_get(ref, 0));
-    json_t *sv = call(s.port, "POST", "/v1/sessions/chat/save", "{}", 201);
+    json_t *sv = st_at_call(s.port, "POST", "/v1/sessions/chat/save", "{}", 201);
     assert_int_equal(json_integer_value(json_object_get(sv, "version")), 1);
     json_decref(sv);
     /* more turns after the SAVE, then a crash: they are lost, the SAVE is not */
@@ -162,7 +109,7 @@ static void test_save_kill9_restore_continue(void **state)
     assert_int_equal(st_hc_server_stop(&s, SIGKILL), -1);
 
     assert_int_equal(start(&s, store, NULL), 0);
-    json_t *rs = call(s.port, "POST", "/v1/sessions/chat/restore", "{}", 200);
+    json_t *rs = st_at_call(s.port, "POST", "/v1/sessions/chat/restore", "{}", 200);
     assert_int_equal(json_integer_value(json_object_get(rs, "version")), 1);
     json_decref(rs);
     json_t *t1 = complete(s.port, "chat", prompts[1], 24);
@@ -170,7 +117,7 @@ static void test_save_kill9_restore_continue(void **state)
     json_t *tm = json_object_get(t1, "timings");
     assert_true(json_integer_value(json_object_get(tm, "resumed_tokens")) > 0);
     /* without an explicit RESTORE, a completion continues from the head version */
-    sv = call(s.port, "POST", "/v1/sessions/chat/save", "{}", 201);
+    sv = st_at_call(s.port, "POST", "/v1/sessions/chat/save", "{}", 201);
     json_decref(sv);
     assert_int_equal(st_hc_server_stop(&s, SIGKILL), -1);
     assert_int_equal(start(&s, store, NULL), 0);
@@ -178,7 +125,7 @@ static void test_save_kill9_restore_continue(void **state)
     assert_string_equal(found(t2), "store");
     same_tokens(t2, json_array_get(ref, 2));
     /* an older version restores too (RESTORE {version}) */
-    rs = call(s.port, "POST", "/v1/sessions/chat/restore", "{\"version\":1}", 200);
+    rs = st_at_call(s.port, "POST", "/v1/sessions/chat/restore", "{\"version\":1}", 200);
     json_decref(rs);
     json_t *t1b = complete(s.port, "chat", prompts[1], 24);
     same_tokens(t1b, json_array_get(ref, 1));
@@ -209,7 +156,7 @@ static void interleave(const char *store, const char *const *args, int n, const 
             json_decref(t);
         }
     }
-    json_t *sl = call(s.port, "GET", "/v1/sessions", NULL, 200);
+    json_t *sl = st_at_call(s.port, "GET", "/v1/sessions", NULL, 200);
     assert_int_equal(json_array_size(json_object_get(sl, "sessions")), (size_t)n);
     json_decref(sl);
     assert_int_equal(st_hc_server_stop(&s, SIGTERM), 0);
@@ -242,7 +189,7 @@ static void test_spill_past_ceiling_and_back(void **state)
     json_t *t = complete(s.port, "conv-2", " three", 4);
     assert_string_equal(found(t), "disk");
     json_decref(t);
-    json_t *pk = call(s.port, "POST", "/v1/sessions/conv-2/park", NULL, 200);
+    json_t *pk = st_at_call(s.port, "POST", "/v1/sessions/conv-2/park", NULL, 200);
     assert_string_equal(json_string_value(json_object_get(pk, "where")), "disk");
     json_decref(pk);
     assert_int_equal(st_hc_server_stop(&s, SIGTERM), 0);
@@ -261,11 +208,11 @@ static void test_ram_ceiling_oldest_first(void **state)
         snprintf(id, sizeof id, "r%d", i);
         json_decref(complete(s.port, id, "x", 4));
     }
-    json_t *sl = call(s.port, "GET", "/v1/sessions/r0", NULL, 200);
+    json_t *sl = st_at_call(s.port, "GET", "/v1/sessions/r0", NULL, 200);
     json_t *live = json_object_get(sl, "live");
     assert_string_equal(json_string_value(json_object_get(live, "where")), "ram");
     json_decref(sl);
-    sl = call(s.port, "GET", "/v1/sessions/r3", NULL, 200);
+    sl = st_at_call(s.port, "GET", "/v1/sessions/r3", NULL, 200);
     assert_string_equal(json_string_value(json_object_get(json_object_get(sl, "live"), "where")), "slot");
     json_decref(sl);
     /* a graceful stop writes live and RAM-parked conversations to the store */
@@ -294,63 +241,63 @@ static void test_slots_delete_and_guard(void **state)
     (void)state;
     const char *store = "misc-store";
     char saves[4300], mi[4300];
-    snprintf(saves, sizeof saves, "%s/slot-saves", dir);
+    snprintf(saves, sizeof saves, "%s/slot-saves", env.dir);
     assert_int_equal(mkdir(saves, 0700), 0);
     const char *const args[] = {"--slots", "2", "--slot-save-path", saves, NULL};
     st_hc_server s;
     assert_int_equal(start(&s, store, args), 0);
     json_t *t = complete(s.port, "sl", "slot me", 8);
     json_decref(t);
-    json_t *l = call(s.port, "GET", "/slots", NULL, 200);
+    json_t *l = st_at_call(s.port, "GET", "/slots", NULL, 200);
     assert_int_equal(json_array_size(l), 2);
     json_decref(l);
-    json_t *o = call(s.port, "POST", "/slots/0?action=save", "{\"filename\":\"a.stsf\"}", 200);
+    json_t *o = st_at_call(s.port, "POST", "/slots/0?action=save", "{\"filename\":\"a.stsf\"}", 200);
     assert_true(json_integer_value(json_object_get(o, "n_saved")) > 0);
     json_decref(o);
-    json_decref(call(s.port, "POST", "/slots/0?action=save", "{\"filename\":\"../a.stsf\"}", 400));
-    json_decref(call(s.port, "POST", "/slots/0?action=save", "{\"filename\":\"/etc/x\"}", 400));
-    json_decref(call(s.port, "POST", "/slots/7?action=save", "{\"filename\":\"b\"}", 404));
-    json_decref(call(s.port, "POST", "/slots/0?action=fly", "{\"filename\":\"b\"}", 400));
-    o = call(s.port, "POST", "/slots/0?action=erase", NULL, 200);
+    json_decref(st_at_call(s.port, "POST", "/slots/0?action=save", "{\"filename\":\"../a.stsf\"}", 400));
+    json_decref(st_at_call(s.port, "POST", "/slots/0?action=save", "{\"filename\":\"/etc/x\"}", 400));
+    json_decref(st_at_call(s.port, "POST", "/slots/7?action=save", "{\"filename\":\"b\"}", 404));
+    json_decref(st_at_call(s.port, "POST", "/slots/0?action=fly", "{\"filename\":\"b\"}", 400));
+    o = st_at_call(s.port, "POST", "/slots/0?action=erase", NULL, 200);
     assert_true(json_integer_value(json_object_get(o, "n_erased")) > 0);
     json_decref(o);
-    o = call(s.port, "POST", "/slots/1?action=restore", "{\"filename\":\"a.stsf\"}", 200);
+    o = st_at_call(s.port, "POST", "/slots/1?action=restore", "{\"filename\":\"a.stsf\"}", 200);
     assert_true(json_integer_value(json_object_get(o, "n_restored")) > 0);
     json_decref(o);
-    json_decref(call(s.port, "POST", "/slots/1?action=restore", "{\"filename\":\"missing\"}", 404));
+    json_decref(st_at_call(s.port, "POST", "/slots/1?action=restore", "{\"filename\":\"missing\"}", 404));
     /* SAVE of nothing live, DELETE of a live-only session */
-    json_decref(call(s.port, "POST", "/v1/sessions/nobody/save", NULL, 404));
+    json_decref(st_at_call(s.port, "POST", "/v1/sessions/nobody/save", NULL, 404));
     json_decref(complete(s.port, "gone", "bye", 4));
-    o = call(s.port, "DELETE", "/v1/sessions/gone", NULL, 200);
+    o = st_at_call(s.port, "DELETE", "/v1/sessions/gone", NULL, 200);
     assert_true(json_is_true(json_object_get(o, "live_deleted")));
     json_decref(o);
-    json_decref(call(s.port, "GET", "/v1/sessions/gone", NULL, 404));
+    json_decref(st_at_call(s.port, "GET", "/v1/sessions/gone", NULL, 404));
     /* malformed completions */
-    json_decref(call(s.port, "POST", "/v1/completions", "{\"prompt\":\"a\",\"tokens\":[1]}", 400));
-    json_decref(call(s.port, "POST", "/v1/completions", "{\"tokens\":[99999]}", 400));
-    json_decref(call(s.port, "POST", "/v1/completions", "{\"n_predict\":-1}", 400));
-    json_decref(call(s.port, "POST", "/v1/completions", "{\"session\":\"../x\"}", 400));
-    json_decref(call(s.port, "POST", "/v1/sessions/sl/save", "{\"codec\":\"fp8\"}", 400));
+    json_decref(st_at_call(s.port, "POST", "/v1/completions", "{\"prompt\":\"a\",\"tokens\":[1]}", 400));
+    json_decref(st_at_call(s.port, "POST", "/v1/completions", "{\"tokens\":[99999]}", 400));
+    json_decref(st_at_call(s.port, "POST", "/v1/completions", "{\"n_predict\":-1}", 400));
+    json_decref(st_at_call(s.port, "POST", "/v1/completions", "{\"session\":\"../x\"}", 400));
+    json_decref(st_at_call(s.port, "POST", "/v1/sessions/sl/save", "{\"codec\":\"fp8\"}", 400));
     /* bf16 SAVE, labels, conflicts */
     json_decref(complete(s.port, "sl", "again", 4));
-    o = call(s.port, "POST", "/v1/sessions/sl/save", "{\"codec\":\"bf16\",\"label\":\"keep\"}", 201);
+    o = st_at_call(s.port, "POST", "/v1/sessions/sl/save", "{\"codec\":\"bf16\",\"label\":\"keep\"}", 201);
     assert_string_equal(json_string_value(json_object_get(o, "codec")), "bf16");
     json_decref(o);
-    json_decref(call(s.port, "POST", "/v1/sessions/sl/save", "{\"expected_head\":7}", 409));
+    json_decref(st_at_call(s.port, "POST", "/v1/sessions/sl/save", "{\"expected_head\":7}", 409));
     assert_int_equal(st_hc_server_stop(&s, SIGTERM), 0);
 
     /* the guard refuses SAVE and park with what it read */
-    snprintf(mi, sizeof mi, "%s/meminfo", dir);
+    snprintf(mi, sizeof mi, "%s/meminfo", env.dir);
     const char *fake = "MemAvailable: 10 kB\n";
     assert_int_equal(st_test_spit(mi, fake, strlen(fake)), 0);
     const char *const gargs[] = {"--meminfo", mi, "--mem-reserve-mib", "0", NULL};
     assert_int_equal(start(&s, store, gargs), 0);
     json_decref(complete(s.port, "g", "guarded", 4));
-    o = call(s.port, "POST", "/v1/sessions/g/save", NULL, 503);
+    o = st_at_call(s.port, "POST", "/v1/sessions/g/save", NULL, 503);
     const char *msg = json_string_value(json_object_get(json_object_get(o, "error"), "message"));
     assert_non_null(strstr(msg, "available 0.00 GiB (MemAvailable)"));
     json_decref(o);
-    json_decref(call(s.port, "POST", "/v1/sessions/g/park", NULL, 503));
+    json_decref(st_at_call(s.port, "POST", "/v1/sessions/g/park", NULL, 503));
     json_decref(complete(s.port, "g", " still here", 4)); /* the refused park changed nothing */
     assert_int_equal(st_hc_server_stop(&s, SIGTERM), 0);
 }
@@ -435,7 +382,7 @@ static void test_concurrent_conversations(void **state)
     int failures = st_at_run_clients(s.port, CLIENTS, client_main, cl, &pol);
     assert_int_equal(failures, 0);
     assert_int_equal(pol.failed, 0);
-    json_t *sl = call(s.port, "GET", "/v1/sessions", NULL, 200);
+    json_t *sl = st_at_call(s.port, "GET", "/v1/sessions", NULL, 200);
     size_t i;
     json_t *e;
     int saved = 0;
@@ -479,7 +426,7 @@ static void test_one_session_many_requests(void **state)
             ok += st[i] == 200;
         }
         assert_true(ok >= 1);
-        json_t *l = call(s.port, "GET", "/slots", NULL, 200);
+        json_t *l = st_at_call(s.port, "GET", "/slots", NULL, 200);
         size_t i;
         json_t *e;
         int bound = 0;
@@ -496,7 +443,7 @@ static void test_one_session_many_requests(void **state)
 int main(int argc, char **argv)
 {
     if (argc > 1)
-        backend = argv[1];
+        env.backend = argv[1];
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_save_kill9_restore_continue),
         cmocka_unit_test(test_more_conversations_than_slots),
