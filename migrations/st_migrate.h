@@ -107,6 +107,19 @@ typedef struct st_schema_migrate_report {
  * opts and rep may be NULL. */
 int st_schema_migrate(const char *dir, const st_schema_migrate_opts *opts, st_schema_migrate_report *rep);
 
+/* Restore the backup in backup_dir into dest_dir (must not exist, or be empty) like
+ * st_store_restore_backup, also when the backup is of an older schema: its copy is migrated by
+ * the steps above inside the restore's temporary directory, then checked fully (read_data) and
+ * only then renamed into place. So dest_dir is untouched on any failure, a step that stops
+ * included, and receives only a checked store of this build's schema; backup_dir is never
+ * written (it is the old-schema copy: no other backup is taken). A newer schema is ST_EVERSION
+ * ("the backup: store schema 3 is newer than this build's 2"). opts (may be NULL) supplies sys
+ * and progress only. rep (may be NULL): from, the backup's schema; to, the restored store's;
+ * n_steps and items as st_schema_migrate reports them (0 for a backup of this build's schema);
+ * backup_dir "". */
+int st_schema_restore_backup(const char *backup_dir, const char *dest_dir, const st_store_opts *opts,
+                             st_schema_migrate_report *rep);
+
 #ifdef __cplusplus
 }
 #endif

@@ -281,7 +281,9 @@ fail:;
     return st_error_set(rc, "migrate: backup to %s failed: %s", bdir, d);
 }
 
-int st_schema_migrate(const char *dir, const st_schema_migrate_opts *opts, st_schema_migrate_report *rep)
+/* st_schema_migrate; resume_hint ends the detail of a step that stopped. */
+static int migrate_dir(const char *dir, const st_schema_migrate_opts *opts, st_schema_migrate_report *rep,
+                       const char *resume_hint)
 {
     st_schema_migrate_report r;
     st_store *st = NULL;
@@ -338,8 +340,8 @@ int st_schema_migrate(const char *dir, const st_schema_migrate_opts *opts, st_sc
         if (rc) {
             char d[512];
             snprintf(d, sizeof d, "%s", st_errdetail());
-            rc = st_error_set(rc, "migrate: step %u -> %u (%s) stopped: %s; run `statectl migrate` again to resume",
-                              st->schema, st->schema + 1, st_steps[i].info.name, d);
+            rc = st_error_set(rc, "migrate: step %u -> %u (%s) stopped: %s%s", st->schema, st->schema + 1,
+                              st_steps[i].info.name, d, resume_hint);
             break;
         }
         st->schema++;
@@ -349,5 +351,52 @@ done:
     st_store_close(st);
     if (rep)
         *rep = r;
+    return rc;
+}
+
+int st_schema_migrate(const char *dir, const st_schema_migrate_opts *opts, st_schema_migrate_report *rep)
+{
+    return migrate_dir(dir, opts, rep, "; run `statectl migrate` again to resume");
+}
+
+/* ---- restoring an older backup ------------------------------------------------------------------ */
+
+typedef struct st_restore_upgrade {
+    const st_store_opts *opts;
+    int ran;
+    st_schema_migrate_report rep;
+} st_restore_upgrade;
+
+/* The copy in dir is a temporary directory of st_store_restore_backup_upgrade: the backup it
+ * came from is never written and is the old-schema copy, so no second backup is taken, and a
+ * step that stops is not resumed there (the copy is removed; the destination is untouched). */
+static int restore_upgrade(void *arg, const char *dir, uint32_t schema)
+{
+    st_restore_upgrade *u = arg;
+    st_schema_migrate_opts o = {.no_backup = 1};
+    if (u->opts) {
+        o.sys = u->opts->sys;
+        o.progress = u->opts->progress;
+        o.progress_arg = u->opts->progress_arg;
+    }
+    u->ran = 1;
+    int rc = migrate_dir(dir, &o, &u->rep, "");
+    if (!rc && (u->rep.from != schema || u->rep.to != ST_STORE_SCHEMA))
+        rc = st_error_set(ST_EVERSION, "the copy went from schema %u to %u, not from %u to %u", u->rep.from,
+                          u->rep.to, schema, ST_STORE_SCHEMA);
+    return rc;
+}
+
+int st_schema_restore_backup(const char *backup_dir, const char *dest_dir, const st_store_opts *opts,
+                             st_schema_migrate_report *rep)
+{
+    st_restore_upgrade u;
+    memset(&u, 0, sizeof u);
+    u.opts = opts;
+    int rc = st_store_restore_backup_upgrade(backup_dir, dest_dir, opts, restore_upgrade, &u);
+    if (!u.ran && !rc)
+        u.rep.from = u.rep.to = ST_STORE_SCHEMA;
+    if (rep)
+        *rep = u.rep;
     return rc;
 }

@@ -604,10 +604,25 @@ int st_store_stat(st_store *st, st_store_stats *out);
  * dest_dir. On failure nothing is left at dest_dir. */
 int st_store_backup(st_store *st, const char *dest_dir);
 /* Check the backup in backup_dir, copy it into dest_dir (must not exist, or be empty), check the
- * copy, then rename it into place. The backup must be of this build's schema. opts (may be
- * NULL) supplies sys and progress only. */
+ * copy, then rename it into place. The backup must be of this build's schema: an older one is
+ * ST_EVERSION pointing at st_schema_restore_backup (migrations/st_migrate.h, `statectl
+ * restore-backup`), a newer one ST_EVERSION "...: store schema 3 is newer than this build's 2".
+ * opts (may be NULL) supplies sys and progress only. On failure dest_dir is untouched. */
 int st_store_restore_backup(const char *backup_dir, const char *dest_dir,
                             const st_store_opts *opts);
+/* Brings the store in dir, of schema `schema` (older than ST_STORE_SCHEMA), to ST_STORE_SCHEMA;
+ * 0, or an error with its detail. dir is a restored copy in a temporary directory that nothing
+ * else uses. */
+typedef int (*st_store_upgrade_fn)(void *arg, const char *dir, uint32_t schema);
+/* st_store_restore_backup, also for a backup of an older schema: that backup is opened (not
+ * checked: its records are not this build's), copied into the temporary directory, upgraded
+ * there by upgrade(arg, tmp, schema), then the copy is checked (read_data) and renamed into
+ * place. dest_dir is untouched on any failure, a failed upgrade included; backup_dir is never
+ * written. upgrade NULL: st_store_restore_backup. migrations/ passes its schema steps
+ * (st_schema_restore_backup); this module cannot call them itself. */
+int st_store_restore_backup_upgrade(const char *backup_dir, const char *dest_dir,
+                                    const st_store_opts *opts, st_store_upgrade_fn upgrade,
+                                    void *arg);
 
 #ifdef __cplusplus
 }

@@ -11,6 +11,9 @@
  * 3. A backup or restored copy is written into a temporary sibling directory, fsynced, opened
  *    and checked with read_data; it is renamed into place only when the check finds nothing, and
  *    the temporary directory is removed on any failure.
+ * 4. A restored copy of an older-schema backup is upgraded (by the caller's function: the schema
+ *    steps live in migrations/) inside that temporary directory, before its check, so the
+ *    destination only ever receives a checked store of this build's schema.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -1028,9 +1031,12 @@ static void first_problem(void *arg, const st_check_problem *p)
                  p->message);
 }
 
-/* Open the copy in dir (read-only, no lock file: nobody else uses it) and check it fully. */
+/* Open the copy in dir (read-only, no lock file: nobody else uses it) and check it fully.
+ * *schema (may be NULL) gets its schema. A newer schema than this build's is refused; an older
+ * one too unless old_ok, which returns 0 without checking it (its records are not this build's:
+ * the caller checks the copy once it is upgraded). */
 static int check_copy(const char *dir, const st_store_sys *sys, st_store_progress_fn progress, void *arg,
-                      const char *what)
+                      const char *what, int old_ok, uint32_t *schema)
 {
     st_store *cp = NULL;
     st_store_opts o = {.read_only = 1, .sys = sys, .progress = progress, .progress_arg = arg};
@@ -1040,10 +1046,18 @@ static int check_copy(const char *dir, const st_store_sys *sys, st_store_progres
         snprintf(d, sizeof d, "%s", st_errdetail());
         return st_error_set(rc, "%s does not open: %s", what, d);
     }
-    if (cp->schema != ST_STORE_SCHEMA || !cp->have_refcounts) {
-        rc = st_error_set(ST_EVERSION, "%s is of store schema %u; this build restores schema %u (copy its "
-                          "directory back and run `statectl migrate` on it instead)", what, cp->schema,
+    if (schema)
+        *schema = cp->schema;
+    if (cp->schema > ST_STORE_SCHEMA)
+        rc = st_error_set(ST_EVERSION, "%s: store schema %u is newer than this build's %u", what, cp->schema,
                           ST_STORE_SCHEMA);
+    else if (cp->schema < ST_STORE_SCHEMA && !old_ok)
+        rc = st_error_set(ST_EVERSION, "%s is of store schema %u, older than this build's %u: `statectl "
+                          "restore-backup` (st_schema_restore_backup) restores and migrates it", what,
+                          cp->schema, ST_STORE_SCHEMA);
+    else if (cp->schema == ST_STORE_SCHEMA && !cp->have_refcounts)
+        rc = st_error_set(ST_ECORRUPT, "%s (schema %u) lacks its \"refcounts\" database", what, cp->schema);
+    if (rc || cp->schema < ST_STORE_SCHEMA) {
         st_store_close(cp);
         return rc;
     }
@@ -1101,7 +1115,7 @@ int st_store_backup(st_store *st, const char *dest_dir)
         return sys_err(errno, "creating", tmp);
     rc = st_store__copy_env(st, tmp);
     if (!rc)
-        rc = check_copy(tmp, &st->sys, st->opts.progress, st->opts.progress_arg, "the backup copy");
+        rc = check_copy(tmp, &st->sys, st->opts.progress, st->opts.progress_arg, "the backup copy", 0, NULL);
     if (!rc)
         rc = publish(&st->sys, tmp, dest_dir);
     if (rc) {
@@ -1160,10 +1174,31 @@ done:
     return rc;
 }
 
+/* Upgrade the restored copy in tmp (schema `schema`) through the caller's function. */
+static int upgrade_copy(st_store_upgrade_fn upgrade, void *arg, const char *tmp, uint32_t schema,
+                        const char *dest)
+{
+    int rc = upgrade(arg, tmp, schema);
+    if (rc) {
+        char d[512];
+        snprintf(d, sizeof d, "%s", st_errdetail());
+        return st_error_set(rc, "migrating the restored copy from schema %u to %u: %s (%s is untouched: the "
+                            "copy was migrated before it was put in place)", schema, ST_STORE_SCHEMA, d, dest);
+    }
+    return 0;
+}
+
 int st_store_restore_backup(const char *backup_dir, const char *dest_dir, const st_store_opts *opts)
 {
+    return st_store_restore_backup_upgrade(backup_dir, dest_dir, opts, NULL, NULL);
+}
+
+int st_store_restore_backup_upgrade(const char *backup_dir, const char *dest_dir, const st_store_opts *opts,
+                                    st_store_upgrade_fn upgrade, void *arg)
+{
     st_store_sys sys;
-    char tmp[4200], from[4200], to[4200];
+    char tmp[4200], from[4200], to[4200], what[64];
+    uint32_t schema = 0;
     if (!backup_dir || !dest_dir || !*dest_dir)
         return st_error_set(ST_EINVAL, "restore: no backup or destination");
     if (opts && opts->sys)
@@ -1180,17 +1215,26 @@ int st_store_restore_backup(const char *backup_dir, const char *dest_dir, const 
     if (!rc)
         rc = tmp_sibling(dest_dir, tmp, sizeof tmp);
     if (!rc)
-        rc = check_copy(backup_dir, &sys, progress, parg, "the backup");
+        rc = check_copy(backup_dir, &sys, progress, parg, "the backup", upgrade != NULL, &schema);
     if (rc)
         return rc;
+    int old = schema < ST_STORE_SCHEMA;
     st_store__remove_env_dir(tmp);
     if (sys.mkdir(tmp, 0755) != 0)
         return sys_err(errno, "creating", tmp);
     rc = st_path(to, sizeof to, tmp, "data.mdb");
     if (!rc)
         rc = copy_file(&sys, from, to, opts);
+    if (!rc && old)
+        rc = upgrade_copy(upgrade, arg, tmp, schema, dest_dir);
+    if (old)
+        snprintf(what, sizeof what, "the restored copy (migrated from schema %u)", schema);
+    else
+        snprintf(what, sizeof what, "the restored copy");
     if (!rc)
-        rc = check_copy(tmp, &sys, progress, parg, "the restored copy");
+        rc = check_copy(tmp, &sys, progress, parg, what, 0, NULL);
+    if (!rc && old && !st_path(to, sizeof to, tmp, "lock.mdb"))
+        unlink(to); /* the upgrade's; a restored store holds data.mdb only, as a current one does */
     if (!rc)
         rc = publish(&sys, tmp, dest_dir);
     if (rc) {

@@ -773,23 +773,66 @@ static int cmd_backup(int argc, char **argv)
     return 0;
 }
 
+/* The schema steps from `from` to `to`: a JSON array, or lines of text on stdout. */
+static json_t *steps_json(uint32_t from, uint32_t to)
+{
+    size_t n = 0;
+    const st_schema_step *steps = st_schema_steps(&n);
+    json_t *arr = json_array();
+    for (size_t i = 0; i < n; i++)
+        if (steps[i].from >= from && steps[i].from < to)
+            json_array_append_new(arr, json_pack("{s:I,s:I,s:s,s:s}", "from", (json_int_t)steps[i].from, "to",
+                                                 (json_int_t)steps[i].from + 1, "name", steps[i].name, "summary",
+                                                 steps[i].summary));
+    return arr;
+}
+
+static void steps_text(uint32_t from, uint32_t to)
+{
+    size_t n = 0;
+    const st_schema_step *steps = st_schema_steps(&n);
+    for (size_t i = 0; i < n; i++)
+        if (steps[i].from >= from && steps[i].from < to)
+            printf("  step %u -> %u %s: %s\n", steps[i].from, steps[i].from + 1, steps[i].name, steps[i].summary);
+}
+
 static const char restore_help[] =
-    "usage: statectl restore-backup BACKUP DEST\n"
+    "usage: statectl restore-backup BACKUP DEST [--json]\n"
     "\n"
     "Check BACKUP fully, copy it into DEST (must not exist or be empty) through a temporary\n"
-    "directory, check the copy, and only then rename it into place.\n";
+    "directory, check the copy, and only then rename it into place. A backup of an older store\n"
+    "schema (made by an older build) is copied, migrated to this build's schema in the temporary\n"
+    "directory (as `statectl migrate` would; BACKUP itself is never written), and the migrated copy\n"
+    "is checked before it is renamed into place: on any failure DEST is untouched. A backup of a\n"
+    "newer schema than this build knows is refused. --json: one document with \"migrated\" (null,\n"
+    "or the schemas and steps).\n";
 
 static int cmd_restore(int argc, char **argv)
 {
     args a;
-    int rc = parse_n(argc, argv, "", 2, "needs BACKUP and DEST", &a);
+    int rc = parse_n(argc, argv, "--json,", 2, "needs BACKUP and DEST", &a);
     if (rc)
         return rc;
     st_store_opts o = {.progress = progress};
-    rc = st_store_restore_backup(a.pos[0], a.pos[1], &o);
+    st_schema_migrate_report r;
+    rc = st_schema_restore_backup(a.pos[0], a.pos[1], &o, &r);
     if ((rc = store_done(NULL, rc, 1)))
         return rc;
+    if (a.json) {
+        json_t *m = json_null();
+        if (r.n_steps)
+            m = json_pack("{s:I,s:I,s:I,s:o}", "from", (json_int_t)r.from, "to", (json_int_t)r.to, "records",
+                          (json_int_t)r.items, "steps", steps_json(r.from, r.to));
+        print_json(json_pack("{s:s,s:s,s:I,s:b,s:o}", "backup", a.pos[0], "dest", a.pos[1], "schema",
+                             (json_int_t)r.to, "checked", 1, "migrated", m));
+        return 0;
+    }
     printf("restored %s into %s (checked)\n", a.pos[0], a.pos[1]);
+    if (r.n_steps) {
+        printf("migrated from schema %u to %u before it was checked and put in place:\n", r.from, r.to);
+        steps_text(r.from, r.to);
+        printf("%" PRIu64 " records moved; %s is unchanged (schema %u)\n", r.items, a.pos[0], r.from);
+    }
     return 0;
 }
 
@@ -814,17 +857,10 @@ static int cmd_migrate(int argc, char **argv)
     rc = st_schema_migrate(a.pos[0], &o, &r);
     if ((rc = store_done(NULL, rc, 1)))
         return rc;
-    size_t n = 0;
-    const st_schema_step *steps = st_schema_steps(&n);
     if (a.json) {
-        json_t *arr = json_array();
-        for (size_t i = 0; i < n; i++)
-            if (steps[i].from >= r.from && steps[i].from < r.to)
-                json_array_append_new(arr, json_pack("{s:I,s:I,s:s,s:s}", "from", (json_int_t)steps[i].from, "to",
-                                                     (json_int_t)steps[i].from + 1, "name", steps[i].name, "summary",
-                                                     steps[i].summary));
         json_t *o2 = json_pack("{s:s,s:I,s:I,s:b,s:I,s:o}", "store", a.pos[0], "from", (json_int_t)r.from, "to",
-                               (json_int_t)r.to, "dry_run", a.dry_run, "records", (json_int_t)r.items, "steps", arr);
+                               (json_int_t)r.to, "dry_run", a.dry_run, "records", (json_int_t)r.items, "steps",
+                               steps_json(r.from, r.to));
         json_object_set_new(o2, "backup", r.backup_dir[0] ? json_string(r.backup_dir) : json_null());
         print_json(o2);
         return 0;
@@ -834,9 +870,7 @@ static int cmd_migrate(int argc, char **argv)
         return 0;
     }
     printf("%s %s from schema %u to %u:\n", a.pos[0], a.dry_run ? "would migrate" : "migrated", r.from, r.to);
-    for (size_t i = 0; i < n; i++)
-        if (steps[i].from >= r.from && steps[i].from < r.to)
-            printf("  step %u -> %u %s: %s\n", steps[i].from, steps[i].from + 1, steps[i].name, steps[i].summary);
+    steps_text(r.from, r.to);
     printf("%" PRIu64 " records %s\n", r.items, a.dry_run ? "to move" : "moved");
     if (r.backup_dir[0])
         printf("backup of the old store: %s\n", r.backup_dir);
@@ -865,7 +899,7 @@ static const verb_def verbs[] = {
     {"check", cmd_check, check_help, "check STORE [--read-data]        verify structure, counts (and data)"},
     {"stat", cmd_stat, stat_help, "stat STORE [--json]              sizes, dedup ratio, pages, map"},
     {"backup", cmd_backup, backup_help, "backup STORE DEST                hot, compacted, checked backup"},
-    {"restore-backup", cmd_restore, restore_help, "restore-backup BACKUP DEST       restore a backup, checked"},
+    {"restore-backup", cmd_restore, restore_help, "restore-backup BACKUP DEST       restore a backup (older schemas migrated), checked"},
     {"migrate", cmd_migrate, migrate_help, "migrate STORE [--dry-run]        upgrade an older store schema"},
 };
 

@@ -2,7 +2,7 @@
  * test_statectl_store.c - the real statectl binary on real stores: every store verb, its help,
  * its text and --json output, its exit codes (0 ok, 1 check found a problem, 2 usage, 3 error),
  * byte-identical export after import, a damaged store found by check --read-data, backup and
- * restore, and migration of the golden schema-1 store.
+ * restore, and migration of the golden schema-1 store, also through restore-backup of it.
  */
 #include <fcntl.h>
 #include <jansson.h>
@@ -229,6 +229,140 @@ static void test_migrate_golden(void **state)
     assert_int_equal(st_test_run(out, sizeof out, "test -e %s.schema1-backup", store), 1);
 }
 
+/* SHA-256 of a file, in hex. */
+static void sha_file(const char *path, char *hex)
+{
+    size_t len = 0;
+    uint8_t *b = st_test_slurp(path, &len), h[ST_STORE_HASH_LEN];
+    assert_non_null(b);
+    assert_int_equal(st_store_sha256(b, len, h), 0);
+    free(b);
+    st_store_hex(hex, h, ST_STORE_HASH_LEN);
+}
+
+static void test_restore_old_backup(void **state)
+{
+    (void)state;
+    char bak[1200], res[1200], path[1300], want[80], got[80];
+    snprintf(bak, sizeof bak, "%s/old.bak", dir);
+    snprintf(res, sizeof res, "%s/old.restored", dir);
+    assert_int_equal(st_test_run(out, sizeof out, "mkdir -p %s && cp %s/data.mdb %s/", bak, GOLDEN, bak), 0);
+    snprintf(path, sizeof path, "%s/data.mdb", bak);
+    sha_file(path, want);
+    assert_int_equal(st_test_run(out, sizeof out, CTL " restore-backup %s %s", bak, res), 0);
+    assert_non_null(strstr(out, "(checked)"));
+    assert_non_null(strstr(out, "migrated from schema 1 to 2"));
+    assert_non_null(strstr(out, "step 1 -> 2 refcounts-db"));
+    assert_non_null(strstr(out, "is unchanged (schema 1)"));
+    sha_file(path, got);
+    assert_string_equal(got, want); /* the backup is never written */
+    assert_int_equal(st_test_run(out, sizeof out, CTL " check %s --read-data", res), 0);
+    json_t *o = run_json(0, CTL " stat %s --json%s", res, "");
+    assert_int_equal(json_integer_value(json_object_get(o, "schema")), ST_STORE_SCHEMA);
+    json_decref(o);
+    /* every version exports byte for byte what the golden store's EXPECTED records */
+    FILE *f = fopen(GOLDEN "/EXPECTED", "r");
+    assert_non_null(f);
+    char line[512], id[200], sha[80];
+    unsigned long long v;
+    int n = 0;
+    while (fgets(line, sizeof line, f)) {
+        if (line[0] == '#')
+            continue;
+        assert_int_equal(sscanf(line, "%199s %llu %79s", id, &v, sha), 3);
+        assert_int_equal(st_test_run(out, sizeof out, CTL " export %s %s@%llu %s/old.out", res, id, v, dir), 0);
+        snprintf(path, sizeof path, "%s/old.out", dir);
+        sha_file(path, got);
+        assert_string_equal(got, sha);
+        n++;
+    }
+    fclose(f);
+    assert_int_equal(n, 4);
+
+    /* --json names the migration; a current backup reports none */
+    snprintf(res, sizeof res, "%s/old.restored2", dir);
+    o = run_json(0, CTL " restore-backup %s %s --json", bak, res);
+    assert_string_equal(json_string_value(json_object_get(o, "dest")), res);
+    assert_int_equal(json_integer_value(json_object_get(o, "schema")), 2);
+    json_t *m = json_object_get(o, "migrated");
+    assert_true(json_is_object(m));
+    assert_int_equal(json_integer_value(json_object_get(m, "from")), 1);
+    assert_int_equal(json_integer_value(json_object_get(m, "to")), 2);
+    assert_true(json_integer_value(json_object_get(m, "records")) > 0);
+    json_t *st0 = json_array_get(json_object_get(m, "steps"), 0);
+    assert_string_equal(json_string_value(json_object_get(st0, "name")), "refcounts-db");
+    json_decref(o);
+    char bak2[1200];
+    snprintf(bak2, sizeof bak2, "%s/new.bak", dir);
+    assert_int_equal(st_test_run(out, sizeof out, CTL " backup %s %s", res, bak2), 0);
+    snprintf(res, sizeof res, "%s/new.restored", dir);
+    o = run_json(0, CTL " restore-backup %s %s --json", bak2, res);
+    assert_true(json_is_null(json_object_get(o, "migrated")));
+    json_decref(o);
+    assert_int_equal(st_test_run(out, sizeof out, CTL " restore-backup %s %s/x y", bak2, dir), 2);
+}
+
+static void test_restore_refused(void **state)
+{
+    (void)state;
+    char bak[1200], res[1200], path[1300];
+    snprintf(res, sizeof res, "%s/refused.restored", dir);
+    /* newer than this build */
+    snprintf(bak, sizeof bak, "%s/newer.bak", dir);
+    assert_int_equal(st_test_run(out, sizeof out, "mkdir -p %s && cp %s/data.mdb %s/", bak, GOLDEN, bak), 0);
+    st_store *st = NULL;
+    assert_int_equal(st_store__open_any(&st, bak, NULL, 0), 0);
+    MDB_txn *txn = NULL;
+    assert_int_equal(mdb_txn_begin(st->env, NULL, 0, &txn), 0);
+    uint8_t b[4];
+    st_put32(b, 3);
+    MDB_val k = {strlen(ST_META_SCHEMA), ST_META_SCHEMA}, v = {4, b};
+    assert_int_equal(mdb_put(txn, st->dbi_meta, &k, &v, 0), 0);
+    assert_int_equal(mdb_txn_commit(txn), 0);
+    st_store_close(st);
+    assert_int_equal(st_test_run(out, sizeof out, CTL " restore-backup %s %s", bak, res), 3);
+    assert_non_null(strstr(out, "statectl restore-backup: "));
+    assert_non_null(strstr(out, "store schema 3 is newer than this build's 2"));
+    assert_int_equal(st_test_run(out, sizeof out, "test -e %s", res), 1);
+
+    /* a schema-1 backup with one damaged byte in a chunk: refused, nothing left behind */
+    snprintf(bak, sizeof bak, "%s/damaged.bak", dir);
+    assert_int_equal(st_test_run(out, sizeof out, "mkdir -p %s && cp %s/data.mdb %s/", bak, GOLDEN, bak), 0);
+    st_store_opts ro = {.read_only = 1};
+    assert_int_equal(st_store__open_any(&st, bak, &ro, MDB_RDONLY | MDB_NOLOCK), 0);
+    assert_int_equal(mdb_txn_begin(st->env, NULL, MDB_RDONLY, &txn), 0);
+    MDB_cursor *cur = NULL;
+    assert_int_equal(mdb_cursor_open(txn, st->dbi_chunks, &cur), 0);
+    uint8_t *val = NULL;
+    size_t len = 0;
+    for (int rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); !rc; rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT))
+        if (v.mv_size > len) {
+            free(val);
+            val = malloc(v.mv_size);
+            memcpy(val, v.mv_data, v.mv_size);
+            len = v.mv_size;
+        }
+    mdb_cursor_close(cur);
+    mdb_txn_abort(txn);
+    st_store_close(st);
+    assert_true(len > 1024);
+    snprintf(path, sizeof path, "%s/data.mdb", bak);
+    size_t flen = 0;
+    uint8_t *file = st_test_slurp(path, &flen);
+    uint8_t *hit = memmem(file, flen, val + 8, len - 8);
+    assert_non_null(hit);
+    int fd = open(path, O_RDWR);
+    uint8_t x = (uint8_t)(hit[100] ^ 1);
+    assert_int_equal(pwrite(fd, &x, 1, (off_t)(hit - file) + 100), 1);
+    close(fd);
+    free(file);
+    free(val);
+    assert_int_equal(st_test_run(out, sizeof out, CTL " restore-backup %s %s", bak, res), 3);
+    assert_non_null(strstr(out, "the restored copy (migrated from schema 1) fails its check"));
+    assert_int_equal(st_test_run(out, sizeof out, "test -e %s", res), 1);
+    assert_int_equal(st_test_run(out, sizeof out, "ls %s | grep -c refused.restored", dir), 1); /* no temp left */
+}
+
 int main(void)
 {
     st_test_tmpdir(dir, sizeof dir, "test_statectl_store");
@@ -237,6 +371,8 @@ int main(void)
         cmocka_unit_test(test_import_export_show),
         cmocka_unit_test(test_check_backup_restore),
         cmocka_unit_test(test_migrate_golden),
+        cmocka_unit_test(test_restore_old_backup),
+        cmocka_unit_test(test_restore_refused),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     if (rc == 0)
