@@ -2146,6 +2146,21 @@ static void session_info_fill(st_session_info *si, const char *id, size_t idlen,
     memcpy(si->labels, r->labels, sizeof si->labels);
 }
 
+/* The session under the cursor (k, v) into si; ST_ECORRUPT for a key that is no session id. */
+static int session_info_from(st_session_info *si, const MDB_val *k, const MDB_val *v)
+{
+    char id[ST_STORE_ID_MAX + 1];
+    if (k->mv_size == 0 || k->mv_size > ST_STORE_ID_MAX)
+        return st_error_set(ST_ECORRUPT, "sessions database holds a key of %zu bytes", k->mv_size);
+    memcpy(id, k->mv_data, k->mv_size);
+    id[k->mv_size] = '\0';
+    st_session_rec rec;
+    int rc = st_session_parse(v->mv_data, v->mv_size, id, &rec);
+    if (!rc)
+        session_info_fill(si, id, k->mv_size, &rec);
+    return rc;
+}
+
 int st_store_list(st_store *st, st_session_info **out, size_t *n)
 {
     MDB_txn *txn = NULL;
@@ -2165,16 +2180,6 @@ int st_store_list(st_store *st, st_session_info **out, size_t *n)
         rc = mdb_cursor_get(cur, &k, &v, op);
         if (rc)
             break;
-        char id[ST_STORE_ID_MAX + 1];
-        if (k.mv_size == 0 || k.mv_size > ST_STORE_ID_MAX) {
-            rc = st_error_set(ST_ECORRUPT, "sessions database holds a key of %zu bytes", k.mv_size);
-            break;
-        }
-        memcpy(id, k.mv_data, k.mv_size);
-        id[k.mv_size] = '\0';
-        st_session_rec rec;
-        if ((rc = st_session_parse(v.mv_data, v.mv_size, id, &rec)))
-            break;
         if (cnt == cap) {
             cap = cap ? cap * 2 : 64;
             st_session_info *na = realloc(arr, cap * sizeof *na);
@@ -2184,7 +2189,9 @@ int st_store_list(st_store *st, st_session_info **out, size_t *n)
             }
             arr = na;
         }
-        session_info_fill(&arr[cnt++], id, k.mv_size, &rec);
+        if ((rc = session_info_from(&arr[cnt], &k, &v)))
+            break;
+        cnt++;
     }
     if (rc == MDB_NOTFOUND)
         rc = 0;
@@ -2198,6 +2205,50 @@ int st_store_list(st_store *st, st_session_info **out, size_t *n)
         return is_lmdb_code(rc) ? st_store__lmdb_err(rc, "listing sessions") : rc;
     }
     *out = arr;
+    *n = cnt;
+    return 0;
+}
+
+/* One read transaction; the cursor is placed with MDB_SET_RANGE on `after` (the first key >= it)
+ * and steps over `after` itself, so only the page's records are read and parsed. */
+int st_store_list_page(st_store *st, const char *after, st_session_info *out, size_t limit, size_t *n)
+{
+    MDB_txn *txn = NULL;
+    MDB_cursor *cur = NULL;
+    size_t cnt = 0;
+    if (!st || !n || (limit && !out))
+        return st_error_set(ST_EINVAL, "list page: bad arguments");
+    *n = 0;
+    if (after && *after && !st_store_id_valid(after))
+        return st_error_set(ST_EINVAL, "list page: `after` is not a valid session id");
+    if (!limit)
+        return 0;
+    size_t alen = after ? strlen(after) : 0;
+    pthread_rwlock_rdlock(&st->lock);
+    int rc = st_store__rtxn(st, &txn);
+    if (!rc)
+        rc = mdb_cursor_open(txn, st->dbi_sessions, &cur);
+    MDB_val k = {alen, (void *)after}, v;
+    if (!rc)
+        rc = mdb_cursor_get(cur, &k, &v, alen ? MDB_SET_RANGE : MDB_FIRST);
+    if (!rc && alen && k.mv_size == alen && !memcmp(k.mv_data, after, alen))
+        rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT);
+    while (!rc) {
+        if ((rc = session_info_from(&out[cnt], &k, &v)))
+            break;
+        if (++cnt == limit)
+            break;
+        rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT);
+    }
+    if (rc == MDB_NOTFOUND)
+        rc = 0;
+    if (cur)
+        mdb_cursor_close(cur);
+    if (txn)
+        mdb_txn_abort(txn);
+    pthread_rwlock_unlock(&st->lock);
+    if (rc)
+        return is_lmdb_code(rc) ? st_store__lmdb_err(rc, "listing sessions") : rc;
     *n = cnt;
     return 0;
 }
@@ -2291,6 +2342,63 @@ int st_store_versions(st_store *st, const char *id, st_version_info **out, size_
     }
     *out = arr;
     *n = nv;
+    return 0;
+}
+
+/* The versions key orders a session's versions by number (big-endian after the id and its 0x00),
+ * so MDB_SET_RANGE on (id, after + 1) finds the page's first version without reading others. */
+int st_store_versions_page(st_store *st, const char *id, uint64_t after, st_version_info *out,
+                           size_t limit, size_t *n)
+{
+    MDB_txn *txn = NULL;
+    MDB_cursor *cur = NULL;
+    st_session_rec rec;
+    int found = 0;
+    size_t cnt = 0;
+    if (!st || !n || (limit && !out))
+        return st_error_set(ST_EINVAL, "versions page: bad arguments");
+    *n = 0;
+    if (!st_store_id_valid(id))
+        return st_error_set(ST_EINVAL, "versions page: invalid session id");
+    size_t idlen = strlen(id);
+    pthread_rwlock_rdlock(&st->lock);
+    int rc = st_store__rtxn(st, &txn);
+    if (!rc)
+        rc = session_get(st, txn, id, &rec, &found);
+    if (!rc && !found)
+        rc = st_error_set(ST_ENOTFOUND, "no session %s", id);
+    if (!rc && limit && after != UINT64_MAX)
+        rc = mdb_cursor_open(txn, st->dbi_versions, &cur);
+    if (!rc && cur) {
+        uint8_t kb[ST_VKEY_MAX];
+        MDB_val k = {st_vkey(kb, id, after + 1), kb}, v;
+        for (rc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE); !rc && cnt < limit;
+             rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+            const uint8_t *kp = k.mv_data;
+            if (k.mv_size != idlen + 9 || memcmp(kp, id, idlen) || kp[idlen] != 0)
+                break;
+            uint64_t ver = 0;
+            for (int i = 0; i < 8; i++)
+                ver = ver << 8 | kp[idlen + 1 + i];
+            char what[ST_STORE_ID_MAX + 64];
+            snprintf(what, sizeof what, "session %s version %llu", id, (unsigned long long)ver);
+            st_manifest m;
+            if ((rc = st_manifest_parse(v.mv_data, v.mv_size, what, &m)))
+                break;
+            version_info_fill(&out[cnt++], &m);
+            st_manifest_free(&m);
+        }
+        if (rc == MDB_NOTFOUND)
+            rc = 0;
+    }
+    if (cur)
+        mdb_cursor_close(cur);
+    if (txn)
+        mdb_txn_abort(txn);
+    pthread_rwlock_unlock(&st->lock);
+    if (rc)
+        return is_lmdb_code(rc) ? st_store__lmdb_err(rc, "listing versions") : rc;
+    *n = cnt;
     return 0;
 }
 

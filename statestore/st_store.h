@@ -510,10 +510,25 @@ typedef struct st_version_info {
 
 /* Every session, sorted by id: *out is a malloc'd array of *n entries (free()). */
 int st_store_list(st_store *st, st_session_info **out, size_t *n);
+/* One page of the sessions, in the order of st_store_list (ids compared bytewise): at most limit
+ * sessions whose id sorts after `after`, into the caller's out[0..limit); *n says how many (fewer
+ * than limit only when no more follow). `after` NULL or "" starts at the first session; it need
+ * not name an existing session (it is a position), but must be a valid id (else ST_EINVAL).
+ * Only the page's records are read, in one read transaction; limit 0 returns 0 sessions. Pages
+ * taken while others write each show one snapshot: a session made or deleted between two calls
+ * is seen or not according to where it sorts. */
+int st_store_list_page(st_store *st, const char *after, st_session_info *out, size_t limit,
+                       size_t *n);
 /* One session. */
 int st_store_show(st_store *st, const char *id, st_session_info *out);
 /* Every version of a session, oldest first: malloc'd array (free()). */
 int st_store_versions(st_store *st, const char *id, st_version_info **out, size_t *n);
+/* One page of a session's versions, oldest first: at most limit versions numbered above after
+ * (0: from the first), into the caller's out[0..limit); *n says how many (fewer than limit only
+ * when no more follow). Only the page's manifests are read. ST_ENOTFOUND when there is no
+ * session id. */
+int st_store_versions_page(st_store *st, const char *id, uint64_t after, st_version_info *out,
+                           size_t limit, size_t *n);
 /* One version (0: head). */
 int st_store_version_info(st_store *st, const char *id, uint64_t version, st_version_info *out);
 

@@ -159,6 +159,34 @@ static void interleave(const char *store, const char *const *args, int n, const 
     json_t *sl = st_at_call(s.port, "GET", "/v1/sessions", NULL, 200);
     assert_int_equal(json_array_size(json_object_get(sl, "sessions")), (size_t)n);
     json_decref(sl);
+    /* pages of 3 over saved and never-saved conversations: each id once, in id order, "next"
+     * the page's last id and null on the last page */
+    json_decref(st_at_call(s.port, "POST", "/v1/sessions/conv-1/save", "{}", 201));
+    char path[128] = "/v1/sessions?limit=3", last[64] = "";
+    int listed = 0, saved = 0;
+    for (int pages = 0;; pages++) {
+        assert_true(pages <= n / 3);
+        sl = st_at_call(s.port, "GET", path, NULL, 200);
+        size_t i;
+        json_t *e, *next = json_object_get(sl, "next");
+        json_array_foreach(json_object_get(sl, "sessions"), i, e) {
+            const char *sid = json_string_value(json_object_get(e, "id"));
+            assert_true(strcmp(last, sid) < 0);
+            snprintf(last, sizeof last, "%s", sid);
+            saved += json_integer_value(json_object_get(e, "head")) == 1;
+            listed++;
+        }
+        if (json_is_null(next)) {
+            json_decref(sl);
+            break;
+        }
+        assert_int_equal(json_array_size(json_object_get(sl, "sessions")), 3);
+        assert_string_equal(json_string_value(next), last);
+        snprintf(path, sizeof path, "/v1/sessions?limit=3&after=%s", last);
+        json_decref(sl);
+    }
+    assert_int_equal(listed, n);
+    assert_int_equal(saved, 1);
     assert_int_equal(st_hc_server_stop(&s, SIGTERM), 0);
     json_decref(ref);
 }

@@ -723,6 +723,180 @@ static void test_concurrent_clients(void **state)
 /* ---- the command line ------------------------------------------------------------------------ */
 
 /* --help names every flag with its default; a bad value is a clear error and exit status 2. */
+/* GET path (a listing) must be 400 invalid_param naming param. */
+static void bad_param(uint16_t port, const char *path, const char *param)
+{
+    st_hc_resp r;
+    assert_int_equal(st_hc_request(port, "GET", path, NULL, NULL, 0, &r), 0);
+    is_error(&r, 400, "invalid_param", path);
+    json_t *o = body_json(&r);
+    const char *msg = json_string_value(json_object_get(json_object_get(o, "error"), "message"));
+    if (!strstr(msg, param))
+        fprintf(stderr, "%s: message does not name %s: %s\n", path, param, msg);
+    assert_non_null(strstr(msg, param));
+    json_decref(o);
+    st_hc_resp_free(&r);
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* GET /v1/sessions in pages of 7 over a store of 25 sessions (and two internal park: ones),
+ * GET .../versions in pages of 2; bad limit and after are 400. The store is filled before the
+ * server starts (its own store, its own server). */
+static void test_pagination(void **state)
+{
+    (void)state;
+    char pstore[4300];
+    snprintf(pstore, sizeof pstore, "%s/page-store", dir);
+    enum { N = 25 };
+    char ids[N][16];
+    const char *want[N];
+    st_store *st = NULL;
+    assert_int_equal(st_store_open(&st, pstore, &(st_store_opts){.create = 1}), 0);
+    st_synth_opts so = {.seed = 3, .n_tokens = 20, .n_layers = 2, .n_ctx = 256, .page_size = 16};
+    st_image *img = NULL;
+    assert_int_equal(st_image_synthesize(&so, &img), 0);
+    for (int i = 0; i < N; i++) { /* put in an order that is not the listing's */
+        if (i == N - 1)
+            snprintf(ids[i], sizeof ids[i], "S"); /* upper case sorts first */
+        else
+            snprintf(ids[i], sizeof ids[i], "s-%02d", (i * 7) % (N - 1));
+        want[i] = ids[i];
+        assert_int_equal(st_store_put(st, ids[i], img, ST_STORE_HEAD_NONE, NULL, NULL), 0);
+    }
+    for (int v = 2; v <= 5; v++)
+        assert_int_equal(st_store_put(st, "s-07", img, ST_STORE_HEAD_ANY, NULL, NULL), 0);
+    /* disk-parked conversations are internal: never listed, and they do not shorten a page */
+    assert_int_equal(st_store_put(st, "park:s-03", img, ST_STORE_HEAD_NONE, NULL, NULL), 0);
+    assert_int_equal(st_store_put(st, "park:zz", img, ST_STORE_HEAD_NONE, NULL, NULL), 0);
+    st_image_free(img);
+    st_store_close(st);
+    qsort(want, N, sizeof want[0], cmp_str);
+
+    st_hc_server ps;
+    const char *args[] = {"--store", pstore, NULL};
+    assert_int_equal(st_hc_server_start(&ps, SERVER, dir, logpath, args), 0);
+
+    /* pages of 7: 7, 7, 7, 4; every id once, in order; next is the last id, null at the end */
+    char path[256] = "/v1/sessions?limit=7";
+    int seen = 0, pages = 0;
+    for (;;) {
+        json_t *o = st_at_call(ps.port, "GET", path, NULL, 200);
+        json_t *list = json_object_get(o, "sessions"), *next = json_object_get(o, "next");
+        size_t n = json_array_size(list);
+        assert_int_equal(n, pages < 3 ? 7 : 4);
+        for (size_t i = 0; i < n; i++) {
+            json_t *e = json_array_get(list, i);
+            assert_string_equal(json_string_value(json_object_get(e, "id")), want[seen]);
+            assert_int_equal(json_integer_value(json_object_get(e, "head")),
+                             strcmp(want[seen], "s-07") ? 1 : 5);
+            assert_true(json_is_null(json_object_get(e, "live")));
+            seen++;
+        }
+        pages++;
+        if (pages == 4) {
+            assert_true(json_is_null(next));
+            json_decref(o);
+            break;
+        }
+        assert_true(json_is_string(next));
+        assert_string_equal(json_string_value(next), want[seen - 1]);
+        snprintf(path, sizeof path, "/v1/sessions?limit=7&after=%s", json_string_value(next));
+        json_decref(o);
+    }
+    assert_int_equal(seen, N);
+
+    /* the default page holds all 25; a page that ends exactly at the last session says so */
+    json_t *o = st_at_call(ps.port, "GET", "/v1/sessions", NULL, 200);
+    assert_int_equal(json_array_size(json_object_get(o, "sessions")), N);
+    assert_true(json_is_null(json_object_get(o, "next")));
+    json_decref(o);
+    o = st_at_call(ps.port, "GET", "/v1/sessions?limit=25", NULL, 200);
+    assert_int_equal(json_array_size(json_object_get(o, "sessions")), N);
+    assert_true(json_is_null(json_object_get(o, "next")));
+    json_decref(o);
+    o = st_at_call(ps.port, "GET", "/v1/sessions?limit=24", NULL, 200);
+    assert_string_equal(json_string_value(json_object_get(o, "next")), want[N - 2]);
+    json_decref(o);
+    /* an id that does not exist is a position; after the last id: an empty last page */
+    o = st_at_call(ps.port, "GET", "/v1/sessions?after=s-05a&limit=2", NULL, 200);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(json_object_get(o, "sessions"), 0), "id")),
+                        "s-06");
+    assert_string_equal(json_string_value(json_object_get(o, "next")), "s-07");
+    json_decref(o);
+    snprintf(path, sizeof path, "/v1/sessions?after=%s", want[N - 1]);
+    o = st_at_call(ps.port, "GET", path, NULL, 200);
+    assert_int_equal(json_array_size(json_object_get(o, "sessions")), 0);
+    assert_true(json_is_null(json_object_get(o, "next")));
+    json_decref(o);
+
+    /* versions of s-07 in pages of 2: [1 2] [3 4] [5] */
+    snprintf(path, sizeof path, "/v1/sessions/s-07/versions?limit=2");
+    int v = 0;
+    for (int page = 0; page < 3; page++) {
+        o = st_at_call(ps.port, "GET", path, NULL, 200);
+        json_t *list = json_object_get(o, "versions"), *next = json_object_get(o, "next");
+        assert_int_equal(json_array_size(list), page < 2 ? 2 : 1);
+        for (size_t i = 0; i < json_array_size(list); i++)
+            assert_int_equal(json_integer_value(json_object_get(json_array_get(list, i), "version")), ++v);
+        if (page < 2) {
+            assert_int_equal(json_integer_value(next), v);
+            snprintf(path, sizeof path, "/v1/sessions/s-07/versions?limit=2&after=%d", v);
+        } else {
+            assert_true(json_is_null(next));
+        }
+        json_decref(o);
+    }
+    assert_int_equal(v, 5);
+    o = st_at_call(ps.port, "GET", "/v1/sessions/s-07/versions", NULL, 200);
+    assert_int_equal(json_array_size(json_object_get(o, "versions")), 5);
+    assert_true(json_is_null(json_object_get(o, "next")));
+    json_decref(o);
+    o = st_at_call(ps.port, "GET", "/v1/sessions/s-07/versions?after=9", NULL, 200);
+    assert_int_equal(json_array_size(json_object_get(o, "versions")), 0);
+    json_decref(o);
+    st_hc_resp r;
+    assert_int_equal(st_hc_request(ps.port, "GET", "/v1/sessions/nope/versions?limit=2", NULL, NULL, 0, &r), 0);
+    is_error(&r, 404, "not_found", "versions of a missing session");
+    st_hc_resp_free(&r);
+
+    /* bad parameters: 400 naming the parameter (and the range, for limit) */
+    static const char *const bad_limits[] = {"0", "1001", "-1", "abc", "", "7x", "99999999999999999999",
+                                             "1e3", "%37%00"};
+    for (size_t i = 0; i < sizeof bad_limits / sizeof bad_limits[0]; i++) {
+        snprintf(path, sizeof path, "/v1/sessions?limit=%s", bad_limits[i]);
+        bad_param(ps.port, path, "limit must be a whole number from 1 to 1000");
+        snprintf(path, sizeof path, "/v1/sessions/s-07/versions?limit=%s", bad_limits[i]);
+        bad_param(ps.port, path, "limit must be a whole number from 1 to 1000");
+    }
+    static const char *const bad_afters[] = {"", "park:zz", "-x", "a%2Fb", "%00", "a%zz", ".."};
+    for (size_t i = 0; i < sizeof bad_afters / sizeof bad_afters[0]; i++) {
+        snprintf(path, sizeof path, "/v1/sessions?after=%s", bad_afters[i]);
+        bad_param(ps.port, path, "after");
+    }
+    /* 121 characters: one over the id limit (120 is a valid position) */
+    char long_id[122];
+    memset(long_id, 'a', 121);
+    long_id[121] = '\0';
+    snprintf(path, sizeof path, "/v1/sessions?after=%s", long_id);
+    bad_param(ps.port, path, "after");
+    long_id[120] = '\0';
+    snprintf(path, sizeof path, "/v1/sessions?after=%s", long_id);
+    o = st_at_call(ps.port, "GET", path, NULL, 200);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(json_object_get(o, "sessions"), 0), "id")),
+                        "s-00");
+    json_decref(o);
+    static const char *const bad_versions[] = {"", "-1", "x", "1.5", "9999999999999999999"};
+    for (size_t i = 0; i < sizeof bad_versions / sizeof bad_versions[0]; i++) {
+        snprintf(path, sizeof path, "/v1/sessions/s-07/versions?after=%s", bad_versions[i]);
+        bad_param(ps.port, path, "after");
+    }
+    assert_int_equal(st_hc_server_stop(&ps, SIGTERM), 0);
+}
+
 static void test_command_line(void **state)
 {
     (void)state;
@@ -796,6 +970,7 @@ int main(void)
         cmocka_unit_test(test_upload_download),
         cmocka_unit_test(test_memory_guard),
         cmocka_unit_test(test_concurrent_clients),
+        cmocka_unit_test(test_pagination),
         cmocka_unit_test(test_command_line),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);

@@ -773,6 +773,167 @@ static void test_put_repairs(void **state)
     st_image_free(a);
 }
 
+/* Page through every session with page size limit from `from`: the concatenation of the pages
+ * is want[0..n_want), every page but the last is full, and the last is short or followed by an
+ * empty one. */
+static void page_through(st_store *st, const char *from, size_t limit, const st_session_info *want,
+                         size_t n_want)
+{
+    st_session_info *buf = calloc(limit ? limit : 1, sizeof *buf);
+    assert_non_null(buf);
+    char after[ST_STORE_ID_MAX + 1];
+    snprintf(after, sizeof after, "%s", from);
+    size_t seen = 0;
+    for (int pages = 0;; pages++) {
+        assert_true(pages <= (int)(n_want / limit) + 1);
+        size_t n = 99;
+        int rc = st_store_list_page(st, after, buf, limit, &n);
+        if (rc)
+            print_error("list page after '%s': %s: %s\n", after, st_strerror(rc), st_errdetail());
+        assert_int_equal(rc, 0);
+        assert_true(n <= limit);
+        assert_true(seen + n <= n_want);
+        for (size_t i = 0; i < n; i++) {
+            assert_string_equal(buf[i].id, want[seen + i].id);
+            assert_memory_equal(&buf[i], &want[seen + i], sizeof buf[i]);
+        }
+        seen += n;
+        if (n < limit)
+            break;
+        snprintf(after, sizeof after, "%s", buf[n - 1].id);
+    }
+    assert_int_equal(seen, n_want);
+    free(buf);
+}
+
+static void test_list_page(void **state)
+{
+    (void)state;
+    char dir[4200];
+    st_store *st = open_new(dir, sizeof dir, NULL);
+    st_image *img = store_test_image(7, 300, 0, 0);
+    /* ids whose bytewise order differs from a naive one: case, prefixes, punctuation, park: */
+    static const char *const ids[] = {"b", "a", "ab", "ab-1", "ab.1", "aB", "B", "0", "09", "9",
+                                      "park:x", "park-1", "parkZ", "z", "Z", "a_", "a=", "a+b",
+                                      "m0", "m2", "m-", "x.y", "ab0", "c", "cc", "ccc", "c-c",
+                                      "d", "e", "f", "g", "h", "i", "j", "k", "l", "n", "o", "p",
+                                      "q", "r", "s", "t", "u", "v", "w", "y", "Q", "R", "S"};
+    size_t n_ids = sizeof ids / sizeof ids[0];
+    for (size_t i = 0; i < n_ids; i++)
+        assert_int_equal(st_store_put(st, ids[i], img, ST_STORE_HEAD_NONE, NULL, NULL), 0);
+    assert_int_equal(st_store_put(st, "m0", img, ST_STORE_HEAD_ANY, NULL, NULL), 0); /* head 2 */
+    st_session_info *all = NULL;
+    size_t n_all = 0;
+    assert_int_equal(st_store_list(st, &all, &n_all), 0);
+    assert_int_equal(n_all, n_ids);
+    for (size_t i = 1; i < n_all; i++)
+        assert_true(strcmp(all[i - 1].id, all[i].id) < 0);
+
+    /* every session exactly once, in order, whatever the page size */
+    static const size_t limits[] = {1, 2, 3, 7, 49, 50, 51, 1000};
+    for (size_t l = 0; l < sizeof limits / sizeof limits[0]; l++) {
+        page_through(st, "", limits[l], all, n_all);
+        st_session_info one;
+        size_t n = 0;
+        assert_int_equal(st_store_list_page(st, NULL, &one, 1, &n), 0); /* NULL: the start */
+        assert_int_equal(n, 1);
+        assert_string_equal(one.id, all[0].id);
+    }
+    /* an id that is not in the store is a position: what sorts after it follows */
+    static const char *const positions[] = {"aa", "ab-", "m1", "park", "park:", "park:y", "Y", "zz", "+",
+                                            "ab", "park:x", "z"};
+    for (size_t p = 0; p < sizeof positions / sizeof positions[0]; p++) {
+        size_t k = 0;
+        while (k < n_all && strcmp(all[k].id, positions[p]) <= 0)
+            k++;
+        page_through(st, positions[p], 4, all + k, n_all - k);
+    }
+    /* past the end: an empty page */
+    st_session_info buf[4];
+    size_t n = 99;
+    assert_int_equal(st_store_list_page(st, all[n_all - 1].id, buf, 4, &n), 0);
+    assert_int_equal(n, 0);
+    n = 99;
+    assert_int_equal(st_store_list_page(st, "zzzz", buf, 4, &n), 0);
+    assert_int_equal(n, 0);
+    /* limit 0 reads nothing; bad arguments are refused */
+    n = 99;
+    assert_int_equal(st_store_list_page(st, "a", NULL, 0, &n), 0);
+    assert_int_equal(n, 0);
+    assert_int_equal(st_store_list_page(st, "a/b", buf, 4, &n), ST_EINVAL);
+    assert_int_equal(st_store_list_page(st, "a b", buf, 4, &n), ST_EINVAL);
+    char long_id[ST_STORE_ID_MAX + 2];
+    memset(long_id, 'a', sizeof long_id - 1);
+    long_id[sizeof long_id - 1] = '\0';
+    assert_int_equal(st_store_list_page(st, long_id, buf, 4, &n), ST_EINVAL);
+    assert_int_equal(st_store_list_page(st, "a", NULL, 4, &n), ST_EINVAL);
+    assert_int_equal(st_store_list_page(st, "a", buf, 4, NULL), ST_EINVAL);
+    /* a deleted session leaves its page, the session after it moves up */
+    assert_int_equal(st_store_session_delete(st, "ab-1"), 0);
+    n = 0;
+    assert_int_equal(st_store_list_page(st, "ab", buf, 1, &n), 0);
+    assert_int_equal(n, 1);
+    assert_string_equal(buf[0].id, "ab.1");
+    free(all);
+    st_store_close(st);
+    st_image_free(img);
+}
+
+static void test_versions_page(void **state)
+{
+    (void)state;
+    char dir[4200];
+    st_store *st = open_new(dir, sizeof dir, NULL);
+    st_image *img = store_test_image(8, 300, 0, 0);
+    /* "v0" and "v" share a prefix: the versions of one never appear in the other's pages */
+    for (int i = 0; i < 6; i++)
+        assert_int_equal(st_store_put(st, "v", img, ST_STORE_HEAD_ANY, NULL, NULL), 0);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(st_store_put(st, "v0", img, ST_STORE_HEAD_ANY, NULL, NULL), 0);
+        assert_int_equal(st_store_put(st, "u", img, ST_STORE_HEAD_ANY, NULL, NULL), 0);
+    }
+    assert_int_equal(st_store_version_delete(st, "v", 3), 0);
+    st_version_info *all = NULL;
+    size_t n_all = 0;
+    assert_int_equal(st_store_versions(st, "v", &all, &n_all), 0);
+    assert_int_equal(n_all, 5); /* 1 2 4 5 6 */
+    for (size_t limit = 1; limit <= 6; limit++) {
+        st_version_info buf[6];
+        uint64_t after = 0;
+        size_t seen = 0, n = 0;
+        do {
+            assert_int_equal(st_store_versions_page(st, "v", after, buf, limit, &n), 0);
+            assert_true(n <= limit && seen + n <= n_all);
+            for (size_t i = 0; i < n; i++)
+                assert_memory_equal(&buf[i], &all[seen + i], sizeof buf[i]);
+            seen += n;
+            if (n)
+                after = buf[n - 1].version;
+        } while (n == limit);
+        assert_int_equal(seen, n_all);
+    }
+    st_version_info buf[4];
+    size_t n = 99;
+    /* a missing version is a position; past the end is empty */
+    assert_int_equal(st_store_versions_page(st, "v", 3, buf, 4, &n), 0);
+    assert_int_equal(n, 3);
+    assert_int_equal(buf[0].version, 4);
+    assert_int_equal(buf[2].version, 6);
+    assert_int_equal(st_store_versions_page(st, "v", 6, buf, 4, &n), 0);
+    assert_int_equal(n, 0);
+    assert_int_equal(st_store_versions_page(st, "v", UINT64_MAX, buf, 4, &n), 0);
+    assert_int_equal(n, 0);
+    assert_int_equal(st_store_versions_page(st, "v0", 1, buf, 4, &n), 0);
+    assert_int_equal(n, 2);
+    assert_int_equal(buf[0].version, 2);
+    assert_int_equal(buf[1].version, 3);
+    assert_int_equal(st_store_versions_page(st, "w", 0, buf, 4, &n), ST_ENOTFOUND);
+    assert_int_equal(st_store_versions_page(st, "a/b", 0, buf, 4, &n), ST_EINVAL);
+    free(all);
+    st_store_close(st);
+    st_image_free(img);
+}
+
 int main(void)
 {
     st_test_tmpdir(base, sizeof base, "test_store");
@@ -792,6 +953,8 @@ int main(void)
         cmocka_unit_test(test_schema_refused),
         cmocka_unit_test(test_check_finds_damage),
         cmocka_unit_test(test_put_repairs),
+        cmocka_unit_test(test_list_page),
+        cmocka_unit_test(test_versions_page),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     if (rc == 0)
