@@ -288,6 +288,8 @@ typedef struct st_conv_hold {
 #define st_conv_hold_live(h) ((h)->slot >= 0 || (h)->entry != NULL)
 int st_conv_forget_begin(st_conv *cv, const char *id, st_conv_hold *h);
 void st_conv_forget_end(st_conv *cv, st_conv_hold *h);
+/* Release a hold without dropping anything (the store's delete failed: the conversation stays). */
+void st_conv_forget_abort(st_conv *cv, st_conv_hold *h);
 /* Live sessions not in the store (and those in it): appended to arr as {id, where, tokens}. */
 void st_conv_list_live(st_conv *cv, json_t *arr);
 st_conv *st_api_conv(st_api_server *s);

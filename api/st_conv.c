@@ -567,6 +567,15 @@ static int acquire(st_conv *cv, const char *id, int mode, int *out_j, pentry **p
                 cv->m->restores++;
                 cv->m->restore_bytes += vi.logical_bytes;
                 *source = "store";
+            } else if (rc == ST_ENOTFOUND) {
+                /* the session was deleted between the look-up and the read (a DELETE of a
+                 * session that was not live): the conversation starts anew, as if it had
+                 * come a moment later */
+                st_error_clear();
+                st_slot_reset(cs->slot);
+                cv->m->conv_new++;
+                *source = "new";
+                rc = 0;
             }
         }
         if (rc)
@@ -1265,6 +1274,16 @@ int st_conv_forget_begin(st_conv *cv, const char *id, st_conv_hold *h)
         rc = 0;
     }
     return rc;
+}
+
+void st_conv_forget_abort(st_conv *cv, st_conv_hold *h)
+{
+    if (h->slot >= 0)
+        slot_release(cv, h->slot);
+    if (h->entry)
+        park_release(cv, h->entry);
+    h->slot = -1;
+    h->entry = NULL;
 }
 
 void st_conv_forget_end(st_conv *cv, st_conv_hold *h)

@@ -850,9 +850,11 @@ static void event_cb(struct bufferevent *bev, short what, void *arg)
     st_http_conn *c = arg;
     (void)bev;
     if (c->state == C_BUSY) {
-        /* the handler owns the request (invariant 2). A peer that only stopped sending still
-         * gets its reply if the handler gives one; a failed socket does not. Either way the
-         * handler hears that the client went away (invariant 5). */
+        /* the handler owns the request (invariant 2). Either way the handler hears that the
+         * client went away (invariant 5): EOF (a close, or a half-close: the two look alike
+         * here) or a failed socket. A half-closed peer still gets a reply if the handler gives
+         * one - every route but completions, which stop and send nothing (docs/API.md, "When
+         * a client goes away"); a failed socket gets none. */
         if ((what & BEV_EVENT_EOF) && !(what & BEV_EVENT_ERROR)) {
             c->close_after = 1;
         } else {

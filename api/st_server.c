@@ -858,11 +858,13 @@ static int query_after_id(st_api_call *c, char *dst, size_t cap)
         dst[0] = '\0';
         return 0;
     }
-    if (q < 0 || !st_api_id_valid(dst, strlen(dst))) {
+    /* a position, not a session that must exist: any id the store can hold (a `next` may name a
+     * session made with `statectl import --id`, whose ids the store allows more of) */
+    if (q < 0 || !st_store_id_valid(dst)) {
         st_api_call_error(c, 400, "invalid_param",
-                          "after must be a session id (1 to %d characters of A-Z a-z 0-9 . _ -, "
-                          "starting with a letter or digit)",
-                          ST_API_ID_MAX);
+                          "after must be a session id as the store keeps them (1 to %d characters "
+                          "of A-Z a-z 0-9 . _ : + = -; percent-encode + and =)",
+                          ST_STORE_ID_MAX);
         return -1;
     }
     return 0;
@@ -913,7 +915,7 @@ static void h_sessions_list(st_api_call *c)
 {
     st_api_server *s = c->srv;
     size_t limit;
-    char after[ST_API_ID_MAX + 1];
+    char after[ST_STORE_ID_MAX + 1];
     if (query_limit(c, &limit) || query_after_id(c, after, sizeof after))
         return;
     /* limit + 1 sessions visible to the API (disk-parked "park:" ones are skipped), read page by
@@ -1126,8 +1128,12 @@ static void h_session_delete(st_api_call *c)
     if (rc)
         st_api_call_fail(c, rc, "deleting the session"); /* before forget_end replaces the detail */
 #ifdef ST_API_HAVE_ENGINE
-    if (s->conv)
-        st_conv_forget_end(s->conv, &hold);
+    if (s->conv) {
+        if (rc && rc != ST_ENOTFOUND) /* the versions are still there: keep the live one too */
+            st_conv_forget_abort(s->conv, &hold);
+        else
+            st_conv_forget_end(s->conv, &hold);
+    }
 #endif
     if (rc)
         return;
