@@ -222,8 +222,10 @@ typedef struct st_eval_stats {
  * prompt, where a root checkpoint is taken when system_len >= prompt_cache_root. A turn-boundary
  * checkpoint is taken at n. n >= 1. On error the slot is reset (it holds nothing), except
  * ECANCELED: the cancel hook (st_slot_set_cancel) said stop before a chunk, and the slot holds
- * what it held plus the whole chunks read so far (a prefix of tokens) with the logits after the
- * last of them; no checkpoint was taken at the stop. */
+ * a prefix of tokens: what it reused (its live state, or the checkpoint it mounted, or nothing
+ * after a reset) plus the whole chunks read so far, with the logits after the last token read
+ * (none when a mounted or reset slot stopped before its first chunk); no checkpoint was taken
+ * at the stop. */
 int st_slot_eval(st_slot *s, const uint32_t *tokens, uint64_t n, uint64_t system_len,
                  st_eval_stats *stats);
 /* A hook st_slot_eval asks before each chunk it reads: nonzero stops the read (ECANCELED). It
