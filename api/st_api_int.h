@@ -279,11 +279,16 @@ const char *st_conv_where(st_conv *cv, const char *id, uint64_t *tokens);
 /* DELETE of a session's live state (slot, pool, spilled image), in two steps so that no request
  * finds the conversation while its stored versions are being deleted. begin waits while the
  * session is in use, like the routes above (ST_EBUSY after --busy-wait-ms), then holds it busy in
- * *h (nothing held when it is not live: st_conv_hold_live(h) is 0). end drops what begin held and
- * lets requests waiting for the id start afresh; it must follow every successful begin. */
+ * *h: its slot or park entry, or, when it is not live (st_conv_hold_live(h) is 0), the id itself,
+ * so that requests for it wait instead of loading a version being deleted. *h and id must stay
+ * valid until end. end drops what begin held and lets requests waiting for the id start afresh;
+ * abort releases the hold and keeps the conversation. One of them follows every successful
+ * begin. */
 typedef struct st_conv_hold {
     int slot;    /* slot index, or -1 */
     void *entry; /* park entry, or NULL */
+    const char *id;            /* not live: the id is held by name (requests for it wait) */
+    struct st_conv_hold *next; /* in the st_conv's list of ids held by name */
 } st_conv_hold;
 #define st_conv_hold_live(h) ((h)->slot >= 0 || (h)->entry != NULL)
 int st_conv_forget_begin(st_conv *cv, const char *id, st_conv_hold *h);

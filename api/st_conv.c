@@ -105,6 +105,7 @@ struct st_conv {
     pentry *head, *tail;
     uint64_t ram_bytes, ram_limit, tick;
     pthread_cond_t freed;          /* broadcast when a session may have stopped being busy */
+    st_conv_hold *held;            /* ids held by name while a DELETE removes their versions */
     cwaiter *wait_head, *wait_tail; /* arrival order */
     uint32_t n_waiting, wait_max, wait_ms;
 };
@@ -191,6 +192,9 @@ static void wake_locked(st_conv *cv)
 
 static int id_busy_locked(st_conv *cv, const char *id)
 {
+    for (st_conv_hold *h = cv->held; h; h = h->next)
+        if (!strcmp(h->id, id))
+            return 1;
     int j = slot_find_locked(cv, id);
     if (j >= 0)
         return cv->slots[j].busy;
@@ -1266,18 +1270,50 @@ int st_conv_forget_begin(st_conv *cv, const char *id, st_conv_hold *h)
 {
     h->slot = -1;
     h->entry = NULL;
-    pentry *p = NULL;
-    int rc = take_live(cv, id, &h->slot, &p);
-    h->entry = p;
-    if (rc == ST_ENOTFOUND) { /* not live: nothing to hold */
-        st_error_clear();
-        rc = 0;
+    h->id = NULL;
+    h->next = NULL;
+    pthread_mutex_lock(&cv->mu);
+    int rc = wait_turn_locked(cv, id, NULL);
+    if (!rc) {
+        int k = slot_find_locked(cv, id);
+        pentry *p = k < 0 ? park_find_locked(cv, id) : NULL;
+        if (k >= 0) {
+            cv->slots[k].busy = 1;
+            h->slot = k;
+        } else if (p) {
+            p->busy = 1;
+            h->entry = p;
+        } else { /* not live: hold the id itself, so that no request loads a version meanwhile */
+            h->id = id;
+            h->next = cv->held;
+            cv->held = h;
+        }
+        gauges_locked(cv);
     }
+    pthread_mutex_unlock(&cv->mu);
     return rc;
+}
+
+/* Release a hold by name (forget_end, forget_abort); its waiters go on. */
+static void unhold_id(st_conv *cv, st_conv_hold *h)
+{
+    if (!h->id)
+        return;
+    pthread_mutex_lock(&cv->mu);
+    for (st_conv_hold **pp = &cv->held; *pp; pp = &(*pp)->next)
+        if (*pp == h) {
+            *pp = h->next;
+            break;
+        }
+    wake_locked(cv);
+    pthread_mutex_unlock(&cv->mu);
+    h->id = NULL;
+    h->next = NULL;
 }
 
 void st_conv_forget_abort(st_conv *cv, st_conv_hold *h)
 {
+    unhold_id(cv, h);
     if (h->slot >= 0)
         slot_release(cv, h->slot);
     if (h->entry)
@@ -1288,6 +1324,7 @@ void st_conv_forget_abort(st_conv *cv, st_conv_hold *h)
 
 void st_conv_forget_end(st_conv *cv, st_conv_hold *h)
 {
+    unhold_id(cv, h);
     if (h->slot >= 0) {
         st_slot_reset(cv->slots[h->slot].slot);
         pthread_mutex_lock(&cv->mu);

@@ -1106,7 +1106,7 @@ static void h_session_delete(st_api_call *c)
 #ifdef ST_API_HAVE_ENGINE
     /* the live conversation is held (busy) until the versions are gone, so that a request waiting
      * for it cannot load the head version this DELETE is removing */
-    st_conv_hold hold = {-1, NULL};
+    st_conv_hold hold = {-1, NULL, NULL, NULL};
     if (s->conv) {
         int rc = st_conv_forget_begin(s->conv, c->id, &hold);
         if (rc) {

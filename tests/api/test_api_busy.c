@@ -250,6 +250,56 @@ static void test_delete_waits_in_line(void **state)
     assert_int_equal(st_hc_server_stop(&s, SIGTERM), 0);
 }
 
+/* A DELETE of a session that is only in the store, raced by a completion for it: the two are
+ * ordered either way, never mixed. Completion first: it loads the saved head ("store") and the
+ * DELETE, waiting for it, removes the live conversation too. DELETE first: the completion starts
+ * a new conversation ("new"), never a 404. After both, the session is never a live copy of the
+ * deleted version with no versions left. Rounds with a few ms between the two. */
+static void test_delete_of_stored_session_races_completion(void **state)
+{
+    (void)state;
+    st_hc_server s;
+    static const char *const one_slot[] = {"--slots", "1", NULL};
+    assert_int_equal(start(&s, "delete-race-store", one_slot), 0);
+    int store_first = 0, delete_first = 0;
+    for (int round = 0; round < 40; round++) {
+        char id[32], path[96];
+        snprintf(id, sizeof id, "x%d", round);
+        json_decref(st_at_complete(s.port, id, "saved turn", 4, true));
+        snprintf(path, sizeof path, "/v1/sessions/%s/save", id);
+        json_decref(st_at_call(s.port, "POST", path, "{}", 201));
+        /* only in the store now */
+        json_decref(st_at_call(s.port, "POST", "/slots/0?action=erase", NULL, 200));
+        st_at_bg d, c;
+        snprintf(path, sizeof path, "/v1/sessions/%s", id);
+        if (round % 2) {
+            st_at_bg_start(&d, s.port, "DELETE", path, "");
+            usleep((useconds_t)(round % 5) * 300);
+            st_at_bg_completion(&c, s.port, id, " next", 2, true);
+        } else {
+            st_at_bg_completion(&c, s.port, id, " next", 2, true);
+            usleep((useconds_t)(round % 5) * 300);
+            st_at_bg_start(&d, s.port, "DELETE", path, "");
+        }
+        json_t *od = st_at_bg_join(&d, 200), *oc = st_at_bg_join(&c, 200);
+        const char *found = json_string_value(json_object_get(oc, "found"));
+        assert_non_null(found);
+        if (!strcmp(found, "store")) {
+            store_first++;
+            if (!json_is_true(json_object_get(od, "live_deleted")))
+                fail_msg("round %d: the completion loaded the saved version, yet the DELETE left "
+                         "it live", round);
+        } else {
+            assert_string_equal(found, "new");
+            delete_first++;
+        }
+        json_decref(od);
+        json_decref(oc);
+    }
+    printf("delete race: completion first %d, delete first %d\n", store_first, delete_first);
+    assert_int_equal(st_hc_server_stop(&s, SIGTERM), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -258,6 +308,7 @@ int main(void)
         cmocka_unit_test(test_wait_times_out),
         cmocka_unit_test(test_wait_queue_full),
         cmocka_unit_test(test_delete_waits_in_line),
+        cmocka_unit_test(test_delete_of_stored_session_races_completion),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
