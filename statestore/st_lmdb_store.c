@@ -939,8 +939,8 @@ static int session_versions(st_store *st, MDB_txn *txn, const char *id, uint64_t
         return rc;
     MDB_val k = {st_vkey(kb, id, 0), kb}, v;
     for (rc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE); !rc; rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
-        const uint8_t *kp = k.mv_data;
-        if (k.mv_size != idlen + 9 || memcmp(kp, id, idlen) || kp[idlen] != 0)
+        uint64_t ver;
+        if (!st_vkey_of(k.mv_data, k.mv_size, id, idlen, &ver))
             break;
         if (cnt == cap) {
             cap = cap ? cap * 2 : 16;
@@ -951,9 +951,6 @@ static int session_versions(st_store *st, MDB_txn *txn, const char *id, uint64_t
             }
             vs = nv;
         }
-        uint64_t ver = 0;
-        for (int i = 0; i < 8; i++)
-            ver = ver << 8 | kp[idlen + 1 + i];
         vs[cnt++] = ver;
     }
     if (rc == MDB_NOTFOUND)
@@ -2374,12 +2371,9 @@ int st_store_versions_page(st_store *st, const char *id, uint64_t after, st_vers
         MDB_val k = {st_vkey(kb, id, after + 1), kb}, v;
         for (rc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE); !rc && cnt < limit;
              rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
-            const uint8_t *kp = k.mv_data;
-            if (k.mv_size != idlen + 9 || memcmp(kp, id, idlen) || kp[idlen] != 0)
+            uint64_t ver;
+            if (!st_vkey_of(k.mv_data, k.mv_size, id, idlen, &ver))
                 break;
-            uint64_t ver = 0;
-            for (int i = 0; i < 8; i++)
-                ver = ver << 8 | kp[idlen + 1 + i];
             char what[ST_STORE_ID_MAX + 64];
             snprintf(what, sizeof what, "session %s version %llu", id, (unsigned long long)ver);
             st_manifest m;

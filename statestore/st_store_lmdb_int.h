@@ -196,6 +196,9 @@ int st_geometry_decode(const void *buf, size_t len, st_geometry *g, st_tensor_de
 size_t st_vkey(uint8_t *dst, const char *id, uint64_t version);
 /* Split a versions key; 0, or ST_ECORRUPT when it is not one. id gets a NUL. */
 int st_vkey_parse(const void *key, size_t len, char *id, uint64_t *version);
+/* 1 and *version when key is a versions key of session id (idlen bytes), else 0 (a cursor that
+ * walks one session's versions stops there). */
+int st_vkey_of(const void *key, size_t len, const char *id, size_t idlen, uint64_t *version);
 
 /* ---- little-endian helpers -------------------------------------------------------------------- */
 static inline void st_put32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i)); }

@@ -75,6 +75,18 @@ size_t st_vkey(uint8_t *dst, const char *id, uint64_t version)
     return n + 9;
 }
 
+int st_vkey_of(const void *key, size_t len, const char *id, size_t idlen, uint64_t *version)
+{
+    const uint8_t *k = key;
+    if (len != idlen + 9 || memcmp(k, id, idlen) || k[idlen] != 0)
+        return 0;
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++)
+        v = v << 8 | k[idlen + 1 + i];
+    *version = v;
+    return 1;
+}
+
 int st_vkey_parse(const void *key, size_t len, char *id, uint64_t *version)
 {
     const uint8_t *k = key;
