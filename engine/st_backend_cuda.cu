@@ -1759,6 +1759,26 @@ static int xfer_drain(cu_ctx *c, int rc)
     return st_error_set(rc, "%s", d);
 }
 
+/* The end of a whole transfer: both transfer streams done, then (dg) the digests down and, with
+ * STRATA_CUDA_TRACE, the phases printed. On failure every stream is drained first. */
+static int xfer_finish(cu_ctx *c, const char *what, const seg *segs, uint32_t ns,
+                       const uint64_t *first, uint64_t *dg, double t0, double tq)
+{
+    int rc = 0;
+    CUG(cudaStreamSynchronize(c->stream));
+    CUG(cudaStreamSynchronize(c->xs2));
+    if (dg) {
+        double tc = c->trace ? xt_now() : 0;
+        if ((rc = hash_collect(c, segs, ns, first, dg)))
+            goto fail;
+        if (c->trace)
+            xfer_trace(c, what, t0, tq, tc, xt_now(), segs, ns);
+    }
+    return 0;
+fail:
+    return xfer_drain(c, rc);
+}
+
 /* Device -> host: up to NSTAGE chunks queued ahead of the host, which copies out the staged ones
  * as they arrive; with dg, the device digests the state meanwhile on c->hs. */
 static int xfer_save(cu_ctx *c, cu_state *s, const seg *segs, uint32_t ns, uint64_t *dg)
@@ -1799,17 +1819,9 @@ static int xfer_save(cu_ctx *c, cu_state *s, const seg *segs, uint32_t ns, uint6
         }
         nd++;
     }
-    CUG(cudaStreamSynchronize(c->stream));
-    CUG(cudaStreamSynchronize(c->xs2));
-    if (dg) {
-        double tc = c->trace ? xt_now() : 0;
-        if ((rc = hash_collect(c, segs, ns, first, dg)))
-            goto fail;
-        if (c->trace)
-            xfer_trace(c, "save", t0, tq, tc, xt_now(), segs, ns);
-    }
+    rc = xfer_finish(c, "save", segs, ns, first, dg, t0, tq);
     free(first);
-    return 0;
+    return rc;
 fail:
     rc = xfer_drain(c, rc);
     free(first);
@@ -1856,17 +1868,9 @@ static int xfer_load(cu_ctx *c, cu_state *s, const seg *segs, uint32_t ns, uint6
             goto fail;
     }
     tq = c->trace ? xt_now() : 0;
-    CUG(cudaStreamSynchronize(c->stream));
-    CUG(cudaStreamSynchronize(c->xs2));
-    if (dg) {
-        double tc = c->trace ? xt_now() : 0;
-        if ((rc = hash_collect(c, segs, ns, first, dg)))
-            goto fail;
-        if (c->trace)
-            xfer_trace(c, "load", t0, tq, tc, xt_now(), segs, ns);
-    }
+    rc = xfer_finish(c, "load", segs, ns, first, dg, t0, tq);
     free(first);
-    return 0;
+    return rc;
 fail:
     rc = xfer_drain(c, rc);
     free(first);
