@@ -895,18 +895,6 @@ static int take_live(st_conv *cv, const char *id, int *j, pentry **pe)
     return rc;
 }
 
-static int image_recode(st_image *img, uint32_t codec)
-{
-    void *scratch = malloc(ST_CODEC_SCRATCH_MAX);
-    int rc = 0;
-    if (!scratch)
-        return st_error_set(ENOMEM, "recode: no scratch");
-    for (uint32_t i = 0; i < st_image_n_checkpoints(img) && !rc; i++)
-        rc = st_image_checkpoint_recode(img, i, codec, scratch, ST_CODEC_SCRATCH_MAX);
-    free(scratch);
-    return rc;
-}
-
 void st_conv_save(st_api_call *c)
 {
     st_conv *cv = st_api_conv(c->srv);
@@ -923,14 +911,15 @@ void st_conv_save(st_api_call *c)
     uint32_t codec = cfg->state_codec;
     if (codec_name) {
         st_codec_id id;
-        if (st_codec_parse(codec_name, &id) || (id != ST_CODEC_FP32 && id != ST_CODEC_BF16)) {
-            st_api_call_error(c, 400, "invalid_field", "\"codec\" must be fp32 or bf16");
+        if (st_codec_parse(codec_name, &id)) {
+            st_api_call_error(c, 400, "invalid_field", "\"codec\" must be fp32, bf16 or f16");
             return;
         }
         codec = id;
     }
-    if (label && !st_store_id_valid(label)) {
-        st_api_call_error(c, 400, "invalid_field", "\"label\" is not a valid label name");
+    if (label && (!st_store_id_valid(label) || strlen(label) >= ST_STORE_LABEL_MAX)) {
+        st_api_call_error(c, 400, "invalid_field", "\"label\" must be 1..%d bytes of A-Z a-z 0-9 . _ : + = -",
+                          ST_STORE_LABEL_MAX - 1);
         return;
     }
     if (have_expected && expected == 0)
@@ -955,12 +944,12 @@ void st_conv_save(st_api_call *c)
         put_img = p->img; /* parked images are fp32 and ours while the entry is busy */
     } else if (p->img) {
         if (!(rc = st_image_clone(&img, p->img)))
-            rc = image_recode(img, codec);
+            rc = st_image_recode(img, codec, NULL, NULL, NULL, NULL);
     } else {
         char pid[PARK_ID_MAX];
         park_id(pid, c->id);
         if (!(rc = st_store_get(cv->store, pid, 0, &img)) && codec != ST_CODEC_FP32)
-            rc = image_recode(img, codec);
+            rc = st_image_recode(img, codec, NULL, NULL, NULL, NULL);
     }
     if (rc)
         goto done;

@@ -16,47 +16,22 @@
 
 #include "st_migrate.h"
 
-/* Re-code every checkpoint. The engine's state hash covers the live (last) checkpoint's values
- * as they widen from its codec (st_store.h), so re-coding that checkpoint changes it: when the
- * recorded hash verifies against the image before, the hash of the re-coded image is recorded
- * after; a hash that does not verify (damaged or synthetic state) is carried unchanged, so a
- * conversion never makes unverifiable state pass. */
+struct recode_bridge {
+    const st_convert_opts *opts;
+};
+
+static void recode_progress(void *arg, uint32_t done, uint32_t total)
+{
+    const struct recode_bridge *b = arg;
+    b->opts->progress(b->opts->progress_arg, "recode", done, total);
+}
+
+/* Re-code every checkpoint, keeping the state hash true (st_image_recode, st_store.h). */
 static int recode_all(st_image *img, uint32_t codec, const st_convert_opts *opts)
 {
-    int rc = st_codec_check(codec);
-    if (rc)
-        return rc;
-    uint32_t n = st_image_n_checkpoints(img);
-    uint32_t live_codec = 0;
-    uint64_t h = 0;
-    int rehash = 0;
-    if (n > 0 && st_image_state_hash(img) != 0 &&
-        !st_image_checkpoint_info(img, n - 1, NULL, &live_codec) && live_codec != codec &&
-        !st_image_state_hash_compute(img, NULL, NULL, &h))
-        rehash = h == st_image_state_hash(img);
-    st_error_clear();
-    void *scratch = malloc(ST_CODEC_SCRATCH_MAX);
-    if (!scratch)
-        return st_error_set(ENOMEM, "recode: no memory for the %u-byte scratch",
-                            (unsigned)ST_CODEC_SCRATCH_MAX);
-    for (uint32_t ci = 0; ci < n; ci++) {
-        uint64_t pos;
-        uint32_t cur;
-        rc = st_image_checkpoint_info(img, ci, &pos, &cur);
-        if (rc)
-            break;
-        if (cur != codec) {
-            rc = st_image_checkpoint_recode(img, ci, codec, scratch, ST_CODEC_SCRATCH_MAX);
-            if (rc)
-                break;
-        }
-        if (opts && opts->progress)
-            opts->progress(opts->progress_arg, "recode", ci + 1, n);
-    }
-    free(scratch);
-    if (!rc && rehash && !(rc = st_image_state_hash_compute(img, NULL, NULL, &h)))
-        st_image_state_hash_set(img, h);
-    return rc;
+    struct recode_bridge b = {opts};
+    int prog = opts && opts->progress;
+    return st_image_recode(img, codec, NULL, NULL, prog ? recode_progress : NULL, prog ? &b : NULL);
 }
 
 int st_migrate_image_recode(st_image *img, uint32_t codec)

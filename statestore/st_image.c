@@ -1100,3 +1100,34 @@ done:
     free(dg);
     return rc;
 }
+
+int st_image_recode(st_image *img, uint32_t codec, st_state_hash_runner run, void *run_arg,
+                    void (*progress)(void *arg, uint32_t done, uint32_t total), void *progress_arg)
+{
+    if (!img)
+        return st_error_set(ST_EINVAL, "recode: no image");
+    int rc = st_codec_check(codec);
+    if (rc)
+        return rc;
+    uint32_t n = img->n_ckpt;
+    uint64_t h = 0;
+    int rehash = 0;
+    /* the hash covers the live checkpoint's values as they widen: only its re-code changes it */
+    if (n > 0 && img->state_hash != 0 && img->ckpt[n - 1].codec != codec &&
+        !st_image_state_hash_compute(img, run, run_arg, &h))
+        rehash = h == img->state_hash;
+    st_error_clear();
+    void *scratch = malloc(ST_CODEC_SCRATCH_MAX);
+    if (!scratch)
+        return st_error_set(ENOMEM, "recode: no memory for the %u-byte scratch",
+                            (unsigned)ST_CODEC_SCRATCH_MAX);
+    for (uint32_t ci = 0; ci < n && !rc; ci++) {
+        rc = st_image_checkpoint_recode(img, ci, codec, scratch, ST_CODEC_SCRATCH_MAX);
+        if (!rc && progress)
+            progress(progress_arg, ci + 1, n);
+    }
+    free(scratch);
+    if (!rc && rehash && !(rc = st_image_state_hash_compute(img, run, run_arg, &h)))
+        img->state_hash = h;
+    return rc;
+}

@@ -163,7 +163,8 @@ uint64_t st_image_state_hash(const st_image *img);
  * order, 0 replaced by 1 (0 means "none"). The digests are independent, so any number of threads
  * may compute them in any order: the value never depends on who computes it. Re-coding the live
  * checkpoint changes the hash unless the codec is exact for its values; conversions recompute it
- * (migrations/st_migrate.c) once the old one has been verified. */
+ * once the old one has been verified (st_image_recode), and the store refuses to keep an image
+ * whose recorded hash (nonzero) is not its own (st_store_put). */
 #define ST_STATE_HASH_BLOCK ((uint64_t)1 << 20)
 
 typedef struct st_state_hash_seg {
@@ -190,6 +191,17 @@ uint64_t st_state_hash_combine(uint64_t n_tokens, const uint64_t *digests, uint6
  * what a restore of img must find in the slot. run may be NULL. */
 int st_image_state_hash_compute(const st_image *img, st_state_hash_runner run, void *run_arg,
                                 uint64_t *out);
+
+/* Re-code every checkpoint of img to codec (f32 running tensors only; K/V, integer tensors,
+ * tokens and logits are never touched), in slices through one scratch of ST_CODEC_SCRATCH_MAX
+ * bytes, keeping the state hash true: when the live checkpoint changes codec and the recorded
+ * hash (nonzero) verifies against img before, the hash of the re-coded image is recorded after.
+ * A hash that does not verify is carried unchanged, so a conversion never makes unverifiable
+ * state pass (the store then refuses it). run (may be NULL) computes the block digests, see
+ * st_state_hash_runner; progress (optional) is called after each checkpoint. On failure the
+ * checkpoints already re-coded stay re-coded and the recorded hash is unchanged. */
+int st_image_recode(st_image *img, uint32_t codec, st_state_hash_runner run, void *run_arg,
+                    void (*progress)(void *arg, uint32_t done, uint32_t total), void *progress_arg);
 
 /* Structural invariants of a complete image: at least one checkpoint, positions strictly
  * increasing and <= n_tokens, the last at n_tokens, codecs known, logits empty or n_vocab. */
@@ -568,6 +580,9 @@ typedef enum st_check_kind {
     ST_CHECK_ORPHAN_CHUNK = 6,  /* a chunk without a count entry */
     ST_CHECK_CORRUPT_CHUNK = 7, /* stored bytes do not hash to their key, or disagree with the
                                    length or checksum a manifest recorded */
+    ST_CHECK_STATE_HASH = 8,    /* with read_data: a version whose image, reassembled as a restore
+                                   does, is not what its recorded state hash says (or does not
+                                   reassemble): it can never be restored */
 } st_check_kind;
 
 typedef struct st_check_problem {
@@ -583,13 +598,17 @@ typedef struct st_check_result {
     uint64_t sessions, versions, chunks, refcounts;
     uint64_t zero_count_chunks; /* awaiting gc (not a problem) */
     uint64_t chunks_read, bytes_read; /* with read_data */
+    uint64_t versions_hashed;   /* with read_data: versions reassembled and their state hash compared */
 } st_check_result;
 
 /* Check the store's structure in one snapshot: every session record, manifest (structure and
  * checksum), chunk reference and count; chunks no count covers; counts without a chunk. With
  * read_data, also re-hash every chunk (SHA-256 against its key) and check the length and
  * XXH3-64 each manifest recorded, reading in batches without holding a transaction across the
- * hashing. report (optional) is called once per problem. Returns 0 when the check ran to the
+ * hashing; then reassemble every version of the sessions of the snapshot (st_store_get) and
+ * compare the state hash of its image with the one it recorded (ST_CHECK_STATE_HASH; a version
+ * that does not reassemble is reported so only when the earlier passes found nothing, which
+ * otherwise named the cause; versions deleted meanwhile are skipped). report (optional) is called once per problem. Returns 0 when the check ran to the
  * end (res->problems says what it found), else the error that stopped it. res may be NULL. */
 int st_store_check(st_store *st, int read_data,
                    void (*report)(void *arg, const st_check_problem *p), void *arg,
@@ -615,7 +634,8 @@ int st_store_stat(st_store *st, st_store_stats *out);
 
 /* Hot backup into dest_dir (must not exist, or be an empty directory): a compacted copy taken
  * from one read snapshot (consistent while others write), written through the sys table into a
- * temporary sibling directory, fsynced, opened and checked with read_data; only then renamed to
+ * temporary sibling directory, fsynced, opened and checked with read_data (its bytes: not the
+ * state-hash pass, see docs/STORE.md); only then renamed to
  * dest_dir. On failure nothing is left at dest_dir. */
 int st_store_backup(st_store *st, const char *dest_dir);
 /* Check the backup in backup_dir, copy it into dest_dir (must not exist, or be empty), check the

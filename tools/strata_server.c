@@ -35,7 +35,7 @@ static void usage(FILE *f)
             "  --prompt-cache K              checkpoints kept per slot, 0..64 (default 6; 0: off)\n"
             "  --prompt-cache-every N        checkpoint every N prompt tokens (default 0: off)\n"
             "  --prompt-cache-root N         checkpoint after a system prompt >= N tokens (default 0: off)\n"
-            "  --session-state-codec fp32|bf16   running-state codec of SAVE (default fp32)\n"
+            "  --session-state-codec fp32|bf16|f16   running-state codec of SAVE (default fp32)\n"
             "  --save-compress LEVEL         zstd level 0..19 of stored chunks (default 0: raw)\n"
             "  --max-n-predict N             cap on n_predict (default 4096)\n"
             "  --busy-wait-ms N              a request for a session another request is using waits\n"
@@ -154,8 +154,8 @@ int main(int argc, char **argv)
         }
         if (!strcmp(a, "--session-state-codec")) {
             st_codec_id id;
-            if (st_codec_parse(v, &id) || (id != ST_CODEC_FP32 && id != ST_CODEC_BF16)) {
-                fprintf(stderr, "strata-server: --session-state-codec needs fp32|bf16, got \"%s\"\n", v);
+            if (st_codec_parse(v, &id)) {
+                fprintf(stderr, "strata-server: --session-state-codec needs fp32|bf16|f16, got \"%s\"\n", v);
                 return 2;
             }
             c.state_codec = id;

@@ -973,7 +973,7 @@ static void test_command_line(void **state)
         {"--max-part-mib 512", "--body-budget-mib must hold"},
         {"--mem-guard maybe", "--mem-guard needs on|off, got \"maybe\""},
         {"--kv-dtype f32", "--kv-dtype needs f16|i8"},
-        {"--session-state-codec f16", "--session-state-codec needs fp32|bf16"},
+        {"--session-state-codec fp8", "--session-state-codec needs fp32|bf16|f16, got \"fp8\""},
         {"--no-such-flag 1", "unknown option --no-such-flag"},
         {"--port", "--port needs a value"},
     };

@@ -404,6 +404,46 @@ static void test_image_recode(void **state)
 
 /* Every checkpoint tensor is aligned to its stored element size, whatever the tensors before it,
  * in every codec and through recode, clone and a file round trip. */
+static unsigned recode_calls;
+static void recode_progress(void *arg, uint32_t done, uint32_t total)
+{
+    (void)arg;
+    assert_int_equal(done, ++recode_calls);
+    assert_true(done <= total);
+}
+
+/* st_image_recode keeps the state hash true across codecs when it verified before, and carries a
+ * hash that did not verify unchanged (the store then refuses the image). */
+static void test_image_recode_rehash(void **state)
+{
+    (void)state;
+    st_synth_opts o = {.seed = 7, .n_tokens = 300, .n_checkpoints = 3};
+    st_image *img = NULL, *bad = NULL;
+    assert_int_equal(st_image_synthesize(&o, &img), 0);
+    assert_int_equal(st_image_clone(&bad, img), 0);
+    st_image_state_hash_set(bad, st_image_state_hash(img) ^ 1);
+    uint64_t h0 = st_image_state_hash(img), h = 0, prev = h0;
+    static const uint32_t chain[] = {ST_CODEC_BF16, ST_CODEC_F16, ST_CODEC_FP32, ST_CODEC_F16};
+    for (unsigned i = 0; i < 4; i++) {
+        recode_calls = 0;
+        assert_int_equal(st_image_recode(img, chain[i], NULL, NULL, recode_progress, NULL), 0);
+        assert_int_equal(recode_calls, 3);
+        assert_int_equal(st_image_state_hash_compute(img, NULL, NULL, &h), 0);
+        assert_int_equal(st_image_state_hash(img), h);
+        if (i == 0)
+            assert_true(h != h0); /* fp32 -> bf16 rounds */
+        if (i == 2)
+            assert_int_equal(h, prev); /* f16 -> fp32 widens exactly */
+        prev = h;
+        assert_int_equal(st_image_recode(bad, chain[i], NULL, NULL, NULL, NULL), 0);
+        assert_int_equal(st_image_state_hash(bad), h0 ^ 1);
+    }
+    assert_int_equal(st_image_recode(img, 99, NULL, NULL, NULL, NULL), ST_ECODEC);
+    assert_int_equal(st_image_state_hash(img), h);
+    st_image_free(img);
+    st_image_free(bad);
+}
+
 static void test_checkpoint_alignment(void **state)
 {
     static unsigned char scratch[ST_CODEC_SCRATCH_MIN];
@@ -748,7 +788,7 @@ int main(void)
         cmocka_unit_test(test_state_hash),
         cmocka_unit_test(test_dtype_helpers),   cmocka_unit_test(test_geometry_check),
         cmocka_unit_test(test_geometry_compare), cmocka_unit_test(test_image_build),
-        cmocka_unit_test(test_image_clone),     cmocka_unit_test(test_image_recode),
+        cmocka_unit_test(test_image_clone),     cmocka_unit_test(test_image_recode), cmocka_unit_test(test_image_recode_rehash),
         cmocka_unit_test(test_checkpoint_alignment), cmocka_unit_test(test_image_minimal),
         cmocka_unit_test(test_image_allocator),
     };
