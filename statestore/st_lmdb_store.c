@@ -1462,6 +1462,43 @@ typedef struct st_file_as {
     size_t verbatim_len;
 } st_file_as;
 
+typedef struct st_hash_par {
+    st_state_hash_task task;
+    void *arg;
+} st_hash_par;
+
+static int hash_par_one(void *ctx, size_t i, st_frame_ctx **fctx)
+{
+    (void)fctx;
+    const st_hash_par *h = ctx;
+    h->task(h->arg, i);
+    return 0;
+}
+
+void st_store__state_hash_runner(void *run_arg, uint64_t n, st_state_hash_task task, void *arg)
+{
+    st_hash_par h = {task, arg};
+    st_store__par_run(*(const unsigned *)run_arg, (size_t)n, hash_par_one, &h);
+}
+
+/* A version is only kept when a restore of it can succeed: the state hash the image records
+ * (nonzero) must be the hash of its own tokens, K/V and live checkpoint (st_store.h, "the state
+ * hash"), or the version would be acknowledged and never restore. */
+static int put_state_hash_check(const st_image *img, const char *id, unsigned threads)
+{
+    uint64_t want = st_image_state_hash(img), got = 0;
+    if (want == 0)
+        return 0;
+    int rc = st_image_state_hash_compute(img, threads > 1 ? st_store__state_hash_runner : NULL, &threads, &got);
+    if (rc)
+        return rc;
+    if (got != want)
+        return st_error_set(ST_ECORRUPT, "put %s: state hash mismatch: the image records %016llx, "
+                            "its content hashes to %016llx (a restore would fail): nothing was "
+                            "written", id, (unsigned long long)want, (unsigned long long)got);
+    return 0;
+}
+
 static int put_ex(st_store *st, const char *id, const st_image *img, uint64_t expected, const st_put_opts *opts,
                   const st_file_as *fa, uint64_t *version)
 {
@@ -1499,7 +1536,11 @@ static int put_ex(st_store *st, const char *id, const st_image *img, uint64_t ex
     /* Compress and hash before the write transaction (invariant 2). */
     double t0 = trace_ms();
     uint64_t total = st_image_bytes(img);
-    if ((rc = st_store__par_run(total < ST_PAR_MIN_BYTES ? 1 : st->threads, plan.m.n_chunks, prepare_one, &plan)))
+    unsigned threads = total < ST_PAR_MIN_BYTES ? 1 : st->threads;
+    if ((rc = put_state_hash_check(img, id, threads)))
+        goto done;
+    double th = trace_ms();
+    if ((rc = st_store__par_run(threads, plan.m.n_chunks, prepare_one, &plan)))
         goto done;
     plan.m.state_hash = st_image_state_hash(img);
     plan.m.n_tokens = st_image_n_tokens(img);
@@ -1524,9 +1565,10 @@ static int put_ex(st_store *st, const char *id, const st_image *img, uint64_t ex
     if ((rc = st_store__write(st, put_fn, &c)))
         goto done;
     if (getenv("STRATA_STORE_TRACE") && *getenv("STRATA_STORE_TRACE"))
-        fprintf(stderr, "strata store put %s: %.1f MB in %u chunks (%u new): hash and frame %.1f ms, "
-                "reserve %.1f ms, inserts %.1f ms, commit %.1f ms (%d attempt%s)\n", id,
-                (double)total / 1e6, plan.m.n_chunks, c.stats.new_chunks, t1 - t0, c.t_pop - c.t_fn,
+        fprintf(stderr, "strata store put %s: %.1f MB in %u chunks (%u new): state hash %.1f ms, "
+                "hash and frame %.1f ms, reserve %.1f ms, inserts %.1f ms, commit %.1f ms (%d "
+                "attempt%s)\n", id, (double)total / 1e6, plan.m.n_chunks, c.stats.new_chunks,
+                th - t0, t1 - th, c.t_pop - c.t_fn,
                 c.t_ins - c.t_pop, trace_ms() - c.t_ins, c.attempts, c.attempts == 1 ? "" : "s");
     if (version)
         *version = c.stats.version;

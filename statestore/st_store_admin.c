@@ -725,8 +725,57 @@ static int check_data(st_checker *k)
     return rc;
 }
 
-int st_store_check(st_store *st, int read_data, void (*report)(void *arg, const st_check_problem *p), void *arg,
-                   st_check_result *res)
+/* Every version, reassembled as a restore reassembles it, must hash to the state hash it recorded
+ * (st_store.h, "the state hash"): chunk checksums alone cannot see a version that was stored
+ * whole but with a hash that is not its own, acknowledged and never restorable. A version that
+ * does not reassemble is a problem here only when the earlier passes found none (earlier: their
+ * count), which otherwise named its cause. */
+static int check_state_hashes(st_checker *k, uint64_t earlier)
+{
+    st_store *st = k->st;
+    int rc = 0;
+    for (size_t i = 0; i < k->n_sess && !rc; i++) {
+        const char *id = k->sess[i].id;
+        st_version_info *vs = NULL;
+        size_t n = 0;
+        if (!k->sess[i].ok)
+            continue; /* reported by the structure pass */
+        if ((rc = st_store_versions(st, id, &vs, &n)) == ST_ENOTFOUND) {
+            rc = 0; /* deleted since the snapshot */
+            continue;
+        }
+        for (size_t j = 0; j < n && !rc; j++) {
+            st_image *img = NULL;
+            uint64_t h = 0, want = vs[j].state_hash, ver = vs[j].version;
+            if (!want)
+                continue; /* no hash recorded: nothing to verify */
+            int grc = st_store_get(st, id, ver, &img);
+            if (!grc && !(grc = st_image_state_hash_compute(img, st_store__state_hash_runner,
+                                                            &st->threads, &h)))
+                k->res.versions_hashed++;
+            st_image_free(img);
+            if (grc == ENOMEM || grc == ST_EBUSY)
+                rc = grc;
+            else if (grc == ST_ENOTFOUND)
+                continue; /* deleted since its listing */
+            else if (grc && !earlier)
+                problem(k, ST_CHECK_STATE_HASH, id, ver, NULL, "session %s version %llu does not "
+                        "reassemble: %s", id, (unsigned long long)ver, st_errdetail());
+            else if (!grc && h != want)
+                problem(k, ST_CHECK_STATE_HASH, id, ver, NULL, "session %s version %llu: state hash "
+                        "mismatch: recorded %016llx, its image hashes to %016llx (a restore fails)",
+                        id, (unsigned long long)ver, (unsigned long long)want,
+                        (unsigned long long)h);
+        }
+        free(vs);
+        st_store__progress(st, "state hash", i + 1, k->n_sess);
+    }
+    return rc;
+}
+
+/* st_store_check; hashes: also the state-hash pass (with read_data). */
+static int check_run(st_store *st, int read_data, int hashes,
+                     void (*report)(void *arg, const st_check_problem *p), void *arg, st_check_result *res)
 {
     st_checker k;
     MDB_txn *txn = NULL;
@@ -760,6 +809,8 @@ int st_store_check(st_store *st, int read_data, void (*report)(void *arg, const 
     st_store__progress(st, "check", 5, 5);
     if (!rc && read_data)
         rc = check_data(&k);
+    if (!rc && read_data && hashes)
+        rc = check_state_hashes(&k, k.res.problems);
     for (size_t i = 0; i < k.n_sess; i++)
         free(k.sess[i].gt);
     free(k.sess);
@@ -769,6 +820,12 @@ int st_store_check(st_store *st, int read_data, void (*report)(void *arg, const 
     if (res)
         *res = k.res;
     return 0;
+}
+
+int st_store_check(st_store *st, int read_data, void (*report)(void *arg, const st_check_problem *p), void *arg,
+                   st_check_result *res)
+{
+    return check_run(st, read_data, read_data, report, arg, res);
 }
 
 /* ---- stat ---------------------------------------------------------------------------------------- */
@@ -1064,7 +1121,9 @@ static int check_copy(const char *dir, const st_store_sys *sys, st_store_progres
     st_first_problem fp;
     st_check_result res;
     memset(&fp, 0, sizeof fp);
-    rc = st_store_check(cp, 1, first_problem, &fp, &res);
+    /* every byte is read and checked; not the state hashes, which are the content's, copied as it
+     * is: a version that cannot restore does not make the others of a copy unusable */
+    rc = check_run(cp, 1, 0, first_problem, &fp, &res);
     st_store_close(cp);
     if (rc) {
         char d[512];

@@ -84,6 +84,9 @@ int st_store__fsync_dir(const st_store_sys *sys, const char *dir);
  * with its detail. */
 int st_store__par_run(unsigned threads, size_t n, int (*fn)(void *ctx, size_t i, st_frame_ctx **fctx),
                       void *ctx);
+/* A state-hash runner (st_state_hash_runner) spreading the block digests over *run_arg threads
+ * (an unsigned) with st_store__par_run. */
+void st_store__state_hash_runner(void *run_arg, uint64_t n, st_state_hash_task task, void *arg);
 
 /* Report progress if the handle asked for it. */
 void st_store__progress(const st_store *st, const char *phase, uint64_t done, uint64_t total);

@@ -187,7 +187,11 @@ int st_image_synthesize(const st_synth_opts *o, st_image **out)
     fill_f32(tmp, d.n_vocab, mix(d.seed ^ 0x10517u), 5.0f);
     if ((rc = st_image_logits_set(img, tmp, d.n_vocab)))
         goto fail;
-    st_image_state_hash_set(img, mix(d.seed ^ d.n_tokens));
+    /* the state hash a restore of this image finds: stores refuse images whose hash is wrong */
+    uint64_t h = 0;
+    if ((rc = st_image_state_hash_compute(img, NULL, NULL, &h)))
+        goto fail;
+    st_image_state_hash_set(img, h);
     free(t);
     free(tokens);
     free(tmp);

@@ -623,13 +623,15 @@ static const char check_help[] =
     "\n"
     "Check a store in one consistent snapshot: session records, manifests (structure, checksum,\n"
     "geometry), every chunk reference and reference count, chunks nothing counts. --read-data also\n"
-    "re-hashes every chunk (SHA-256) and checks it against what the manifests recorded.\n"
+    "re-hashes every chunk (SHA-256) and checks it against what the manifests recorded, then\n"
+    "reassembles every version and checks its state hash (a version that fails can never be\n"
+    "restored: PROBLEM state-hash).\n"
     "Exit 0 when nothing is wrong, 1 when a problem was found (each named on stdout), 3 on error.\n";
 
 static const char *kind_name(uint32_t k)
 {
     static const char *names[] = {"?", "meta", "session", "manifest", "missing-chunk", "refcount", "orphan-chunk",
-                                  "corrupt-chunk"};
+                                  "corrupt-chunk", "state-hash"};
     return k < sizeof names / sizeof names[0] ? names[k] : "?";
 }
 
@@ -681,18 +683,20 @@ static int cmd_check(int argc, char **argv)
         return statectl_fail(rc);
     }
     if (a.json) {
-        print_json(json_pack("{s:b,s:I,s:I,s:I,s:I,s:I,s:I,s:b,s:I,s:I,s:o}", "ok", res.problems == 0, "problem_count",
+        print_json(json_pack("{s:b,s:I,s:I,s:I,s:I,s:I,s:I,s:b,s:I,s:I,s:I,s:o}", "ok", res.problems == 0, "problem_count",
                              (json_int_t)res.problems, "sessions", (json_int_t)res.sessions, "versions",
                              (json_int_t)res.versions, "chunks", (json_int_t)res.chunks, "refcounts",
                              (json_int_t)res.refcounts, "zero_count_chunks", (json_int_t)res.zero_count_chunks,
                              "read_data", a.read_data, "chunks_read", (json_int_t)res.chunks_read, "bytes_read",
-                             (json_int_t)res.bytes_read, "problems", c.arr));
+                             (json_int_t)res.bytes_read, "versions_hashed", (json_int_t)res.versions_hashed,
+                             "problems", c.arr));
     } else {
         char b[32];
         printf("%s: %" PRIu64 " sessions, %" PRIu64 " versions, %" PRIu64 " chunks", a.pos[0], res.sessions,
                res.versions, res.chunks);
         if (a.read_data)
-            printf(", %" PRIu64 " chunks read (%s)", res.chunks_read, bytes_str(b, sizeof b, res.bytes_read));
+            printf(", %" PRIu64 " chunks read (%s), %" PRIu64 " state hashes compared", res.chunks_read,
+                   bytes_str(b, sizeof b, res.bytes_read), res.versions_hashed);
         if (res.zero_count_chunks)
             printf(", %" PRIu64 " awaiting gc", res.zero_count_chunks);
         printf("\n%s\n", res.problems ? "PROBLEMS FOUND" : "ok");

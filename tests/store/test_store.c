@@ -721,6 +721,123 @@ static void test_check_finds_damage(void **state)
     st_image_free(a);
 }
 
+/* A put never acknowledges a version whose recorded state hash is not its own: it could never be
+ * restored (issue 10: bf16 SAVEs of parked conversations). Nothing is written, and the same
+ * image with its true hash is then taken. */
+static void test_put_refuses_wrong_state_hash(void **state)
+{
+    (void)state;
+    char dir[4200];
+    st_store *st = open_new(dir, sizeof dir, NULL);
+    st_image *a = store_test_image(91, 600, 0, 0);
+    uint64_t good = st_image_state_hash(a), h = 0;
+    assert_int_equal(st_image_state_hash_compute(a, NULL, NULL, &h), 0);
+    assert_true(good != 0 && good == h); /* synthetic images record their true hash */
+    /* a checkpoint re-coded behind the hash's back: what the server's bf16 SAVE of a parked
+     * conversation stored before st_image_recode */
+    st_image *b = NULL;
+    assert_int_equal(st_image_clone(&b, a), 0);
+    void *scratch = malloc(ST_CODEC_SCRATCH_MAX);
+    assert_non_null(scratch);
+    for (uint32_t ci = 0; ci < st_image_n_checkpoints(b); ci++)
+        assert_int_equal(st_image_checkpoint_recode(b, ci, ST_CODEC_BF16, scratch, ST_CODEC_SCRATCH_MAX), 0);
+    free(scratch);
+    assert_int_equal(st_store_put(st, "bad", b, 0, NULL, NULL), ST_ECORRUPT);
+    char want[160];
+    assert_int_equal(st_image_state_hash_compute(b, NULL, NULL, &h), 0);
+    snprintf(want, sizeof want, "state hash mismatch: the image records %016llx, its content hashes to %016llx",
+             (unsigned long long)good, (unsigned long long)h);
+    assert_non_null(strstr(st_errdetail(), want));
+    st_session_info si;
+    assert_int_equal(st_store_show(st, "bad", &si), ST_ENOTFOUND);
+    /* over an existing session: its head stays */
+    assert_int_equal(st_store_put(st, "a", a, 0, NULL, NULL), 0);
+    assert_int_equal(st_store_put(st, "a", b, 0, NULL, NULL), ST_ECORRUPT);
+    assert_int_equal(st_store_show(st, "a", &si), 0);
+    assert_int_equal(si.head, 1);
+    assert_int_equal(si.n_versions, 1);
+    /* a large image takes the threaded hash: the same verdict */
+    st_image *big = NULL;
+    st_synth_opts so = {.seed = 92, .n_layers = 8, .heads = 16, .head_dim = 64, .n_tokens = 4000,
+                        .n_checkpoints = 2};
+    assert_int_equal(st_image_synthesize(&so, &big), 0);
+    assert_true(st_image_bytes(big) > (4u << 20)); /* ST_PAR_MIN_BYTES */
+    assert_int_equal(st_store_put(st, "big", big, 0, NULL, NULL), 0);
+    st_image_state_hash_set(big, st_image_state_hash(big) ^ 1);
+    assert_int_equal(st_store_put(st, "big", big, 0, NULL, NULL), ST_ECORRUPT);
+    /* with its hash recomputed, the re-coded image is taken; no hash (0) is not checked */
+    assert_int_equal(st_image_state_hash_compute(b, NULL, NULL, &h), 0);
+    st_image_state_hash_set(b, h);
+    assert_int_equal(st_store_put(st, "bad", b, 0, NULL, NULL), 0);
+    st_image_state_hash_set(a, 0);
+    assert_int_equal(st_store_put(st, "a", a, 0, NULL, NULL), 0);
+    store_test_assert_clean(st);
+    st_store_close(st);
+    st_image_free(a);
+    st_image_free(b);
+    st_image_free(big);
+}
+
+/* check --read-data reassembles every version and names one whose state hash is wrong (one
+ * stored by an older build, here written behind the store's back) as state-hash; the structure
+ * pass alone does not see it. */
+static void test_check_state_hash(void **state)
+{
+    (void)state;
+    char dir[4200];
+    st_store *st = open_new(dir, sizeof dir, NULL);
+    st_image *a = store_test_image(93, 600, 0, 0), *b = store_test_image(94, 300, 0, 0);
+    assert_int_equal(st_store_put(st, "a", a, 0, NULL, NULL), 0);
+    assert_int_equal(st_store_put(st, "a", b, 0, NULL, NULL), 0);
+    assert_int_equal(st_store_put(st, "b", b, 0, NULL, NULL), 0);
+    /* version 1 of "a": its manifest re-encoded with another state hash */
+    MDB_txn *txn = NULL;
+    assert_int_equal(mdb_txn_begin(st->env, NULL, 0, &txn), 0);
+    uint8_t key[ST_STORE_ID_MAX + 16];
+    MDB_val k = {st_vkey(key, "a", 1), key}, v;
+    assert_int_equal(mdb_get(txn, st->dbi_versions, &k, &v), 0);
+    st_manifest m;
+    assert_int_equal(st_manifest_parse(v.mv_data, v.mv_size, "a 1", &m), 0);
+    uint64_t recorded = m.state_hash ^ 0x5a;
+    m.state_hash = recorded;
+    uint8_t *mb = NULL;
+    size_t ml = 0;
+    assert_int_equal(st_manifest_encode(&m, &mb, &ml), 0);
+    st_manifest_free(&m);
+    MDB_val nv = {ml, mb};
+    assert_int_equal(mdb_put(txn, st->dbi_versions, &k, &nv, 0), 0);
+    assert_int_equal(mdb_txn_commit(txn), 0);
+    free(mb);
+    store_test_problems pr;
+    memset(&pr, 0, sizeof pr);
+    st_check_result res;
+    assert_int_equal(st_store_check(st, 0, store_test_report, &pr, &res), 0);
+    assert_int_equal(res.problems, 0);
+    assert_int_equal(res.versions_hashed, 0);
+    assert_int_equal(st_store_check(st, 1, store_test_report, &pr, &res), 0);
+    assert_int_equal(res.problems, 1);
+    assert_int_equal(res.versions_hashed, 3);
+    assert_int_equal(pr.kind[0], ST_CHECK_STATE_HASH);
+    assert_string_equal(pr.session[0], "a");
+    st_image *got = NULL;
+    assert_int_equal(st_store_get(st, "a", 1, &got), 0); /* its bytes are intact */
+    assert_int_equal(st_image_state_hash(got), recorded);
+    st_image_free(got);
+    /* a backup copies the content as it is: the copy's bytes check, the version stays named */
+    char bak[4300];
+    snprintf(bak, sizeof bak, "%s.bak", dir);
+    assert_int_equal(st_store_backup(st, bak), 0);
+    st_store_close(st);
+    assert_int_equal(st_store_open(&st, bak, NULL), 0);
+    memset(&pr, 0, sizeof pr);
+    assert_int_equal(st_store_check(st, 1, store_test_report, &pr, &res), 0);
+    assert_int_equal(res.problems, 1);
+    assert_int_equal(pr.kind[0], ST_CHECK_STATE_HASH);
+    st_store_close(st);
+    st_image_free(a);
+    st_image_free(b);
+}
+
 /* Overwrite the stored chunk under hash h with n bytes of val, behind the store's back. */
 static void chunk_overwrite(st_store *st, const uint8_t *h, const void *val, size_t n)
 {
@@ -952,6 +1069,8 @@ int main(void)
         cmocka_unit_test(test_backup_restore),
         cmocka_unit_test(test_schema_refused),
         cmocka_unit_test(test_check_finds_damage),
+        cmocka_unit_test(test_put_refuses_wrong_state_hash),
+        cmocka_unit_test(test_check_state_hash),
         cmocka_unit_test(test_put_repairs),
         cmocka_unit_test(test_list_page),
         cmocka_unit_test(test_versions_page),
