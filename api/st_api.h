@@ -104,8 +104,14 @@ typedef struct st_api_server st_api_server;
 /* Open the store, load the model (when given), bind the listening socket. The port actually
  * bound is st_api_server_port(). On failure *out is NULL and the detail says what failed. */
 int st_api_server_new(const st_api_config *c, st_api_server **out);
-/* Serve until stopped (signal or st_api_server_stop). Returns 0 after a graceful stop. */
+/* Serve until stopped (signal or st_api_server_stop). Returns 0 after a graceful stop that wrote
+ * every live conversation to the store. When the stop could not write some (a full disk: those
+ * the store refuses whole are kept without their resume checkpoints, compressed, where that
+ * fits), each is named on stderr and the error of the first is returned with a detail naming
+ * them all; st_api_server_lost() counts them. Another error: the event loop failed. */
 int st_api_server_run(st_api_server *s);
+/* Live conversations the graceful stop of st_api_server_run could not write (0: none). */
+unsigned st_api_server_lost(const st_api_server *s);
 /* Ask the loop to stop: no new connections, in-flight work finishes (bounded by
  * shutdown_timeout_ms), then st_api_server_run returns. Thread-safe. */
 void st_api_server_stop(st_api_server *s);

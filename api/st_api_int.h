@@ -263,8 +263,11 @@ double st_api_ms(double ms);
 typedef struct st_conv st_conv;
 int st_conv_new(st_api_server *srv, st_conv **out);
 void st_conv_free(st_conv *cv);
-/* At shutdown: park live conversations and spill the pool to the store (best effort). */
-void st_conv_persist_all(st_conv *cv);
+/* At shutdown: write every live conversation (slots, RAM-parked) to the store as disk-parked;
+ * one the store refuses as it is is kept smaller where it can be (live checkpoint only,
+ * compressed). Each that could not be written is named on stderr and counted in *lost; 0 when
+ * none, else the first one's error with a detail naming them all. */
+int st_conv_persist_all(st_conv *cv, unsigned *lost);
 /* Route handlers (run on workers). Those naming a session in use by another request wait for it
  * on the worker, up to --busy-wait-ms and with at most workers - 1 waiting (st_conv.c, invariant 6),
  * then answer 409 busy. */

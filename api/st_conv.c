@@ -328,15 +328,15 @@ static uint64_t slot_image_bytes(st_slot *s, int park)
 
 /* ---- spilling and parking ----------------------------------------------------------------- */
 
-static int put_park(st_conv *cv, const char *id, const st_image *img)
+static int put_park(st_conv *cv, const char *id, const st_image *img, const st_put_opts *po)
 {
     char pid[PARK_ID_MAX];
     park_id(pid, id);
-    int rc = st_store_put(cv->store, pid, img, ST_STORE_HEAD_ANY, NULL, NULL);
+    int rc = st_store_put(cv->store, pid, img, ST_STORE_HEAD_ANY, po, NULL);
     if (rc == ST_EMODEL || rc == ST_EGEOMETRY) {
         /* a stale spill made under another model: this image replaces it */
         st_store_session_delete(cv->store, pid);
-        rc = st_store_put(cv->store, pid, img, ST_STORE_HEAD_ANY, NULL, NULL);
+        rc = st_store_put(cv->store, pid, img, ST_STORE_HEAD_ANY, po, NULL);
     }
     return rc;
 }
@@ -370,7 +370,7 @@ static void spill_excess(st_conv *cv)
         memcpy(id, p->id, sizeof id);
         pthread_mutex_unlock(&cv->mu);
 
-        int rc = put_park(cv, id, img);
+        int rc = put_park(cv, id, img, NULL);
 
         pthread_mutex_lock(&cv->mu);
         p->busy = 0;
@@ -1336,11 +1336,62 @@ void st_conv_forget_end(st_conv *cv, st_conv_hold *h)
 
 /* ---- life cycle -------------------------------------------------------------------------------- */
 
-void st_conv_persist_all(st_conv *cv)
+/* At a graceful stop: put id's image as its disk park; when the store refuses it (a full disk,
+ * most often), keep it in a smaller form where the store still has room: only the live
+ * checkpoint (what a continuation needs; the earlier ones only serve a prompt that diverges),
+ * chunks compressed. img is the caller's and may be changed. */
+static int persist_one(st_conv *cv, const char *id, st_image *img)
 {
-    if (!cv)
+    int rc = put_park(cv, id, img, NULL);
+    if (rc != ST_EFULL)
+        return rc;
+    char first[512];
+    snprintf(first, sizeof first, "%s", st_errdetail());
+    int rc2 = 0;
+    while (!rc2 && st_image_n_checkpoints(img) > 1)
+        rc2 = st_image_checkpoint_remove(img, 0);
+    st_put_opts po = {.compress = 1};
+    if (!rc2 && !(rc2 = put_park(cv, id, img, &po))) {
+        fprintf(stderr, "strata-server: stop: %s kept without its resume checkpoints, compressed (%s)\n",
+                id, first);
+        return 0;
+    }
+    return st_error_set(rc, "%s", first);
+}
+
+/* What a graceful stop wrote and what it could not. */
+typedef struct persist_tally {
+    unsigned written, failed;
+    int first_rc;
+    char first[512];
+    char lost[1024]; /* ids, ", "-separated (cut short when very many) */
+    size_t used;
+} persist_tally;
+
+static void persist_note(persist_tally *t, const char *id, int rc)
+{
+    if (!rc) {
+        t->written++;
         return;
-    unsigned n = 0, failed = 0;
+    }
+    fprintf(stderr, "strata-server: stop: could not write %s to the store, it is lost: %s\n", id,
+            st_errdetail());
+    if (!t->failed++) {
+        t->first_rc = rc;
+        snprintf(t->first, sizeof t->first, "%s", st_errdetail());
+    }
+    int k = snprintf(t->lost + t->used, sizeof t->lost - t->used, "%s%s", t->used ? ", " : "", id);
+    if (k > 0 && (size_t)k < sizeof t->lost - t->used)
+        t->used += (size_t)k;
+}
+
+int st_conv_persist_all(st_conv *cv, unsigned *lost)
+{
+    *lost = 0;
+    if (!cv)
+        return 0;
+    persist_tally t;
+    memset(&t, 0, sizeof t);
     for (uint32_t i = 0; i < cv->n_slots; i++) {
         cslot *cs = &cv->slots[i];
         if (!cs->bound || cs->busy || st_slot_n_tokens(cs->slot) == 0)
@@ -1348,29 +1399,21 @@ void st_conv_persist_all(st_conv *cv)
         st_image *img = NULL;
         int rc = st_slot_snapshot(cs->slot, ST_SNAPSHOT_PARK, ST_CODEC_FP32, &img);
         if (!rc)
-            rc = put_park(cv, cs->id, img);
+            rc = persist_one(cv, cs->id, img);
         st_image_free(img);
-        if (rc) {
-            failed++;
-            fprintf(stderr, "strata-server: stop: parking %s to disk failed: %s\n", cs->id, st_errdetail());
-        } else {
-            n++;
-        }
+        persist_note(&t, cs->id, rc);
     }
-    for (pentry *p = cv->head; p; p = p->next) {
-        if (!p->img || p->busy)
-            continue;
-        int rc = put_park(cv, p->id, p->img);
-        if (rc) {
-            failed++;
-            fprintf(stderr, "strata-server: stop: spilling %s failed: %s\n", p->id, st_errdetail());
-        } else {
-            n++;
-        }
-    }
-    if (n || failed)
-        fprintf(stderr, "strata-server: stop: %u live conversations written to the store as parked%s\n",
-                n, failed ? " (some failed, see above)" : "");
+    for (pentry *p = cv->head; p; p = p->next)
+        if (p->img && !p->busy)
+            persist_note(&t, p->id, persist_one(cv, p->id, p->img));
+    if (t.written || t.failed)
+        fprintf(stderr, "strata-server: stop: %u live conversations written to the store as parked, %u "
+                "could not be written%s%s\n", t.written, t.failed, t.failed ? ": " : "", t.lost);
+    *lost = t.failed;
+    if (!t.failed)
+        return 0;
+    return st_error_set(t.first_rc, "stop: %u live conversations could not be written to the store and "
+                        "are lost (%s): %s", t.failed, t.lost, t.first);
 }
 
 /* Disk-parked conversations found in the store at start (invariant 4). */

@@ -74,6 +74,7 @@ struct st_api_server {
     st_work *work;
     st_store *store;
     st_conv *conv;
+    unsigned lost;            /* live conversations the graceful stop could not write */
     st_metrics metrics;
     st_memguard guard;
     uint8_t key_hash[SHA256_DIGEST_LENGTH];
@@ -139,6 +140,7 @@ struct st_store *st_api_store(st_api_server *s) { return s->store; }
 const st_api_config *st_api_cfg(st_api_server *s) { return &s->cfg; }
 const st_memguard *st_api_memguard(st_api_server *s) { return &s->guard; }
 st_conv *st_api_conv(st_api_server *s) { return s->conv; }
+unsigned st_api_server_lost(const st_api_server *s) { return s->lost; }
 uint16_t st_api_server_port(const st_api_server *s) { return st_http_port(s->http); }
 
 void st_api_config_default(st_api_config *c)
@@ -1914,12 +1916,13 @@ int st_api_server_run(st_api_server *s)
      * touches the slots and the pool while they are written out */
     st_work_free(s->work);
     s->work = NULL;
+    rc = 0;
 #ifdef ST_API_HAVE_ENGINE
     if (s->conv)
-        st_conv_persist_all(s->conv);
+        rc = st_conv_persist_all(s->conv, &s->lost);
 #endif
-    fprintf(stderr, "strata-server: stopped\n");
-    return 0;
+    fprintf(stderr, "strata-server: stopped%s\n", s->lost ? " (live conversations were lost, see above)" : "");
+    return rc;
 }
 
 void st_api_server_free(st_api_server *s)

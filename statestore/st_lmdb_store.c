@@ -1248,16 +1248,16 @@ static int put_populate(st_store *st, MDB_txn *txn, const st_plan *p, int *direc
         }
         int e = errno;
         if (e == ENOSPC || e == EDQUOT)
-            return st_error_set(ST_EFULL, "store %s: the disk cannot take %llu MiB of new chunks", st->dir,
-                                (unsigned long long)((end - start) >> 20));
+            return st_error_set(ST_EFULL, "store %s: the disk cannot take %llu KiB of new chunks", st->dir,
+                                (unsigned long long)((end - start + 1023) >> 10));
         if (e != EOPNOTSUPP && e != ENOSYS && e != EINVAL)
-            return st_error_set(ST_EIO, "store %s: reserving %llu MiB for new chunks: %s", st->dir,
-                                (unsigned long long)((end - start) >> 20), strerror(e));
+            return st_error_set(ST_EIO, "store %s: reserving %llu KiB for new chunks: %s", st->dir,
+                                (unsigned long long)((end - start + 1023) >> 10), strerror(e));
         /* the file system cannot fallocate: populate the range instead */
     }
     if (st->sys.populate(base + start, (size_t)(end - start)) != 0 && errno == EFAULT)
-        return st_error_set(ST_EFULL, "store %s: the disk cannot take %llu MiB of new chunks", st->dir,
-                            (unsigned long long)((end - start) >> 20));
+        return st_error_set(ST_EFULL, "store %s: the disk cannot take %llu KiB of new chunks", st->dir,
+                            (unsigned long long)((end - start + 1023) >> 10));
     return 0; /* other errors (a kernel without MADV_POPULATE_WRITE): the writes fault page by page */
 }
 

@@ -71,7 +71,8 @@ static void usage(FILE *f)
             "Other:\n"
             "  --log-requests                one line per request on stderr (default off)\n"
             "  --help, -h                    this text\n"
-            "Exit status: 0 after a graceful stop; 1 the server could not start or failed; 2 usage.\n");
+            "Exit status: 0 after a graceful stop; 1 the server could not start or failed; 2 usage;\n"
+            "3 a graceful stop could not write some live conversations (named on stderr).\n");
 }
 
 static int num(const char *flag, const char *v, unsigned long long max, unsigned long long *out)
@@ -221,10 +222,11 @@ int main(int argc, char **argv)
         return 1;
     }
     rc = st_api_server_run(s);
+    int lost = st_api_server_lost(s) > 0;
     if (rc) {
         const char *d = st_errdetail();
         fprintf(stderr, "strata-server: %s\n", d && *d ? d : st_strerror(rc));
     }
     st_api_server_free(s);
-    return rc ? 1 : 0;
+    return lost ? 3 : rc ? 1 : 0;
 }

@@ -25,10 +25,16 @@
  * refuses an image re-coded behind its hash's back (what the bug stored).
  * Then `statectl check --read-data` finds every store clean.
  *
- * Besides: the 31-byte limit of a SAVE label (400 invalid_field naming it).
+ * Besides: the 31-byte limit of a SAVE label (400 invalid_field naming it), and a graceful stop
+ * on a full file system (a tmpfs of its own, mounted in a private mount namespace): the
+ * conversations it could not write are named in the log and the exit status is 3; those it could
+ * are continued after the restart.
  */
+#include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
+#include <sys/mount.h>
 
 #include "st_api_test.h"
 #include "st_store.h"
@@ -285,12 +291,124 @@ static void test_label_limit(void **state)
     assert_int_equal(st_hc_server_stop(&s, SIGTERM), 0);
 }
 
+/* ---- a graceful stop on a full file system ---------------------------------------------------- */
+
+/* This process (and the servers it starts) in a private mount namespace, with a tmpfs of mib MiB
+ * mounted at dir: as root, or as anyone where user namespaces are allowed. -1 when neither. */
+static int private_tmpfs(const char *dir, unsigned mib)
+{
+    if (unshare(CLONE_NEWNS) != 0) {
+        char map[64];
+        int uid = (int)getuid(), gid = (int)getgid();
+        if (unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0)
+            return -1;
+        snprintf(map, sizeof map, "0 %d 1", uid);
+        if (st_test_spit("/proc/self/setgroups", "deny", 4) || st_test_spit("/proc/self/uid_map", map, strlen(map)))
+            return -1;
+        snprintf(map, sizeof map, "0 %d 1", gid);
+        if (st_test_spit("/proc/self/gid_map", map, strlen(map)))
+            return -1;
+    }
+    if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0 || (mkdir(dir, 0700) != 0 && errno != EEXIST))
+        return -1;
+    char opt[32];
+    snprintf(opt, sizeof opt, "size=%um", mib);
+    return mount("tmpfs", dir, "tmpfs", 0, opt);
+}
+
+/* Fill the file system of path with a file there until it is full, then free `room` bytes. */
+static void fill(const char *path, size_t room)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    assert_true(fd >= 0);
+    static char block[65536];
+    memset(block, 0x5a, sizeof block);
+    off_t size = 0;
+    for (size_t len = sizeof block; len >= 4096; len /= 2) {
+        ssize_t k;
+        while ((k = write(fd, block, len)) > 0)
+            size += k;
+        assert_int_equal(errno, ENOSPC);
+    }
+    assert_int_equal(ftruncate(fd, size > (off_t)room ? size - (off_t)room : 0), 0);
+    close(fd);
+}
+
+static void test_stop_full_disk(void **state)
+{
+    (void)state;
+    char mnt[4400], filler[4500], path[4500];
+    snprintf(mnt, sizeof mnt, "%s/full", env.dir);
+    if (private_tmpfs(mnt, 8) != 0) {
+        fprintf(stderr, "no tmpfs of our own (%s): skipped\n", strerror(errno));
+        skip();
+    }
+    snprintf(filler, sizeof filler, "%s/filler", mnt);
+    const char *const flags[] = {"--slots", "2", "--conversation-cache-mib", "64", NULL};
+    st_hc_server s;
+    assert_int_equal(start(&s, "ref-full", flags), 0);
+    json_t *r0 = turn(s.port, "ref", 0, "new"), *ref = turn(s.port, "ref", 1, "slot");
+    json_decref(r0);
+    assert_int_equal(st_hc_server_stop(&s, SIGTERM), 0);
+
+    enum { N = 6 };
+    char ids[N][8];
+    assert_int_equal(start(&s, "full/store", flags), 0);
+    for (int i = 0; i < N; i++) {
+        snprintf(ids[i], sizeof ids[i], "c%d", i);
+        json_decref(turn(s.port, ids[i], 0, "new")); /* c0..c3 parked in RAM, c4 and c5 in slots */
+    }
+    /* full, but for a little room: some conversations fit (when whole ones do not, kept smaller),
+     * the others cannot */
+    fill(filler, 200000);
+    size_t before = 0;
+    free(st_test_slurp(env.logpath, &before));
+    /* the stop cannot write them all: it says so, by name, and exits 3 */
+    assert_int_equal(st_hc_server_stop(&s, SIGTERM), 3);
+    size_t len = 0;
+    char *log = (char *)st_test_slurp(env.logpath, &len);
+    assert_non_null(log);
+    assert_true(len > before);
+    char *stop = strndup(log + before, len - before);
+    assert_non_null(stop);
+    free(log);
+    fprintf(stderr, "%s", stop);
+    int lost[N], n_lost = 0;
+    for (int i = 0; i < N; i++) {
+        char want[128];
+        snprintf(want, sizeof want, "stop: could not write %s to the store, it is lost: ", ids[i]);
+        lost[i] = strstr(stop, want) != NULL;
+        n_lost += lost[i];
+    }
+    assert_true(n_lost > 0);
+    char want[128];
+    snprintf(want, sizeof want, "stop: %d live conversations written to the store as parked, %d could not "
+             "be written: ", N - n_lost, n_lost);
+    assert_non_null(strstr(stop, want));
+    free(stop);
+
+    /* with room again: the ones written continue exactly, the ones named are gone */
+    assert_int_equal(unlink(filler), 0);
+    assert_int_equal(start(&s, "full/store", flags), 0);
+    for (int i = 0; i < N; i++) {
+        json_t *c = turn(s.port, ids[i], 1, lost[i] ? "new" : "disk");
+        if (!lost[i])
+            same_tokens(c, ref);
+        json_decref(c);
+    }
+    assert_int_equal(st_hc_server_stop(&s, SIGTERM), 0);
+    json_decref(ref);
+    snprintf(path, sizeof path, "full/store");
+    store_checks_clean(path);
+    assert_int_equal(umount2(mnt, MNT_DETACH), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matrix_fp32), cmocka_unit_test(test_matrix_bf16),
         cmocka_unit_test(test_matrix_f16),  cmocka_unit_test(test_wrong_hash_refused),
-        cmocka_unit_test(test_label_limit),
+        cmocka_unit_test(test_label_limit), cmocka_unit_test(test_stop_full_disk),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
