@@ -51,9 +51,13 @@ static int setup(void **state)
     return st_at_setup(&env, "test_api_saves");
 }
 
+static char full_mnt[4400]; /* the tmpfs of test_stop_full_disk while mounted */
+
 static int teardown(void **state)
 {
     (void)state;
+    if (full_mnt[0])
+        umount2(full_mnt, MNT_DETACH); /* a failed test left it mounted */
     return st_at_teardown(&env);
 }
 
@@ -337,9 +341,10 @@ static void fill(const char *path, size_t room)
 static void test_stop_full_disk(void **state)
 {
     (void)state;
-    char mnt[4400], filler[4500], path[4500];
-    snprintf(mnt, sizeof mnt, "%s/full", env.dir);
+    char *mnt = full_mnt, filler[4500], path[4500];
+    snprintf(mnt, sizeof full_mnt, "%s/full", env.dir);
     if (private_tmpfs(mnt, 8) != 0) {
+        mnt[0] = '\0';
         fprintf(stderr, "no tmpfs of our own (%s): skipped\n", strerror(errno));
         skip();
     }
@@ -401,6 +406,7 @@ static void test_stop_full_disk(void **state)
     snprintf(path, sizeof path, "full/store");
     store_checks_clean(path);
     assert_int_equal(umount2(mnt, MNT_DETACH), 0);
+    mnt[0] = '\0';
 }
 
 int main(void)
