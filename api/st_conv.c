@@ -1364,7 +1364,7 @@ typedef struct persist_tally {
     unsigned written, failed;
     int first_rc;
     char first[512];
-    char lost[1024]; /* ids, ", "-separated (cut short when very many) */
+    char lost[1024]; /* ids, ", "-separated, ending in ", ..." when they do not all fit */
     size_t used;
 } persist_tally;
 
@@ -1380,9 +1380,12 @@ static void persist_note(persist_tally *t, const char *id, int rc)
         t->first_rc = rc;
         snprintf(t->first, sizeof t->first, "%s", st_errdetail());
     }
-    int k = snprintf(t->lost + t->used, sizeof t->lost - t->used, "%s%s", t->used ? ", " : "", id);
-    if (k > 0 && (size_t)k < sizeof t->lost - t->used)
-        t->used += (size_t)k;
+    size_t need = strlen(id) + (t->used ? 2 : 0);
+    if (t->used + need + 5 <= sizeof t->lost) /* whole ids only, room kept for ", ..." */
+        t->used += (size_t)snprintf(t->lost + t->used, sizeof t->lost - t->used, "%s%s",
+                                    t->used ? ", " : "", id);
+    else if (t->used + 5 <= sizeof t->lost && strcmp(t->lost + t->used - 3, "..."))
+        t->used += (size_t)snprintf(t->lost + t->used, sizeof t->lost - t->used, ", ...");
 }
 
 int st_conv_persist_all(st_conv *cv, unsigned *lost)
