@@ -21,8 +21,8 @@
  * one uninterrupted conversation that SAVEs in that codec once and RESTOREs that version before
  * its next turn, and every SAVE of the matrix must record the same state hash as the reference's
  * (read from the stores), whatever place it was taken from. Negative controls: the three codecs'
- * state hashes all differ (the comparison sees the rounding), and the store the server writes to
- * refuses an image re-coded behind its hash's back (what the bug stored).
+ * state hashes all differ (the comparison sees the rounding), and an image re-coded behind its
+ * hash's back (what the bug stored) is refused by the store and by an upload commit.
  * Then `statectl check --read-data` finds every store clean.
  *
  * Besides: the 31-byte limit of a SAVE label (400 invalid_field naming it), and a graceful stop
@@ -253,27 +253,67 @@ static void test_matrix_f16(void **state)
     assert_true(codec_hash[1] != codec_hash[2]);
 }
 
-/* What the bug stored, the live checkpoint re-coded behind the state hash's back, is refused by
- * the store the server writes to (the class is closed where every SAVE, park and upload ends). */
+/* An upload of a session file as one part, committed as session id: the commit's reply, which
+ * must have status want. */
+static json_t *upload(uint16_t port, const char *id, const uint8_t *b, size_t len, int want)
+{
+    json_t *o = st_at_call(port, "POST", "/v1/uploads", "{}", 201);
+    char path[256], body[128];
+    snprintf(path, sizeof path, "/v1/uploads/%s/parts/1", json_string_value(json_object_get(o, "upload")));
+    st_hc_resp r;
+    assert_int_equal(st_hc_request(port, "PUT", path, NULL, b, len, &r), 0);
+    assert_int_equal(r.status, 200);
+    st_hc_resp_free(&r);
+    snprintf(path, sizeof path, "/v1/uploads/%s/commit", json_string_value(json_object_get(o, "upload")));
+    json_decref(o);
+    snprintf(body, sizeof body, "{\"session\":\"%s\"}", id);
+    return st_at_call(port, "POST", path, body, want);
+}
+
+/* What the bug stored, the live checkpoint re-coded behind the state hash's back, is refused
+ * where it would become a version: by the store the server writes to, and by an upload commit
+ * (422 invalid_file naming the mismatch); the same file with its hash recomputed is taken,
+ * restores and continues as the reference does. */
 static void test_wrong_hash_refused(void **state)
 {
     (void)state;
-    const char *store = "m-fp32";
     char path[4400];
-    snprintf(path, sizeof path, "%s/%s", env.dir, store);
+    snprintf(path, sizeof path, "%s/m-bf16", env.dir);
     st_store *st = NULL;
     st_image *img = NULL;
     assert_int_equal(st_store_open(&st, path, NULL), 0);
-    assert_int_equal(st_store_get(st, "s", 1, &img), 0);
-    /* a re-code behind the hash's back: what the bug stored; the store refuses it now */
+    assert_int_equal(st_store_get(st, "s", 1, &img), 0); /* s after turn 0, saved in bf16 */
     void *scratch = malloc(ST_CODEC_SCRATCH_MAX);
     assert_non_null(scratch);
     uint32_t n = st_image_n_checkpoints(img);
-    assert_int_equal(st_image_checkpoint_recode(img, n - 1, ST_CODEC_BF16, scratch, ST_CODEC_SCRATCH_MAX), 0);
+    assert_int_equal(st_image_checkpoint_recode(img, n - 1, ST_CODEC_F16, scratch, ST_CODEC_SCRATCH_MAX), 0);
     free(scratch);
     assert_int_equal(st_store_put(st, "s", img, 0, NULL, NULL), ST_ECORRUPT);
-    st_image_free(img);
     st_store_close(st);
+
+    uint8_t *file = NULL;
+    size_t len = 0;
+    assert_int_equal(st_file_write_mem(img, NULL, &file, &len), 0);
+    st_hc_server s;
+    const char *const flags[] = {"--slots", "1", NULL};
+    assert_int_equal(start(&s, "upload-store", flags), 0);
+    json_t *o = upload(s.port, "up", file, len, 422);
+    json_t *e = json_object_get(o, "error");
+    assert_string_equal(json_string_value(json_object_get(e, "code")), "invalid_file");
+    assert_non_null(strstr(json_string_value(json_object_get(e, "message")), "state hash mismatch"));
+    json_decref(o);
+    free(file);
+    /* with the hash of what it holds, it is a valid (f16) version */
+    uint64_t h = 0;
+    assert_int_equal(st_image_state_hash_compute(img, NULL, NULL, &h), 0);
+    st_image_state_hash_set(img, h);
+    assert_int_equal(st_file_write_mem(img, NULL, &file, &len), 0);
+    json_decref(upload(s.port, "up", file, len, 201));
+    call_ok(s.port, "up", "restore", "{}", 200);
+    json_decref(turn(s.port, "up", 1, "slot"));
+    assert_int_equal(st_hc_server_stop(&s, SIGTERM), 0);
+    free(file);
+    st_image_free(img);
 }
 
 /* ---- SAVE's label limit ------------------------------------------------------------------------- */
