@@ -740,8 +740,15 @@ static int check_state_hashes(st_checker *k, uint64_t earlier)
         size_t n = 0;
         if (!k->sess[i].ok)
             continue; /* reported by the structure pass */
-        if ((rc = st_store_versions(st, id, &vs, &n)) == ST_ENOTFOUND) {
-            rc = 0; /* deleted since the snapshot */
+        int lrc = st_store_versions(st, id, &vs, &n);
+        if (lrc == ENOMEM || lrc == ST_EBUSY) {
+            rc = lrc;
+            break;
+        }
+        if (lrc) {
+            if (lrc != ST_ENOTFOUND && !earlier) /* ST_ENOTFOUND: deleted since the snapshot */
+                problem(k, ST_CHECK_STATE_HASH, id, 0, NULL, "the versions of session %s cannot be "
+                        "read: %s", id, st_errdetail());
             continue;
         }
         for (size_t j = 0; j < n && !rc; j++) {
