@@ -150,14 +150,73 @@ const char *st_http_reason(int status)
     }
 }
 
+/* Length of the well-formed UTF-8 sequence at p (n bytes left), or 0 (RFC 3629: no overlong
+ * forms, no surrogates, nothing past U+10FFFF). */
+static size_t utf8_seq(const unsigned char *p, size_t n)
+{
+    unsigned char c = p[0];
+    size_t len;
+    unsigned char lo = 0x80, hi = 0xbf; /* the range of the second byte */
+    if (c < 0x80)
+        return 1;
+    if (c >= 0xc2 && c <= 0xdf)
+        len = 2;
+    else if (c >= 0xe0 && c <= 0xef) {
+        len = 3;
+        if (c == 0xe0)
+            lo = 0xa0;
+        else if (c == 0xed)
+            hi = 0x9f;
+    } else if (c >= 0xf0 && c <= 0xf4) {
+        len = 4;
+        if (c == 0xf0)
+            lo = 0x90;
+        else if (c == 0xf4)
+            hi = 0x8f;
+    } else
+        return 0;
+    if (n < len || p[1] < lo || p[1] > hi)
+        return 0;
+    for (size_t i = 2; i < len; i++)
+        if (p[i] < 0x80 || p[i] > 0xbf)
+            return 0;
+    return len;
+}
+
+/* s with every byte that is not part of well-formed UTF-8 written as the four characters \xNN:
+ * JSON can carry it, and the message still shows what was sent. NULL when out of memory. */
+static char *utf8_escape(const char *s)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    size_t n = strlen(s), o = 0;
+    char *out = malloc(4 * n + 1);
+    if (!out)
+        return NULL;
+    for (size_t i = 0; i < n;) {
+        size_t k = utf8_seq(p + i, n - i);
+        if (k) {
+            memcpy(out + o, p + i, k);
+            o += k;
+            i += k;
+        } else {
+            o += (size_t)sprintf(out + o, "\\x%02x", p[i]);
+            i++;
+        }
+    }
+    out[o] = '\0';
+    return out;
+}
+
 char *st_http_error_body(const char *code, const char *message, size_t *len)
 {
-    json_t *o = json_pack("{s:{s:s,s:s}}", "error", "code", code ? code : "error", "message",
-                          message ? message : "");
+    char *m = utf8_escape(message ? message : "");
+    json_t *o = m ? json_pack("{s:{s:s,s:s}}", "error", "code", code ? code : "error", "message", m)
+                  : NULL;
     char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
-    if (!s) { /* message not valid UTF-8, or no memory: a fixed body */
-        s = strdup("{\"error\":{\"code\":\"internal\",\"message\":\"error text not encodable\"}}");
+    free(m);
+    if (!s) { /* no memory: a fixed body */
+        s = strdup("{\"error\":{\"code\":\"internal\",\"message\":\"no memory for the error text\"}}");
         if (!s)
             return NULL;
     }
@@ -561,11 +620,13 @@ static int parse_head(st_http_req *r, size_t len, uint32_t max_headers, const ch
     if (!sp1 || !sp2 || strchr(version, ' ') || sp1 == method || sp2 == target)
         return head_fail(code, msg, msg_cap, 400, "bad_request", "malformed request line");
     *sp1 = *sp2 = '\0';
+    /* what was sent is quoted in the message (its bytes escaped where not UTF-8) */
     if (strlen(method) > 16)
-        return head_fail(code, msg, msg_cap, 400, "bad_request", "malformed method");
+        return head_fail(code, msg, msg_cap, 400, "bad_request", "malformed method \"%.16s...\"",
+                         method);
     for (const char *q = method; *q; q++)
         if (!is_tchar((unsigned char)*q))
-            return head_fail(code, msg, msg_cap, 400, "bad_request", "malformed method");
+            return head_fail(code, msg, msg_cap, 400, "bad_request", "malformed method \"%s\"", method);
     r->method = ST_HTTP_OTHER;
     r->method_name = method;
     for (size_t i = 0; i < sizeof methods / sizeof methods[0]; i++)
@@ -576,11 +637,12 @@ static int parse_head(st_http_req *r, size_t len, uint32_t max_headers, const ch
     if (!strncmp(version, "HTTP/1.", 7) && (version[7] == '0' || version[7] == '1') && !version[8]) {
         r->minor = version[7] - '0';
     } else if (!strncmp(version, "HTTP/", 5) && version[5] >= '0' && version[5] <= '9' &&
-               version[6] == '.') {
+               version[6] == '.' && version[7] >= '0' && version[7] <= '9' && !version[8]) {
         return head_fail(code, msg, msg_cap, 505, "http_version",
                          "HTTP version %s is not supported (1.0 and 1.1 are)", version + 5);
     } else {
-        return head_fail(code, msg, msg_cap, 400, "bad_request", "malformed HTTP version");
+        return head_fail(code, msg, msg_cap, 400, "bad_request",
+                         "malformed HTTP version \"%.24s\" (HTTP/1.0 and HTTP/1.1 are served)", version);
     }
     if (target[0] != '/')
         return head_fail(code, msg, msg_cap, 400, "bad_request",
@@ -665,6 +727,8 @@ static int parse_head(st_http_req *r, size_t len, uint32_t max_headers, const ch
         } else if (!strcasecmp(p, "Transfer-Encoding")) {
             have_te = 1;
         } else if (!strcasecmp(p, "Host")) {
+            if (have_host) /* RFC 9112, 3.2: which one names the target is undecidable */
+                return head_fail(code, msg, msg_cap, 400, "bad_request", "more than one Host header");
             have_host = 1;
         }
         p = nl + 1;

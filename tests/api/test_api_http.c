@@ -212,6 +212,12 @@ static const struct {
     {"space in id", "GET /v1/sessions/a%20b HTTP/1.1\r\nHost: x\r\n\r\n", 400, "invalid_id"},
     {"garbage", "GARBAGE\r\n\r\n", 400, "bad_request"},
     {"HTTP/2.0", "GET /healthz HTTP/2.0\r\nHost: x\r\n\r\n", 505, "http_version"},
+    {"HTTP/1.x", "GET /healthz HTTP/1.x\r\nHost: x\r\n\r\n", 400, "bad_request"},
+    {"HTTP/1.1x", "GET /healthz HTTP/1.1x\r\nHost: x\r\n\r\n", 400, "bad_request"},
+    {"HTTP/1.10", "GET /healthz HTTP/1.10\r\nHost: x\r\n\r\n", 400, "bad_request"},
+    {"two Host headers", "GET /healthz HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n", 400, "bad_request"},
+    {"two Host headers, one empty", "GET /healthz HTTP/1.1\r\nHost:\r\nhost: x\r\n\r\n", 400,
+     "bad_request"},
     {"no Host", "GET /healthz HTTP/1.1\r\n\r\n", 400, "bad_request"},
     {"absolute target", "GET http://x/healthz HTTP/1.1\r\nHost: x\r\n\r\n", 400, "bad_request"},
     {"chunked body", "POST /v1/uploads HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
@@ -265,6 +271,38 @@ static void test_hostile_requests(void **state)
         st_hc_resp_free(&r);
         healthy(srv.port);
     }
+}
+
+/* Bytes that are not UTF-8 in the request line: the error still says what was wrong, with
+ * those bytes escaped (not "error text not encodable"). */
+static void test_non_utf8_request_line(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *raw, *says;
+    } cases[] = {
+        {"GET /healthz HTTP/1.\xff\r\nHost: x\r\n\r\n", "malformed HTTP version \"HTTP/1.\\xff\""},
+        {"GET /healthz HTTP/\xc3\xa9.1\r\nHost: x\r\n\r\n", "malformed HTTP version \"HTTP/\xc3\xa9.1\""},
+        {"GET /healthz HTTP/1.1\xc0\xaf\r\nHost: x\r\n\r\n",
+         "malformed HTTP version \"HTTP/1.1\\xc0\\xaf\""}, /* an overlong '/' */
+        {"G\xe2\x82T /healthz HTTP/1.1\r\nHost: x\r\n\r\n", "malformed method \"G\\xe2\\x82T\""},
+        {"\xed\xa0\x80 /healthz HTTP/1.1\r\nHost: x\r\n\r\n", /* a surrogate */
+         "malformed method \"\\xed\\xa0\\x80\""},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        st_hc_resp r;
+        assert_int_equal(st_hc_raw(srv.port, cases[i].raw, strlen(cases[i].raw), &r), 0);
+        is_error(&r, 400, "bad_request", cases[i].raw);
+        json_t *o = body_json(&r);
+        const char *m = json_string_value(json_object_get(json_object_get(o, "error"), "message"));
+        if (!m || strncmp(m, cases[i].says, strlen(cases[i].says)))
+            fprintf(stderr, "message %s, expected it to begin %s\n", m ? m : "(none)", cases[i].says);
+        assert_non_null(m);
+        assert_int_equal(strncmp(m, cases[i].says, strlen(cases[i].says)), 0);
+        json_decref(o);
+        st_hc_resp_free(&r);
+    }
+    healthy(srv.port);
 }
 
 static void test_bad_ids_and_sizes(void **state)
@@ -993,6 +1031,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_healthz_and_metrics),
         cmocka_unit_test(test_hostile_requests),
+        cmocka_unit_test(test_non_utf8_request_line),
         cmocka_unit_test(test_bad_ids_and_sizes),
         cmocka_unit_test(test_timeouts),
         cmocka_unit_test(test_keepalive_and_pipelining),
