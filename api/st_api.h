@@ -69,7 +69,9 @@ typedef struct st_api_config {
                                     workers - 1 workers (beyond: 409 at once). */
 
     /* HTTP limits */
-    uint32_t max_connections;    /* default 256 */
+    uint32_t max_connections;    /* default 256; at the cap a new connection sheds an idle one */
+    uint32_t max_connections_per_peer; /* per client address (IPv6: per /64), default 64; more
+                                    than max_connections counts as max_connections */
     uint32_t max_header_bytes;   /* request line + headers (default 16 KiB) */
     uint32_t max_headers;        /* header lines (default 64) */
     uint64_t max_json_body;      /* small JSON bodies: save, restore, park, commit (64 KiB) */
@@ -77,7 +79,8 @@ typedef struct st_api_config {
     uint64_t max_part_bytes;     /* one upload part (default 16 MiB) */
     uint64_t max_upload_bytes;   /* one whole upload (default 64 GiB) */
     uint64_t body_budget;        /* request bodies buffered at once, all connections (256 MiB) */
-    uint32_t head_timeout_ms;    /* a request head must arrive within this (default 10 s) */
+    uint32_t head_timeout_ms;    /* a request head must arrive within this of a new connection's
+                                    accept, or of its first byte later (default 10 s) */
     uint32_t read_timeout_ms;    /* longest pause inside a request body (default 30 s) */
     uint32_t body_timeout_ms;    /* a whole body must arrive within this (default 600 s) */
     uint32_t write_timeout_ms;   /* longest pause while a reply is being sent (default 60 s) */

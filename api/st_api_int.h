@@ -55,11 +55,20 @@ enum {
 
 typedef struct st_http_limits {
     uint32_t max_connections;
+    uint32_t max_connections_per_peer; /* 0 or more than max_connections: max_connections */
     uint32_t max_header_bytes;
     uint32_t max_headers;
     uint64_t body_budget;
+    /* head_timeout runs from the accept of a new connection and from the first byte of a later
+     * head; idle_timeout between requests */
     uint32_t head_timeout_ms, read_timeout_ms, body_timeout_ms, write_timeout_ms, idle_timeout_ms;
 } st_http_limits;
+
+typedef struct st_http_stats {
+    uint32_t connections, idle, peers;
+    uint64_t shed;         /* idle connections closed to make room for new ones */
+    uint64_t peer_refused; /* new connections refused: their peer's connections all busy */
+} st_http_stats;
 
 typedef struct st_http_cbs {
     /* A head was parsed. Return 0 with *body_max set to read the body (up to *body_max bytes;
@@ -86,6 +95,7 @@ uint16_t st_http_port(const st_http *h);
 /* Stop accepting; connections finish their current request and close. */
 void st_http_stop_accepting(st_http *h);
 uint32_t st_http_n_connections(const st_http *h);
+void st_http_stats_get(const st_http *h, st_http_stats *out);
 /* Close idle connections (no request in progress); returns those still busy. */
 uint32_t st_http_close_idle(st_http *h);
 
@@ -174,7 +184,7 @@ int st_metrics_route(st_metrics *m, const char *name); /* registers; returns its
 void st_metrics_request(st_metrics *m, int route, int status, double ms);
 void st_metrics_refused(st_metrics *m, int status);
 /* Prometheus text exposition (version 0.0.4) into out. */
-void st_metrics_render(st_metrics *m, struct evbuffer *out, uint32_t connections,
+void st_metrics_render(st_metrics *m, struct evbuffer *out, const st_http_stats *http,
                        uint32_t work_outstanding, uint32_t work_queued);
 
 /* ---- memory guard -------------------------------------------------------------------------- */

@@ -2,9 +2,11 @@
  * st_http.c - HTTP/1.1 server connections on libevent bufferevents, with every limit explicit.
  *
  * A connection moves through these states:
- *   HEAD     waiting for a request head. With no byte of it yet, the idle timer runs (a quiet
- *            close); from its first byte, the head timer (408). The head must end within
- *            max_header_bytes (431) and have at most max_headers lines (431).
+ *   HEAD     waiting for a request head. A new connection must send a complete head within
+ *            head_timeout of being accepted; a kept-alive one may wait idle_timeout for the next
+ *            request, then has head_timeout from its first byte. A timeout before any byte is a
+ *            quiet close, after one it is 408. The head must end within max_header_bytes (431)
+ *            and have at most max_headers lines (431).
  *   BODY     reading Content-Length bytes into the request's buffer, after the router accepted
  *            the head and its length; a pause longer than read_timeout or a body slower than
  *            body_timeout is 408.
@@ -21,6 +23,16 @@
  *            reply instead of a reset.
  * Transfer-Encoding on a request is refused (411): a body is framed by Content-Length only, so
  * no request can be split two ways (no smuggling between a proxy and us).
+ *
+ * Connections that hold no request (HEAD and LINGER: idle, or a head still arriving) are
+ * "idle" here and may be shed: closed to make room. Invariants:
+ * 1. Each peer (an IPv4 address, or the /64 of an IPv6 address) holds at most
+ *    max_connections_per_peer connections: a new one beyond sheds that peer's oldest idle
+ *    connection, or is refused with 503 when it has none.
+ * 2. At max_connections a new connection sheds one idle connection: the oldest of the peer
+ *    that holds the most idle connections (so a peer with few is shed last: a flood from some
+ *    addresses does not close a client from another). The listener is paused only while the
+ *    cap is reached and no connection is idle, and resumes when one closes or becomes idle.
  */
 #include <errno.h>
 #include <netdb.h>
@@ -32,6 +44,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -42,6 +55,8 @@
 #include "st_api_int.h"
 
 #define LINGER_MS 2000
+/* the key of a peer: the family, then the IPv4 address or the first 8 bytes of an IPv6 one */
+#define PEER_KEY 9
 #define LINGER_MAX_BYTES (64u << 20)
 /* input buffered while a request is with its handler (pipelined bytes) before reading pauses */
 #define BUSY_READ_MAX (64u << 10)
@@ -49,6 +64,20 @@
 typedef enum conn_state { C_HEAD, C_BODY, C_BUSY, C_WRITING, C_LINGER } conn_state;
 
 typedef struct st_http_conn st_http_conn;
+typedef struct st_http_peer st_http_peer;
+
+struct st_http_peer {
+    unsigned char key[PEER_KEY];
+    uint32_t n_conns;                    /* connections open from this peer */
+    uint32_t n_idle;                     /* of them idle (sheddable) */
+    st_http_conn *idle_first, *idle_last;/* those, oldest first */
+    st_http_peer *hnext;                 /* hash chain */
+    st_http_peer *bprev, *bnext;         /* in h->by_idle[n_idle] while n_idle > 0 */
+};
+
+struct peer_list {
+    st_http_peer *first, *last;
+};
 
 struct st_http_hdr {
     char *name;
@@ -91,9 +120,13 @@ struct st_http_conn {
     int gone;            /* the client went away while BUSY: on_gone was called */
     int linger_needed;
     uint64_t lingered;
+    uint64_t n_served;   /* replies written: 0 while the connection is new */
     double body_deadline;
     char peer[64];
+    st_http_peer *from;
+    int idle;            /* in from's idle list */
     st_http_conn *prev, *next;
+    st_http_conn *iprev, *inext;
 };
 
 struct st_http {
@@ -104,11 +137,19 @@ struct st_http {
     st_http_cbs cbs;
     void *arg;
     uint32_t n_conns;
+    uint32_t n_idle;
+    uint32_t n_peers;
     uint64_t reserved;
-    int paused;   /* listener disabled at the connection cap */
+    uint64_t n_shed, n_peer_refused;
+    int paused;   /* listener disabled: at the connection cap with no idle connection */
     int stopping;
     uint16_t port;
     st_http_conn *conns;
+    st_http_peer **peers;   /* hash table of n_buckets chains */
+    uint32_t n_buckets;
+    uint64_t hash_seed;
+    struct peer_list *by_idle; /* peers by their idle count, 1..max_connections_per_peer */
+    uint32_t max_idle;         /* highest idle count of a peer */
 };
 
 static double now_ms(void)
@@ -280,6 +321,156 @@ const char *st_http_req_header(const st_http_req *r, const char *name)
     return NULL;
 }
 
+/* ---- peers and idle connections (invariants 1, 2) ------------------------------------------ */
+
+static void peer_key(const struct sockaddr *sa, unsigned char key[PEER_KEY])
+{
+    static const unsigned char v4mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    memset(key, 0, PEER_KEY);
+    if (sa->sa_family == AF_INET) {
+        key[0] = 4;
+        memcpy(key + 1, &((const struct sockaddr_in *)sa)->sin_addr, 4);
+    } else if (sa->sa_family == AF_INET6) {
+        const unsigned char *a = ((const struct sockaddr_in6 *)sa)->sin6_addr.s6_addr;
+        if (!memcmp(a, v4mapped, sizeof v4mapped)) {
+            key[0] = 4;
+            memcpy(key + 1, a + 12, 4);
+        } else {
+            key[0] = 6;
+            memcpy(key + 1, a, 8); /* the /64: one host usually holds all of it */
+        }
+    }
+}
+
+static uint32_t peer_hash(const st_http *h, const unsigned char *key)
+{
+    uint64_t x = 0xcbf29ce484222325ull ^ h->hash_seed; /* FNV-1a, seeded per server */
+    for (int i = 0; i < PEER_KEY; i++)
+        x = (x ^ key[i]) * 0x100000001b3ull;
+    return (uint32_t)(x ^ (x >> 32)) & (h->n_buckets - 1);
+}
+
+/* The peer of key, created when it has no connection yet; NULL when out of memory. */
+static st_http_peer *peer_get(st_http *h, const unsigned char *key)
+{
+    uint32_t b = peer_hash(h, key);
+    for (st_http_peer *p = h->peers[b]; p; p = p->hnext)
+        if (!memcmp(p->key, key, PEER_KEY))
+            return p;
+    st_http_peer *p = calloc(1, sizeof *p);
+    if (!p)
+        return NULL;
+    memcpy(p->key, key, PEER_KEY);
+    p->hnext = h->peers[b];
+    h->peers[b] = p;
+    h->n_peers++;
+    return p;
+}
+
+/* Forget p once it has no connection left. */
+static void peer_put(st_http *h, st_http_peer *p)
+{
+    if (p->n_conns)
+        return;
+    for (st_http_peer **pp = &h->peers[peer_hash(h, p->key)]; *pp; pp = &(*pp)->hnext)
+        if (*pp == p) {
+            *pp = p->hnext;
+            break;
+        }
+    h->n_peers--;
+    free(p);
+}
+
+static void by_idle_unlink(st_http *h, st_http_peer *p)
+{
+    struct peer_list *l = &h->by_idle[p->n_idle];
+    if (p->bprev)
+        p->bprev->bnext = p->bnext;
+    else
+        l->first = p->bnext;
+    if (p->bnext)
+        p->bnext->bprev = p->bprev;
+    else
+        l->last = p->bprev;
+    p->bprev = p->bnext = NULL;
+}
+
+static void by_idle_append(st_http *h, st_http_peer *p)
+{
+    struct peer_list *l = &h->by_idle[p->n_idle];
+    p->bnext = NULL;
+    p->bprev = l->last;
+    if (l->last)
+        l->last->bnext = p;
+    else
+        l->first = p;
+    l->last = p;
+    if (p->n_idle > h->max_idle)
+        h->max_idle = p->n_idle;
+}
+
+/* c holds no request now (HEAD or LINGER): it may be shed. */
+static void idle_enter(st_http_conn *c)
+{
+    st_http *h = c->h;
+    st_http_peer *p = c->from;
+    if (c->idle)
+        return;
+    if (p->n_idle)
+        by_idle_unlink(h, p);
+    p->n_idle++;
+    by_idle_append(h, p);
+    c->inext = NULL;
+    c->iprev = p->idle_last;
+    if (p->idle_last)
+        p->idle_last->inext = c;
+    else
+        p->idle_first = c;
+    p->idle_last = c;
+    c->idle = 1;
+    h->n_idle++;
+    if (h->paused && !h->stopping) { /* a new connection can shed this one */
+        evconnlistener_enable(h->lis);
+        h->paused = 0;
+    }
+}
+
+static void idle_leave(st_http_conn *c)
+{
+    st_http *h = c->h;
+    st_http_peer *p = c->from;
+    if (!c->idle)
+        return;
+    if (c->iprev)
+        c->iprev->inext = c->inext;
+    else
+        p->idle_first = c->inext;
+    if (c->inext)
+        c->inext->iprev = c->iprev;
+    else
+        p->idle_last = c->iprev;
+    c->iprev = c->inext = NULL;
+    by_idle_unlink(h, p);
+    if (!h->by_idle[p->n_idle].first && h->max_idle == p->n_idle)
+        h->max_idle--; /* p itself is at max_idle - 1 now */
+    p->n_idle--;
+    if (p->n_idle)
+        by_idle_append(h, p);
+    c->idle = 0;
+    h->n_idle--;
+    if (h->n_conns >= h->lim.max_connections && !h->n_idle && !h->paused) {
+        /* at the cap with nothing to shed, new connections wait in the kernel's backlog */
+        evconnlistener_disable(h->lis);
+        h->paused = 1;
+    }
+}
+
+/* The connection to shed for a new one: the oldest idle one of the peer with the most. */
+static st_http_conn *shed_victim(const st_http *h)
+{
+    return h->max_idle ? h->by_idle[h->max_idle].first->idle_first : NULL;
+}
+
 /* ---- connections -------------------------------------------------------------------------- */
 
 static void conn_arm(st_http_conn *c, double ms)
@@ -293,6 +484,9 @@ static void conn_arm(st_http_conn *c, double ms)
 static void conn_free(st_http_conn *c)
 {
     st_http *h = c->h;
+    idle_leave(c);
+    c->from->n_conns--;
+    peer_put(h, c->from);
     if (c->prev)
         c->prev->next = c->next;
     else
@@ -319,6 +513,7 @@ static void reply_done(st_http_conn *c)
     st_http *h = c->h;
     req_free(h, c->req);
     c->req = NULL;
+    c->n_served++;
     if (c->close_after) {
         if (c->linger_needed) {
             int fd = (int)bufferevent_getfd(c->bev);
@@ -330,6 +525,7 @@ static void reply_done(st_http_conn *c)
                            evbuffer_get_length(bufferevent_get_input(c->bev)));
             bufferevent_enable(c->bev, EV_READ);
             conn_arm(c, LINGER_MS);
+            idle_enter(c);
             return;
         }
         conn_free(c);
@@ -341,6 +537,7 @@ static void reply_done(st_http_conn *c)
     bufferevent_setwatermark(c->bev, EV_READ, 0, 0);
     conn_arm(c, h->lim.idle_timeout_ms);
     bufferevent_enable(c->bev, EV_READ);
+    idle_enter(c);
     if (evbuffer_get_length(bufferevent_get_input(c->bev)))
         conn_try_head(c);
 }
@@ -394,6 +591,7 @@ static void reply_end(st_http_req *r)
         return;
     }
     c->state = C_WRITING;
+    idle_leave(c);
     bufferevent_disable(c->bev, EV_READ);
     bufferevent_enable(c->bev, EV_WRITE);
 }
@@ -795,7 +993,8 @@ static void conn_try_head(st_http_conn *c)
         return;
     if (!c->head_started) {
         c->head_started = 1;
-        conn_arm(c, h->lim.head_timeout_ms);
+        if (c->n_served) /* a new connection's deadline runs from its accept */
+            conn_arm(c, h->lim.head_timeout_ms);
     }
     size_t lim = h->lim.max_header_bytes;
     size_t n = len < lim ? len : lim;
@@ -836,6 +1035,7 @@ static void conn_try_head(st_http_conn *c)
     evbuffer_drain(in, endpos);
     r->t_head = now_ms();
     evtimer_del(c->timer);
+    idle_leave(c);
     const char *code = "bad_request";
     char msg[256];
     int st = parse_head(r, endpos, h->lim.max_headers, &code, msg, sizeof msg);
@@ -965,6 +1165,39 @@ static void timer_cb(evutil_socket_t fd, short what, void *arg)
 
 /* ---- listening ------------------------------------------------------------------------------ */
 
+/* Refuse a connection before it has a bufferevent: a short 503 written at once (its socket
+ * buffer is empty), what the client sent already read and dropped so that the close is not a
+ * reset that could destroy the reply, then the close. Nothing here waits. */
+static void accept_refuse(st_http *h, evutil_socket_t fd, const char *code, const char *msg)
+{
+    char head[256], drain[4096];
+    size_t blen = 0;
+    char *body = st_http_error_body(code, msg, &blen);
+    int n = snprintf(head, sizeof head,
+                     "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                     "Content-Length: %zu\r\nRetry-After: 1\r\nCache-Control: no-store\r\n"
+                     "Connection: close\r\n\r\n",
+                     body ? blen : 0);
+    for (int i = 0; i < 16 && recv(fd, drain, sizeof drain, MSG_DONTWAIT) > 0; i++) {
+    }
+    struct iovec iov[2] = {{head, (size_t)n}, {body, body ? blen : 0}};
+    struct msghdr mh = {.msg_iov = iov, .msg_iovlen = 2};
+    if (sendmsg(fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL) < 0) { /* best effort: the close says enough */
+    }
+    shutdown(fd, SHUT_WR);
+    evutil_closesocket(fd);
+    free(body);
+    if (h->cbs.on_refused)
+        h->cbs.on_refused(503, code, h->arg);
+}
+
+/* Close an idle connection to make room (invariants 1, 2). */
+static void conn_shed(st_http_conn *c)
+{
+    c->h->n_shed++;
+    conn_free(c);
+}
+
 static void accept_cb(struct evconnlistener *lis, evutil_socket_t fd, struct sockaddr *sa, int salen,
                       void *arg)
 {
@@ -974,12 +1207,48 @@ static void accept_cb(struct evconnlistener *lis, evutil_socket_t fd, struct soc
         evutil_closesocket(fd);
         return;
     }
+    unsigned char key[PEER_KEY];
+    peer_key(sa, key);
+    st_http_peer *p = peer_get(h, key);
+    if (!p) {
+        evutil_closesocket(fd);
+        return;
+    }
+    p->n_conns++; /* the new connection, counted first so that shedding cannot free p */
+    if (p->n_conns > h->lim.max_connections_per_peer) {
+        if (!p->idle_first) {
+            char msg[160];
+            p->n_conns--;
+            h->n_peer_refused++;
+            snprintf(msg, sizeof msg,
+                     "this address has %u connections open, all with a request in progress "
+                     "(the limit per address); retry later",
+                     p->n_conns);
+            peer_put(h, p);
+            accept_refuse(h, fd, "too_many_connections", msg);
+            return;
+        }
+        conn_shed(p->idle_first);
+    }
+    if (h->n_conns >= h->lim.max_connections) {
+        st_http_conn *v = shed_victim(h);
+        if (!v) { /* the listener is paused before this can happen (invariant 2) */
+            p->n_conns--;
+            peer_put(h, p);
+            accept_refuse(h, fd, "busy", "every connection has a request in progress; retry later");
+            return;
+        }
+        conn_shed(v);
+    }
     st_http_conn *c = calloc(1, sizeof *c);
     if (!c) {
+        p->n_conns--;
+        peer_put(h, p);
         evutil_closesocket(fd);
         return;
     }
     c->h = h;
+    c->from = p;
     char host[NI_MAXHOST], serv[NI_MAXSERV];
     if (!getnameinfo(sa, (socklen_t)salen, host, sizeof host, serv, sizeof serv,
                      NI_NUMERICHOST | NI_NUMERICSERV))
@@ -998,6 +1267,8 @@ static void accept_cb(struct evconnlistener *lis, evutil_socket_t fd, struct soc
         if (c->timer)
             event_free(c->timer);
         free(c);
+        p->n_conns--;
+        peer_put(h, p);
         return;
     }
     c->next = h->conns;
@@ -1005,17 +1276,13 @@ static void accept_cb(struct evconnlistener *lis, evutil_socket_t fd, struct soc
         h->conns->prev = c;
     h->conns = c;
     h->n_conns++;
-    if (h->n_conns >= h->lim.max_connections && !h->paused) {
-        /* at the cap new connections wait in the kernel's backlog */
-        evconnlistener_disable(h->lis);
-        h->paused = 1;
-    }
     struct timeval wtv = {h->lim.write_timeout_ms / 1000, (h->lim.write_timeout_ms % 1000) * 1000};
     bufferevent_set_timeouts(c->bev, NULL, &wtv);
     bufferevent_setcb(c->bev, read_cb, write_cb, event_cb, c);
     bufferevent_enable(c->bev, EV_READ);
     c->state = C_HEAD;
-    conn_arm(c, h->lim.idle_timeout_ms);
+    idle_enter(c);
+    conn_arm(c, h->lim.head_timeout_ms);
 }
 
 static void accept_retry_cb(evutil_socket_t fd, short what, void *arg)
@@ -1052,6 +1319,17 @@ int st_http_new(struct event_base *base, const char *host, uint16_t port,
     h->arg = arg;
     if (!h->lim.max_connections)
         h->lim.max_connections = 1;
+    if (!h->lim.max_connections_per_peer || h->lim.max_connections_per_peer > h->lim.max_connections)
+        h->lim.max_connections_per_peer = h->lim.max_connections;
+    for (h->n_buckets = 64; h->n_buckets < h->lim.max_connections && h->n_buckets < (1u << 20);)
+        h->n_buckets *= 2;
+    h->peers = calloc(h->n_buckets, sizeof *h->peers);
+    h->by_idle = calloc((size_t)h->lim.max_connections_per_peer + 1, sizeof *h->by_idle);
+    if (!h->peers || !h->by_idle) {
+        rc = st_error_set(ENOMEM, "http: no memory");
+        goto fail;
+    }
+    evutil_secure_rng_get_bytes(&h->hash_seed, sizeof h->hash_seed);
     char ps[8];
     snprintf(ps, sizeof ps, "%u", (unsigned)port);
     hints.ai_family = AF_UNSPEC;
@@ -1106,11 +1384,22 @@ void st_http_free(st_http *h)
         evconnlistener_free(h->lis);
     if (h->accept_retry)
         event_free(h->accept_retry);
+    free(h->peers);
+    free(h->by_idle);
     free(h);
 }
 
 uint16_t st_http_port(const st_http *h) { return h->port; }
 uint32_t st_http_n_connections(const st_http *h) { return h->n_conns; }
+
+void st_http_stats_get(const st_http *h, st_http_stats *out)
+{
+    out->connections = h->n_conns;
+    out->idle = h->n_idle;
+    out->peers = h->n_peers;
+    out->shed = h->n_shed;
+    out->peer_refused = h->n_peer_refused;
+}
 
 void st_http_stop_accepting(st_http *h)
 {

@@ -59,7 +59,7 @@ static void gauge(struct evbuffer *o, const char *name, const char *help, double
     evbuffer_add_printf(o, "# HELP %s %s\n# TYPE %s gauge\n%s %.17g\n", name, help, name, name, v);
 }
 
-void st_metrics_render(st_metrics *m, struct evbuffer *o, uint32_t connections,
+void st_metrics_render(st_metrics *m, struct evbuffer *o, const st_http_stats *http,
                        uint32_t work_outstanding, uint32_t work_queued)
 {
     evbuffer_add_printf(o, "# HELP strata_http_requests_total Requests answered, by route and "
@@ -89,7 +89,15 @@ void st_metrics_render(st_metrics *m, struct evbuffer *o, uint32_t connections,
         evbuffer_add_printf(o, "strata_http_request_duration_seconds_count{route=\"%s\"} %llu\n",
                             m->route_name[r], U(m->lat_count[r]));
     }
-    gauge(o, "strata_http_connections", "Open client connections.", connections);
+    gauge(o, "strata_http_connections", "Open client connections.", http->connections);
+    gauge(o, "strata_http_connections_idle",
+          "Open connections without a request in progress (idle, or a head arriving).", http->idle);
+    gauge(o, "strata_http_peers", "Client addresses with open connections.", http->peers);
+    counter(o, "strata_http_connections_shed_total",
+            "Idle connections closed to make room (connection cap or per-address limit).", http->shed);
+    counter(o, "strata_http_connections_refused_total",
+            "New connections refused with 503: every connection of their address was busy.",
+            http->peer_refused);
     gauge(o, "strata_worker_jobs", "Jobs submitted to workers and not yet answered.", work_outstanding);
     gauge(o, "strata_worker_queue", "Jobs waiting for a worker.", work_queued);
 

@@ -156,6 +156,7 @@ void st_api_config_default(st_api_config *c)
     c->max_n_predict = 4096;
     c->busy_wait_ms = 30000;
     c->max_connections = 256;
+    c->max_connections_per_peer = 64;
     c->max_header_bytes = 16u << 10;
     c->max_headers = 64;
     c->max_json_body = 64u << 10;
@@ -763,8 +764,9 @@ static void h_metrics(st_api_call *c)
     }
     c->file_ctype = "text/plain; version=0.0.4; charset=utf-8";
     c->status = 200;
-    st_metrics_render(&s->metrics, c->text, st_http_n_connections(s->http),
-                      st_work_outstanding(s->work), st_work_queued(s->work));
+    st_http_stats hs;
+    st_http_stats_get(s->http, &hs);
+    st_metrics_render(&s->metrics, c->text, &hs, st_work_outstanding(s->work), st_work_queued(s->work));
 }
 
 /* ---- store routes (workers) --------------------------------------------------------------- */
@@ -1769,6 +1771,7 @@ int st_api_config_check(const st_api_config *cfg)
         uint64_t v, min;
     } lim[] = {
         {"--max-connections", cfg->max_connections, 1},
+        {"--max-connections-per-peer", cfg->max_connections_per_peer, 1},
         {"--max-header-bytes", cfg->max_header_bytes, 256},
         {"--max-headers", cfg->max_headers, 1},
         {"--max-json-kib (bytes)", cfg->max_json_body, 16},
@@ -1865,6 +1868,7 @@ int st_api_server_new(const st_api_config *cfg, st_api_server **out)
     }
     st_http_limits lim = {
         .max_connections = cfg->max_connections,
+        .max_connections_per_peer = cfg->max_connections_per_peer,
         .max_header_bytes = cfg->max_header_bytes,
         .max_headers = cfg->max_headers,
         .body_budget = cfg->body_budget,

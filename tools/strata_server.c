@@ -49,7 +49,12 @@ static void usage(FILE *f)
             "  --spool-dir DIR               temporary upload/download files (default STORE/spool)\n"
             "Limits (every limit is at least 1; none is unlimited):\n"
             "  --workers N                   worker threads, 1..256 (default 8)\n"
-            "  --max-connections N           open connections (default 256)\n"
+            "  --max-connections N           open connections (default 256); at the cap a new one\n"
+            "                                closes the oldest idle connection of the address\n"
+            "                                holding the most idle ones\n"
+            "  --max-connections-per-peer N  open connections per client address, IPv6 per /64\n"
+            "                                (default 64); beyond, that address's oldest idle one\n"
+            "                                is closed, or the new one refused -> 503\n"
             "  --max-header-bytes N          request line + headers, >= 256 (default 16384) -> 431\n"
             "  --max-headers N               header lines (default 64) -> 431\n"
             "  --max-json-kib N              JSON bodies of save/restore/park/commit/slots (default 64) -> 413\n"
@@ -57,7 +62,8 @@ static void usage(FILE *f)
             "  --max-part-mib N              one upload part (default 16) -> 413\n"
             "  --max-upload-mib N            one whole upload (default 65536) -> 413\n"
             "  --body-budget-mib N           request bodies buffered at once (default 256) -> 503\n"
-            "  --head-timeout-ms N           first byte to end of a request head (default 10000) -> 408\n"
+            "  --head-timeout-ms N           a new connection's complete request head, and a later\n"
+            "                                head from its first byte (default 10000) -> 408\n"
             "  --read-timeout-ms N           longest pause inside a body (default 30000) -> 408\n"
             "  --body-timeout-ms N           a whole body (default 600000) -> 408\n"
             "  --write-timeout-ms N          longest pause while a reply is sent (default 60000)\n"
@@ -184,6 +190,7 @@ int main(int argc, char **argv)
         NUM("--busy-wait-ms", U32, c.busy_wait_ms, 1)
         NUM("--keep-last", 1u << 20, c.keep_last, 1)
         NUM("--max-connections", 1u << 20, c.max_connections, 1)
+        NUM("--max-connections-per-peer", 1u << 20, c.max_connections_per_peer, 1)
         NUM("--max-header-bytes", 1u << 20, c.max_header_bytes, 1)
         NUM("--max-headers", 4096, c.max_headers, 1)
         NUM("--max-json-kib", 1u << 20, c.max_json_body, 1024)

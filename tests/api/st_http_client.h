@@ -46,13 +46,23 @@ static inline void st_hc_resp_free(st_hc_resp *r)
     r->body_len = 0;
 }
 
-/* Connect to 127.0.0.1:port; recv/send timeouts of timeout_ms. -1 on failure. */
-static inline int st_hc_connect(uint16_t port, int timeout_ms)
+/* Connect to 127.0.0.1:port from the loopback address src (any of 127/8, e.g. "127.0.0.2", so
+ * that the server sees another client address; NULL: 127.0.0.1); recv/send timeouts of
+ * timeout_ms. -1 on failure. */
+static inline int st_hc_connect_from(uint16_t port, const char *src, int timeout_ms)
 {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0)
         return -1;
     struct sockaddr_in a;
+    if (src) {
+        memset(&a, 0, sizeof a);
+        a.sin_family = AF_INET;
+        if (inet_pton(AF_INET, src, &a.sin_addr) != 1 || bind(fd, (struct sockaddr *)&a, sizeof a)) {
+            close(fd);
+            return -1;
+        }
+    }
     memset(&a, 0, sizeof a);
     a.sin_family = AF_INET;
     a.sin_port = htons(port);
@@ -67,6 +77,12 @@ static inline int st_hc_connect(uint16_t port, int timeout_ms)
         return -1;
     }
     return fd;
+}
+
+/* Connect to 127.0.0.1:port; recv/send timeouts of timeout_ms. -1 on failure. */
+static inline int st_hc_connect(uint16_t port, int timeout_ms)
+{
+    return st_hc_connect_from(port, NULL, timeout_ms);
 }
 
 static inline int st_hc_send(int fd, const void *buf, size_t len)

@@ -459,35 +459,129 @@ static void test_keepalive_and_pipelining(void **state)
     st_hc_resp_free(&r);
 }
 
+/* A request head with Expect: 100-continue and a body that never comes: once the 100 is read,
+ * the server holds the connection in its body state (a request in progress). */
+static int body_in_progress(uint16_t port, const char *from)
+{
+    int fd = st_hc_connect_from(port, from, 10000);
+    assert_true(fd >= 0);
+    const char *h = "POST /v1/uploads HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+                    "Content-Length: 10\r\n\r\n";
+    assert_int_equal(st_hc_send(fd, h, strlen(h)), 0);
+    char got[26] = {0};
+    assert_int_equal(recv(fd, got, 25, MSG_WAITALL), 25);
+    assert_string_equal(got, "HTTP/1.1 100 Continue\r\n\r\n");
+    return fd;
+}
+
+/* A kept-alive connection from `from` that has had one /healthz answered: idle now. */
+static int idle_after_request(uint16_t port, const char *from)
+{
+    int fd = st_hc_connect_from(port, from, 10000);
+    assert_true(fd >= 0);
+    assert_int_equal(st_hc_send_req(fd, "GET", "/healthz", NULL, NULL, 0), 0);
+    st_hc_resp r;
+    assert_int_equal(st_hc_read(fd, &r), 0);
+    assert_int_equal(r.status, 200);
+    st_hc_resp_free(&r);
+    return fd;
+}
+
+/* fd is still served (a /healthz on it answers 200). */
+static void still_served(int fd)
+{
+    st_hc_resp r;
+    assert_int_equal(st_hc_send_req(fd, "GET", "/healthz", NULL, NULL, 0), 0);
+    assert_int_equal(st_hc_read(fd, &r), 0);
+    assert_int_equal(r.status, 200);
+    st_hc_resp_free(&r);
+}
+
+/* The server closed fd (EOF before any byte). */
+static void was_closed(int fd)
+{
+    char ch;
+    assert_int_equal(recv(fd, &ch, 1, 0), 0);
+}
+
 static void test_connection_cap(void **state)
 {
     (void)state;
     st_hc_server s2;
     static const char *const args[] = {"--max-connections", "3", NULL};
     assert_int_equal(start(&s2, args), 0);
+    /* at the cap a new connection sheds the oldest idle one */
     int held[3];
-    for (int i = 0; i < 3; i++) {
-        held[i] = st_hc_connect(s2.port, 10000);
-        assert_true(held[i] >= 0);
-        assert_int_equal(st_hc_send_req(held[i], "GET", "/healthz", NULL, NULL, 0), 0);
-        st_hc_resp r;
-        assert_int_equal(st_hc_read(held[i], &r), 0); /* accepted and kept alive */
-        st_hc_resp_free(&r);
-    }
-    /* a fourth waits in the backlog: no reply while the three are open */
-    int fd = st_hc_connect(s2.port, 10000);
+    for (int i = 0; i < 3; i++)
+        held[i] = idle_after_request(s2.port, NULL);
+    int fd = idle_after_request(s2.port, NULL);
+    was_closed(held[0]);
+    still_served(held[1]);
+    still_served(held[2]);
+    /* a connection with a request in progress is never shed: with every one busy, a new
+     * connection waits in the backlog until one closes */
+    close(held[0]);
+    close(held[1]);
+    close(held[2]);
+    close(fd);
+    int busy[3];
+    for (int i = 0; i < 3; i++)
+        busy[i] = body_in_progress(s2.port, NULL);
+    fd = st_hc_connect(s2.port, 10000);
     assert_true(fd >= 0);
     assert_int_equal(st_hc_send_req(fd, "GET", "/healthz", NULL, NULL, 0), 0);
     struct pollfd pf = {fd, POLLIN, 0};
     assert_int_equal(poll(&pf, 1, 300), 0);
-    close(held[0]);
+    close(busy[0]);
     st_hc_resp r;
     assert_int_equal(st_hc_read(fd, &r), 0);
     assert_int_equal(r.status, 200);
     st_hc_resp_free(&r);
     close(fd);
-    close(held[1]);
-    close(held[2]);
+    close(busy[1]);
+    close(busy[2]);
+    assert_int_equal(st_hc_server_stop(&s2, SIGTERM), 0);
+}
+
+/* --max-connections-per-peer: a client address beyond it sheds its own oldest idle connection,
+ * or, when all of its connections are busy, is refused; other addresses are not touched. */
+static void test_connections_per_peer(void **state)
+{
+    (void)state;
+    st_hc_server s2;
+    static const char *const args[] = {"--max-connections", "16", "--max-connections-per-peer", "2",
+                                       NULL};
+    assert_int_equal(start(&s2, args), 0);
+    int a0 = idle_after_request(s2.port, "127.0.0.2");
+    int other = idle_after_request(s2.port, "127.0.0.3");
+    int a1 = idle_after_request(s2.port, "127.0.0.2");
+    int a2 = idle_after_request(s2.port, "127.0.0.2"); /* sheds a0, the oldest of 127.0.0.2 */
+    was_closed(a0);
+    still_served(a1);
+    still_served(a2);
+    still_served(other);
+    close(a0);
+    close(a1);
+    close(a2);
+    /* both connections of 127.0.0.2 busy: a third is refused with 503 */
+    int b0 = body_in_progress(s2.port, "127.0.0.2");
+    int b1 = body_in_progress(s2.port, "127.0.0.2");
+    int fd = st_hc_connect_from(s2.port, "127.0.0.2", 10000);
+    assert_true(fd >= 0);
+    st_hc_resp r;
+    assert_int_equal(st_hc_read(fd, &r), 0);
+    is_error(&r, 503, "too_many_connections", "third busy connection of one address");
+    char v[16];
+    assert_non_null(st_hc_header(&r, "Retry-After", v, sizeof v));
+    st_hc_resp_free(&r);
+    close(fd);
+    still_served(other);
+    healthy(s2.port); /* from 127.0.0.1 */
+    assert_true(st_at_metric(s2.port, "strata_http_connections_refused_total") == 1);
+    assert_true(st_at_metric(s2.port, "strata_http_connections_shed_total") >= 1);
+    close(b0);
+    close(b1);
+    close(other);
     assert_int_equal(st_hc_server_stop(&s2, SIGTERM), 0);
 }
 
@@ -976,9 +1070,10 @@ static void test_command_line(void **state)
         "--conversation-cache-mib", "--slot-save-path", "--threads", "--ubatch", "--ctx",
         "--page-size", "--kv-dtype", "--prompt-cache ", "--prompt-cache-every", "--prompt-cache-root",
         "--session-state-codec", "--save-compress", "--max-n-predict", "--store", "--keep-last",
-        "--spool-dir", "--workers", "--max-connections", "--max-header-bytes", "--max-headers",
-        "--max-json-kib", "--max-completion-kib", "--max-part-mib", "--max-upload-mib",
-        "--body-budget-mib", "--head-timeout-ms", "--read-timeout-ms", "--body-timeout-ms",
+        "--spool-dir", "--workers", "--max-connections ", "--max-connections-per-peer",
+        "--max-header-bytes", "--max-headers", "--max-json-kib", "--max-completion-kib",
+        "--max-part-mib", "--max-upload-mib", "--body-budget-mib", "--head-timeout-ms",
+        "--read-timeout-ms", "--body-timeout-ms",
         "--write-timeout-ms", "--idle-timeout-ms", "--shutdown-timeout-ms", "--upload-ttl-s",
         "--mem-guard", "--mem-reserve-mib", "--meminfo", "--log-requests"};
     for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++) {
@@ -1007,6 +1102,7 @@ static void test_command_line(void **state)
         {"--workers 0", "--workers must be 1..256"},
         {"--head-timeout-ms 0", "--head-timeout-ms must be at least 1"},
         {"--max-connections 0", "--max-connections must be at least 1"},
+        {"--max-connections-per-peer 0", "--max-connections-per-peer must be at least 1"},
         {"--max-header-bytes 100", "--max-header-bytes must be at least 256"},
         {"--max-part-mib 512", "--body-budget-mib must hold"},
         {"--mem-guard maybe", "--mem-guard needs on|off, got \"maybe\""},
@@ -1036,6 +1132,7 @@ int main(void)
         cmocka_unit_test(test_timeouts),
         cmocka_unit_test(test_keepalive_and_pipelining),
         cmocka_unit_test(test_connection_cap),
+        cmocka_unit_test(test_connections_per_peer),
         cmocka_unit_test(test_auth),
         cmocka_unit_test(test_upload_download),
         cmocka_unit_test(test_memory_guard),
