@@ -78,11 +78,16 @@ typedef struct st_api_config {
     uint64_t max_completion_body;/* POST /v1/completions (default 4 MiB) */
     uint64_t max_part_bytes;     /* one upload part (default 16 MiB) */
     uint64_t max_upload_bytes;   /* one whole upload (default 64 GiB) */
-    uint64_t body_budget;        /* request bodies buffered at once, all connections (256 MiB) */
+    uint64_t body_budget;        /* request body bytes held at once, all connections (256 MiB);
+                                    upload parts together hold at most body_budget minus
+                                    max_completion_body, so a completion body always fits */
     uint32_t head_timeout_ms;    /* a request head must arrive within this of a new connection's
                                     accept, or of its first byte later (default 10 s) */
     uint32_t read_timeout_ms;    /* longest pause inside a request body (default 30 s) */
     uint32_t body_timeout_ms;    /* a whole body must arrive within this (default 600 s) */
+    uint32_t min_body_rate;      /* bytes/s a body must bring in every window (default 1024) */
+    uint32_t body_rate_window_ms;/* the window of min_body_rate; the first is the grace period
+                                    (default 10 s) */
     uint32_t write_timeout_ms;   /* longest pause while a reply is being sent (default 60 s) */
     uint32_t idle_timeout_ms;    /* keep-alive connection without a request (default 60 s) */
     uint32_t shutdown_timeout_ms;/* in-flight work given this long at SIGTERM (default 30 s) */
@@ -98,7 +103,7 @@ typedef struct st_api_config {
 
 void st_api_config_default(st_api_config *c);
 /* 0 if c is usable: a store directory, workers and slots in range, every limit and timeout at
- * least 1 (headers: 256 bytes, JSON bodies: 16 bytes), the body budget holding one part and one
+ * least 1 (headers: 256 bytes, JSON bodies: 16 bytes), the body budget holding one part plus one
  * completion body; else ST_EINVAL with a detail naming the flag. st_api_server_new() checks it too. */
 int st_api_config_check(const st_api_config *c);
 

@@ -32,8 +32,10 @@
  * 2. A connection whose request is with a handler (state BUSY) is never freed; a failure noticed
  *    meanwhile marks it dead and the reply frees it.
  * 3. Every request gets exactly one reply; the layer replies for the handler when it refuses.
- * 4. Body bytes buffered at once, over all connections, never exceed the budget: a request's
- *    Content-Length is reserved before its body is read and released when the request ends.
+ * 4. Body bytes buffered at once, over all connections, never exceed the budget: they are
+ *    charged as they arrive (a declared Content-Length holds nothing) and released when the
+ *    request ends; bulk bodies (st_http_req_set_bulk) have a smaller budget of their own inside
+ *    it (st_http.c, invariant 3).
  * 5. When the connection of a request that is with its handler (BUSY) reaches EOF or fails,
  *    on_gone is called once for that request, on the loop: only the request in flight, never a
  *    pipelined one behind it. The request (and what is attached to it) stays valid until its
@@ -59,21 +61,26 @@ typedef struct st_http_limits {
     uint32_t max_header_bytes;
     uint32_t max_headers;
     uint64_t body_budget;
+    uint64_t bulk_budget;     /* bulk bodies together, at most body_budget */
     /* head_timeout runs from the accept of a new connection and from the first byte of a later
      * head; idle_timeout between requests */
     uint32_t head_timeout_ms, read_timeout_ms, body_timeout_ms, write_timeout_ms, idle_timeout_ms;
+    /* a body must bring min_body_rate bytes/s, checked at the end of every window */
+    uint32_t min_body_rate, body_rate_window_ms;
 } st_http_limits;
 
 typedef struct st_http_stats {
     uint32_t connections, idle, peers;
+    uint64_t body_bytes;   /* request body bytes held now */
     uint64_t shed;         /* idle connections closed to make room for new ones */
     uint64_t peer_refused; /* new connections refused: their peer's connections all busy */
 } st_http_stats;
 
 typedef struct st_http_cbs {
     /* A head was parsed. Return 0 with *body_max set to read the body (up to *body_max bytes;
-     * a larger Content-Length is answered 413 by the layer) and then call on_request; or reply
-     * (st_http_reply_*) and return non-zero: the body is not read. */
+     * a larger Content-Length is answered 413 by the layer; st_http_req_set_bulk marks it bulk)
+     * and then call on_request; or reply (st_http_reply_*) and return non-zero: the body is not
+     * read. */
     int (*on_head)(st_http_req *req, uint64_t *body_max, void *arg);
     /* The body is in (st_http_req_body). The handler replies now or later, once. */
     void (*on_request)(st_http_req *req, void *arg);
@@ -112,6 +119,8 @@ uint64_t st_http_req_bytes_out(const st_http_req *r);
 const char *st_http_req_peer(const st_http_req *r);
 void st_http_req_set_user(st_http_req *r, void *user);
 void *st_http_req_user(const st_http_req *r);
+/* From on_head: the body is charged to the bulk budget as well (upload parts). */
+void st_http_req_set_bulk(st_http_req *r);
 
 /* Replies. Each takes the request's one reply; an extra header may be added first. */
 void st_http_header_add(st_http_req *r, const char *name, const char *value);

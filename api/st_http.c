@@ -8,8 +8,9 @@
  *            quiet close, after one it is 408. The head must end within max_header_bytes (431)
  *            and have at most max_headers lines (431).
  *   BODY     reading Content-Length bytes into the request's buffer, after the router accepted
- *            the head and its length; a pause longer than read_timeout or a body slower than
- *            body_timeout is 408.
+ *            the head and its length; a pause longer than read_timeout, fewer than
+ *            min_body_rate * body_rate_window bytes in any window (the first window is the grace
+ *            period), or a body slower than body_timeout is 408.
  *   BUSY     the handler has the request (invariant 1 of st_api_int.h). The socket is still
  *            read, into the input buffer and at most BUSY_READ_MAX bytes of it, only so that the
  *            client's going away (EOF, a reset) is noticed while the request is in flight: the
@@ -33,6 +34,11 @@
  *    that holds the most idle connections (so a peer with few is shed last: a flood from some
  *    addresses does not close a client from another). The listener is paused only while the
  *    cap is reached and no connection is idle, and resumes when one closes or becomes idle.
+ * 3. Body bytes are charged as they arrive and released when their request ends. Their sum
+ *    never exceeds body_budget, and bodies marked bulk (upload parts) never take more than
+ *    bulk_budget of it, so that the rest stays for the bodies of other requests. A head whose
+ *    Content-Length would not fit in what is free now is 503 before its body is read; a body
+ *    that would overflow while it arrives is 503 then (clients retry on Retry-After).
  */
 #include <errno.h>
 #include <netdb.h>
@@ -94,7 +100,8 @@ struct st_http_req {
     struct st_http_hdr *hdr;
     uint32_t n_hdr;
     uint64_t content_length;
-    uint64_t reserved;   /* body budget held */
+    uint64_t charged;    /* body bytes held, charged to the budget (invariant 3) */
+    int bulk;            /* charged to bulk_budget too */
     int body_unread;     /* Content-Length bytes not read: the connection cannot be reused */
     int keep_alive;
     int routed;          /* on_head was called */
@@ -122,6 +129,9 @@ struct st_http_conn {
     uint64_t lingered;
     uint64_t n_served;   /* replies written: 0 while the connection is new */
     double body_deadline;
+    double last_data;    /* last body bytes */
+    double win_end;      /* end of the body's current rate window */
+    uint64_t win_bytes;  /* body bytes in that window */
     char peer[64];
     st_http_peer *from;
     int idle;            /* in from's idle list */
@@ -139,7 +149,7 @@ struct st_http {
     uint32_t n_conns;
     uint32_t n_idle;
     uint32_t n_peers;
-    uint64_t reserved;
+    uint64_t charged, charged_bulk; /* body bytes held (invariant 3) */
     uint64_t n_shed, n_peer_refused;
     int paused;   /* listener disabled: at the connection cap with no idle connection */
     int stopping;
@@ -273,7 +283,9 @@ static void req_free(st_http *h, st_http_req *r)
         return;
     if (r->user && h->cbs.free_user)
         h->cbs.free_user(r->user, h->arg);
-    h->reserved -= r->reserved;
+    h->charged -= r->charged;
+    if (r->bulk)
+        h->charged_bulk -= r->charged;
     free(r->head);
     free(r->hdr);
     if (r->body)
@@ -312,6 +324,7 @@ uint64_t st_http_req_bytes_out(const st_http_req *r) { return r->bytes_out; }
 const char *st_http_req_peer(const st_http_req *r) { return r->conn->peer; }
 void st_http_req_set_user(st_http_req *r, void *user) { r->user = user; }
 void *st_http_req_user(const st_http_req *r) { return r->user; }
+void st_http_req_set_bulk(st_http_req *r) { r->bulk = 1; }
 
 const char *st_http_req_header(const st_http_req *r, const char *name)
 {
@@ -948,6 +961,36 @@ static int parse_head(st_http_req *r, size_t len, uint32_t max_headers, const ch
 
 /* ---- reading -------------------------------------------------------------------------------- */
 
+/* Whether n more body bytes of r fit in the budgets (invariant 3). */
+static int body_fits(const st_http *h, const st_http_req *r, uint64_t n)
+{
+    return h->charged + n <= h->lim.body_budget &&
+           (!r->bulk || h->charged_bulk + n <= h->lim.bulk_budget);
+}
+
+static void body_busy(st_http_req *r, const char *when)
+{
+    st_http *h = r->conn->h;
+    r->keep_alive = 0;
+    st_http_header_add(r, "Retry-After", "1");
+    st_http_reply_error(r, 503, "busy",
+                        "request bodies %s would exceed %llu bytes (%s%llu held now); retry later", when,
+                        (unsigned long long)(r->bulk ? h->lim.bulk_budget : h->lim.body_budget),
+                        r->bulk ? "upload parts: " : "",
+                        (unsigned long long)(r->bulk ? h->charged_bulk : h->charged));
+}
+
+/* The body's next deadline: a pause, the whole body, or the end of its rate window. */
+static void body_arm(st_http_conn *c)
+{
+    double t = c->last_data + c->h->lim.read_timeout_ms;
+    if (c->body_deadline < t)
+        t = c->body_deadline;
+    if (c->win_end < t)
+        t = c->win_end;
+    conn_arm(c, t - now_ms());
+}
+
 static void conn_try_body(st_http_conn *c)
 {
     st_http *h = c->h;
@@ -958,12 +1001,21 @@ static void conn_try_body(st_http_conn *c)
     size_t avail = evbuffer_get_length(in);
     if (want && avail) {
         size_t n = avail < want ? avail : (size_t)want;
+        if (!body_fits(h, r, n)) {
+            body_busy(r, "being received");
+            return;
+        }
         evbuffer_remove_buffer(in, r->body, n);
+        h->charged += n;
+        if (r->bulk)
+            h->charged_bulk += n;
+        r->charged += n;
+        c->win_bytes += n;
+        c->last_data = now_ms();
         want -= n;
     }
     if (want) {
-        double left = c->body_deadline - now_ms();
-        conn_arm(c, left < h->lim.read_timeout_ms ? left : h->lim.read_timeout_ms);
+        body_arm(c);
         return;
     }
     r->body_unread = 0;
@@ -1057,12 +1109,8 @@ static void conn_try_head(st_http_conn *c)
                             (unsigned long long)r->content_length, (unsigned long long)body_max);
         return;
     }
-    if (h->reserved + r->content_length > h->lim.body_budget) {
-        r->keep_alive = 0;
-        st_http_header_add(r, "Retry-After", "1");
-        st_http_reply_error(r, 503, "busy",
-                            "request bodies in flight would exceed %llu bytes; retry later",
-                            (unsigned long long)h->lim.body_budget);
+    if (!body_fits(h, r, r->content_length)) {
+        body_busy(r, "held now and this one");
         return;
     }
     if (!(r->body = evbuffer_new())) {
@@ -1070,8 +1118,6 @@ static void conn_try_head(st_http_conn *c)
         st_http_reply_error(r, 500, "internal", "no memory");
         return;
     }
-    h->reserved += r->content_length;
-    r->reserved = r->content_length;
     const char *expect = st_http_req_header(r, "Expect");
     if (expect && r->minor == 1) {
         if (strcasecmp(expect, "100-continue")) {
@@ -1082,7 +1128,11 @@ static void conn_try_head(st_http_conn *c)
         if (r->content_length > evbuffer_get_length(in))
             bufferevent_write(c->bev, "HTTP/1.1 100 Continue\r\n\r\n", 25);
     }
-    c->body_deadline = now_ms() + h->lim.body_timeout_ms;
+    double now = now_ms();
+    c->body_deadline = now + h->lim.body_timeout_ms;
+    c->last_data = now;
+    c->win_end = now + h->lim.body_rate_window_ms;
+    c->win_bytes = 0;
     bufferevent_enable(c->bev, EV_READ);
     conn_try_body(c);
 }
@@ -1149,12 +1199,35 @@ static void timer_cb(evutil_socket_t fd, short what, void *arg)
             conn_refuse(c, 408, "request_timeout", "the request head did not arrive within %u ms",
                         h->lim.head_timeout_ms);
         break;
-    case C_BODY:
+    case C_BODY: {
+        double now = now_ms();
+        char why[200];
+        if (now >= c->body_deadline) {
+            snprintf(why, sizeof why, "the request body did not arrive within %u ms",
+                     h->lim.body_timeout_ms);
+        } else if (now >= c->last_data + h->lim.read_timeout_ms) {
+            snprintf(why, sizeof why, "the request body stalled: %u ms without data",
+                     h->lim.read_timeout_ms);
+        } else if (now >= c->win_end) {
+            uint64_t need = ((uint64_t)h->lim.min_body_rate * h->lim.body_rate_window_ms + 999) / 1000;
+            if (c->win_bytes >= need) {
+                c->win_bytes = 0;
+                c->win_end = now + h->lim.body_rate_window_ms;
+                body_arm(c);
+                break;
+            }
+            snprintf(why, sizeof why,
+                     "the request body arrived too slowly: %llu bytes in %u ms, under the minimum of "
+                     "%u bytes/s",
+                     (unsigned long long)c->win_bytes, h->lim.body_rate_window_ms, h->lim.min_body_rate);
+        } else {
+            body_arm(c); /* woken early */
+            break;
+        }
         c->req->keep_alive = 0;
-        st_http_reply_error(c->req, 408, "request_timeout",
-                            "the request body stalled (%u ms without data, or %u ms in all)",
-                            h->lim.read_timeout_ms, h->lim.body_timeout_ms);
+        st_http_reply_error(c->req, 408, "request_timeout", "%s", why);
         break;
+    }
     case C_LINGER:
         conn_free(c);
         break;
@@ -1397,6 +1470,7 @@ void st_http_stats_get(const st_http *h, st_http_stats *out)
     out->connections = h->n_conns;
     out->idle = h->n_idle;
     out->peers = h->n_peers;
+    out->body_bytes = h->charged;
     out->shed = h->n_shed;
     out->peer_refused = h->n_peer_refused;
 }

@@ -93,6 +93,7 @@ void st_metrics_render(st_metrics *m, struct evbuffer *o, const st_http_stats *h
     gauge(o, "strata_http_connections_idle",
           "Open connections without a request in progress (idle, or a head arriving).", http->idle);
     gauge(o, "strata_http_peers", "Client addresses with open connections.", http->peers);
+    gauge(o, "strata_http_body_bytes", "Request body bytes held now.", (double)http->body_bytes);
     counter(o, "strata_http_connections_shed_total",
             "Idle connections closed to make room (connection cap or per-address limit).", http->shed);
     counter(o, "strata_http_connections_refused_total",

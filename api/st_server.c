@@ -167,6 +167,8 @@ void st_api_config_default(st_api_config *c)
     c->head_timeout_ms = 10000;
     c->read_timeout_ms = 30000;
     c->body_timeout_ms = 600000;
+    c->min_body_rate = 1024;
+    c->body_rate_window_ms = 10000;
     c->write_timeout_ms = 60000;
     c->idle_timeout_ms = 60000;
     c->shutdown_timeout_ms = 30000;
@@ -664,7 +666,10 @@ static int on_head(st_http_req *r, uint64_t *body_max, void *arg)
     case BODY_NONE: *body_max = 0; break;
     case BODY_JSON: *body_max = s->cfg.max_json_body; break;
     case BODY_COMPLETION: *body_max = s->cfg.max_completion_body; break;
-    case BODY_PART: *body_max = s->cfg.max_part_bytes; break;
+    case BODY_PART:
+        *body_max = s->cfg.max_part_bytes;
+        st_http_req_set_bulk(r); /* parts never take the room kept for completions */
+        break;
     }
     free(ps);
     return 0;
@@ -1782,6 +1787,8 @@ int st_api_config_check(const st_api_config *cfg)
         {"--head-timeout-ms", cfg->head_timeout_ms, 1},
         {"--read-timeout-ms", cfg->read_timeout_ms, 1},
         {"--body-timeout-ms", cfg->body_timeout_ms, 1},
+        {"--min-body-rate", cfg->min_body_rate, 1},
+        {"--body-rate-window-ms", cfg->body_rate_window_ms, 1},
         {"--write-timeout-ms", cfg->write_timeout_ms, 1},
         {"--idle-timeout-ms", cfg->idle_timeout_ms, 1},
         {"--shutdown-timeout-ms", cfg->shutdown_timeout_ms, 1},
@@ -1793,9 +1800,10 @@ int st_api_config_check(const st_api_config *cfg)
             return st_error_set(ST_EINVAL, "%s must be at least %llu (a limit is never unlimited), got %llu",
                                 lim[i].flag, (unsigned long long)lim[i].min,
                                 (unsigned long long)lim[i].v);
-    if (cfg->body_budget < cfg->max_part_bytes || cfg->body_budget < cfg->max_completion_body)
+    if (cfg->body_budget < cfg->max_completion_body ||
+        cfg->body_budget - cfg->max_completion_body < cfg->max_part_bytes)
         return st_error_set(ST_EINVAL, "--body-budget-mib must hold at least one upload part "
-                                       "(--max-part-mib) and one completion body (--max-completion-kib)");
+                                       "(--max-part-mib) plus one completion body (--max-completion-kib)");
     return 0;
 }
 
@@ -1872,11 +1880,14 @@ int st_api_server_new(const st_api_config *cfg, st_api_server **out)
         .max_header_bytes = cfg->max_header_bytes,
         .max_headers = cfg->max_headers,
         .body_budget = cfg->body_budget,
+        .bulk_budget = cfg->body_budget - cfg->max_completion_body, /* room kept for completions */
         .head_timeout_ms = cfg->head_timeout_ms,
         .read_timeout_ms = cfg->read_timeout_ms,
         .body_timeout_ms = cfg->body_timeout_ms,
         .write_timeout_ms = cfg->write_timeout_ms,
         .idle_timeout_ms = cfg->idle_timeout_ms,
+        .min_body_rate = cfg->min_body_rate,
+        .body_rate_window_ms = cfg->body_rate_window_ms,
     };
     st_http_cbs cbs = {on_head, on_request, on_done, on_refused, call_free, on_gone};
     if ((rc = st_http_new(s->base, cfg->host, cfg->port, &lim, &cbs, s, &s->http)))

@@ -61,11 +61,17 @@ static void usage(FILE *f)
             "  --max-completion-kib N        completion bodies (default 4096) -> 413\n"
             "  --max-part-mib N              one upload part (default 16) -> 413\n"
             "  --max-upload-mib N            one whole upload (default 65536) -> 413\n"
-            "  --body-budget-mib N           request bodies buffered at once (default 256) -> 503\n"
+            "  --body-budget-mib N           request body bytes held at once (default 256) -> 503;\n"
+            "                                charged as they arrive; upload parts hold at most\n"
+            "                                this minus --max-completion-kib\n"
             "  --head-timeout-ms N           a new connection's complete request head, and a later\n"
             "                                head from its first byte (default 10000) -> 408\n"
             "  --read-timeout-ms N           longest pause inside a body (default 30000) -> 408\n"
             "  --body-timeout-ms N           a whole body (default 600000) -> 408\n"
+            "  --min-body-rate N             bytes/s a body must bring in every window (default 1024)\n"
+            "                                -> 408\n"
+            "  --body-rate-window-ms N       the window of --min-body-rate; the first one is the\n"
+            "                                grace period (default 10000)\n"
             "  --write-timeout-ms N          longest pause while a reply is sent (default 60000)\n"
             "  --idle-timeout-ms N           idle keep-alive connection (default 60000)\n"
             "  --shutdown-timeout-ms N       in-flight work at SIGTERM/SIGINT (default 30000)\n"
@@ -201,6 +207,8 @@ int main(int argc, char **argv)
         NUM("--head-timeout-ms", U32, c.head_timeout_ms, 1)
         NUM("--read-timeout-ms", U32, c.read_timeout_ms, 1)
         NUM("--body-timeout-ms", U32, c.body_timeout_ms, 1)
+        NUM("--min-body-rate", U32, c.min_body_rate, 1)
+        NUM("--body-rate-window-ms", U32, c.body_rate_window_ms, 1)
         NUM("--write-timeout-ms", U32, c.write_timeout_ms, 1)
         NUM("--idle-timeout-ms", U32, c.idle_timeout_ms, 1)
         NUM("--shutdown-timeout-ms", U32, c.shutdown_timeout_ms, 1)

@@ -585,6 +585,73 @@ static void test_connections_per_peer(void **state)
     assert_int_equal(st_hc_server_stop(&s2, SIGTERM), 0);
 }
 
+/* Poll /metrics until strata_http_body_bytes reaches at least want (20 s at most). */
+static void await_body_bytes(uint16_t port, double want)
+{
+    double v = -1;
+    for (int i = 0; i < 2000 && (v = st_at_metric(port, "strata_http_body_bytes")) < want; i++)
+        usleep(10000);
+    if (v < want)
+        fprintf(stderr, "strata_http_body_bytes is %.0f, waited for %.0f\n", v, want);
+    assert_true(v >= want);
+}
+
+/* Body bytes are charged as they arrive: a declared Content-Length holds nothing, upload parts
+ * together stop at --body-budget-mib minus --max-completion-kib (a part that would pass it while
+ * arriving gets 503), and what is left stays for the other requests' bodies. */
+static void test_body_budget(void **state)
+{
+    (void)state;
+    st_hc_server s2;
+    /* 6 MiB of bodies, of which upload parts 2 MiB; parts of 1 MiB */
+    static const char *const args[] = {"--body-budget-mib", "6", "--max-part-mib", "1", NULL};
+    assert_int_equal(start(&s2, args), 0);
+    const size_t part = 1u << 20, first = 768u << 10;
+    char *bytes = malloc(part);
+    memset(bytes, 'p', part);
+    int fd[3];
+    for (int i = 0; i < 3; i++) {
+        json_t *o = st_at_call(s2.port, "POST", "/v1/uploads", "{}", 201);
+        char head[256];
+        int n = snprintf(head, sizeof head,
+                         "PUT /v1/uploads/%s/parts/1 HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+                         "Content-Length: %zu\r\n\r\n",
+                         json_string_value(json_object_get(o, "upload")), part);
+        json_decref(o);
+        fd[i] = st_hc_connect(s2.port, 10000);
+        assert_true(fd[i] >= 0);
+        assert_int_equal(st_hc_send(fd[i], head, (size_t)n), 0);
+        char got[26] = {0}; /* admitted: 3 MiB declared, nothing held */
+        assert_int_equal(recv(fd[i], got, 25, MSG_WAITALL), 25);
+        assert_string_equal(got, "HTTP/1.1 100 Continue\r\n\r\n");
+    }
+    /* 768 KiB of the first two parts: 1.5 MiB held */
+    assert_int_equal(st_hc_send(fd[0], bytes, first), 0);
+    await_body_bytes(s2.port, (double)first);
+    assert_int_equal(st_hc_send(fd[1], bytes, first), 0);
+    await_body_bytes(s2.port, 2.0 * first);
+    /* the third would take the parts past 2 MiB as it arrives: 503 */
+    st_hc_resp r;
+    assert_int_equal(st_hc_send(fd[2], bytes, first), 0);
+    assert_int_equal(st_hc_read(fd[2], &r), 0);
+    is_error(&r, 503, "busy", "a part past the parts' budget");
+    assert_non_null(strstr((char *)r.body, "upload parts"));
+    st_hc_resp_free(&r);
+    close(fd[2]);
+    /* other bodies still fit beside the parts */
+    json_decref(st_at_call(s2.port, "POST", "/v1/uploads", "{}", 201));
+    /* and the first two parts finish */
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(st_hc_send(fd[i], bytes + first, part - first), 0);
+        assert_int_equal(st_hc_read(fd[i], &r), 0);
+        assert_int_equal(r.status, 200);
+        st_hc_resp_free(&r);
+        close(fd[i]);
+    }
+    free(bytes);
+    assert_int_equal(st_hc_server_stop(&s2, SIGTERM), 0);
+}
+
 static void test_auth(void **state)
 {
     (void)state;
@@ -1073,7 +1140,7 @@ static void test_command_line(void **state)
         "--spool-dir", "--workers", "--max-connections ", "--max-connections-per-peer",
         "--max-header-bytes", "--max-headers", "--max-json-kib", "--max-completion-kib",
         "--max-part-mib", "--max-upload-mib", "--body-budget-mib", "--head-timeout-ms",
-        "--read-timeout-ms", "--body-timeout-ms",
+        "--read-timeout-ms", "--body-timeout-ms", "--min-body-rate", "--body-rate-window-ms",
         "--write-timeout-ms", "--idle-timeout-ms", "--shutdown-timeout-ms", "--upload-ttl-s",
         "--mem-guard", "--mem-reserve-mib", "--meminfo", "--log-requests"};
     for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++) {
@@ -1103,6 +1170,9 @@ static void test_command_line(void **state)
         {"--head-timeout-ms 0", "--head-timeout-ms must be at least 1"},
         {"--max-connections 0", "--max-connections must be at least 1"},
         {"--max-connections-per-peer 0", "--max-connections-per-peer must be at least 1"},
+        {"--min-body-rate 0", "--min-body-rate must be at least 1"},
+        {"--body-rate-window-ms 0", "--body-rate-window-ms must be at least 1"},
+        {"--max-part-mib 254", "--body-budget-mib must hold"}, /* 254 MiB + 4 MiB > 256 MiB */
         {"--max-header-bytes 100", "--max-header-bytes must be at least 256"},
         {"--max-part-mib 512", "--body-budget-mib must hold"},
         {"--mem-guard maybe", "--mem-guard needs on|off, got \"maybe\""},
@@ -1133,6 +1203,7 @@ int main(void)
         cmocka_unit_test(test_keepalive_and_pipelining),
         cmocka_unit_test(test_connection_cap),
         cmocka_unit_test(test_connections_per_peer),
+        cmocka_unit_test(test_body_budget),
         cmocka_unit_test(test_auth),
         cmocka_unit_test(test_upload_download),
         cmocka_unit_test(test_memory_guard),

@@ -4,7 +4,10 @@
  *   - a flood of 1,000 connections that never send a byte and 200 that send a request head a
  *     byte at a time (slowloris), from 50 loopback addresses, each reopened as soon as the
  *     server closes it: /healthz probes from another address must all answer 200 meanwhile (their
- *     latencies are printed, p50 and p99: a figure, never a pass condition).
+ *     latencies are printed, p50 and p99: a figure, never a pass condition);
+ *   - 64 uploads that each declare a 16 MiB part and trickle it: every one is admitted (its
+ *     bytes are charged as they arrive, not as declared), completions all answer 200 meanwhile,
+ *     and once the trickle stops each upload ends with 408 for falling under --min-body-rate.
  * The attackers bind their sockets to 127.0.0.2 and up (Linux routes all of 127/8 to loopback),
  * so that the server sees many client addresses and the probes come from one of their own.
  */
@@ -192,10 +195,101 @@ static void test_idle_and_slowloris_flood(void **state)
     assert_int_equal(st_hc_server_stop(&s, SIGTERM), 0);
 }
 
+/* ---- slow uploads ----------------------------------------------------------------------------- */
+
+#define SLOW_UPLOADS 64
+#define PART_BYTES (16u << 20)
+
+typedef struct trickle {
+    int fd[SLOW_UPLOADS];
+    atomic_int running;
+} trickle;
+
+/* 32 bytes every 100 ms on each upload: some 5 times the --min-body-rate of the test. */
+static void *trickle_main(void *arg)
+{
+    trickle *t = arg;
+    char bytes[32];
+    memset(bytes, 'x', sizeof bytes);
+    while (atomic_load(&t->running)) {
+        for (int i = 0; i < SLOW_UPLOADS; i++)
+            if (send(t->fd[i], bytes, sizeof bytes, MSG_NOSIGNAL) != (ssize_t)sizeof bytes) {
+                /* the server answered already (a 408 when this thread was late): the test reads it */
+            }
+        usleep(100000);
+    }
+    return NULL;
+}
+
+/* 64 uploads declaring 16 MiB parts (1 GiB, four times --body-budget-mib) trickle their bytes:
+ * all are admitted, completions answer 200 meanwhile, and each upload ends with 408 once the
+ * trickle stops. Before bodies were charged as they arrived, 16 such parts reserved the whole
+ * budget: the 17th upload and every completion got 503 busy. */
+static void test_slow_uploads(void **state)
+{
+    (void)state;
+    st_hc_server s;
+    static const char *const flags[] = {"--min-body-rate", "64", "--body-rate-window-ms", "3000", NULL};
+    assert_int_equal(st_at_server_start(&s, &env, "uploads", flags, NULL), 0);
+    static trickle t;
+    memset(&t, 0, sizeof t);
+    for (int i = 0; i < SLOW_UPLOADS; i++) {
+        json_t *o = st_at_call(s.port, "POST", "/v1/uploads", "{}", 201);
+        char src[32], head[512];
+        snprintf(src, sizeof src, "127.0.0.%d", 2 + i / 16);
+        t.fd[i] = st_hc_connect_from(s.port, src, 30000);
+        assert_true(t.fd[i] >= 0);
+        int n = snprintf(head, sizeof head,
+                         "PUT /v1/uploads/%s/parts/1 HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+                         "Content-Length: %u\r\n\r\n",
+                         json_string_value(json_object_get(o, "upload")), PART_BYTES);
+        json_decref(o);
+        assert_int_equal(st_hc_send(t.fd[i], head, (size_t)n), 0);
+        /* the 100 Continue says the server admitted the part */
+        char got[26] = {0};
+        assert_int_equal(recv(t.fd[i], got, 25, MSG_WAITALL), 25);
+        if (strcmp(got, "HTTP/1.1 100 Continue\r\n\r\n"))
+            fprintf(stderr, "upload %d not admitted: %.25s\n", i, got);
+        assert_string_equal(got, "HTTP/1.1 100 Continue\r\n\r\n");
+    }
+    atomic_store(&t.running, 1);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, trickle_main, &t), 0);
+    double t0 = st_hc_now_ms();
+    for (int i = 0; i < 16; i++) {
+        char id[32];
+        snprintf(id, sizeof id, "slow-%d", i);
+        json_decref(st_at_complete(s.port, id, "the uploads trickle on", 8, true));
+    }
+    fprintf(stderr, "16 completions answered 200 in %.0f ms while %d uploads trickled\n",
+            st_hc_now_ms() - t0, SLOW_UPLOADS);
+    double held = st_at_metric(s.port, "strata_http_body_bytes");
+    fprintf(stderr, "request body bytes held with %d uploads of %u bytes declared: %.0f\n", SLOW_UPLOADS,
+            PART_BYTES, held);
+    assert_true(held >= 0 && held < (double)SLOW_UPLOADS * PART_BYTES / 16);
+    atomic_store(&t.running, 0);
+    pthread_join(th, NULL);
+    /* with the trickle stopped, each upload falls under the minimum rate in its next window */
+    for (int i = 0; i < SLOW_UPLOADS; i++) {
+        st_hc_resp r;
+        assert_int_equal(st_hc_read(t.fd[i], &r), 0);
+        if (r.status != 408 || !strstr((char *)r.body, "under the minimum of 64 bytes/s"))
+            fprintf(stderr, "upload %d: %d %s\n", i, r.status, r.body ? (char *)r.body : "");
+        assert_int_equal(r.status, 408);
+        assert_non_null(strstr((char *)r.body, "\"request_timeout\""));
+        assert_non_null(strstr((char *)r.body, "under the minimum of 64 bytes/s"));
+        st_hc_resp_free(&r);
+        close(t.fd[i]);
+    }
+    json_decref(st_at_complete(s.port, "slow-after", "and after", 4, true));
+    assert_int_equal(st_hc_server_stop(&s, SIGTERM), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_idle_and_slowloris_flood),
+        cmocka_unit_test(test_slow_uploads),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
