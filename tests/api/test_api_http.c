@@ -288,6 +288,10 @@ static void test_non_utf8_request_line(void **state)
         {"G\xe2\x82T /healthz HTTP/1.1\r\nHost: x\r\n\r\n", "malformed method \"G\\xe2\\x82T\""},
         {"\xed\xa0\x80 /healthz HTTP/1.1\r\nHost: x\r\n\r\n", /* a surrogate */
          "malformed method \"\\xed\\xa0\\x80\""},
+        {"\xf0\x9f\x98\x80 /healthz HTTP/1.1\r\nHost: x\r\n\r\n", /* U+1F600: kept */
+         "malformed method \"\xf0\x9f\x98\x80\""},
+        {"\xf4\x90\x80\x80 /healthz HTTP/1.1\r\nHost: x\r\n\r\n", /* past U+10FFFF */
+         "malformed method \"\\xf4\\x90\\x80\\x80\""},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         st_hc_resp r;
