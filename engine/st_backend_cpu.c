@@ -33,13 +33,11 @@ typedef struct cpu_ctx {
     uint32_t T, n_ctx, page_size, n_pages, kv_dtype, n_threads;
     uint32_t C;             /* DeltaNet conv channels */
     uint32_t n_dn, n_attn;
-    uint32_t *layer_slot;   /* per layer: index among its kind */
     uint64_t krow, srow;    /* bytes of one K (or V) row, of one scale row */
     st_tensor_desc *descs;
     st_state_map *tm;
     uint32_t n_desc;
     double *rope_freq;
-    float **convT;          /* per DeltaNet layer: conv weights transposed, [4][C] */
     /* workspace */
     float *x, *xn, *out, *qkv, *qkvc, *gate, *o, *ab, *logit_in;
     uint32_t qb;    /* attention queries per task */
@@ -59,14 +57,9 @@ static void cpu_destroy(void *bctx)
     cpu_ctx *c = bctx;
     if (!c)
         return;
-    free(c->layer_slot);
     free(c->descs);
     free(c->tm);
     free(c->rope_freq);
-    if (c->convT)
-        for (uint32_t i = 0; i < c->n_dn; i++)
-            free(c->convT[i]);
-    free(c->convT);
     free(c->x);
     free(c->xn);
     free(c->out);
@@ -112,37 +105,19 @@ static int cpu_create(st_engine *e, void **out)
     c->kv_dtype = e->o.kv_dtype;
     c->n_threads = st_pool_size(e->pool);
     c->C = hp->ssm_heads * (2 * hp->ssm_dk + hp->ssm_dv);
-    c->layer_slot = calloc(hp->n_layer, sizeof *c->layer_slot);
     c->descs = calloc(ST_STATE_LAYOUT_MAX(hp->n_layer), sizeof *c->descs);
     c->tm = calloc(ST_STATE_LAYOUT_MAX(hp->n_layer), sizeof *c->tm);
     c->rope_freq = calloc(hp->head_dim / 2 + 1, sizeof *c->rope_freq);
-    if (!c->layer_slot || !c->descs || !c->tm || !c->rope_freq) {
+    if (!c->descs || !c->tm || !c->rope_freq) {
         cpu_destroy(c);
         return st_error_set(ENOMEM, "cpu backend");
     }
     uint64_t esz = c->kv_dtype == ST_DTYPE_I8 ? 1 : 2;
     c->krow = (uint64_t)hp->n_head_kv * hp->head_dim * esz;
     c->srow = (uint64_t)hp->n_head_kv * 4;
-    c->n_desc = st_state_layout(e->m, c->n_ctx, c->kv_dtype, c->descs, c->tm, c->layer_slot,
-                                &c->n_dn, &c->n_attn);
-    c->convT = calloc(c->n_dn ? c->n_dn : 1, sizeof *c->convT);
-    if (!c->convT) {
-        cpu_destroy(c);
-        return st_error_set(ENOMEM, "cpu backend");
-    }
-    for (uint32_t il = 0; il < hp->n_layer; il++) {
-        if (e->m->layers[il].kind != 'D')
-            continue;
-        float *wT = malloc((size_t)4 * c->C * sizeof *wT);
-        if (!wT) {
-            cpu_destroy(c);
-            return st_error_set(ENOMEM, "cpu backend");
-        }
-        for (uint32_t ch = 0; ch < c->C; ch++)
-            for (uint32_t j = 0; j < 4; j++)
-                wT[(size_t)j * c->C + ch] = e->m->layers[il].conv_w[(size_t)ch * 4 + j];
-        c->convT[c->layer_slot[il]] = wT;
-    }
+    c->n_desc = st_state_layout(&e->m->mem, c->n_ctx, c->kv_dtype, c->descs, c->tm);
+    c->n_dn = e->m->mem.n_rec;
+    c->n_attn = e->m->mem.n_kv;
     for (uint32_t i = 0; i < hp->head_dim / 2; i++)
         c->rope_freq[i] = pow((double)hp->rope_base, -(double)(2 * i) / (double)hp->head_dim);
 
@@ -538,8 +513,8 @@ static void conv_task(void *ctx, uint32_t task, uint32_t thread)
     uint32_t c0 = task * CONV_CB, c1 = c0 + CONV_CB;
     if (c1 > C)
         c1 = C;
-    uint32_t dn = c->layer_slot[f->L - c->m->layers];
-    st_kern_conv(&c->e->kern, c->qkv, C, c->qkvc, C, f->s->conv[dn], C, c->convT[dn], c0, c1, T);
+    uint32_t dn = c->m->mem.layer[f->L - c->m->layers].slot;
+    st_kern_conv(&c->e->kern, c->qkv, C, c->qkvc, C, f->s->conv[dn], C, f->L->conv_wT, c0, c1, T);
     for (uint32_t t = 0; t < T; t++) {
         float *y = c->qkvc + (size_t)t * C;
         for (uint32_t ch = c0; ch < c1; ch++)
@@ -567,7 +542,7 @@ static void dn_prep_task(void *ctx, uint32_t t, uint32_t thread)
             kk[i] = kk[i] * nk;
         }
         float *ab = c->ab + (size_t)t * 2 * H;
-        float g = -expf(f->L->a_log[h]) * softplus(ab[h] + f->L->dt_bias[h]);
+        float g = f->L->ssm_a[h] * softplus(ab[h] + f->L->dt_bias[h]);
         ab[h] = expf(g);
         ab[H + h] = sigmoid(ab[H + h]);
     }
@@ -583,7 +558,7 @@ static void dn_scan_task(void *ctx, uint32_t task, uint32_t thread)
     const st_model_hparams *hp = c->hp;
     uint32_t H = hp->ssm_heads, dk = hp->ssm_dk, dv = hp->ssm_dv;
     uint32_t h = task;
-    float *M = f->s->ssm[c->layer_slot[f->L - c->m->layers]] + (size_t)h * dk * dv;
+    float *M = f->s->ssm[c->m->mem.layer[f->L - c->m->layers].slot] + (size_t)h * dk * dv;
     float *scr = c->scratch + (size_t)thread * c->scratch_per_thread;
     const float *row = c->qkvc;
     st_kern_delta_scan(&c->e->kern, M, dv, dk, dv, f->T, row + (size_t)h * dk,
@@ -654,7 +629,7 @@ static void attn_store_task(void *ctx, uint32_t t, uint32_t thread)
         rope(q + (size_t)h * hd, hd, pos, c->rope_freq);
     for (uint32_t h = 0; h < nkv; h++)
         rope(k + (size_t)h * hd, hd, pos, c->rope_freq);
-    uint32_t a = c->layer_slot[f->L - c->m->layers];
+    uint32_t a = c->m->mem.layer[f->L - c->m->layers].slot;
     uint8_t *kr = row_ptr(c, f->s->kp[a], pos, c->krow);
     uint8_t *vr = row_ptr(c, f->s->vp[a], pos, c->krow);
     if (c->kv_dtype == ST_DTYPE_I8) {
@@ -685,7 +660,7 @@ static void attn_task(void *ctx, uint32_t task, uint32_t thread)
     uint32_t nqb = (f->T + c->qb - 1) / c->qb;
     uint32_t h = task / nqb, t0 = task % nqb * c->qb, g = h / (nh / nkv);
     uint32_t t1 = t0 + c->qb < f->T ? t0 + c->qb : f->T, nq = t1 - t0;
-    uint32_t a = c->layer_slot[f->L - c->m->layers], ps = c->page_size;
+    uint32_t a = c->m->mem.layer[f->L - c->m->layers].slot, ps = c->page_size;
     int i8 = c->kv_dtype == ST_DTYPE_I8;
     uint32_t type = i8 ? ST_GGML_I8 : ST_GGML_F16;
     uint64_t esz = i8 ? 1 : 2;

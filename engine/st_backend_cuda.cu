@@ -1110,18 +1110,13 @@ static int cu_create(st_engine *e, void **out)
         uint64_t esz = c->kv_dtype == ST_DTYPE_I8 ? 1 : 2;
         c->krow = (uint64_t)c->nkv * c->hd * esz;
         c->srow = (uint64_t)c->nkv * 4;
-        uint32_t *layer_slot = (uint32_t *)calloc(hp->n_layer ? hp->n_layer : 1, sizeof *layer_slot);
-        if (!layer_slot) {
-            rc = st_error_set(ENOMEM, "cuda backend");
-            goto fail;
-        }
-        c->n_desc = st_state_layout(e->m, c->n_ctx, c->kv_dtype, c->descs, c->tm, layer_slot,
-                                    &c->n_dn, &c->n_attn);
+        c->n_desc = st_state_layout(&e->m->mem, c->n_ctx, c->kv_dtype, c->descs, c->tm);
+        c->n_dn = e->m->mem.n_rec;
+        c->n_attn = e->m->mem.n_kv;
         for (uint32_t il = 0; il < hp->n_layer; il++) {
             c->L[il].kind = e->m->layers[il].kind;
-            c->L[il].slot = layer_slot[il];
+            c->L[il].slot = e->m->mem.layer[il].slot;
         }
-        free(layer_slot);
         uint64_t off = 0;
         for (uint32_t ti = 0; ti < c->n_desc; ti++)
             if (c->tm[ti].what == ST_SW_SSM || c->tm[ti].what == ST_SW_CONV) {

@@ -32,15 +32,51 @@ typedef struct st_layer {
     /* Gated DeltaNet */
     st_wmat sq, sk, sv, sgate, sout, salpha, sbeta;
     float *conv_w;   /* [channels][ssm_conv] */
+    float *conv_wT;  /* the same transposed, [ssm_conv][channels] (derived at load) */
     float *a_log;    /* [ssm_heads] */
+    float *ssm_a;    /* -exp(a_log), the decay rate's factor (derived at load) */
     float *dt_bias;  /* [ssm_heads] */
     float *ssm_norm; /* [ssm_dv] */
     /* feed-forward */
     st_wmat ffn_gate, ffn_up, ffn_down;
 } st_layer;
 
+/* ---- the memory spec ------------------------------------------------------------------------
+ * What each layer keeps from token to token, as its architecture says (st_arch.memory): K/V
+ * rows per token (an attention layer: cut at any position) or a recurrent state (a DeltaNet
+ * layer: a matrix and a convolution history, only at checkpoints). The memory modules and the
+ * published geometry (st_state_layout) are built from it alone. */
+typedef enum st_mem_kind {
+    ST_MEM_NONE = 0, /* keeps nothing */
+    ST_MEM_KV = 1,   /* K and V rows of kv_heads x head_dim per token */
+    ST_MEM_REC = 2,  /* ssm [ssm_heads][ssm_dk][ssm_dv] and conv [conv_len][conv_ch], f32 */
+} st_mem_kind;
+
+typedef struct st_mem_layer {
+    uint32_t kind; /* st_mem_kind */
+    uint32_t slot; /* index among the layers of its kind */
+    uint32_t kv_heads, head_dim;
+    uint32_t ssm_heads, ssm_dk, ssm_dv, conv_len, conv_ch;
+} st_mem_layer;
+
+typedef struct st_mem_spec {
+    uint32_t n_layer, n_kv, n_rec;
+    st_mem_layer *layer; /* n_layer entries */
+} st_mem_spec;
+
+/* Bytes of one K (or V) row of a K/V layer in dtype (f16 or i8), of its scale row (i8 only). */
+uint64_t st_mem_kv_row_bytes(const st_mem_layer *ml, uint32_t kv_dtype);
+uint64_t st_mem_kv_scale_bytes(const st_mem_layer *ml, uint32_t kv_dtype);
+/* Bytes of a recurrent layer's matrix and of its convolution history. */
+uint64_t st_mem_ssm_bytes(const st_mem_layer *ml);
+uint64_t st_mem_conv_bytes(const st_mem_layer *ml);
+
+struct st_arch;
+
 struct st_model {
     st_model_hparams hp;
+    const struct st_arch *arch;
+    st_mem_spec mem;
     st_gguf *gguf;
     st_wmat tok_embd; /* rows = n_vocab, cols = n_embd */
     st_wmat output;   /* rows = n_vocab, cols = n_embd */
@@ -125,11 +161,11 @@ typedef struct st_state_map {
 
 /* Room st_state_layout needs in descs and map for a model of n_layer layers. */
 #define ST_STATE_LAYOUT_MAX(n_layer) (4u * (n_layer) + 1u)
-/* Fill descs/map (ST_STATE_LAYOUT_MAX entries each) and, per layer, layer_slot (its index among
- * the layers of its kind); count the DeltaNet and attention layers. Returns the tensor count. */
-uint32_t st_state_layout(const st_model *m, uint32_t n_ctx, uint32_t kv_dtype,
-                         st_tensor_desc *descs, st_state_map *map, uint32_t *layer_slot,
-                         uint32_t *n_dn, uint32_t *n_attn);
+/* Fill descs/map (ST_STATE_LAYOUT_MAX entries each) from the memory spec: per recurrent layer its
+ * ssm and conv state, per K/V layer its k, v (and i8 scales), in layer order, then pos. Returns
+ * the tensor count. */
+uint32_t st_state_layout(const st_mem_spec *ms, uint32_t n_ctx, uint32_t kv_dtype,
+                         st_tensor_desc *descs, st_state_map *map);
 
 /* ---- backends ------------------------------------------------------------------------------
  * A backend owns the buffers of a slot's state (running tensors and the K/V arena) and publishes
