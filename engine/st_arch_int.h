@@ -1,7 +1,8 @@
 /*
  * st_arch_int.h - what an architecture is to the engine: a descriptor (st_arch) that reads its
  * hyperparameters, lists its tensors, says what memory each layer keeps, feeds the fingerprint,
- * and writes its seeded model.
+ * writes its seeded model and runs its forward pass on the shared layer helpers below, which
+ * compute through a backend's operations (st_ops_int.h).
  * One file per architecture under engine/arch/; st_model.c walks the descriptor and knows no
  * architecture. Nothing outside engine/ and tests/engine/ includes this header.
  */
@@ -12,6 +13,7 @@
 #include <stdint.h>
 
 #include "st_engine_int.h"
+#include "st_ops_int.h"
 
 /* ---- the tensor list ----------------------------------------------------------------------
  * One entry per GGUF tensor, in file order. The loader checks name, type and shape, then binds
@@ -57,6 +59,52 @@ void st_fp_bytes(st_fp *fp, const void *p, size_t n);
 void st_fp_u32(st_fp *fp, uint32_t v); /* little-endian */
 void st_fp_f32(st_fp *fp, float f);    /* its bits, little-endian */
 
+/* ---- the forward pass -------------------------------------------------------------------------
+ * One call reads T tokens at positions pos0.. of a slot: the model, the backend's operations and
+ * the slot's memory modules; logits (n_vocab, the last token's) when not NULL. The backend has
+ * checked the tokens and the position and reserved the K/V rows. */
+typedef struct st_fwd {
+    const st_model *m;
+    const st_ops *ops;
+    void *oc;
+    st_kvmem *kv;
+    st_recmem *rec;
+    const uint32_t *tokens;
+    uint32_t T;
+    uint64_t pos0;
+    float *logits;
+} st_fwd;
+
+/* The shared layers. Activations are [T][width] rows of the caller's workspace; E = n_embd. */
+/* x = the rows of emb the tokens name. */
+void st_layer_embed(const st_fwd *f, const st_wmat *emb, float *x);
+/* x += add (add not NULL), then xn = RMSNorm(x) * w, eps = rms_eps. */
+void st_layer_norm(const st_fwd *f, float *x, const float *add, const float *w, float *xn);
+/* SwiGLU: out = W_down (SiLU(W_gate xn) * (W_up xn)); g and u: [T][rows of W_gate]. */
+void st_layer_swiglu(const st_fwd *f, const st_wmat *gate, const st_wmat *up, const st_wmat *down,
+                     const float *xn, float *out, float *g, float *u);
+/* Gated DeltaNet of layer il with separate q, k, v projections (strata-hybrid's layout), its
+ * shape and memory from the layer's memory spec (equal key and value head counts); q and k are
+ * L2-normalised with eps 1e-6, q also scaled by 1 / sqrt(dk). out = W_out o. Workspace: qkv and
+ * qkvc [T][conv_ch], z [T][H dv], ab [T][2H], o [T][H dv]. */
+typedef struct st_gdn_ws {
+    float *qkv, *qkvc, *z, *ab, *o;
+} st_gdn_ws;
+void st_layer_gdn(const st_fwd *f, uint32_t il, const float *xn, float *out, const st_gdn_ws *ws);
+/* Grouped-query attention of layer il over its paged K/V, RoPE NORM on q and k with freq
+ * (head_dim / 2 angles per position step), out = W_o o. Workspace: qkv [T][qa + 2 kva],
+ * o [T][qa], qa = query heads x head_dim, kva = K/V heads x head_dim. */
+typedef struct st_attn_ws {
+    float *qkv, *o;
+    const double *rope_freq;
+} st_attn_ws;
+void st_layer_attention(const st_fwd *f, uint32_t il, const float *xn, float *out,
+                        const st_attn_ws *ws);
+/* The last token's logits into f->logits: x += add, RMSNorm(x) * w (into xn, E floats), then
+ * head . xn. x and add are the [T][E] rows. */
+void st_layer_logits(const st_fwd *f, float *x, const float *add, const float *w,
+                     const st_wmat *head, float *xn);
+
 /* ---- the descriptor ------------------------------------------------------------------------ */
 typedef struct st_arch {
     const char *name; /* general.architecture */
@@ -76,6 +124,11 @@ typedef struct st_arch {
     void (*fingerprint)(const st_model_hparams *hp, st_fp *fp);
     /* After every tensor is bound: derived constant data, owned by the layers (st_model_free). */
     int (*prepare)(st_model *m);
+    /* The forward pass: a workspace for chunks of up to T tokens (ENOMEM), freed by fwd_free
+     * (accepts NULL), and one pass on it (f->T <= T). */
+    int (*fwd_new)(const st_model *m, uint32_t T, void **ws);
+    void (*fwd_free)(void *ws);
+    void (*forward)(const st_fwd *f, void *ws);
 } st_arch;
 
 extern const st_arch st_arch_hybrid;

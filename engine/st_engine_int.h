@@ -71,6 +71,44 @@ uint64_t st_mem_kv_scale_bytes(const st_mem_layer *ml, uint32_t kv_dtype);
 uint64_t st_mem_ssm_bytes(const st_mem_layer *ml);
 uint64_t st_mem_conv_bytes(const st_mem_layer *ml);
 
+/* ---- memory modules (st_mem_kv.c, st_mem_rec.c) -------------------------------------------
+ * The host memory of a slot, in the shapes of a memory spec: they own the buffers, and the
+ * geometry (st_state_layout) describes exactly them.
+ *
+ * Paged K/V: per K/V layer, K and V in pages of page_size rows (kv_heads x head_dim, f16 or
+ * i8) and for i8 pages of f32 scales per row and head. A page exists once a row in it was
+ * reserved or written; rows at or beyond the slot's position are never read. */
+typedef struct st_kv_view { /* one K/V layer's pages */
+    uint8_t **k, **v;       /* page p holds rows [p * page_size, (p + 1) * page_size) */
+    uint8_t **ks, **vs;     /* i8: the scale pages; else NULL */
+    uint32_t page_size, dtype, kv_heads, head_dim;
+    uint64_t row, srow;     /* bytes of a K (or V) row, of a scale row */
+} st_kv_view;
+
+typedef struct st_kvmem st_kvmem;
+int st_kvmem_new(const st_mem_spec *ms, uint32_t n_ctx, uint32_t page_size, uint32_t kv_dtype,
+                 st_kvmem **out);
+void st_kvmem_free(st_kvmem *kv); /* accepts NULL */
+/* Make the pages of rows [r0, r1) of every K/V layer exist (ENOMEM leaves those made so far,
+ * which hold no row yet). */
+int st_kvmem_reserve(st_kvmem *kv, uint64_t r0, uint64_t r1);
+void st_kvmem_view(const st_kvmem *kv, uint32_t slot, st_kv_view *v);
+/* Rows [row0, row0 + nrows) of one K/V tensor (what: ST_SW_K, _V, _KS, _VS) of K/V layer slot,
+ * to or from buf; a read of a page never written is ST_EINVAL. */
+int st_kvmem_io(st_kvmem *kv, uint32_t slot, uint32_t what, uint64_t row0, uint64_t nrows,
+                void *buf, int write);
+
+/* Recurrent state: per recurrent layer its matrix and its convolution history (f32). */
+typedef struct st_recmem st_recmem;
+int st_recmem_new(const st_mem_spec *ms, st_recmem **out);
+void st_recmem_free(st_recmem *r); /* accepts NULL */
+void st_recmem_reset(st_recmem *r); /* zero */
+float *st_recmem_ssm(const st_recmem *r, uint32_t slot);
+float *st_recmem_conv(const st_recmem *r, uint32_t slot);
+/* One tensor (what: ST_SW_SSM or ST_SW_CONV) of recurrent layer slot, exactly len bytes, to or
+ * from buf (ST_EINVAL otherwise). */
+int st_recmem_io(st_recmem *r, uint32_t slot, uint32_t what, void *buf, uint64_t len, int write);
+
 struct st_arch;
 
 struct st_model {

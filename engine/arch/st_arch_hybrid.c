@@ -1,8 +1,8 @@
 /*
  * st_arch_hybrid.c - the strata-hybrid architecture (docs/ENGINE.md, "The model"): Gated
  * DeltaNet and grouped-query attention layers in a repeating pattern, SwiGLU feed-forward, byte
- * tokens. Its hyperparameters and presets, GGUF keys, tensor list, memory spec and fingerprint
- * inputs.
+ * tokens. Its hyperparameters and presets, GGUF keys, tensor list, memory spec, fingerprint
+ * inputs, and its forward pass on the shared layers (st_layers.c).
  *
  * Invariants:
  * 1. The tensor list is the one description of which tensors a model has, in which order and
@@ -335,6 +335,100 @@ static int hy_prepare(st_model *m)
     return 0;
 }
 
+/* ---- the forward pass ------------------------------------------------------------------- */
+typedef struct hy_ws {
+    float *x, *xn, *out; /* the residual stream, its normalised copy, a branch's output */
+    float *qkv, *qkvc, *gate, *o, *ab, *logit_in;
+    double *rope_freq;   /* head_dim / 2 angles per position step, base^(-2i / head_dim) */
+} hy_ws;
+
+static void hy_fwd_free(void *wsp)
+{
+    hy_ws *w = wsp;
+    if (!w)
+        return;
+    free(w->x);
+    free(w->xn);
+    free(w->out);
+    free(w->qkv);
+    free(w->qkvc);
+    free(w->gate);
+    free(w->o);
+    free(w->ab);
+    free(w->logit_in);
+    free(w->rope_freq);
+    free(w);
+}
+
+static float *falloc(uint64_t n, int *err)
+{
+    float *p = st_big_alloc((n ? n : 1) * sizeof(float));
+    if (!p)
+        *err = 1;
+    return p;
+}
+
+static uint64_t max3(uint64_t a, uint64_t b, uint64_t c)
+{
+    uint64_t m = a > b ? a : b;
+    return m > c ? m : c;
+}
+
+static int hy_fwd_new(const st_model *m, uint32_t T, void **out)
+{
+    const st_model_hparams *hp = &m->hp;
+    *out = NULL;
+    hy_ws *w = calloc(1, sizeof *w);
+    if (!w)
+        return st_error_set(ENOMEM, "strata-hybrid: workspace");
+    uint64_t E = hp->n_embd, F = hp->n_ff, n_dn = m->mem.n_rec, n_attn = m->mem.n_kv;
+    uint64_t C = (uint64_t)hp->ssm_heads * (2 * hp->ssm_dk + hp->ssm_dv);
+    uint64_t qa = (uint64_t)hp->n_head * hp->head_dim, kva = (uint64_t)hp->n_head_kv * hp->head_dim;
+    uint64_t hdv = (uint64_t)hp->ssm_heads * hp->ssm_dv;
+    int err = 0;
+    w->x = falloc(T * E, &err);
+    w->xn = falloc(T * E, &err);
+    w->out = falloc(T * E, &err);
+    w->qkv = falloc(T * max3(n_dn ? C : 0, n_attn ? qa + 2 * kva : 0, 1), &err);
+    w->qkvc = falloc(n_dn ? T * C : 1, &err);
+    w->gate = falloc(T * max3(n_dn ? hdv : 0, F, 1), &err);
+    w->o = falloc(T * max3(n_dn ? hdv : 0, n_attn ? qa : 0, F), &err);
+    w->ab = falloc(T * 2 * (uint64_t)(hp->ssm_heads ? hp->ssm_heads : 1), &err);
+    w->logit_in = falloc(E, &err);
+    w->rope_freq = calloc(hp->head_dim / 2 + 1, sizeof *w->rope_freq);
+    if (err || !w->rope_freq) {
+        hy_fwd_free(w);
+        return st_error_set(ENOMEM, "strata-hybrid: workspace for a chunk of %u tokens", T);
+    }
+    for (uint32_t i = 0; i < hp->head_dim / 2; i++)
+        w->rope_freq[i] = pow((double)hp->rope_base, -(double)(2 * i) / (double)hp->head_dim);
+    *out = w;
+    return 0;
+}
+
+/* x = embedding; per layer x += mixer(RMSNorm(x)), x += SwiGLU(RMSNorm(x)); the logits of the
+ * last token from RMSNorm(x). A branch's output stays in out until the next norm adds it. */
+static void hy_forward(const st_fwd *f, void *wsp)
+{
+    hy_ws *w = wsp;
+    const st_model *m = f->m;
+    const st_gdn_ws gdn = {w->qkv, w->qkvc, w->gate, w->ab, w->o};
+    const st_attn_ws attn = {w->qkv, w->o, w->rope_freq};
+    st_layer_embed(f, &m->tok_embd, w->x);
+    for (uint32_t il = 0; il < m->hp.n_layer; il++) {
+        const st_layer *L = &m->layers[il];
+        st_layer_norm(f, w->x, il > 0 ? w->out : NULL, L->attn_norm, w->xn);
+        if (L->kind == 'D')
+            st_layer_gdn(f, il, w->xn, w->out, &gdn);
+        else
+            st_layer_attention(f, il, w->xn, w->out, &attn);
+        st_layer_norm(f, w->x, w->out, L->ffn_norm, w->xn);
+        st_layer_swiglu(f, &L->ffn_gate, &L->ffn_up, &L->ffn_down, w->xn, w->out, w->gate, w->o);
+    }
+    if (f->logits)
+        st_layer_logits(f, w->x, w->out, m->output_norm, &m->output, w->logit_in);
+}
+
 const st_arch st_arch_hybrid = {
     .name = ST_ARCH,
     .preset = hy_preset,
@@ -345,4 +439,7 @@ const st_arch st_arch_hybrid = {
     .memory = hy_memory,
     .fingerprint = hy_fingerprint,
     .prepare = hy_prepare,
+    .fwd_new = hy_fwd_new,
+    .fwd_free = hy_fwd_free,
+    .forward = hy_forward,
 };

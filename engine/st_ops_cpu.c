@@ -1,0 +1,521 @@
+/*
+ * st_ops_cpu.c - the CPU operations (st_ops_int.h) over the engine's thread pool and the kernels
+ * of st_kernels.c.
+ *
+ * Invariants:
+ * 1. Every operation splits its outputs into tasks; a task computes each of its outputs alone
+ *    and in full, with the canonical reductions of st_kernels.c, so results depend on neither
+ *    the number of threads nor the number of tokens of a call.
+ * 2. The work estimate given to st_pool_run only decides whether other threads are woken; it
+ *    never changes a result.
+ * 3. Scratch is per thread (the thread index of a task), sized at creation for the memory spec
+ *    and the context: attention's scores (qb queries x n_ctx keys) and the delta rule's 2 dv.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "st_ops_int.h"
+
+struct st_ops_cpu {
+    const st_kern *k;
+    st_pool *pool;
+    uint32_t n_threads, n_ctx;
+    uint32_t qb;    /* attention queries per task */
+    float *scores;  /* per thread: qb x n_ctx */
+    float *scratch; /* per thread: scratch_per_thread */
+    uint32_t scratch_per_thread;
+};
+
+void st_ops_cpu_free(st_ops_cpu *oc)
+{
+    if (!oc)
+        return;
+    free(oc->scores);
+    free(oc->scratch);
+    free(oc);
+}
+
+int st_ops_cpu_new(const st_kern *kern, st_pool *pool, const st_mem_spec *ms, uint32_t n_ctx,
+                   st_ops_cpu **out)
+{
+    *out = NULL;
+    st_ops_cpu *oc = calloc(1, sizeof *oc);
+    if (!oc)
+        return st_error_set(ENOMEM, "cpu operations");
+    oc->k = kern;
+    oc->pool = pool;
+    oc->n_threads = st_pool_size(pool);
+    oc->n_ctx = n_ctx;
+    uint64_t dv = 0;
+    for (uint32_t il = 0; il < ms->n_layer; il++)
+        if (ms->layer[il].kind == ST_MEM_REC && ms->layer[il].ssm_dv > dv)
+            dv = ms->layer[il].ssm_dv;
+    oc->qb = (1u << 22) / n_ctx;
+    oc->qb = oc->qb < 1 ? 1 : oc->qb > 16 ? 16 : oc->qb;
+    uint64_t spt = 2 * dv > oc->qb ? 2 * dv : oc->qb;
+    oc->scratch_per_thread = (uint32_t)(spt ? spt : 1);
+    oc->scores = st_big_alloc((uint64_t)oc->n_threads * oc->qb * n_ctx * sizeof(float));
+    oc->scratch = st_big_alloc((uint64_t)oc->n_threads * oc->scratch_per_thread * sizeof(float));
+    if (!oc->scores || !oc->scratch) {
+        st_ops_cpu_free(oc);
+        return st_error_set(ENOMEM, "cpu operations: scratch for a context of %u", n_ctx);
+    }
+    *out = oc;
+    return 0;
+}
+
+static inline float silu(float x) { return x / (1.0f + expf(-x)); }
+static inline float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+static inline float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+/* y = x / sqrt(mean(x^2) + eps) * w */
+static void rmsnorm(const st_kern *k, float *y, const float *x, const float *w, uint32_t n,
+                    float eps)
+{
+    float ss = st_kern_dot(k, x, x, n);
+    float sc = 1.0f / sqrtf(ss / (float)n + eps);
+    for (uint32_t i = 0; i < n; i++)
+        y[i] = x[i] * sc * w[i];
+}
+
+/* ---- get rows ------------------------------------------------------------------------------ */
+typedef struct rows_job {
+    const st_wmat *w;
+    const uint32_t *rows;
+    float *x;
+    uint32_t ldx;
+} rows_job;
+
+static void rows_task(void *ctx, uint32_t t, uint32_t thread)
+{
+    rows_job *j = ctx;
+    st_kern_row_f32(j->w, j->rows[t], j->x + (size_t)t * j->ldx);
+}
+
+static void cpu_get_rows(void *ocp, const st_wmat *w, const uint32_t *rows, uint32_t T, float *x,
+                         uint32_t ldx)
+{
+    st_ops_cpu *oc = ocp;
+    rows_job j = {w, rows, x, ldx};
+    st_pool_run(oc->pool, T, rows_task, &j, (uint64_t)T * w->cols);
+}
+
+/* ---- matmul: products sharing one input, split into tasks of row blocks x token blocks ----- */
+#define MM_RB 48
+#define MM_TB 32
+#define MM_MAX 8
+typedef struct mm_job {
+    const st_kern *k;
+    const float *x;
+    uint32_t ldx, T, n, ntb;
+    const st_mm *mm;
+    uint32_t first[MM_MAX + 1]; /* task index where product i starts */
+} mm_job;
+
+static void mm_task(void *ctx, uint32_t task, uint32_t thread)
+{
+    mm_job *j = ctx;
+    uint32_t i = 0;
+    while (task >= j->first[i + 1])
+        i++;
+    const st_wmat *w = j->mm[i].w;
+    uint32_t local = task - j->first[i];
+    uint32_t rb = local / j->ntb, tb = local % j->ntb;
+    uint32_t r0 = rb * MM_RB, r1 = r0 + MM_RB, t0 = tb * MM_TB, t1 = t0 + MM_TB;
+    if (r1 > w->rows)
+        r1 = w->rows;
+    if (t1 > j->T)
+        t1 = j->T;
+    st_kern_matmul(j->k, w, j->x, j->ldx, j->mm[i].y, j->mm[i].ldy, r0, r1, t0, t1);
+}
+
+static void cpu_matmul(void *ocp, const float *x, uint32_t ldx, uint32_t T, const st_mm *mm,
+                       uint32_t n)
+{
+    st_ops_cpu *oc = ocp;
+    for (uint32_t b = 0; b < n; b += MM_MAX) {
+        mm_job j = {oc->k, x, ldx, T, n - b < MM_MAX ? n - b : MM_MAX, (T + MM_TB - 1) / MM_TB,
+                    mm + b, {0}};
+        uint64_t work = 0;
+        for (uint32_t i = 0; i < j.n; i++) {
+            j.first[i + 1] = j.first[i] + (j.mm[i].w->rows + MM_RB - 1) / MM_RB * j.ntb;
+            work += 2ull * j.mm[i].w->rows * j.mm[i].w->cols * T;
+        }
+        st_pool_run(oc->pool, j.first[j.n], mm_task, &j, work);
+    }
+}
+
+/* ---- norms and element-wise steps, per token ------------------------------------------------ */
+typedef struct tok_job {
+    const st_kern *k;
+    float *x, *y;
+    const float *a, *b, *w;
+    uint32_t n, heads, hd, ld;
+    float eps, scale;
+} tok_job;
+
+static void add_rmsnorm_task(void *ctx, uint32_t t, uint32_t thread)
+{
+    tok_job *j = ctx;
+    float *x = j->x + (size_t)t * j->n;
+    if (j->a) {
+        const float *o = j->a + (size_t)t * j->n;
+        for (uint32_t i = 0; i < j->n; i++)
+            x[i] += o[i];
+    }
+    rmsnorm(j->k, j->y + (size_t)t * j->n, x, j->w, j->n, j->eps);
+}
+
+static void cpu_add_rmsnorm(void *ocp, float *x, const float *add, const float *w, uint32_t n,
+                            float eps, float *y, uint32_t T)
+{
+    st_ops_cpu *oc = ocp;
+    tok_job j = {.k = oc->k, .x = x, .y = y, .a = add, .w = w, .n = n, .eps = eps};
+    st_pool_run(oc->pool, T, add_rmsnorm_task, &j, 4ull * T * n);
+}
+
+static void rmsnorm_gated_task(void *ctx, uint32_t t, uint32_t thread)
+{
+    tok_job *j = ctx;
+    for (uint32_t h = 0; h < j->heads; h++) {
+        float *o = j->x + (size_t)t * j->heads * j->hd + (size_t)h * j->hd;
+        const float *g = j->a + (size_t)t * j->heads * j->hd + (size_t)h * j->hd;
+        rmsnorm(j->k, o, o, j->w, j->hd, j->eps);
+        for (uint32_t i = 0; i < j->hd; i++)
+            o[i] = o[i] * silu(g[i]);
+    }
+}
+
+static void cpu_rmsnorm_gated(void *ocp, float *x, const float *z, const float *w, uint32_t heads,
+                              uint32_t hd, float eps, uint32_t T)
+{
+    st_ops_cpu *oc = ocp;
+    tok_job j = {.k = oc->k, .x = x, .a = z, .w = w, .heads = heads, .hd = hd, .eps = eps};
+    st_pool_run(oc->pool, T, rmsnorm_gated_task, &j, 20ull * T * heads * hd);
+}
+
+static void l2norm_task(void *ctx, uint32_t t, uint32_t thread)
+{
+    tok_job *j = ctx;
+    for (uint32_t h = 0; h < j->heads; h++) {
+        float *x = j->x + (size_t)t * j->ld + (size_t)h * j->hd;
+        float nx = 1.0f / sqrtf(st_kern_dot(j->k, x, x, j->hd) + j->eps);
+        for (uint32_t i = 0; i < j->hd; i++)
+            x[i] = x[i] * nx * j->scale;
+    }
+}
+
+static void cpu_l2norm(void *ocp, float *x, uint32_t ld, uint32_t heads, uint32_t hd, float eps,
+                       float scale, uint32_t T)
+{
+    st_ops_cpu *oc = ocp;
+    tok_job j = {.k = oc->k, .x = x, .heads = heads, .hd = hd, .ld = ld, .eps = eps,
+                 .scale = scale};
+    st_pool_run(oc->pool, T, l2norm_task, &j, 4ull * T * heads * hd);
+}
+
+static void swiglu_task(void *ctx, uint32_t t, uint32_t thread)
+{
+    tok_job *j = ctx;
+    float *g = j->x + (size_t)t * j->n;
+    const float *u = j->a + (size_t)t * j->n;
+    for (uint32_t i = 0; i < j->n; i++)
+        g[i] = silu(g[i]) * u[i];
+}
+
+static void cpu_swiglu(void *ocp, float *g, const float *u, uint32_t n, uint32_t T)
+{
+    st_ops_cpu *oc = ocp;
+    tok_job j = {.k = oc->k, .x = g, .a = u, .n = n};
+    st_pool_run(oc->pool, T, swiglu_task, &j, 20ull * T * n);
+}
+
+static void dn_gates_task(void *ctx, uint32_t t, uint32_t thread)
+{
+    tok_job *j = ctx;
+    float *a = j->x + (size_t)t * j->ld, *b = j->y + (size_t)t * j->ld;
+    for (uint32_t h = 0; h < j->heads; h++) {
+        float g = j->w[h] * softplus(a[h] + j->b[h]);
+        a[h] = expf(g);
+        b[h] = sigmoid(b[h]);
+    }
+}
+
+static void cpu_dn_gates(void *ocp, float *a, float *b, uint32_t ld, const float *ssm_a,
+                         const float *dt_bias, uint32_t H, uint32_t T)
+{
+    st_ops_cpu *oc = ocp;
+    tok_job j = {.k = oc->k, .x = a, .y = b, .w = ssm_a, .b = dt_bias, .heads = H, .ld = ld};
+    st_pool_run(oc->pool, T, dn_gates_task, &j, 40ull * T * H);
+}
+
+/* ---- the short convolution: a block of 64 channels over every token ------------------------- */
+#define CONV_CB 64
+typedef struct conv_job {
+    const st_kern *k;
+    const float *x, *wT;
+    float *y, *state;
+    uint32_t C, T;
+} conv_job;
+
+static void conv_task(void *ctx, uint32_t task, uint32_t thread)
+{
+    conv_job *j = ctx;
+    uint32_t c0 = task * CONV_CB, c1 = c0 + CONV_CB;
+    if (c1 > j->C)
+        c1 = j->C;
+    st_kern_conv(j->k, j->x, j->C, j->y, j->C, j->state, j->C, j->wT, c0, c1, j->T);
+    for (uint32_t t = 0; t < j->T; t++) {
+        float *y = j->y + (size_t)t * j->C;
+        for (uint32_t ch = c0; ch < c1; ch++)
+            y[ch] = silu(y[ch]);
+    }
+}
+
+static void cpu_short_conv(void *ocp, const float *x, float *y, uint32_t C, float *state,
+                           const float *wT, uint32_t T)
+{
+    st_ops_cpu *oc = ocp;
+    conv_job j = {oc->k, x, wT, y, state, C, T};
+    st_pool_run(oc->pool, (C + CONV_CB - 1) / CONV_CB, conv_task, &j, 20ull * T * C);
+}
+
+/* ---- the delta rule: one value head over every token of the call, in order. (Splitting a
+ * head's columns across threads gives the same results but measured slower: threads writing
+ * neighbouring columns share cache lines of the state.) -------------------------------------- */
+typedef struct dn_job {
+    st_ops_cpu *oc;
+    const st_dn_args *a;
+} dn_job;
+
+static void dn_task(void *ctx, uint32_t h, uint32_t thread)
+{
+    dn_job *j = ctx;
+    const st_dn_args *a = j->a;
+    uint32_t kh = h % a->n_k_heads;
+    float *M = a->state + (size_t)h * a->dk * a->dv;
+    float *scr = j->oc->scratch + (size_t)thread * j->oc->scratch_per_thread;
+    st_kern_delta_scan(j->oc->k, M, a->dv, a->dk, a->dv, a->T, a->q + (size_t)kh * a->dk,
+                       a->k + (size_t)kh * a->dk, a->v + (size_t)h * a->dv, a->ld, a->alpha + h,
+                       a->beta + h, a->ld_g, a->out + (size_t)h * a->dv, a->ld_out, scr);
+}
+
+static void cpu_delta_rule(void *ocp, const st_dn_args *a)
+{
+    st_ops_cpu *oc = ocp;
+    dn_job j = {oc, a};
+    st_pool_run(oc->pool, a->n_v_heads, dn_task, &j, 6ull * a->T * a->n_v_heads * a->dk * a->dv);
+}
+
+/* ---- RoPE and the K/V store, per token --------------------------------------------------- */
+typedef struct rope_job {
+    float *x;
+    uint32_t ld, heads, hd;
+    uint64_t pos0;
+    const double *freq;
+} rope_job;
+
+static void rope_task(void *ctx, uint32_t t, uint32_t thread)
+{
+    rope_job *j = ctx;
+    uint64_t pos = j->pos0 + t;
+    for (uint32_t h = 0; h < j->heads; h++) {
+        float *v = j->x + (size_t)t * j->ld + (size_t)h * j->hd;
+        for (uint32_t i = 0; i < j->hd / 2; i++) {
+            double a = (double)pos * j->freq[i];
+            float cs = (float)cos(a), sn = (float)sin(a);
+            float x0 = v[2 * i], x1 = v[2 * i + 1];
+            v[2 * i] = x0 * cs - x1 * sn;
+            v[2 * i + 1] = x0 * sn + x1 * cs;
+        }
+    }
+}
+
+static void cpu_rope_norm(void *ocp, float *x, uint32_t ld, uint32_t heads, uint32_t hd,
+                          uint64_t pos0, const double *freq, uint32_t T)
+{
+    st_ops_cpu *oc = ocp;
+    rope_job j = {x, ld, heads, hd, pos0, freq};
+    st_pool_run(oc->pool, T, rope_task, &j, 20ull * T * heads * hd);
+}
+
+static inline uint8_t *row_ptr(const st_kv_view *kv, uint8_t *const *pages, uint64_t row,
+                               uint64_t rb)
+{
+    return pages[row / kv->page_size] + (row % kv->page_size) * rb;
+}
+
+static void quant_i8(int8_t *dst, float *scale, const float *x, uint32_t n)
+{
+    float amax = 0.0f;
+    for (uint32_t i = 0; i < n; i++) {
+        float a = fabsf(x[i]);
+        if (a > amax)
+            amax = a;
+    }
+    if (!(amax > 0.0f) || !isfinite(amax)) {
+        memset(dst, 0, n);
+        *scale = 0.0f;
+        return;
+    }
+    float inv = 127.0f / amax;
+    for (uint32_t i = 0; i < n; i++) {
+        long q = lrintf(x[i] * inv);
+        dst[i] = (int8_t)(q > 127 ? 127 : q < -127 ? -127 : q);
+    }
+    *scale = amax / 127.0f;
+}
+
+typedef struct store_job {
+    const st_kv_view *kv;
+    const float *k, *v;
+    uint32_t ld;
+    uint64_t pos0;
+} store_job;
+
+static void store_task(void *ctx, uint32_t t, uint32_t thread)
+{
+    store_job *j = ctx;
+    const st_kv_view *kv = j->kv;
+    uint32_t hd = kv->head_dim, nkv = kv->kv_heads;
+    uint64_t pos = j->pos0 + t;
+    const float *k = j->k + (size_t)t * j->ld, *v = j->v + (size_t)t * j->ld;
+    uint8_t *kr = row_ptr(kv, kv->k, pos, kv->row), *vr = row_ptr(kv, kv->v, pos, kv->row);
+    if (kv->dtype == ST_DTYPE_I8) {
+        float *ks = (float *)row_ptr(kv, kv->ks, pos, kv->srow);
+        float *vs = (float *)row_ptr(kv, kv->vs, pos, kv->srow);
+        for (uint32_t h = 0; h < nkv; h++) {
+            quant_i8((int8_t *)kr + (size_t)h * hd, &ks[h], k + (size_t)h * hd, hd);
+            quant_i8((int8_t *)vr + (size_t)h * hd, &vs[h], v + (size_t)h * hd, hd);
+        }
+    } else {
+        st_codec_f16_encode((uint16_t *)kr, k, (size_t)nkv * hd);
+        st_codec_f16_encode((uint16_t *)vr, v, (size_t)nkv * hd);
+    }
+}
+
+static void cpu_kv_store(void *ocp, const st_kv_view *kv, const float *k, const float *v,
+                         uint32_t ld, uint64_t pos0, uint32_t T)
+{
+    st_ops_cpu *oc = ocp;
+    store_job j = {kv, k, v, ld, pos0};
+    st_pool_run(oc->pool, T, store_task, &j, 10ull * T * kv->kv_heads * kv->head_dim);
+}
+
+/* ---- attention: one head for a block of up to qb consecutive queries: scores q K^T over the
+ * keys the block needs (each one the canonical dot product), then per query the scaling, the
+ * causal limit 0..pos0+t, softmax (max, exp, sum in key order) and the weighted sum of values
+ * in key order. Queries are grouped only to share the loads of K and V rows. ------------------ */
+typedef struct attn_job {
+    st_ops_cpu *oc;
+    const st_kv_view *kv;
+    const float *q;
+    float *out;
+    uint32_t ldq, ldo, n_head, T;
+    uint64_t pos0;
+} attn_job;
+
+static void attn_task(void *ctx, uint32_t task, uint32_t thread)
+{
+    attn_job *f = ctx;
+    st_ops_cpu *c = f->oc;
+    const st_kv_view *kv = f->kv;
+    const st_kern *k = c->k;
+    uint32_t hd = kv->head_dim, nh = f->n_head, nkv = kv->kv_heads;
+    uint32_t kva = nkv * hd, ldq = f->ldq, ldo = f->ldo;
+    uint32_t nqb = (f->T + c->qb - 1) / c->qb;
+    uint32_t h = task / nqb, t0 = task % nqb * c->qb, g = h / (nh / nkv);
+    uint32_t t1 = t0 + c->qb < f->T ? t0 + c->qb : f->T, nq = t1 - t0;
+    uint32_t ps = kv->page_size;
+    int i8 = kv->dtype == ST_DTYPE_I8;
+    uint32_t type = i8 ? ST_GGML_I8 : ST_GGML_F16;
+    uint64_t esz = i8 ? 1 : 2;
+    uint8_t *const *kp = kv->k, *const *vp = kv->v;
+    const float *q = f->q + (size_t)t0 * ldq + (size_t)h * hd;
+    uint32_t ldp = c->n_ctx;
+    float *sc = c->scores + (size_t)thread * c->qb * ldp;
+    uint64_t nk = f->pos0 + t1;
+    for (uint64_t p0 = 0; p0 < nk; p0 += ps) {
+        uint32_t rows = (uint32_t)(nk - p0 < ps ? nk - p0 : ps);
+        st_wmat km = {kp[p0 / ps] + (size_t)g * hd * esz, type, rows, hd, kva};
+        st_kern_matmul(k, &km, q, ldq, sc + p0, ldp, 0, rows, 0, nq);
+    }
+    float inv = 1.0f / sqrtf((float)hd);
+    float *rs = c->scratch + (size_t)thread * c->scratch_per_thread;
+    for (uint32_t i = 0; i < nq; i++) {
+        float *row = sc + (size_t)i * ldp;
+        uint64_t n = f->pos0 + t0 + i + 1;
+        float m = -INFINITY;
+        for (uint64_t j = 0; j < n; j++) {
+            float s = row[j];
+            if (i8)
+                s = s * ((const float *)row_ptr(kv, kv->ks, j, kv->srow))[g];
+            s *= inv;
+            row[j] = s;
+            if (s > m)
+                m = s;
+        }
+        float sum = 0.0f;
+        for (uint64_t j = 0; j < n; j++) {
+            float p = expf(row[j] - m);
+            row[j] = p;
+            sum += p;
+        }
+        rs[i] = 1.0f / sum;
+        float *out = f->out + (size_t)(t0 + i) * ldo + (size_t)h * hd;
+        for (uint32_t d = 0; d < hd; d++)
+            out[d] = 0.0f;
+    }
+    for (uint32_t i = 0; i < nq; i += 4) {
+        uint32_t nb = nq - i < 4 ? nq - i : 4;
+        uint64_t common = f->pos0 + t0 + i + 1;
+        float *out = f->out + (size_t)(t0 + i) * ldo + (size_t)h * hd;
+        const float *p = sc + (size_t)i * ldp;
+        for (uint64_t p0 = 0; p0 < common; p0 += ps) {
+            uint32_t j1 = (uint32_t)(common - p0 < ps ? common : p0 + ps);
+            const uint8_t *v = vp[p0 / ps] + (size_t)g * hd * esz;
+            const float *vs = i8 ? (const float *)kv->vs[p0 / ps] + g : NULL;
+            st_kern_pv(k, out, ldo, p, ldp, nb, v, type, kva, vs, nkv, (uint32_t)p0, j1, hd);
+        }
+        /* the later queries of the group see a few more keys */
+        for (uint32_t ii = 1; ii < nb; ii++)
+            for (uint64_t j = common; j < common + ii; j++) {
+                const uint8_t *v = row_ptr(kv, vp, j, kv->row) + (size_t)g * hd * esz;
+                const float *vs = i8 ? (const float *)row_ptr(kv, kv->vs, j, kv->srow) + g : NULL;
+                st_kern_pv(k, out + (size_t)ii * ldo, ldo, p + (size_t)ii * ldp, ldp, 1, v, type,
+                           kva, vs, nkv, (uint32_t)j, (uint32_t)j + 1, hd);
+            }
+    }
+    for (uint32_t i = 0; i < nq; i++) {
+        float *out = f->out + (size_t)(t0 + i) * ldo + (size_t)h * hd;
+        for (uint32_t d = 0; d < hd; d++)
+            out[d] *= rs[i];
+    }
+}
+
+static void cpu_attention(void *ocp, const st_kv_view *kv, const float *q, uint32_t ldq,
+                          float *out, uint32_t ldo, uint32_t n_head, uint64_t pos0, uint32_t T)
+{
+    st_ops_cpu *oc = ocp;
+    attn_job j = {oc, kv, q, out, ldq, ldo, n_head, T, pos0};
+    st_pool_run(oc->pool, (T + oc->qb - 1) / oc->qb * n_head, attn_task, &j,
+                4ull * T * n_head * kv->head_dim * (pos0 + T));
+}
+
+const st_ops st_ops_cpu_table = {
+    .name = "cpu",
+    .get_rows = cpu_get_rows,
+    .matmul = cpu_matmul,
+    .add_rmsnorm = cpu_add_rmsnorm,
+    .rmsnorm_gated = cpu_rmsnorm_gated,
+    .l2norm = cpu_l2norm,
+    .swiglu = cpu_swiglu,
+    .short_conv = cpu_short_conv,
+    .dn_gates = cpu_dn_gates,
+    .delta_rule = cpu_delta_rule,
+    .rope_norm = cpu_rope_norm,
+    .kv_store = cpu_kv_store,
+    .attention = cpu_attention,
+};

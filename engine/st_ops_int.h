@@ -1,0 +1,99 @@
+/*
+ * st_ops_int.h - a backend's operations: the table the layer helpers (st_arch_int.h) compute
+ * through. An operation knows buffers and shapes, never a model; the CPU table is st_ops_cpu
+ * (st_ops_cpu.c), and another backend provides the same table over its own memory.
+ *
+ * Every operation follows the determinism rules of docs/ENGINE.md: an output is computed alone
+ * and in full with the canonical reductions of st_kernels.c, so results depend neither on how
+ * the work is split across threads nor on how many tokens a call covers (a token's outputs are
+ * the same whether it is read alone or with 2,047 others).
+ *
+ * Shapes: T tokens, token t's vector at base + t * ld (ld in floats). Buffers are the caller's
+ * and are not retained after the call.
+ */
+#ifndef ST_OPS_INT_H
+#define ST_OPS_INT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "st_engine_int.h"
+
+/* One product of a batch that shares its input: y[t * ldy + r] = W row r . x_t for every row
+ * r < w->rows. The weight type (w->type) picks the kernel. */
+typedef struct st_mm {
+    const st_wmat *w;
+    float *y;
+    uint32_t ldy;
+} st_mm;
+
+/* The delta rule of a Gated-DeltaNet layer over T tokens (docs/ENGINE.md): per value head h,
+ * with key head kh = h mod n_k_heads (the tiled mapping; equal head counts map h to h):
+ *   u = S k, delta = beta (v - alpha u), S = alpha S + delta k^T, o = S q
+ * state: [n_v_heads][dk][dv], each head's S transposed; q, k of token t and key head kh at
+ * q + t * ld + kh * dk (k likewise), v of value head h at v + t * ld + h * dv; alpha and beta
+ * of token t and head h at [t * ld_g + h]; the output at out + t * ld_out + h * dv. */
+typedef struct st_dn_args {
+    float *state;
+    const float *q, *k, *v;
+    size_t ld;
+    const float *alpha, *beta;
+    size_t ld_g;
+    float *out;
+    size_t ld_out;
+    uint32_t n_k_heads, n_v_heads, dk, dv, T;
+} st_dn_args;
+
+typedef struct st_ops {
+    const char *name;
+    /* x_t = row rows[t] of w, widened to f32. */
+    void (*get_rows)(void *oc, const st_wmat *w, const uint32_t *rows, uint32_t T, float *x,
+                     uint32_t ldx);
+    /* Every product of mm[0..n) on the same input x (matmul by weight type). */
+    void (*matmul)(void *oc, const float *x, uint32_t ldx, uint32_t T, const st_mm *mm, uint32_t n);
+    /* Per token: x_t += add_t (add not NULL), then y_t = x_t / sqrt(mean(x_t^2) + eps) * w;
+     * vectors of n, ld n. */
+    void (*add_rmsnorm)(void *oc, float *x, const float *add, const float *w, uint32_t n,
+                        float eps, float *y, uint32_t T);
+    /* Per token and head of hd: x = rmsnorm(x) * w * silu(z) (w of hd, shared by the heads);
+     * x and z of heads * hd per token. */
+    void (*rmsnorm_gated)(void *oc, float *x, const float *z, const float *w, uint32_t heads,
+                          uint32_t hd, float eps, uint32_t T);
+    /* Per token and head of hd at x + t * ld + h * hd: x = x * (1 / sqrt(sum x^2 + eps)) * scale. */
+    void (*l2norm)(void *oc, float *x, uint32_t ld, uint32_t heads, uint32_t hd, float eps,
+                   float scale, uint32_t T);
+    /* Per token: g = silu(g) * u, vectors of n. */
+    void (*swiglu)(void *oc, float *g, const float *u, uint32_t n, uint32_t T);
+    /* The causal depthwise convolution (kernel 4) of C channels, then SiLU: x, y of C per token;
+     * state: the last three inputs [3][C], oldest first, updated; wT: the weights [4][C]. */
+    void (*short_conv)(void *oc, const float *x, float *y, uint32_t C, float *state,
+                       const float *wT, uint32_t T);
+    /* Per token and head h < H at [t * ld + h]: a = exp(ssm_a[h] * softplus(a + dt_bias[h]))
+     * (the decay), b = sigmoid(b) (the write strength). */
+    void (*dn_gates)(void *oc, float *a, float *b, uint32_t ld, const float *ssm_a,
+                     const float *dt_bias, uint32_t H, uint32_t T);
+    void (*delta_rule)(void *oc, const st_dn_args *a);
+    /* RoPE, NORM pairing: per token and head of hd at x + t * ld + h * hd, the pairs
+     * (x[2i], x[2i+1]) rotated by (pos0 + t) * freq[i] (angle, cosine and sine in double). */
+    void (*rope_norm)(void *oc, float *x, uint32_t ld, uint32_t heads, uint32_t hd,
+                      uint64_t pos0, const double *freq, uint32_t T);
+    /* K and V of token t (kv_heads x head_dim at k + t * ld, v + t * ld) into rows pos0 + t of
+     * the layer's pages (reserved), in its dtype: f16, or i8 with a scale per row and head. */
+    void (*kv_store)(void *oc, const st_kv_view *kv, const float *k, const float *v, uint32_t ld,
+                     uint64_t pos0, uint32_t T);
+    /* Causal attention over the layer's rows 0..pos0 + t for query t (n_head heads of head_dim at
+     * q + t * ldq; query head h reads K/V head h / (n_head / kv_heads)), softmax of
+     * q k / sqrt(head_dim), the weighted sum of V at out + t * ldo + h * head_dim. */
+    void (*attention)(void *oc, const st_kv_view *kv, const float *q, uint32_t ldq, float *out,
+                      uint32_t ldo, uint32_t n_head, uint64_t pos0, uint32_t T);
+} st_ops;
+
+/* The CPU table: its context is an st_ops_cpu, made for a model's memory spec, a context length
+ * (attention's scores) and the engine's kernels and pool (borrowed). */
+extern const st_ops st_ops_cpu_table;
+typedef struct st_ops_cpu st_ops_cpu;
+int st_ops_cpu_new(const st_kern *kern, st_pool *pool, const st_mem_spec *ms, uint32_t n_ctx,
+                   st_ops_cpu **out);
+void st_ops_cpu_free(st_ops_cpu *oc); /* accepts NULL */
+
+#endif /* ST_OPS_INT_H */
