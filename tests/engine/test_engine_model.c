@@ -1,7 +1,8 @@
 /*
  * test_engine_model.c - the model and the CPU backend: results bit-identical across thread
  * counts, prompt chunk sizes and the scalar / vector kernels; odd shapes, int8 K/V, f16 and bf16
- * weights; the DeltaNet step against a direct evaluation of its formula; fingerprints, presets,
+ * weights; the DeltaNet step against a direct evaluation of its formula; the delta-rule
+ * operation's key-head mapping; fingerprints, presets,
  * the published geometry and sampling.
  */
 #include <math.h>
@@ -15,6 +16,7 @@
 
 #include "engine_test.h"
 #include "st_engine_int.h"
+#include "st_ops_int.h"
 
 static char g_dir[4096];
 
@@ -214,6 +216,53 @@ static void test_deltanet_scan_chunking(void **state)
     }
 }
 
+/* The CPU delta-rule operation with fewer key heads than value heads (Hk = 2, Hv = 6, as
+ * Qwen3.5 files have): value head h reads key head h mod Hk, and equals the kernel run on that
+ * head alone; the grouped mapping h / (Hv / Hk) (a wrong one for the tiled layout) must differ. */
+static void test_ops_delta_rule_heads(void **state)
+{
+    enum { HK = 2, HV = 6, DK = 8, DV = 12, T = 5, LD = 2 * HK * DK + HV * DV };
+    static float x[T * LD], g[T * 2 * HV], out[T * HV * DV], ref[T * HV * DV];
+    static float S[HV * DK * DV], Sr[HV * DK * DV], scr[2 * DV];
+    for (uint32_t i = 0; i < T * LD; i++)
+        x[i] = (float)sin(i * 0.61) * 0.4f;
+    for (uint32_t i = 0; i < T * 2 * HV; i++)
+        g[i] = 0.5f + 0.45f * (float)cos(i * 1.3);
+    for (uint32_t i = 0; i < HV * DK * DV; i++)
+        S[i] = (float)cos(i * 0.07) * 0.1f;
+    st_mem_layer ml = {.kind = ST_MEM_REC, .ssm_heads = HV, .ssm_dk = DK, .ssm_dv = DV};
+    st_mem_spec ms = {.n_layer = 1, .n_rec = 1, .layer = &ml};
+    st_pool *pool = NULL;
+    st_ops_cpu *oc = NULL;
+    st_kern k = {st_kern_cpu_has_avx2()};
+    assert_int_equal(st_pool_new(3, &pool), 0);
+    assert_int_equal(st_ops_cpu_new(&k, pool, &ms, 64, &oc), 0);
+    for (int grouped = 0; grouped < 2; grouped++) {
+        memcpy(Sr, S, sizeof S);
+        for (uint32_t h = 0; h < HV; h++) {
+            uint32_t kh = grouped ? h / (HV / HK) : h % HK;
+            st_kern_delta_scan(&k, Sr + h * DK * DV, DV, DK, DV, T, x + kh * DK,
+                               x + HK * DK + kh * DK, x + 2 * HK * DK + h * DV, LD, g + h,
+                               g + HV + h, 2 * HV, ref + h * DV, HV * DV, scr);
+        }
+        float St[HV * DK * DV];
+        memcpy(St, S, sizeof S);
+        const st_dn_args a = {.state = St, .q = x, .k = x + HK * DK, .v = x + 2 * HK * DK,
+                              .ld = LD, .alpha = g, .beta = g + HV, .ld_g = 2 * HV, .out = out,
+                              .ld_out = HV * DV, .n_k_heads = HK, .n_v_heads = HV, .dk = DK,
+                              .dv = DV, .T = T};
+        st_ops_cpu_table.delta_rule(oc, &a);
+        if (grouped) {
+            assert_memory_not_equal(out, ref, sizeof out);
+        } else {
+            assert_memory_equal(out, ref, sizeof out);
+            assert_memory_equal(St, Sr, sizeof St);
+        }
+    }
+    st_ops_cpu_free(oc);
+    st_pool_free(pool);
+}
+
 static void test_fingerprint(void **state)
 {
     char a[4200], b[4200], c[4200];
@@ -373,6 +422,7 @@ int main(void)
         cmocka_unit_test(test_invariance_i8_f16_bf16),
         cmocka_unit_test(test_deltanet_formula),
         cmocka_unit_test(test_deltanet_scan_chunking),
+        cmocka_unit_test(test_ops_delta_rule_heads),
         cmocka_unit_test(test_fingerprint),
         cmocka_unit_test(test_presets),
         cmocka_unit_test(test_geometry_published),
