@@ -165,6 +165,13 @@ typedef struct st_model st_model;
 int st_model_load(const char *path, st_model **out);
 void st_model_free(st_model *m); /* accepts NULL */
 const st_model_hparams *st_model_hparams_get(const st_model *m);
+/* The architecture's name (general.architecture), static. */
+const char *st_model_arch(const st_model *m);
+/* Layer il's mixer: 'D' (Gated DeltaNet: keeps a recurrent state) or 'A' (attention: keeps K/V
+ * rows per token). */
+char st_model_layer_mixer(const st_model *m, uint32_t il);
+/* The model's GGUF file (borrowed; valid until st_model_free): its keys and tensors. */
+const st_gguf *st_model_gguf(const st_model *m);
 /* SHA-256 over the architecture parameters and the tensor data. */
 const uint8_t *st_model_fingerprint(const st_model *m);
 /* Lower-case hex of the first n bytes of fp into dst (2n+1 bytes). */

@@ -358,6 +358,21 @@ const st_model_hparams *st_model_hparams_get(const st_model *m)
     return &m->hp;
 }
 
+const char *st_model_arch(const st_model *m)
+{
+    return m->arch->name;
+}
+
+char st_model_layer_mixer(const st_model *m, uint32_t il)
+{
+    return m->layers[il].kind;
+}
+
+const st_gguf *st_model_gguf(const st_model *m)
+{
+    return m->gguf;
+}
+
 const uint8_t *st_model_fingerprint(const st_model *m)
 {
     return m->fp;

@@ -82,8 +82,37 @@ static int cmd_info(const char *model)
     char fp[65];
     st_fingerprint_hex(fp, st_model_fingerprint(m), ST_FINGERPRINT_LEN);
     printf("model        %s\n", model);
+    printf("architecture %s\n", st_model_arch(m));
     printf("fingerprint  %s\n", fp);
     printf("layers       %u, pattern %s\n", hp->n_layer, hp->pattern);
+    /* per layer in order: D (Gated DeltaNet, recurrent state) or A (attention, K/V) */
+    uint32_t n_d = 0;
+    printf("kinds        ");
+    for (uint32_t il = 0; il < hp->n_layer; il++) {
+        char k = st_model_layer_mixer(m, il);
+        n_d += k == 'D';
+        putchar(k);
+    }
+    printf(" (%u deltanet, %u attention)\n", n_d, hp->n_layer - n_d);
+    /* tensor types: count and bytes of each, in ggml type order */
+    const st_gguf *g = st_model_gguf(m);
+    printf("types       ");
+    for (uint32_t type = 0, first = 1; type < 64; type++) {
+        uint64_t n = 0, bytes = 0;
+        for (uint64_t i = 0; i < st_gguf_n_tensors(g); i++) {
+            const st_gguf_tensor *t = st_gguf_tensor_at(g, i);
+            if (t->type == type) {
+                n++;
+                bytes += t->nbytes;
+            }
+        }
+        if (n) {
+            printf("%s %s %llu tensors %llu B", first ? "" : ",", st_gguf_type_name(type),
+                   (unsigned long long)n, (unsigned long long)bytes);
+            first = 0;
+        }
+    }
+    printf("\n");
     printf("embedding    %u, feed-forward %u, vocab %u, context %u\n", hp->n_embd, hp->n_ff,
            hp->n_vocab, hp->n_ctx);
     printf("attention    %u heads, %u K/V heads, width %u, K/V %s\n", hp->n_head, hp->n_head_kv,

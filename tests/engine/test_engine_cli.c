@@ -135,9 +135,14 @@ static void test_refusals(void **state)
     assert_non_null(strstr(out, "not a GGUF file"));
     sh(0, BIN "/strata generate -p x -n 1");
     sh(0, BIN "/strata-mkmodel --preset nope -o %s/x.gguf", g_dir);
-    /* strata info names the fingerprint */
+    /* strata info names the fingerprint, the architecture, each layer's kind, the tensor types
+     * and the state sizes (tiny: 3 DeltaNet layers to 1 attention layer, all f32) */
     sh(1, BIN "/strata info -m %s/m.gguf", g_dir);
     assert_non_null(strstr(out, "fingerprint"));
+    assert_non_null(strstr(out, "architecture strata-hybrid\n"));
+    assert_non_null(strstr(out, "kinds        DDDA (3 deltanet, 1 attention)\n"));
+    assert_non_null(strstr(out, "types        f32 60 tensors "));
+    assert_non_null(strstr(out, "state        9608 B per checkpoint, K/V 128 B per token\n"));
 }
 
 static int setup(void **state)
