@@ -1,8 +1,8 @@
 /*
- * st_engine.h - Strata's attached inference engine: GGUF files, the strata-hybrid model
- * (Gated DeltaNet + grouped-query attention), a byte-level tokenizer, backends behind a table of
- * function pointers (CPU today), slots with a conversation cache of running-state checkpoints,
- * and snapshot / restore of a slot to and from an st_image.
+ * st_engine.h - Strata's attached inference engine: GGUF files, models of the architectures it
+ * knows (strata-hybrid today: Gated DeltaNet + grouped-query attention), a byte-level tokenizer,
+ * backends behind a table of function pointers (CPU and CUDA), slots with a conversation cache
+ * of running-state checkpoints, and snapshot / restore of a slot to and from an st_image.
  *
  * Threads: an st_model is immutable after loading and may be shared. An st_engine serialises
  * compute internally (one slot computes at a time; its thread pool does the parallel work), so
