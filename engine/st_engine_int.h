@@ -47,7 +47,6 @@ typedef struct st_layer {
  * layer: a matrix and a convolution history, only at checkpoints). The memory modules and the
  * published geometry (st_state_layout) are built from it alone. */
 typedef enum st_mem_kind {
-    ST_MEM_NONE = 0, /* keeps nothing */
     ST_MEM_KV = 1,   /* K and V rows of kv_heads x head_dim per token */
     ST_MEM_REC = 2,  /* ssm [ssm_heads][ssm_dk][ssm_dv] and conv [conv_len][conv_ch], f32 */
 } st_mem_kind;
