@@ -1,5 +1,6 @@
 # Strata - the commands a user runs. README.md's quick start is `make run` and `make test`.
-#   make deps       install missing Debian packages (apt-get; idempotent, quiet when all present)
+#   make deps       install missing Debian packages (apt-get) and tests/ref (npm ci); idempotent,
+#                   quiet when all present
 #   make build      configure and build into build/
 #   make test       deps + build + every test that needs no GPU, then the sanitizer suite
 #   make test-slow  the long suites (ctest label `slow`)
@@ -16,6 +17,11 @@ CTEST_ARGS ?=
 
 DEB_PKGS := pkg-config cmake make gcc liblmdb-dev lmdb-utils libzstd-dev libssl-dev libevent-dev \
             libjansson-dev libxxhash-dev libcmocka-dev curl
+# The independent implementations the tests compare against (llama.cpp v0.4.0, prebuilt), pinned
+# by tests/ref/package-lock.json and installed with `npm ci` into tests/ref/node_modules (Node.js
+# >= 20 and npm must be present); a stamp of the lock keeps a second `make deps` quiet.
+REF_DIR   := tests/ref
+REF_STAMP := $(REF_DIR)/node_modules/.strata-lock.sha256
 
 .PHONY: all deps build asan-build test test-slow test-gpu bench run fuzz clean
 
@@ -33,6 +39,16 @@ deps:
 	  $$sudo apt-get install -y -q $$missing >/dev/null 2>&1 || \
 	  { $$sudo apt-get update -q >/dev/null && $$sudo apt-get install -y -q $$missing >/dev/null; } || \
 	  { echo "make deps: apt-get could not install:$$missing" >&2; exit 1; }; \
+	fi
+	@want="$$(cat $(REF_DIR)/package.json $(REF_DIR)/package-lock.json $(REF_DIR)/.npmrc | sha256sum)"; \
+	if [ "$$(cat $(REF_STAMP) 2>/dev/null)" != "$$want" ]; then \
+	  command -v npm >/dev/null 2>&1 || \
+	    { echo "make deps: npm (Node.js >= 20) is needed to install $(REF_DIR)" >&2; exit 1; }; \
+	  echo "make deps: npm ci in $(REF_DIR) (llama.cpp v0.4.0 prebuilt, for the comparison tests)"; \
+	  log=$$(mktemp); \
+	  (cd $(REF_DIR) && npm ci --no-progress) >$$log 2>&1 || \
+	    { cat $$log >&2; rm -f $$log; echo "make deps: npm ci in $(REF_DIR) failed" >&2; exit 1; }; \
+	  rm -f $$log; echo "$$want" > $(REF_STAMP); \
 	fi
 
 build: deps
