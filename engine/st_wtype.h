@@ -1,0 +1,137 @@
+/*
+ * st_wtype.h - the weight-type traits table: one row per weight type the engine computes with
+ * (block size, bytes per block, dequantize a row, dot a row, quantize a row). Internal to
+ * engine/ and tests/engine/ (the engine's public header is st_engine.h).
+ *
+ * Type ids are ggml's, as stored in GGUF tensor infos. The block formats are those of
+ * ../shared/ARCHITECTURES.md section 8 (ggml-common.h of llama.cpp v0.4.0).
+ *
+ * Contracts (docs/ENGINE.md, "Weight types"):
+ * 1. dequant gives the values llama.cpp's to_float gives for the same blocks, bit for bit
+ *    (f16 scales widened exactly, NaN quietened; each value computed with the same operations
+ *    in the same order, one rounding per operation, nothing fused).
+ * 2. dot(row, x) computes in f32 on the dequantized weights, in the canonical reduction order
+ *    of st_engine_int.h, so dot(row, x) == st_kern_dot(dequant(row), x) bit for bit; the scalar
+ *    and the AVX2 entries give the same bits. A caller may therefore dequantize rows once and
+ *    run the f32 kernels on them, or dot the blocks in place, with the same results.
+ * 3. quantize gives the blocks ggml_quantize_chunk gives without an importance matrix (what
+ *    llama-quantize writes without --imatrix), byte for byte; f16 and bf16 round to nearest
+ *    even (ggml's conversions).
+ * 4. A row of n values is n / block consecutive blocks; n must be a multiple of block (every
+ *    function here assumes it; st_wtype_row_bytes checks it).
+ * 5. All functions are pure (no state, no allocation) and safe to call from any thread.
+ */
+#ifndef ST_WTYPE_H
+#define ST_WTYPE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "st_engine_int.h"
+
+/* ggml type ids (GGUF); ST_GGML_F32, F16 and BF16 come from st_engine.h. */
+#define ST_GGML_Q4_0 2
+#define ST_GGML_Q4_1 3
+#define ST_GGML_Q5_0 6
+#define ST_GGML_Q5_1 7
+#define ST_GGML_Q8_0 8
+#define ST_GGML_Q2_K 10
+#define ST_GGML_Q3_K 11
+#define ST_GGML_Q4_K 12
+#define ST_GGML_Q5_K 13
+#define ST_GGML_Q6_K 14
+#define ST_GGML_IQ4_NL 20
+#define ST_GGML_IQ4_XS 23
+
+/* The largest block (elements): a caller's scratch for one block. */
+#define ST_WTYPE_BLOCK_MAX 256u
+
+typedef void (*st_wtype_dequant_fn)(const void *src, float *dst, uint64_t n);
+typedef float (*st_wtype_dot_fn)(const void *row, const float *x, uint64_t n);
+typedef void (*st_wtype_quantize_fn)(const float *src, void *dst, uint64_t n);
+
+typedef struct st_wtype {
+    uint32_t type;      /* ggml type id */
+    const char *name;   /* ggml's name: "f32", "q4_K", "iq4_xs", ... */
+    uint32_t block;     /* values per block */
+    uint32_t bytes;     /* bytes per block */
+    /* dst[0..n) = the n values of the blocks at src. [0] scalar reference, [1] AVX2+FMA+F16C. */
+    st_wtype_dequant_fn dequant[2];
+    /* sum over the row of w[k] * x[k], in the order of contract 2. [0] scalar, [1] AVX2. */
+    st_wtype_dot_fn dot[2];
+    /* src[0..n) into n / block blocks at dst (contract 3). */
+    st_wtype_quantize_fn quantize;
+} st_wtype;
+
+/* The traits of ggml type `type`; NULL when the engine does not compute with it (a caller
+ * refuses naming st_gguf_type_name(type)). */
+const st_wtype *st_wtype_get(uint32_t type);
+
+/* The n_types rows of the table, in type-id order (tests and benchmarks walk them). */
+const st_wtype *const *st_wtype_table(uint32_t *n_types);
+
+/* Bytes of a row of n values: ST_EGEOMETRY when n is 0 or not a multiple of the block size,
+ * ST_ETOOBIG when the size overflows. */
+int st_wtype_row_bytes(const st_wtype *t, uint64_t n, uint64_t *bytes);
+
+/* The kernel set chosen by k (k->vec: AVX2). */
+static inline void st_wtype_dequant(const st_kern *k, const st_wtype *t, const void *src,
+                                    float *dst, uint64_t n)
+{
+    t->dequant[k->vec ? 1 : 0](src, dst, n);
+}
+
+static inline float st_wtype_dot(const st_kern *k, const st_wtype *t, const void *row,
+                                 const float *x, uint64_t n)
+{
+    return t->dot[k->vec ? 1 : 0](row, x, n);
+}
+
+/* IEEE binary16 <-> f32 as ggml converts: widening is exact (NaN quietened, as F16C does);
+ * narrowing rounds to nearest even (overflow to infinity, NaN to 0x7e00 with its sign). */
+float st_wtype_f16_to_f32(uint16_t h);
+uint16_t st_wtype_f32_to_f16(float f);
+/* f32 -> bf16 rounding to nearest even, NaN quietened (ggml_fp32_to_bf16_row_ref). */
+uint16_t st_wtype_f32_to_bf16(float f);
+
+/* The IQ4_NL / IQ4_XS codebook. */
+extern const int8_t st_wtype_iq4nl_values[16];
+
+/* ---- per-file entry points (st_wtype_quant.c, st_wtype_avx2.c) ------------------------------ */
+void st_wtype_quantize_f32(const float *src, void *dst, uint64_t n);
+void st_wtype_quantize_f16(const float *src, void *dst, uint64_t n);
+void st_wtype_quantize_bf16(const float *src, void *dst, uint64_t n);
+void st_wtype_quantize_q4_0(const float *src, void *dst, uint64_t n);
+void st_wtype_quantize_q4_1(const float *src, void *dst, uint64_t n);
+void st_wtype_quantize_q5_0(const float *src, void *dst, uint64_t n);
+void st_wtype_quantize_q5_1(const float *src, void *dst, uint64_t n);
+void st_wtype_quantize_q8_0(const float *src, void *dst, uint64_t n);
+void st_wtype_quantize_q2_K(const float *src, void *dst, uint64_t n);
+void st_wtype_quantize_q3_K(const float *src, void *dst, uint64_t n);
+void st_wtype_quantize_q4_K(const float *src, void *dst, uint64_t n);
+void st_wtype_quantize_q5_K(const float *src, void *dst, uint64_t n);
+void st_wtype_quantize_q6_K(const float *src, void *dst, uint64_t n);
+void st_wtype_quantize_iq4_nl(const float *src, void *dst, uint64_t n);
+void st_wtype_quantize_iq4_xs(const float *src, void *dst, uint64_t n);
+
+#define ST_WTYPE_DECLARE_VEC(NAME)                                                                \
+    void st_wtype_dequant_##NAME##_avx2(const void *src, float *dst, uint64_t n);                 \
+    float st_wtype_dot_##NAME##_avx2(const void *row, const float *x, uint64_t n);
+ST_WTYPE_DECLARE_VEC(f32)
+ST_WTYPE_DECLARE_VEC(f16)
+ST_WTYPE_DECLARE_VEC(bf16)
+ST_WTYPE_DECLARE_VEC(q4_0)
+ST_WTYPE_DECLARE_VEC(q4_1)
+ST_WTYPE_DECLARE_VEC(q5_0)
+ST_WTYPE_DECLARE_VEC(q5_1)
+ST_WTYPE_DECLARE_VEC(q8_0)
+ST_WTYPE_DECLARE_VEC(q2_K)
+ST_WTYPE_DECLARE_VEC(q3_K)
+ST_WTYPE_DECLARE_VEC(q4_K)
+ST_WTYPE_DECLARE_VEC(q5_K)
+ST_WTYPE_DECLARE_VEC(q6_K)
+ST_WTYPE_DECLARE_VEC(iq4_nl)
+ST_WTYPE_DECLARE_VEC(iq4_xs)
+#undef ST_WTYPE_DECLARE_VEC
+
+#endif /* ST_WTYPE_H */

@@ -1,0 +1,596 @@
+/*
+ * test_engine_wtype.c - the weight-type traits table against llama.cpp's own ggml (v0.4.0, the
+ * prebuilt libggml-base.so of @node-llama-cpp/linux-x64 3.21.1, installed by `make deps`),
+ * loaded at run time:
+ *   - every type of the table has ggml's id, name, block size and block bytes;
+ *   - dequantize == ggml's to_float, bit for bit (NaN: both NaN), on random blocks and on
+ *     quantized rows, scalar and AVX2;
+ *   - quantize == ggml_quantize_chunk without an importance matrix (and the type's reference
+ *     quantizer where that is the same function), byte for byte, on seeded rows with edge cases
+ *     (zeros, constants, huge values, f32 and f16 subnormals, sparse rows, ties, rows of several
+ *     blocks);
+ *   - dot == the engine's f32 dot of ggml's dequantized row, bit for bit, scalar and AVX2, and
+ *     within the rounding bound of a double-precision reference;
+ *   - results do not depend on chunking or on the thread count;
+ * and negative controls: an interleaved nibble order and an off-by-one f16 scale are caught by
+ * the same comparisons. Without the library the test fails (it never skips): `make deps`.
+ */
+#include <dlfcn.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "st_wtype.h"
+
+/* ---- ggml, through dlopen ---------------------------------------------------------------------- */
+struct ggml_type_traits { /* ggml.h of v0.4.0 */
+    const char *type_name;
+    int64_t blck_size;
+    int64_t blck_size_interleave;
+    size_t type_size;
+    _Bool is_quantized;
+    void (*to_float)(const void *x, float *y, int64_t k);
+    void (*from_float_ref)(const float *x, void *y, int64_t k);
+};
+
+static struct {
+    void *h;
+    const struct ggml_type_traits *(*traits)(int type);
+    size_t (*quantize_chunk)(int type, const float *src, void *dst, int64_t start, int64_t nrows,
+                             int64_t n_per_row, const float *imatrix);
+    _Bool (*requires_imatrix)(int type);
+    float (*fp16_to_fp32)(uint16_t h);
+    uint16_t (*fp32_to_fp16)(float f);
+} G;
+
+static int ggml_load(void)
+{
+    const char *path = getenv("STRATA_GGML_BASE");
+    if (!path || !*path)
+        path = STRATA_GGML_BASE_SO;
+    G.h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!G.h) {
+        fprintf(stderr,
+                "test_engine_wtype: cannot load llama.cpp's ggml (%s): %s\n"
+                "  run `make deps` (npm ci in tests/ref), or set STRATA_GGML_BASE\n",
+                path, dlerror());
+        return -1;
+    }
+    *(void **)&G.traits = dlsym(G.h, "ggml_get_type_traits");
+    *(void **)&G.quantize_chunk = dlsym(G.h, "ggml_quantize_chunk");
+    *(void **)&G.requires_imatrix = dlsym(G.h, "ggml_quantize_requires_imatrix");
+    *(void **)&G.fp16_to_fp32 = dlsym(G.h, "ggml_fp16_to_fp32");
+    *(void **)&G.fp32_to_fp16 = dlsym(G.h, "ggml_fp32_to_fp16");
+    if (!G.traits || !G.quantize_chunk || !G.requires_imatrix || !G.fp16_to_fp32 ||
+        !G.fp32_to_fp16) {
+        fprintf(stderr, "test_engine_wtype: %s lacks a ggml symbol: %s\n", path, dlerror());
+        return -1;
+    }
+    return 0;
+}
+
+/* ggml's dequantization of n values (F32 has no to_float in ggml: its values are its bytes). */
+static void ggml_dequant(uint32_t type, const void *src, float *dst, uint64_t n)
+{
+    const struct ggml_type_traits *tt = G.traits((int)type);
+    if (type == ST_GGML_F32)
+        memcpy(dst, src, n * 4);
+    else
+        tt->to_float(src, dst, (int64_t)n);
+}
+
+/* ---- seeded inputs ------------------------------------------------------------------------------------- */
+static uint64_t rng_next(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static double rng_unit(uint64_t *s) /* (0, 1) */
+{
+    return ((double)(rng_next(s) >> 11) + 0.5) * 0x1p-53;
+}
+
+static float rng_gauss(uint64_t *s)
+{
+    return (float)(sqrt(-2.0 * log(rng_unit(s))) * cos(6.283185307179586 * rng_unit(s)));
+}
+
+#define N_KINDS 15
+static const char *const k_kind_names[N_KINDS] = {
+    "gauss", "gauss*0.02", "uniform+outliers", "zeros", "huge 1e6", "huge 1e9", "huge 1e30",
+    "f32 subnormals", "f16 subnormals", "positive", "negative", "constant", "sparse",
+    "mixed magnitudes", "ties"};
+
+/* Row kind `kind` of n values from seed. */
+static void make_row(int kind, uint64_t seed, float *x, uint64_t n)
+{
+    uint64_t s = seed * 1000003u + (uint64_t)kind;
+    for (uint64_t i = 0; i < n; i++) {
+        float g = rng_gauss(&s);
+        switch (kind) {
+        case 0: x[i] = g; break;
+        case 1: x[i] = 0.02f * g; break;
+        case 2:
+            x[i] = (float)(2.0 * rng_unit(&s) - 1.0);
+            if (rng_next(&s) % 61 == 0)
+                x[i] *= 50.0f;
+            break;
+        case 3: x[i] = 0.0f; break;
+        case 4: x[i] = 1e6f * g; break;
+        case 5: x[i] = 1e9f * g; break;
+        case 6: x[i] = 1e30f * g; break;
+        case 7: x[i] = 1e-40f * g; break;
+        case 8: x[i] = 3e-6f * g; break;
+        case 9: x[i] = fabsf(g) + 0.1f; break;
+        case 10: x[i] = -fabsf(g) - 0.5f; break;
+        case 11: x[i] = (float)(seed % 5) - 2.0f; break;
+        case 12: x[i] = rng_next(&s) % 37 == 0 ? g : 0.0f; break;
+        case 13: x[i] = g * powf(10.0f, (float)((i / 32) % 10) - 6.0f); break;
+        default: x[i] = 0.5f * (float)((int)(rng_next(&s) % 33) - 16); break;
+        }
+    }
+}
+
+static void random_bytes(uint64_t seed, uint8_t *p, size_t n)
+{
+    uint64_t s = seed;
+    for (size_t i = 0; i < n; i++)
+        p[i] = (uint8_t)rng_next(&s);
+}
+
+/* ---- comparisons ----------------------------------------------------------------------------------------- */
+static int same_value(float a, float b)
+{
+    uint32_t ua, ub;
+    memcpy(&ua, &a, 4);
+    memcpy(&ub, &b, 4);
+    return ua == ub || (isnan(a) && isnan(b));
+}
+
+/* Values that differ between mine and ggml's (bits, NaN = NaN); the first one reported. */
+static uint64_t count_value_diffs(const char *what, const st_wtype *t, const float *mine,
+                                  const float *ref, uint64_t n, int report)
+{
+    uint64_t bad = 0;
+    for (uint64_t i = 0; i < n; i++)
+        if (!same_value(mine[i], ref[i])) {
+            if (!bad && report)
+                fprintf(stderr, "%s %s: value %llu: %a vs ggml %a\n", t->name, what,
+                        (unsigned long long)i, (double)mine[i], (double)ref[i]);
+            bad++;
+        }
+    return bad;
+}
+
+static uint64_t count_block_diffs(const char *what, const st_wtype *t, const uint8_t *mine,
+                                  const uint8_t *ref, uint64_t nblocks, int report)
+{
+    uint64_t bad = 0;
+    for (uint64_t b = 0; b < nblocks; b++) {
+        const uint8_t *p = mine + b * t->bytes, *q = ref + b * t->bytes;
+        if (memcmp(p, q, t->bytes)) {
+            if (!bad && report) {
+                uint32_t o = 0;
+                while (p[o] == q[o])
+                    o++;
+                fprintf(stderr, "%s %s: block %llu byte %u: %02x vs ggml %02x\n", t->name, what,
+                        (unsigned long long)b, o, p[o], q[o]);
+            }
+            bad++;
+        }
+    }
+    return bad;
+}
+
+/* Negative control of the dequantization: the outputs of each group of 32 in interleaved
+ * nibble order (y'[2j] = y[j], y'[2j + 1] = y[j + 16]), the classic 4-bit packing mistake;
+ * for the float types (block 1) each value read with its bytes in the wrong order. */
+static void wrong_dequant(const st_wtype *t, const void *src, float *dst, uint64_t n)
+{
+    if (t->block == 1) {
+        uint8_t v[4];
+        for (uint64_t i = 0; i < n; i++) {
+            const uint8_t *p = (const uint8_t *)src + i * t->bytes;
+            for (uint32_t b = 0; b < t->bytes; b++)
+                v[b] = p[t->bytes - 1 - b];
+            t->dequant[0](v, dst + i, 1);
+        }
+        return;
+    }
+    t->dequant[0](src, dst, n);
+    float g[32];
+    for (uint64_t k = 0; k < n; k += 32) {
+        for (int j = 0; j < 16; j++) {
+            g[2 * j] = dst[k + (uint64_t)j];
+            g[2 * j + 1] = dst[k + 16 + (uint64_t)j];
+        }
+        memcpy(dst + k, g, sizeof g);
+    }
+}
+
+/* Offset of the f16 super-scale d in a block (the off-by-one negative control bumps it). */
+static uint32_t d_offset(uint32_t type)
+{
+    switch (type) {
+    case ST_GGML_Q2_K: return 80;
+    case ST_GGML_Q3_K: return 108;
+    case ST_GGML_Q6_K: return 208;
+    default: return 0;
+    }
+}
+
+/* Negative control of the quantizer: the blocks with their f16 scale one step larger (for the
+ * float types, the low 16 bits of every value one larger). */
+static void wrong_quantize(const st_wtype *t, const float *src, uint8_t *dst, uint64_t n)
+{
+    t->quantize(src, dst, n);
+    for (uint64_t b = 0; b < n / t->block; b++) {
+        uint8_t *p = dst + b * t->bytes + d_offset(t->type);
+        uint16_t h = (uint16_t)(p[0] | p[1] << 8);
+        h++;
+        p[0] = (uint8_t)h;
+        p[1] = (uint8_t)(h >> 8);
+    }
+}
+
+static float canon_dot(const float *w, const float *x, uint64_t n)
+{
+    st_kern k = {0};
+    return st_kern_dot(&k, w, x, (uint32_t)n);
+}
+
+/* The rounding bound of an f32 dot in the canonical order against the exact sum: lanes of
+ * n / 8 fused steps plus the 3 adds of the tree (and a tail of at most 7), each step a
+ * relative 2^-24 of the magnitudes summed so far, or, among subnormals, half the smallest
+ * subnormal 2^-150 absolute. */
+static double dot_tolerance(const float *w, const float *x, uint64_t n)
+{
+    double mag = 0;
+    for (uint64_t i = 0; i < n; i++)
+        mag += fabs((double)w[i] * (double)x[i]);
+    return ((double)n / 8 + 11) * 0x1p-24 * mag + (double)(n + 8) * 0x1p-150;
+}
+
+static int all_finite(const float *v, uint64_t n)
+{
+    for (uint64_t i = 0; i < n; i++)
+        if (!isfinite(v[i]))
+            return 0;
+    return 1;
+}
+
+/* ---- the tests ------------------------------------------------------------------------------------------- */
+static const uint32_t k_types[] = {ST_GGML_F32,  ST_GGML_F16,  ST_GGML_BF16,  ST_GGML_Q8_0,
+                                   ST_GGML_Q4_0, ST_GGML_Q4_1, ST_GGML_Q5_0,  ST_GGML_Q5_1,
+                                   ST_GGML_Q2_K, ST_GGML_Q3_K, ST_GGML_Q4_K,  ST_GGML_Q5_K,
+                                   ST_GGML_Q6_K, ST_GGML_IQ4_NL, ST_GGML_IQ4_XS};
+#define N_TYPES (sizeof k_types / sizeof k_types[0])
+
+static int have_vec(void)
+{
+    return st_kern_cpu_has_avx2();
+}
+
+static void test_table(void **state)
+{
+    (void)state;
+    uint32_t n;
+    const st_wtype *const *rows = st_wtype_table(&n);
+    assert_int_equal(n, N_TYPES);
+    for (size_t i = 0; i < N_TYPES; i++) {
+        const st_wtype *t = st_wtype_get(k_types[i]);
+        assert_non_null(t);
+        const struct ggml_type_traits *tt = G.traits((int)k_types[i]);
+        assert_int_equal(t->type, k_types[i]);
+        assert_string_equal(t->name, tt->type_name);
+        assert_int_equal(t->block, tt->blck_size);
+        assert_int_equal(t->bytes, tt->type_size);
+        assert_false(G.requires_imatrix((int)k_types[i]));
+        assert_non_null(t->dequant[0]);
+        assert_non_null(t->dequant[1]);
+        assert_non_null(t->dot[0]);
+        assert_non_null(t->dot[1]);
+        assert_non_null(t->quantize);
+        int listed = 0;
+        for (uint32_t r = 0; r < n; r++)
+            listed += rows[r] == t;
+        assert_int_equal(listed, 1);
+    }
+    /* No row for any other id: the ggml types the engine does not compute with and beyond. */
+    for (uint32_t id = 0; id < 1000; id++) {
+        int known = 0;
+        for (size_t i = 0; i < N_TYPES; i++)
+            known |= k_types[i] == id;
+        if (!known)
+            assert_null(st_wtype_get(id));
+    }
+    assert_null(st_wtype_get(UINT32_MAX));
+    uint64_t bytes = 0;
+    assert_int_equal(st_wtype_row_bytes(st_wtype_get(ST_GGML_Q4_K), 512, &bytes), 0);
+    assert_int_equal(bytes, 288);
+    assert_int_equal(st_wtype_row_bytes(st_wtype_get(ST_GGML_Q4_K), 320, &bytes), ST_EGEOMETRY);
+    assert_int_equal(st_wtype_row_bytes(st_wtype_get(ST_GGML_Q8_0), 0, &bytes), ST_EGEOMETRY);
+    assert_int_equal(st_wtype_row_bytes(st_wtype_get(ST_GGML_F32), UINT64_MAX, &bytes), ST_ETOOBIG);
+}
+
+static void test_f16_conversions(void **state)
+{
+    (void)state;
+    for (uint32_t h = 0; h < 65536; h++) {
+        float a = st_wtype_f16_to_f32((uint16_t)h), b = G.fp16_to_fp32((uint16_t)h);
+        assert_memory_equal(&a, &b, 4);
+    }
+    /* f32 -> f16: a stride through every bit pattern, plus the boundaries of rounding. */
+    uint64_t s = 7;
+    for (uint64_t i = 0; i < 600000; i++) {
+        uint32_t u = i < 300000 ? (uint32_t)(i * 14327u) : (uint32_t)rng_next(&s);
+        float f;
+        memcpy(&f, &u, 4);
+        uint16_t a = st_wtype_f32_to_f16(f), b = G.fp32_to_fp16(f);
+        if (a != b)
+            fail_msg("f32 %08x -> f16: %04x vs ggml %04x", u, a, b);
+    }
+    static const float edge[] = {65504.0f, 65519.99f, 65520.0f, 6.1035156e-05f, 5.9604645e-08f,
+                                 2.9802322e-08f, 2.9802326e-08f, -0.0f, INFINITY, -INFINITY, NAN};
+    for (size_t i = 0; i < sizeof edge / sizeof edge[0]; i++)
+        assert_int_equal(st_wtype_f32_to_f16(edge[i]), G.fp32_to_fp16(edge[i]));
+}
+
+/* Rows per kind and lengths: 256-value super-blocks (and 32-value blocks) several times over. */
+#define N_SEEDS 6
+static const uint64_t k_lens[] = {256, 768, 2048};
+
+static void test_quantize_matches_ggml(void **state)
+{
+    (void)state;
+    uint64_t nmax = 2048;
+    float *x = malloc(nmax * sizeof(float)), *y = malloc(nmax * sizeof(float)),
+          *yr = malloc(nmax * sizeof(float));
+    uint8_t *mine = malloc(nmax * 4), *ref = malloc(nmax * 4), *piece = malloc(nmax * 4);
+    assert_true(x && y && yr && mine && ref && piece);
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        const st_wtype *t = st_wtype_get(k_types[ti]);
+        const struct ggml_type_traits *tt = G.traits((int)t->type);
+        uint64_t blocks = 0, bad = 0, bad_wrong = 0, bad_ref = 0;
+        for (size_t li = 0; li < sizeof k_lens / sizeof k_lens[0]; li++) {
+            uint64_t n = k_lens[li], nb = n / t->block, bytes = nb * t->bytes;
+            for (int kind = 0; kind < N_KINDS; kind++)
+                for (uint64_t seed = 0; seed < N_SEEDS; seed++) {
+                    make_row(kind, seed + 100 * li, x, n);
+                    t->quantize(x, mine, n);
+                    memset(ref, 0xa5, bytes);
+                    assert_int_equal(G.quantize_chunk((int)t->type, x, ref, 0, 1, (int64_t)n, NULL),
+                                     bytes);
+                    char what[96];
+                    snprintf(what, sizeof what, "quantize (%s row, n %llu, seed %llu)",
+                             k_kind_names[kind], (unsigned long long)n, (unsigned long long)seed);
+                    bad += count_block_diffs(what, t, mine, ref, nb, 1);
+                    blocks += nb;
+                    /* the reference quantizer, where ggml's is the same function (IQ4_NL's
+                     * quantize_row_iq4_nl_ref skips the scale search that files get) */
+                    if (tt->from_float_ref && t->type != ST_GGML_IQ4_NL) {
+                        memset(ref, 0x5a, bytes);
+                        tt->from_float_ref(x, ref, (int64_t)n);
+                        bad_ref += count_block_diffs("reference quantizer", t, mine, ref, nb, 1);
+                    }
+                    /* in pieces of whole blocks: the same bytes */
+                    uint64_t step = t->block * (1 + seed % 3);
+                    for (uint64_t k = 0; k < n; k += step) {
+                        uint64_t m = n - k < step ? n - k : step;
+                        t->quantize(x + k, piece + k / t->block * t->bytes, m);
+                    }
+                    assert_memory_equal(piece, mine, bytes);
+                    /* the dequantized blocks agree too (scalar and AVX2) */
+                    t->dequant[0](mine, y, n);
+                    ggml_dequant(t->type, mine, yr, n);
+                    bad += count_value_diffs("dequantize of quantized row", t, y, yr, n, 1);
+                    if (have_vec()) {
+                        t->dequant[1](mine, y, n);
+                        bad += count_value_diffs("AVX2 dequantize of quantized row", t, y, yr, n, 1);
+                    }
+                    /* negative control: an off-by-one scale */
+                    wrong_quantize(t, x, piece, n);
+                    G.quantize_chunk((int)t->type, x, ref, 0, 1, (int64_t)n, NULL);
+                    bad_wrong += count_block_diffs(what, t, piece, ref, nb, 0);
+                }
+        }
+        fprintf(stderr, "%-7s quantize: %llu blocks, %llu differ from ggml (%llu from its reference "
+                "quantizer); off-by-one-scale control: %llu differ\n",
+                t->name, (unsigned long long)blocks, (unsigned long long)bad,
+                (unsigned long long)bad_ref, (unsigned long long)bad_wrong);
+        assert_int_equal(bad, 0);
+        assert_int_equal(bad_ref, 0);
+        assert_true(bad_wrong > 0);
+    }
+    free(x);
+    free(y);
+    free(yr);
+    free(mine);
+    free(ref);
+    free(piece);
+}
+
+static void test_dequant_and_dot_match_ggml(void **state)
+{
+    (void)state;
+    const uint64_t n = 4096;
+    float *w = malloc(n * 4), *wr = malloc(n * 4), *wv = malloc(n * 4), *ww = malloc(n * 4),
+          *x = malloc(n * 4), *src = malloc(n * 4);
+    uint8_t *blk = malloc(n * 4);
+    assert_true(w && wr && wv && ww && x && src && blk);
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        const st_wtype *t = st_wtype_get(k_types[ti]);
+        uint64_t bytes = n / t->block * t->bytes, bad = 0, bad_wrong = 0, dot_bad = 0;
+        uint64_t dots_checked = 0, wrong_caught = 0, wrong_tried = 0;
+        double worst = 0;
+        for (uint64_t r = 0; r < 48; r++) {
+            /* rows 0..23 random block bytes (any scale, NaN and infinity included), rows 24..
+             * quantized from the row kinds */
+            if (r < 24) {
+                random_bytes(r * 7919u + ti, blk, bytes);
+            } else {
+                make_row((int)(r % N_KINDS), r, src, n);
+                t->quantize(src, blk, n);
+            }
+            ggml_dequant(t->type, blk, wr, n);
+            t->dequant[0](blk, w, n);
+            bad += count_value_diffs("dequantize", t, w, wr, n, 1);
+            if (have_vec()) {
+                t->dequant[1](blk, wv, n);
+                assert_memory_equal(wv, w, n * 4);
+            }
+            /* chunked: a row dequantized in pieces of 1, 2, 3... blocks is the same */
+            uint64_t step = t->block * (1 + r % 5);
+            for (uint64_t k = 0; k < n; k += step)
+                t->dequant[r & 1 && have_vec()](blk + k / t->block * t->bytes, ww + k,
+                                                 n - k < step ? n - k : step);
+            assert_memory_equal(ww, w, n * 4);
+            wrong_dequant(t, blk, ww, n);
+            bad_wrong += count_value_diffs("wrong dequantize", t, ww, wr, n, 0);
+
+            /* the dot: the engine's f32 dot of ggml's values, bit for bit */
+            make_row(0, r + 1000, x, n);
+            for (uint64_t len = t->block == 1 ? n - 5 : n; len <= n; len += 5) {
+                float d0 = t->dot[0](blk, x, len), ref = canon_dot(wr, x, len);
+                if (!same_value(d0, ref)) {
+                    fprintf(stderr, "%s dot row %llu len %llu: %a vs f32 dot of ggml's values %a\n",
+                            t->name, (unsigned long long)r, (unsigned long long)len, (double)d0,
+                            (double)ref);
+                    dot_bad++;
+                }
+                if (have_vec()) {
+                    float d1 = t->dot[1](blk, x, len);
+                    if (!same_value(d1, d0))
+                        fail_msg("%s AVX2 dot row %llu: %a vs scalar %a", t->name,
+                                 (unsigned long long)r, (double)d1, (double)d0);
+                }
+                if (!all_finite(wr, len))
+                    continue;
+                /* within the rounding bound of the exact (double) dot of ggml's values */
+                double exact = 0;
+                for (uint64_t i = 0; i < len; i++)
+                    exact += (double)wr[i] * (double)x[i];
+                double tol = dot_tolerance(wr, x, len), err = fabs((double)d0 - exact);
+                if (!(err <= tol)) {
+                    fprintf(stderr, "%s dot row %llu: |%.9g - %.9g| = %.3g > %.3g\n", t->name,
+                            (unsigned long long)r, (double)d0, exact, err, tol);
+                    dot_bad++;
+                }
+                if (tol > 0 && err / tol > worst)
+                    worst = err / tol;
+                dots_checked++;
+                /* negative control: the dot of the wrongly dequantized row, wherever the
+                 * variant changes the row (a permutation leaves a constant row as it is) */
+                wrong_dequant(t, blk, ww, n);
+                if (len == n && isfinite(exact) && fabs(exact) > 0 && memcmp(ww, w, n * 4)) {
+                    float dw = canon_dot(ww, x, n);
+                    wrong_tried++;
+                    wrong_caught += !(fabs((double)dw - exact) <= tol);
+                }
+            }
+        }
+        fprintf(stderr, "%-7s dequantize: %llu values differ from ggml (control: %llu); dot: %llu "
+                "off, %llu within tolerance (worst %.2g of the bound); control caught %llu/%llu\n",
+                t->name, (unsigned long long)bad, (unsigned long long)bad_wrong,
+                (unsigned long long)dot_bad, (unsigned long long)dots_checked, worst,
+                (unsigned long long)wrong_caught, (unsigned long long)wrong_tried);
+        assert_int_equal(bad, 0);
+        assert_int_equal(dot_bad, 0);
+        assert_true(bad_wrong > 0);
+        assert_true(dots_checked > 0);
+        assert_true(wrong_tried >= 10);
+        assert_int_equal(wrong_caught, wrong_tried);
+    }
+    free(w);
+    free(wr);
+    free(wv);
+    free(ww);
+    free(x);
+    free(src);
+    free(blk);
+}
+
+/* A product Y = W X over the pool: the same bits whatever the thread count and task size. */
+typedef struct mm_job {
+    const st_wtype *t;
+    const uint8_t *w;
+    uint64_t row_bytes, n;
+    const float *x;
+    float *y;
+    uint32_t rows, per_task, vec;
+} mm_job;
+
+static void mm_task(void *ctx, uint32_t task, uint32_t thread)
+{
+    (void)thread;
+    mm_job *j = ctx;
+    for (uint32_t r = task * j->per_task; r < (task + 1) * j->per_task && r < j->rows; r++)
+        j->y[r] = j->t->dot[j->vec](j->w + r * j->row_bytes, j->x, j->n);
+}
+
+static void test_threads_and_isa(void **state)
+{
+    (void)state;
+    const uint32_t rows = 37;
+    const uint64_t n = 1024;
+    float *src = malloc(n * 4), *x = malloc(n * 4), *y0 = malloc(rows * 4), *y = malloc(rows * 4);
+    uint8_t *w = malloc(rows * n * 4);
+    assert_true(src && x && y0 && y && w);
+    make_row(0, 5, x, n);
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        const st_wtype *t = st_wtype_get(k_types[ti]);
+        uint64_t rb = n / t->block * t->bytes;
+        for (uint32_t r = 0; r < rows; r++) {
+            make_row((int)(r % N_KINDS), r, src, n);
+            t->quantize(src, w + r * rb, n);
+        }
+        for (uint32_t r = 0; r < rows; r++)
+            y0[r] = t->dot[0](w + r * rb, x, n);
+        for (uint32_t threads = 1; threads <= 4; threads++) {
+            st_pool *p = NULL;
+            assert_int_equal(st_pool_new(threads, &p), 0);
+            static const uint32_t per[] = {1, 3, 5, 7, 37};
+            for (size_t pi = 0; pi < sizeof per / sizeof per[0]; pi++)
+                for (uint32_t vec = 0; vec <= (uint32_t)have_vec(); vec++) {
+                    mm_job j = {t, w, rb, n, x, y, rows, per[pi], vec};
+                    memset(y, 0, rows * 4);
+                    st_pool_run(p, (rows + per[pi] - 1) / per[pi], mm_task, &j, UINT64_MAX);
+                    assert_memory_equal(y, y0, rows * 4);
+                }
+            st_pool_free(p);
+        }
+    }
+    free(src);
+    free(x);
+    free(y0);
+    free(y);
+    free(w);
+}
+
+int main(void)
+{
+    if (ggml_load())
+        return 1;
+    if (!have_vec())
+        fprintf(stderr, "test_engine_wtype: no AVX2 here: the scalar kernels only\n");
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_table),
+        cmocka_unit_test(test_f16_conversions),
+        cmocka_unit_test(test_quantize_matches_ggml),
+        cmocka_unit_test(test_dequant_and_dot_match_ggml),
+        cmocka_unit_test(test_threads_and_isa),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    dlclose(G.h);
+    return rc;
+}
