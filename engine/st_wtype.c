@@ -19,6 +19,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "st_engine_int.h"
 #include "st_wtype.h"
 
 const int8_t st_wtype_iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
@@ -347,6 +348,30 @@ FTYPE_SCALAR(f32, 4, f32_at)
 FTYPE_SCALAR(f16, 2, f16_at)
 FTYPE_SCALAR(bf16, 2, bf16_at)
 
+/* The scalar rows: one dot after the other. */
+#define DOT_ROWS_SCALAR(NAME)                                                                    \
+    static void dot_rows_##NAME(const void *rows, size_t stride, uint32_t nr, const float *x,    \
+                                uint64_t n, float *y)                                            \
+    {                                                                                            \
+        for (uint32_t r = 0; r < nr; r++)                                                        \
+            y[r] = dot_##NAME((const uint8_t *)rows + r * stride, x, n);                         \
+    }
+DOT_ROWS_SCALAR(f32)
+DOT_ROWS_SCALAR(f16)
+DOT_ROWS_SCALAR(bf16)
+DOT_ROWS_SCALAR(q4_0)
+DOT_ROWS_SCALAR(q4_1)
+DOT_ROWS_SCALAR(q5_0)
+DOT_ROWS_SCALAR(q5_1)
+DOT_ROWS_SCALAR(q8_0)
+DOT_ROWS_SCALAR(q2_K)
+DOT_ROWS_SCALAR(q3_K)
+DOT_ROWS_SCALAR(q4_K)
+DOT_ROWS_SCALAR(q5_K)
+DOT_ROWS_SCALAR(q6_K)
+DOT_ROWS_SCALAR(iq4_nl)
+DOT_ROWS_SCALAR(iq4_xs)
+
 /* ---- the table ------------------------------------------------------------------------------------ */
 #define ROW(ID, NAME, STR, QK, BYTES)                                                            \
     [ID] = {ID,                                                                                  \
@@ -355,6 +380,7 @@ FTYPE_SCALAR(bf16, 2, bf16_at)
             BYTES,                                                                               \
             {dequant_##NAME, st_wtype_dequant_##NAME##_avx2},                                    \
             {dot_##NAME, st_wtype_dot_##NAME##_avx2},                                            \
+            {dot_rows_##NAME, st_wtype_dot_rows_##NAME##_avx2},                                  \
             st_wtype_quantize_##NAME}
 
 static const st_wtype k_wtypes[] = {
@@ -397,6 +423,11 @@ const st_wtype *const *st_wtype_table(uint32_t *n_types)
 {
     *n_types = (uint32_t)N_ROWS;
     return k_rows;
+}
+
+int st_wtype_has_avx2(void)
+{
+    return st_kern_cpu_has_avx2();
 }
 
 int st_wtype_row_bytes(const st_wtype *t, uint64_t n, uint64_t *bytes)

@@ -1,7 +1,7 @@
 /*
  * st_wtype.h - the weight-type traits table: one row per weight type the engine computes with
  * (block size, bytes per block, dequantize a row, dot a row, quantize a row). Internal to
- * engine/ and tests/engine/ (the engine's public header is st_engine.h).
+ * engine/, its tests and bench/bench_wtype.c (the engine's public header is st_engine.h).
  *
  * Type ids are ggml's, as stored in GGUF tensor infos. The block formats are those of
  * ../shared/ARCHITECTURES.md section 8 (ggml-common.h of llama.cpp v0.4.0).
@@ -27,7 +27,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "st_engine_int.h"
+#include "st_engine.h"
 
 /* ggml type ids (GGUF); ST_GGML_F32, F16 and BF16 come from st_engine.h. */
 #define ST_GGML_Q4_0 2
@@ -49,6 +49,8 @@
 typedef void (*st_wtype_dequant_fn)(const void *src, float *dst, uint64_t n);
 typedef float (*st_wtype_dot_fn)(const void *row, const float *x, uint64_t n);
 typedef void (*st_wtype_quantize_fn)(const float *src, void *dst, uint64_t n);
+typedef void (*st_wtype_dot_rows_fn)(const void *rows, size_t stride, uint32_t n_rows,
+                                     const float *x, uint64_t n, float *y);
 
 typedef struct st_wtype {
     uint32_t type;      /* ggml type id */
@@ -59,6 +61,10 @@ typedef struct st_wtype {
     st_wtype_dequant_fn dequant[2];
     /* sum over the row of w[k] * x[k], in the order of contract 2. [0] scalar, [1] AVX2. */
     st_wtype_dot_fn dot[2];
+    /* y[i] = dot(rows + i * stride, x, n) for i < n_rows, each bit for bit the dot above (the
+     * vector form runs 4 rows' reductions side by side, which hides the latency of one row's
+     * chain of fused adds). [0] scalar, [1] AVX2. */
+    st_wtype_dot_rows_fn dot_rows[2];
     /* src[0..n) into n / block blocks at dst (contract 3). */
     st_wtype_quantize_fn quantize;
 } st_wtype;
@@ -74,18 +80,9 @@ const st_wtype *const *st_wtype_table(uint32_t *n_types);
  * ST_ETOOBIG when the size overflows. */
 int st_wtype_row_bytes(const st_wtype *t, uint64_t n, uint64_t *bytes);
 
-/* The kernel set chosen by k (k->vec: AVX2). */
-static inline void st_wtype_dequant(const st_kern *k, const st_wtype *t, const void *src,
-                                    float *dst, uint64_t n)
-{
-    t->dequant[k->vec ? 1 : 0](src, dst, n);
-}
-
-static inline float st_wtype_dot(const st_kern *k, const st_wtype *t, const void *row,
-                                 const float *x, uint64_t n)
-{
-    return t->dot[k->vec ? 1 : 0](row, x, n);
-}
+/* Whether this CPU runs the [1] (AVX2+FMA+F16C) entries: st_kern_cpu_has_avx2(). A caller
+ * indexes the entries with its st_kern's vec (0 or 1). */
+int st_wtype_has_avx2(void);
 
 /* IEEE binary16 <-> f32 as ggml converts: widening is exact (NaN quietened, as F16C does);
  * narrowing rounds to nearest even (overflow to infinity, NaN to 0x7e00 with its sign). */
@@ -116,7 +113,9 @@ void st_wtype_quantize_iq4_xs(const float *src, void *dst, uint64_t n);
 
 #define ST_WTYPE_DECLARE_VEC(NAME)                                                                \
     void st_wtype_dequant_##NAME##_avx2(const void *src, float *dst, uint64_t n);                 \
-    float st_wtype_dot_##NAME##_avx2(const void *row, const float *x, uint64_t n);
+    float st_wtype_dot_##NAME##_avx2(const void *row, const float *x, uint64_t n);            \
+    void st_wtype_dot_rows_##NAME##_avx2(const void *rows, size_t stride, uint32_t n_rows,      \
+                                         const float *x, uint64_t n, float *y);
 ST_WTYPE_DECLARE_VEC(f32)
 ST_WTYPE_DECLARE_VEC(f16)
 ST_WTYPE_DECLARE_VEC(bf16)

@@ -27,6 +27,7 @@
 
 #include <cmocka.h>
 
+#include "st_engine_int.h"
 #include "st_wtype.h"
 
 /* ---- ggml, through dlopen ---------------------------------------------------------------------- */
@@ -278,7 +279,7 @@ static const uint32_t k_types[] = {ST_GGML_F32,  ST_GGML_F16,  ST_GGML_BF16,  ST
 
 static int have_vec(void)
 {
-    return st_kern_cpu_has_avx2();
+    return st_wtype_has_avx2();
 }
 
 static void test_table(void **state)
@@ -300,6 +301,8 @@ static void test_table(void **state)
         assert_non_null(t->dequant[1]);
         assert_non_null(t->dot[0]);
         assert_non_null(t->dot[1]);
+        assert_non_null(t->dot_rows[0]);
+        assert_non_null(t->dot_rows[1]);
         assert_non_null(t->quantize);
         int listed = 0;
         for (uint32_t r = 0; r < n; r++)
@@ -556,6 +559,14 @@ static void test_threads_and_isa(void **state)
         }
         for (uint32_t r = 0; r < rows; r++)
             y0[r] = t->dot[0](w + r * rb, x, n);
+        /* dot_rows: the same bits for any number of rows side by side */
+        for (uint32_t vec = 0; vec <= (uint32_t)have_vec(); vec++)
+            for (uint32_t nr = 1; nr <= 9; nr++) {
+                memset(y, 0, rows * 4);
+                for (uint32_t r = 0; r < rows; r += nr)
+                    t->dot_rows[vec](w + r * rb, rb, rows - r < nr ? rows - r : nr, x, n, y + r);
+                assert_memory_equal(y, y0, rows * 4);
+            }
         for (uint32_t threads = 1; threads <= 4; threads++) {
             st_pool *p = NULL;
             assert_int_equal(st_pool_new(threads, &p), 0);
