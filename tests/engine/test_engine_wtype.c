@@ -41,8 +41,17 @@ struct ggml_type_traits { /* ggml.h of v0.4.0 */
     void (*from_float_ref)(const float *x, void *y, int64_t k);
 };
 
+struct ggml_type_traits_cpu { /* ggml-cpu.h of v0.4.0 */
+    void (*from_float)(const float *x, void *y, int64_t k);
+    void (*vec_dot)(int n, float *s, size_t bs, const void *x, size_t bx, const void *y, size_t by,
+                    int nrc);
+    int vec_dot_type;
+    int64_t nrows;
+};
+
 static struct {
-    void *h;
+    void *h, *cpu;
+    const struct ggml_type_traits_cpu *(*traits_cpu)(int type);
     const struct ggml_type_traits *(*traits)(int type);
     size_t (*quantize_chunk)(int type, const float *src, void *dst, int64_t start, int64_t nrows,
                              int64_t n_per_row, const float *imatrix);
@@ -74,6 +83,22 @@ static int ggml_load(void)
         fprintf(stderr, "test_engine_wtype: %s lacks a ggml symbol: %s\n", path, dlerror());
         return -1;
     }
+    /* The CPU backend next to it, in its baseline x86-64 build (no ISA requirement): llama.cpp's
+     * own dot with activations quantized to the type's vec_dot_type. */
+    char cpu[4096];
+    const char *slash = strrchr(path, '/');
+    snprintf(cpu, sizeof cpu, "%.*slibggml-cpu-x64.so", slash ? (int)(slash - path + 1) : 0, path);
+    G.cpu = dlopen(cpu, RTLD_NOW | RTLD_LOCAL);
+    void (*cpu_init)(void) = NULL;
+    if (G.cpu) {
+        *(void **)&G.traits_cpu = dlsym(G.cpu, "ggml_get_type_traits_cpu");
+        *(void **)&cpu_init = dlsym(G.cpu, "ggml_cpu_init");
+    }
+    if (!G.cpu || !G.traits_cpu || !cpu_init) {
+        fprintf(stderr, "test_engine_wtype: cannot load ggml's CPU backend %s: %s\n", cpu, dlerror());
+        return -1;
+    }
+    cpu_init();
     return 0;
 }
 
@@ -350,7 +375,11 @@ static void test_f16_conversions(void **state)
 }
 
 /* Rows per kind and lengths: 256-value super-blocks (and 32-value blocks) several times over. */
+#ifdef __SANITIZE_ADDRESS__
+#define N_SEEDS 2 /* the sanitizer build checks memory; the plain build checks the numbers in full */
+#else
 #define N_SEEDS 6
+#endif
 static const uint64_t k_lens[] = {256, 768, 2048};
 
 static void test_quantize_matches_ggml(void **state)
@@ -523,6 +552,71 @@ static void test_dequant_and_dot_match_ggml(void **state)
     free(blk);
 }
 
+/* Against llama.cpp's own dot (ggml-cpu's vec_dot, activations quantized to Q8_0, Q8_1 or
+ * Q8_K, or rounded to f16 / bf16 for those weights, ARCHITECTURES.md 3.7): the f32 dot on
+ * dequantized weights differs from it by that quantization only. Measured as the rms over 16
+ * activation vectors of the difference, in units of sqrt(sum (w x)^2) (the size of a sum of the
+ * row's terms with random signs): the activation quantization gives about rms(x - xq) / rms(x)
+ * (about 0.01 for Q8 blocks), a wrongly decoded row (the interleaved-nibble control) about 1.4;
+ * the tolerance is 0.1. The figures quantify the
+ * choice of docs/ENGINE.md ("Weight types"). */
+static void test_dot_vs_llama_cpp_integer_dot(void **state)
+{
+    (void)state;
+    const uint64_t n = 4096;
+    float *src = malloc(n * 4), *x = malloc(n * 4), *w = malloc(n * 4), *ww = malloc(n * 4);
+    uint8_t *blk = malloc(n * 4), *xq = malloc(n * 4 + 4096);
+    assert_true(src && x && w && ww && blk && xq);
+    const double tol = 0.1;
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        const st_wtype *t = st_wtype_get(k_types[ti]);
+        const struct ggml_type_traits_cpu *tc = G.traits_cpu((int)t->type);
+        assert_non_null(tc->vec_dot);
+        double worst = 0, sum_rel = 0;
+        int rows = 0, caught = 0;
+        for (uint64_t r = 0; r < 24; r++) {
+            static const int kinds[] = {0, 1, 2, 13};
+            make_row(kinds[r % 4], r + 500, src, n);
+            t->quantize(src, blk, n);
+            t->dequant[0](blk, w, n);
+            wrong_dequant(t, blk, ww, n);
+            /* over 16 activation vectors, so that the figures are rms values, not one sum */
+            double d2 = 0, dw2 = 0, mag2 = 0;
+            for (uint64_t k = 0; k < 16; k++) {
+                make_row(0, 900 + 16 * r + k, x, n);
+                if (tc->vec_dot_type == ST_GGML_F32)
+                    memcpy(xq, x, n * 4);
+                else
+                    G.traits_cpu(tc->vec_dot_type)->from_float(x, xq, (int64_t)n);
+                float theirs = 0;
+                tc->vec_dot((int)n, &theirs, 0, blk, 0, xq, 0, 1);
+                double ours = t->dot[0](blk, x, n), wrong = canon_dot(ww, x, n);
+                d2 += (ours - theirs) * (ours - theirs);
+                dw2 += (wrong - theirs) * (wrong - theirs);
+                for (uint64_t i = 0; i < n; i++)
+                    mag2 += ((double)w[i] * (double)x[i]) * ((double)w[i] * (double)x[i]);
+            }
+            double rel = sqrt(d2 / mag2), rel_wrong = sqrt(dw2 / mag2);
+            if (rel > worst)
+                worst = rel;
+            sum_rel += rel;
+            rows++;
+            assert_true(rel <= tol);
+            caught += !(rel_wrong <= tol);
+        }
+        fprintf(stderr, "%-7s vs llama.cpp's vec_dot (activations as %s), rms over 16 x of |ours - theirs| / "
+                "sqrt(sum (w x)^2) mean %.2g, max %.2g; interleaved control beyond 0.1: %d/%d\n",
+                t->name, G.traits(tc->vec_dot_type)->type_name, sum_rel / rows, worst, caught, rows);
+        assert_int_equal(caught, rows);
+    }
+    free(src);
+    free(x);
+    free(w);
+    free(ww);
+    free(blk);
+    free(xq);
+}
+
 /* A product Y = W X over the pool: the same bits whatever the thread count and task size. */
 typedef struct mm_job {
     const st_wtype *t;
@@ -599,9 +693,11 @@ int main(void)
         cmocka_unit_test(test_f16_conversions),
         cmocka_unit_test(test_quantize_matches_ggml),
         cmocka_unit_test(test_dequant_and_dot_match_ggml),
+        cmocka_unit_test(test_dot_vs_llama_cpp_integer_dot),
         cmocka_unit_test(test_threads_and_isa),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    dlclose(G.cpu);
     dlclose(G.h);
     return rc;
 }
