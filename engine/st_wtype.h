@@ -43,9 +43,6 @@
 #define ST_GGML_IQ4_NL 20
 #define ST_GGML_IQ4_XS 23
 
-/* The largest block (elements): a caller's scratch for one block. */
-#define ST_WTYPE_BLOCK_MAX 256u
-
 typedef void (*st_wtype_dequant_fn)(const void *src, float *dst, uint64_t n);
 typedef float (*st_wtype_dot_fn)(const void *row, const float *x, uint64_t n);
 typedef void (*st_wtype_quantize_fn)(const float *src, void *dst, uint64_t n);
