@@ -911,6 +911,10 @@ static int session_get(st_store *st, MDB_txn *txn, const char *id, st_session_re
         return 0;
     if (rc)
         return rc;
+    char what[ST_STORE_ID_MAX + 32];
+    snprintf(what, sizeof what, "session %s: its record", id);
+    if ((rc = st_store__value_check(st, &v, what)))
+        return rc;
     rc = st_session_parse(v.mv_data, v.mv_size, id, rec);
     if (!rc)
         *found = 1;
@@ -981,12 +985,17 @@ static int chunk_unref(st_store *st, MDB_txn *txn, const uint8_t *hash, const ch
         return rc;
     uint64_t cnt = st_get64(v.mv_data) - 1;
     if (cnt == 0 && !st->opts.gc_deferred) {
-        rc = mdb_del(txn, st->dbi_refcounts, &k, NULL);
-        if (!rc) {
+        /* LMDB frees as many overflow pages as the value's page header says: check it first */
+        MDB_val cv;
+        rc = mdb_get(txn, st->dbi_chunks, &k, &cv);
+        if (rc == MDB_NOTFOUND)
+            return mdb_del(txn, st->dbi_refcounts, &k, NULL); /* already gone: nothing to free */
+        if (!rc)
+            rc = st_store__value_check(st, &cv, what);
+        if (!rc)
+            rc = mdb_del(txn, st->dbi_refcounts, &k, NULL);
+        if (!rc)
             rc = mdb_del(txn, st->dbi_chunks, &k, NULL);
-            if (rc == MDB_NOTFOUND)
-                rc = 0; /* already gone: nothing to free */
-        }
         return rc;
     }
     uint8_t b[8];
@@ -1009,7 +1018,7 @@ static int version_delete_txn(st_store *st, MDB_txn *txn, const char *id, uint64
         return st_error_set(ST_ENOTFOUND, "session %s has no version %llu", id, (unsigned long long)version);
     if (rc)
         return rc;
-    if ((rc = st_manifest_parse(v.mv_data, v.mv_size, what, &m)))
+    if ((rc = st_store__value_check(st, &v, what)) || (rc = st_manifest_parse(v.mv_data, v.mv_size, what, &m)))
         return rc;
     for (uint32_t i = 0; i < m.n_chunks && !rc; i++)
         rc = chunk_unref(st, txn, m.chunks[i].hash, what);
@@ -1112,6 +1121,8 @@ static int geometry_mismatch(st_store *st, MDB_txn *txn, const char *id, const s
     st_geometry g;
     st_tensor_desc *t = NULL;
     int rc = mdb_get(txn, st->dbi_chunks, &k, &v);
+    if (!rc)
+        rc = st_store__value_check(st, &v, "the session's geometry");
     if (!rc)
         rc = st_geometry_decode(v.mv_data, v.mv_size, &g, &t);
     if (rc)
@@ -1406,6 +1417,8 @@ static int put_fn(st_store *st, MDB_txn *txn, void *arg)
              * a multiple of ST_VERIFY_EVERY - about one existing chunk in 16 per put, and each
              * chunk at least once in 16 successive puts of the process. A damaged one is repaired
              * in this transaction with the fresh bytes, which hash to the key. */
+            if ((rc = st_store__value_check(st, &v, "put: a stored chunk")))
+                return rc;
             if (v.mv_size != pc->stored_len || ((pc->hash[0] + tick) % ST_VERIFY_EVERY == 0 &&
                                                 memcmp(v.mv_data, pc->stored, pc->stored_len))) {
                 MDB_val rv = {pc->stored_len, NULL};
@@ -1589,6 +1602,15 @@ int st_store_put(st_store *st, const char *id, const st_image *img, uint64_t exp
 
 /* ---- get -------------------------------------------------------------------------------------- */
 
+/* A session record's head version that the versions database lacks: damage, not a deletion (a
+ * delete moves the head in the transaction that removes the version). */
+static int head_missing(const char *id, uint64_t head)
+{
+    return st_error_set(ST_ECORRUPT, "session %s records head version %llu, which the store lacks (store damaged: "
+                        "`statectl check` names what; `statectl restore-backup` restores a backup)", id,
+                        (unsigned long long)head);
+}
+
 /* One read: copy the session record and version's manifest out of a read transaction. */
 static int manifest_read(st_store *st, const char *id, uint64_t version, uint64_t *resolved, uint8_t **mbuf,
                          size_t *mlen, st_session_rec *rec_out)
@@ -1614,10 +1636,15 @@ static int manifest_read(st_store *st, const char *id, uint64_t version, uint64_
     MDB_val k = {st_vkey(kb, id, v), kb}, val;
     rc = mdb_get(txn, st->dbi_versions, &k, &val);
     if (rc == MDB_NOTFOUND) {
-        rc = st_error_set(ST_ENOTFOUND, "session %s has no version %llu", id, (unsigned long long)v);
+        rc = v == rec.head ? head_missing(id, v)
+                           : st_error_set(ST_ENOTFOUND, "session %s has no version %llu", id, (unsigned long long)v);
         goto done;
     }
     if (rc)
+        goto done;
+    char what[ST_STORE_ID_MAX + 64];
+    snprintf(what, sizeof what, "session %s version %llu", id, (unsigned long long)v);
+    if ((rc = st_store__value_check(st, &val, what)))
         goto done;
     *mbuf = malloc(val.mv_size);
     if (!*mbuf) {
@@ -1734,6 +1761,8 @@ static int fetch(st_store *st, const char *id, uint64_t version, const uint8_t *
                           (unsigned long long)version, id);
         goto unlock;
     }
+    if (!rc)
+        rc = st_store__value_check(st, &v, "a manifest");
     if (rc)
         goto unlock;
     if (v.mv_size != mlen || memcmp(v.mv_data, mbuf, mlen)) {
@@ -1748,6 +1777,8 @@ static int fetch(st_store *st, const char *id, uint64_t version, const uint8_t *
         rc = mdb_get(txn, st->dbi_chunks, &ck, &cv);
         if (rc == 0 && cv.mv_size != c->stored_len)
             rc = MDB_CORRUPTED;
+        if (rc == 0 && (rc = st_store__value_check(st, &cv, "a chunk")))
+            goto unlock;
         if (rc) {
             char hex[2 * ST_STORE_HASH_LEN + 1];
             st_store_hex(hex, c->hash, ST_STORE_HASH_LEN);
@@ -2185,8 +2216,9 @@ static void session_info_fill(st_session_info *si, const char *id, size_t idlen,
     memcpy(si->labels, r->labels, sizeof si->labels);
 }
 
-/* The session under the cursor (k, v) into si; ST_ECORRUPT for a key that is no session id. */
-static int session_info_from(st_session_info *si, const MDB_val *k, const MDB_val *v)
+/* The session under the cursor (k, v) into si (marked damaged when its record does not decode);
+ * ST_ECORRUPT for a key that is no session id. */
+static int session_info_from(st_store *st, st_session_info *si, const MDB_val *k, const MDB_val *v)
 {
     char id[ST_STORE_ID_MAX + 1];
     if (k->mv_size == 0 || k->mv_size > ST_STORE_ID_MAX)
@@ -2194,10 +2226,35 @@ static int session_info_from(st_session_info *si, const MDB_val *k, const MDB_va
     memcpy(id, k->mv_data, k->mv_size);
     id[k->mv_size] = '\0';
     st_session_rec rec;
-    int rc = st_session_parse(v->mv_data, v->mv_size, id, &rec);
+    int rc = st_store__value_check(st, v, "a session record");
     if (!rc)
+        rc = st_session_parse(v->mv_data, v->mv_size, id, &rec);
+    if (!rc) {
         session_info_fill(si, id, k->mv_size, &rec);
+    } else if (rc == ST_ECORRUPT) {
+        /* one damaged record does not hide the others */
+        memset(si, 0, sizeof *si);
+        memcpy(si->id, id, k->mv_size + 1);
+        si->damaged = 1;
+        rc = 0;
+    }
     return rc;
+}
+
+void st_store_damaged_dbs_set(st_store *st, uint32_t dbs)
+{
+    if (st)
+        st->damaged_dbs = dbs;
+}
+
+/* A cursor over a sessions database with a damaged page could enter it (LMDB trusts pages). */
+static int sessions_walk_ok(const st_store *st)
+{
+    if (st->damaged_dbs & ST_STORE_DB_SESSIONS)
+        return st_error_set(ST_ECORRUPT, "store %s: the sessions database has a damaged page, so sessions cannot be "
+                            "listed (`statectl check` names it; `statectl restore-backup` restores a backup)",
+                            st->dir);
+    return 0;
 }
 
 int st_store_list(st_store *st, st_session_info **out, size_t *n)
@@ -2211,7 +2268,9 @@ int st_store_list(st_store *st, st_session_info **out, size_t *n)
     *out = NULL;
     *n = 0;
     pthread_rwlock_rdlock(&st->lock);
-    int rc = st_store__rtxn(st, &txn);
+    int rc = sessions_walk_ok(st);
+    if (!rc)
+        rc = st_store__rtxn(st, &txn);
     if (!rc)
         rc = mdb_cursor_open(txn, st->dbi_sessions, &cur);
     MDB_val k, v;
@@ -2228,7 +2287,7 @@ int st_store_list(st_store *st, st_session_info **out, size_t *n)
             }
             arr = na;
         }
-        if ((rc = session_info_from(&arr[cnt], &k, &v)))
+        if ((rc = session_info_from(st, &arr[cnt], &k, &v)))
             break;
         cnt++;
     }
@@ -2264,7 +2323,9 @@ int st_store_list_page(st_store *st, const char *after, st_session_info *out, si
         return 0;
     size_t alen = after ? strlen(after) : 0;
     pthread_rwlock_rdlock(&st->lock);
-    int rc = st_store__rtxn(st, &txn);
+    int rc = sessions_walk_ok(st);
+    if (!rc)
+        rc = st_store__rtxn(st, &txn);
     if (!rc)
         rc = mdb_cursor_open(txn, st->dbi_sessions, &cur);
     MDB_val k = {alen, (void *)after}, v;
@@ -2273,7 +2334,7 @@ int st_store_list_page(st_store *st, const char *after, st_session_info *out, si
     if (!rc && alen && k.mv_size == alen && !memcmp(k.mv_data, after, alen))
         rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT);
     while (!rc) {
-        if ((rc = session_info_from(&out[cnt], &k, &v)))
+        if ((rc = session_info_from(st, &out[cnt], &k, &v)))
             break;
         if (++cnt == limit)
             break;
@@ -2365,6 +2426,8 @@ int st_store_versions(st_store *st, const char *id, st_version_info **out, size_
         snprintf(what, sizeof what, "session %s version %llu", id, (unsigned long long)vs[i]);
         rc = mdb_get(txn, st->dbi_versions, &k, &v);
         if (!rc)
+            rc = st_store__value_check(st, &v, what);
+        if (!rc)
             rc = st_manifest_parse(v.mv_data, v.mv_size, what, &m);
         if (!rc) {
             version_info_fill(&arr[i], &m);
@@ -2419,7 +2482,7 @@ int st_store_versions_page(st_store *st, const char *id, uint64_t after, st_vers
             char what[ST_STORE_ID_MAX + 64];
             snprintf(what, sizeof what, "session %s version %llu", id, (unsigned long long)ver);
             st_manifest m;
-            if ((rc = st_manifest_parse(v.mv_data, v.mv_size, what, &m)))
+            if ((rc = st_store__value_check(st, &v, what)) || (rc = st_manifest_parse(v.mv_data, v.mv_size, what, &m)))
                 break;
             version_info_fill(&out[cnt++], &m);
             st_manifest_free(&m);

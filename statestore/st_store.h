@@ -503,6 +503,8 @@ typedef struct st_session_info {
     uint64_t created_ns, updated_ns; /* CLOCK_REALTIME, nanoseconds */
     uint32_t n_labels;
     st_store_label labels[ST_STORE_LABELS_MAX];
+    int damaged;              /* list, list_page: 1 when the record does not decode (only id is set;
+                                 `statectl check` names the damage) */
 } st_session_info;
 
 typedef struct st_version_info {
@@ -583,6 +585,9 @@ typedef enum st_check_kind {
     ST_CHECK_STATE_HASH = 8,    /* with read_data: a version whose image, reassembled as a restore
                                    does, is not what its recorded state hash says (or does not
                                    reassemble): it can never be restored */
+    ST_CHECK_PAGE = 9,          /* a page of data.mdb that LMDB would misread (page, header,
+                                   nodes, key order, overflow count); the database checks
+                                   through LMDB are then skipped: they could crash on it */
 } st_check_kind;
 
 typedef struct st_check_problem {
@@ -591,6 +596,7 @@ typedef struct st_check_problem {
     uint64_t version;           /* 0 when not about one version */
     char chunk[2 * ST_STORE_HASH_LEN + 1]; /* hex SHA-256, "" when not about a chunk */
     const char *message;        /* what was expected and what was found */
+    uint64_t page;              /* PAGE: the damaged page of data.mdb, else 0 */
 } st_check_problem;             /* valid only during the report call */
 
 typedef struct st_check_result {
@@ -613,6 +619,47 @@ typedef struct st_check_result {
 int st_store_check(st_store *st, int read_data,
                    void (*report)(void *arg, const st_check_problem *p), void *arg,
                    st_check_result *res);
+
+/* st_store_check of the store in dir, run in a child process that opens it read-only with opts
+ * (may be NULL): report is called in the caller's process as the child finds each problem. A
+ * child that dies (a crash inside liblmdb on a page the page walk did not catch) is
+ * ST_ECORRUPT naming the signal and the remedy (`statectl restore-backup`); the caller lives
+ * on. Not for a process whose other threads hold locks the child would need (call it before
+ * starting them, or from a single-threaded tool). */
+int st_store_check_contained(const char *dir, const st_store_opts *opts, int read_data,
+                             void (*report)(void *arg, const st_check_problem *p), void *arg,
+                             st_check_result *res);
+
+/* What the start-up scan found. */
+#define ST_STORE_DB_SESSIONS 1u
+#define ST_STORE_DB_VERSIONS 2u
+#define ST_STORE_DB_CHUNKS 4u
+#define ST_STORE_DB_REFCOUNTS 8u
+typedef struct st_store_scan_stats {
+    uint64_t sessions;       /* sessions found */
+    uint64_t damaged;        /* of them damaged (each reported) */
+    uint64_t pages;          /* pages of data.mdb walked */
+    uint64_t damaged_pages;  /* damaged pages inside the databases below */
+    uint32_t damaged_dbs;    /* ST_STORE_DB_* with a damaged page: walking one with a cursor could
+                                enter it, so st_store_list refuses the sessions database's */
+} st_store_scan_stats;
+
+typedef void (*st_store_damaged_fn)(void *arg, const char *id, const char *why);
+
+/* The start-up scan of the store in dir (in a child process, as st_store_check_contained):
+ * walks data.mdb's pages, then every session: its record, its manifests and, without reading
+ * their bytes, that every chunk they name is present with the recorded length and an intact page
+ * header. damaged(arg, id, why) is called once per damaged session, in the caller's process.
+ * Returns 0 when the store can be served without the damaged sessions; ST_ECORRUPT naming the
+ * page and the remedy when the damage is the whole store's (meta pages, free list, the main or
+ * meta database, or both the sessions and versions databases) or the scan crashed. */
+int st_store_scan(const char *dir, const st_store_opts *opts, st_store_damaged_fn damaged, void *arg,
+                  st_store_scan_stats *stats);
+
+/* Tell an open handle which of its databases the scan found damaged (ST_STORE_DB_*): cursor
+ * walks over the sessions database (st_store_list, st_store_list_page) then fail with
+ * ST_ECORRUPT instead of entering a damaged page. */
+void st_store_damaged_dbs_set(st_store *st, uint32_t dbs);
 
 typedef struct st_store_stats {
     uint32_t schema;

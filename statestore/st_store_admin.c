@@ -86,7 +86,9 @@ static int gc_fn(st_store *st, MDB_txn *txn, void *arg)
         int g = mdb_get(txn, st->dbi_chunks, &zk, &zv);
         if (g == 0) {
             c->bytes += zv.mv_size;
-            rc = mdb_del(txn, st->dbi_chunks, &zk, NULL);
+            rc = st_store__value_check(st, &zv, "gc: a chunk"); /* LMDB frees the pages its header says */
+            if (!rc)
+                rc = mdb_del(txn, st->dbi_chunks, &zk, NULL);
         } else if (g != MDB_NOTFOUND) {
             rc = g;
         }
@@ -153,6 +155,8 @@ static int orphan_fn(st_store *st, MDB_txn *txn, void *arg)
             continue;
         }
         uint64_t len = v.mv_size;
+        if (!rc)
+            rc = st_store__value_check(st, &v, "gc: an orphan chunk");
         if (!rc)
             rc = mdb_del(txn, st->dbi_chunks, &k, NULL);
         if (!rc) {
@@ -669,6 +673,14 @@ static int check_data(st_checker *k)
         for (; !rc; rc = mdb_cursor_get(cur, &key, &v, MDB_NEXT)) {
             if (key.mv_size != ST_STORE_HASH_LEN)
                 continue;
+            st_ref *r = ref_find(k, key.mv_data);
+            if (r && v.mv_size != r->stored_len)
+                continue; /* the structural pass reported its length */
+            if (st_store__value_check(st, &v, "check: a chunk")) {
+                problem(k, ST_CHECK_CORRUPT_CHUNK, ref_session(k, r), r ? r->version : 0, key.mv_data, "%s",
+                        st_errdetail());
+                continue;
+            }
             st_rd_item *it = &items[n];
             memset(it, 0, sizeof *it);
             memcpy(it->key, key.mv_data, ST_STORE_HASH_LEN);
@@ -722,6 +734,32 @@ static int check_data(st_checker *k)
         st_store__progress(st, "read", done_bytes, k->total_stored);
     }
     free(items);
+    return rc;
+}
+
+/* The page pass: data.mdb's pages as LMDB would read them, walked from the file in the snapshot
+ * txn holds. A problem there stops the check before any pass through LMDB (which trusts pages). */
+static void page_problem(void *arg, const st_page_problem *pp)
+{
+    st_checker *k = arg;
+    char msg[768];
+    snprintf(msg, sizeof msg, "data.mdb page %llu (%s): %s; the store is damaged: restore a backup with `statectl "
+             "restore-backup`", (unsigned long long)pp->pgno, pp->db, pp->message);
+    st_check_problem p = {.kind = ST_CHECK_PAGE, .session = "", .message = msg, .page = pp->pgno};
+    k->res.problems++;
+    if (k->report)
+        k->report(k->arg, &p);
+}
+
+static int check_pages(st_checker *k, MDB_txn *txn)
+{
+    char path[4200];
+    MDB_stat ms;
+    int rc = st_path(path, sizeof path, k->st->dir, "data.mdb");
+    if (!rc)
+        rc = mdb_env_stat(k->st->env, &ms);
+    if (!rc)
+        rc = st_store__pages_check(path, ms.ms_psize, mdb_txn_id(txn), page_problem, k, NULL);
     return rc;
 }
 
@@ -799,24 +837,27 @@ static int check_run(st_store *st, int read_data, int hashes,
     pthread_rwlock_rdlock(&st->lock);
     int rc = st_store__rtxn(st, &txn);
     if (!rc)
+        rc = check_pages(&k, txn);
+    int damaged = k.res.problems != 0;
+    if (!rc && !damaged)
         rc = check_meta(&k, txn);
-    if (!rc)
+    if (!rc && !damaged)
         rc = check_sessions(&k, txn);
-    if (!rc)
+    if (!rc && !damaged)
         rc = check_versions(&k, txn);
-    if (!rc)
+    if (!rc && !damaged)
         check_session_totals(&k, txn);
-    if (!rc)
+    if (!rc && !damaged)
         rc = check_chunks(&k, txn);
-    if (!rc)
+    if (!rc && !damaged)
         rc = check_refcounts(&k, txn);
     if (txn)
         mdb_txn_abort(txn);
     pthread_rwlock_unlock(&st->lock);
     st_store__progress(st, "check", 5, 5);
-    if (!rc && read_data)
+    if (!rc && read_data && !damaged)
         rc = check_data(&k);
-    if (!rc && read_data && hashes)
+    if (!rc && read_data && hashes && !damaged)
         rc = check_state_hashes(&k, k.res.problems);
     for (size_t i = 0; i < k.n_sess; i++)
         free(k.sess[i].gt);

@@ -37,6 +37,7 @@ struct st_store {
     void *map_base;           /* where the map of map_base_size bytes starts (put_populate) */
     uint64_t map_base_size;
     uint32_t verify_tick;     /* put: which existing chunks to compare (inside write txns only) */
+    uint32_t damaged_dbs;     /* ST_STORE_DB_* a start-up scan found damaged (st_store_damaged_dbs_set) */
 };
 
 /* Open the environment in dir and its databases whatever the schema: st->schema says what was
@@ -90,6 +91,57 @@ void st_store__state_hash_runner(void *run_arg, uint64_t n, st_state_hash_task t
 
 /* Report progress if the handle asked for it. */
 void st_store__progress(const st_store *st, const char *phase, uint64_t done, uint64_t total);
+
+/* ---- pages (st_store_pages.c: a walk over data.mdb that reads the file, not through LMDB) ---- */
+
+/* The keys a damaged page covers, as its parent gave them: keys >= lo (when has_lo) and < hi
+ * (when has_hi); prev is the last key of the good leaf before it in key order (a cursor that
+ * walks up to prev steps into the damaged page next). Pointers valid during the report only. */
+typedef struct st_page_range {
+    const uint8_t *lo, *hi, *prev;
+    size_t lo_len, hi_len, prev_len;
+    int has_lo, has_hi, has_prev;
+} st_page_range;
+
+typedef struct st_page_problem {
+    const char *db;         /* "meta pages", "free list", "main", or a database's name */
+    uint64_t pgno;          /* the damaged page */
+    st_page_range range;    /* all zero when the whole database is affected */
+    const char *message;
+} st_page_problem;
+
+typedef void (*st_page_report_fn)(void *arg, const st_page_problem *p);
+
+typedef struct st_page_stats {
+    uint64_t problems, pages, npages, txnid;
+    uint32_t psize;
+} st_page_stats;
+
+/* 0 when the running liblmdb is of the 0.9 file format the walker knows, else ST_EVERSION. */
+int st_store__pages_version_ok(void);
+
+/* Walk every page of the newest snapshot of the data.mdb at path: both metas, the free list and
+ * every database the main database names (page headers and bounds, packed nodes, key order
+ * inside the parent's range, depth, overflow headers and counts inside the file, every page
+ * reached once, free pages not in use, the page counts each database records). Each damaged page
+ * is reported once (its subtree is not walked). psize_expected (0: any) is the running
+ * environment's page size; txnid (0: the newest) the transaction of the caller's read snapshot,
+ * which keeps its pages from reuse (ST_EBUSY when neither meta holds it any more: two commits
+ * since it began). Returns 0 when the walk
+ * ran (stats->problems counts what it found), else an error. stats may be NULL. */
+int st_store__pages_check(const char *path, uint32_t psize_expected, uint64_t txnid, st_page_report_fn report,
+                          void *arg, st_page_stats *stats);
+
+/* Check one value LMDB returned from the map before it is copied or its key deleted: inline
+ * values must fit their leaf page, and a value in overflow pages must have the header LMDB
+ * wrote (its page number, P_OVERFLOW, exactly the pages its length needs, inside the map).
+ * A value outside the map (a page a write transaction without MDB_WRITEMAP copied) is its own.
+ * Cheap: one header read. 0, or ST_ECORRUPT naming `what`, the page and the remedy. */
+int st_store__value_check(st_store *st, const MDB_val *v, const char *what);
+
+/* The start-up scan itself (st_store_scan.c), run by st_store_scan in its child process. */
+int st_store__scan(const char *dir, const st_store_opts *opts, st_store_damaged_fn damaged, void *arg,
+                   st_store_scan_stats *stats);
 
 /* ---- records ---------------------------------------------------------------------------------
  * Little-endian throughout; each has a magic and a format number; readers check every length
