@@ -171,6 +171,9 @@ static void map_forget(st_store *st)
 {
     st->map_base = NULL;
     st->map_base_size = 0;
+    pthread_mutex_lock(&st->vc_mu);
+    st->vc_lo = st->vc_hi = st->vc_base = 0;
+    pthread_mutex_unlock(&st->vc_mu);
 }
 
 /* Grow the map after MDB_MAP_FULL seen with map size `seen`: double it (at least +64 MiB),
@@ -510,6 +513,7 @@ int st_store__open_any(st_store **out, const char *dir, const st_store_opts *opt
     pthread_rwlockattr_setkind_np(&ra, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
     pthread_rwlock_init(&st->lock, &ra);
     pthread_rwlockattr_destroy(&ra);
+    pthread_mutex_init(&st->vc_mu, NULL);
     st->dir = strdup(dir);
     if (!st->dir) {
         free(st);
@@ -629,6 +633,7 @@ void st_store_close(st_store *st)
     if (st->env)
         mdb_env_close(st->env);
     pthread_rwlock_destroy(&st->lock);
+    pthread_mutex_destroy(&st->vc_mu);
     free(st->dir);
     free(st);
 }

@@ -38,6 +38,10 @@ struct st_store {
     uint64_t map_base_size;
     uint32_t verify_tick;     /* put: which existing chunks to compare (inside write txns only) */
     uint32_t damaged_dbs;     /* ST_STORE_DB_* a start-up scan found damaged (st_store_damaged_dbs_set) */
+    /* st_store__value_check: the mapping of data.mdb last seen holding a value, [vc_lo, vc_hi)
+     * with the file's offset 0 at vc_base (reset by every remap; under vc_mu) */
+    pthread_mutex_t vc_mu;
+    uintptr_t vc_lo, vc_hi, vc_base;
 };
 
 /* Open the environment in dir and its databases whatever the schema: st->schema says what was

@@ -41,6 +41,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include "st_store_lmdb_int.h"
@@ -568,13 +569,50 @@ done:
     return rc;
 }
 
+/* The base of this handle's map of data.mdb, from the mapping (in /proc/self/maps) that holds
+ * address a; 0 when none does. Cached until the map changes (map_forget). */
+static uintptr_t map_base_of(st_store *st, uintptr_t a)
+{
+    uintptr_t base = 0;
+    pthread_mutex_lock(&st->vc_mu);
+    if (a >= st->vc_lo && a < st->vc_hi) {
+        base = st->vc_base;
+        goto done;
+    }
+    int fd = -1;
+    struct stat sb;
+    if (mdb_env_get_fd(st->env, &fd) || fd < 0 || fstat(fd, &sb) != 0)
+        goto done;
+    FILE *f = fopen("/proc/self/maps", "re");
+    if (!f)
+        goto done;
+    char line[4352];
+    while (fgets(line, sizeof line, f)) {
+        unsigned long lo, hi, off, ino;
+        unsigned maj, mnr;
+        if (sscanf(line, "%lx-%lx %*s %lx %x:%x %lu", &lo, &hi, &off, &maj, &mnr, &ino) != 6)
+            continue;
+        if (ino == (unsigned long)sb.st_ino && makedev(maj, mnr) == sb.st_dev && a >= lo && a < hi && lo >= off) {
+            st->vc_lo = lo;
+            st->vc_hi = hi;
+            st->vc_base = base = lo - off;
+            break;
+        }
+    }
+    fclose(f);
+done:
+    pthread_mutex_unlock(&st->vc_mu);
+    return base;
+}
+
 int st_store__value_check(st_store *st, const MDB_val *v, const char *what)
 {
     MDB_envinfo info;
     MDB_stat ms;
-    if (mdb_env_info(st->env, &info) || mdb_env_stat(st->env, &ms) || !info.me_mapaddr)
-        return 0;
-    const uint8_t *base = info.me_mapaddr, *at = v->mv_data;
+    uintptr_t b = map_base_of(st, (uintptr_t)v->mv_data);
+    if (!b || mdb_env_info(st->env, &info) || mdb_env_stat(st->env, &ms))
+        return 0; /* not in the map: a page this transaction copied (no MDB_WRITEMAP), its own */
+    const uint8_t *base = (const uint8_t *)b, *at = v->mv_data;
     /* the map's pages bound it: a write transaction's new pages lie beyond the last committed one */
     uint64_t psize = ms.ms_psize, npages = info.me_mapsize / psize;
     uint64_t nodemax = ((psize - PG_HDR) / 2 & ~(uint64_t)1) - 2;

@@ -6,6 +6,7 @@
  * readable.
  */
 #include <fcntl.h>
+#include <sys/stat.h>
 
 #include "store_test.h"
 
@@ -201,6 +202,80 @@ static void test_flipped_manifest(void **state)
     st_image_free(b);
 }
 
+/* A flipped page-count byte in the header of a chunk's overflow pages: LMDB trusts the count when
+ * it frees the pages, so deleting the version listed 16 million pages and grew the map (a RESTORE
+ * that never answered). check names the page, get and delete refuse with ST_ECORRUPT, the file does
+ * not grow, the other session stays readable. */
+static void test_overflow_count(void **state)
+{
+    (void)state;
+    char dir[1200], db[1300];
+    snprintf(dir, sizeof dir, "%s/ovcount", base);
+    snprintf(db, sizeof db, "%s/data.mdb", dir);
+    st_image *a = store_test_image(6, 700, 0, 0), *b = store_test_image(7, 500, 0, 0);
+    st_store *st = NULL;
+    assert_int_equal(st_store_open(&st, dir, &(st_store_opts){.create = 1}), 0);
+    assert_int_equal(st_store_put(st, "victim", a, 0, NULL, NULL), 0);
+    assert_int_equal(st_store_put(st, "other", b, 0, NULL, NULL), 0);
+    /* the file offset of a K/V chunk's overflow page header (its value starts 16 bytes in) */
+    MDB_txn *txn = NULL;
+    assert_int_equal(mdb_txn_begin(st->env, NULL, MDB_RDONLY, &txn), 0);
+    uint8_t kb[ST_VKEY_MAX];
+    MDB_val k = {st_vkey(kb, "victim", 1), kb}, v;
+    assert_int_equal(mdb_get(txn, st->dbi_versions, &k, &v), 0);
+    st_manifest m;
+    assert_int_equal(st_manifest_parse(v.mv_data, v.mv_size, "victim", &m), 0);
+    uint32_t pick = UINT32_MAX;
+    for (uint32_t i = 0; i < m.n_chunks && pick == UINT32_MAX; i++)
+        if (m.chunks[i].stored_len > 16384)
+            pick = i;
+    assert_true(pick != UINT32_MAX);
+    MDB_val ck = {ST_STORE_HASH_LEN, m.chunks[pick].hash}, cv;
+    assert_int_equal(mdb_get(txn, st->dbi_chunks, &ck, &cv), 0);
+    MDB_stat ms;
+    assert_int_equal(mdb_env_stat(st->env, &ms), 0);
+    size_t n = cv.mv_size;
+    uint8_t *copy = malloc(n);
+    assert_non_null(copy);
+    memcpy(copy, cv.mv_data, n);
+    st_manifest_free(&m);
+    mdb_txn_abort(txn);
+    st_store_close(st);
+    size_t flen = 0;
+    uint8_t *file = st_test_slurp(db, &flen);
+    size_t hdr = (size_t)(find_once(file, flen, copy, n) - file) - 16;
+    assert_int_equal(hdr % ms.ms_psize, 0);
+    free(file);
+    free(copy);
+    flip_in_file(db, hdr + 15); /* the count's high byte: 0x5a << 24 more pages */
+    struct stat sb0, sb1;
+    assert_int_equal(stat(db, &sb0), 0);
+
+    assert_int_equal(st_store_open(&st, dir, NULL), 0);
+    store_test_problems pr;
+    st_check_result res;
+    memset(&pr, 0, sizeof pr);
+    assert_int_equal(st_store_check(st, 1, store_test_report, &pr, &res), 0);
+    assert_int_equal(res.problems, 1);
+    assert_int_equal(pr.kind[0], ST_CHECK_PAGE);
+    st_image *img = NULL;
+    assert_int_equal(st_store_get(st, "victim", 0, &img), ST_ECORRUPT);
+    assert_null(img);
+    char want[64];
+    snprintf(want, sizeof want, "overflow page %zu", hdr / ms.ms_psize);
+    assert_non_null(strstr(st_errdetail(), want));
+    assert_non_null(strstr(st_errdetail(), "statectl restore-backup"));
+    assert_int_equal(st_store_version_delete(st, "victim", 1), ST_ECORRUPT);
+    assert_non_null(strstr(st_errdetail(), want));
+    assert_int_equal(st_store_session_delete(st, "victim"), ST_ECORRUPT);
+    store_test_assert_get(st, "other", 0, b);
+    st_store_close(st);
+    assert_int_equal(stat(db, &sb1), 0);
+    assert_true(sb1.st_size <= sb0.st_size);
+    st_image_free(a);
+    st_image_free(b);
+}
+
 int main(void)
 {
     st_test_tmpdir(base, sizeof base, "test_store_corrupt");
@@ -208,6 +283,7 @@ int main(void)
         cmocka_unit_test(test_flipped_chunk),
         cmocka_unit_test(test_flipped_compressed_chunk),
         cmocka_unit_test(test_flipped_manifest),
+        cmocka_unit_test(test_overflow_count),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     if (rc == 0)

@@ -6,7 +6,8 @@
  * Asserted: no process dies of a signal or runs past its deadline, data.mdb never grows past the
  * map size it had, an export either returns the original bytes or fails with an error, and when
  * any export's result differs from the undamaged store's, check reported damage.
- * Usage: test_store_damage [FLIPS [SEED]] (60 flips in `make test`, 1,200 with the label slow).
+ * Usage: test_store_damage [FLIPS [SEED [ONLY]]] (60 flips in `make test`, 1,200 with the label
+ * slow); ONLY runs that one flip and keeps its damaged copy (the path is printed) to look at.
  * A third of the flips fall in branch, leaf and meta pages and a sixth in overflow page headers
  * (the rest anywhere in the pages in use), so that a few hundred reach every kind of page.
  */
@@ -25,6 +26,7 @@
 static char base[1024];
 static unsigned n_flips = 60;
 static uint64_t seed = 20261201;
+static long only = -1;
 
 static const char *const sess[N_SESS] = {"alpha", "beta", "gamma", "delta"};
 static uint64_t n_ver[N_SESS];
@@ -227,6 +229,8 @@ static void test_flips(void **state)
         else
             off = rng_next(&rs) % used;
         uint8_t x = (uint8_t)(rng_next(&rs) % 255 + 1);
+        if (only >= 0 && i != (unsigned long)only)
+            continue;
         file[off] ^= x;
         copy_store(orig_db, work, file, used, apparent);
         file[off] ^= x;
@@ -284,6 +288,18 @@ static void test_flips(void **state)
                 r.signal == SIGALRM ? hangs++ : crashes++;
             }
         }
+        if (only >= 0) {
+            print_message("%s: the damaged copy is %s.keep (check said: %s)\n", what, work, c.err);
+            char keep[1300];
+            snprintf(keep, sizeof keep, "%s.keep", work);
+            st_test_rmdir(keep);
+            copy_store(orig_db, keep, file, used, apparent);
+            int fd = open(strcat(keep, "/data.mdb"), O_RDWR);
+            assert_true(fd >= 0);
+            uint8_t b = file[off] ^ x;
+            assert_int_equal(pwrite(fd, &b, 1, (off_t)off), 1);
+            close(fd);
+        }
         if (file_size(work_db) > apparent) {
             print_error("%s: data.mdb grew from %llu to %llu bytes\n", what, (unsigned long long)apparent,
                         (unsigned long long)file_size(work_db));
@@ -314,9 +330,12 @@ int main(int argc, char **argv)
         n_flips = (unsigned)strtoul(argv[1], NULL, 10);
     if (argc > 2)
         seed = strtoull(argv[2], NULL, 10);
+    if (argc > 3)
+        only = strtol(argv[3], NULL, 10);
     st_test_tmpdir(base, sizeof base, "store_damage");
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_flips)};
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
-    st_test_rmdir(base);
+    if (only < 0)
+        st_test_rmdir(base);
     return rc;
 }
