@@ -181,6 +181,7 @@ typedef struct st_metrics {
     _Atomic uint64_t completions_cancelled; /* stopped because the client went away */
     /* gauges set by their owners */
     _Atomic uint64_t pool_ram_bytes, pool_ram_entries, pool_disk_entries, pool_limit_bytes;
+    uint64_t sessions_damaged; /* quarantined by the start-up scan (set before serving) */
     _Atomic uint64_t slots_total, slots_bound, slots_busy;
     _Atomic uint64_t busy_waiting; /* requests waiting for a busy session (st_conv.c) */
     /* store statistics refreshed by a worker now and then (dedup ratio * 1e6) */
@@ -258,6 +259,10 @@ void st_api_call_submit(st_api_call *c, void (*fn)(st_api_call *c));
 
 st_metrics *st_api_metrics(st_api_server *s);
 struct st_store *st_api_store(st_api_server *s);
+/* 0, or ST_EDAMAGED with a detail naming why and the remedy when the start-up scan quarantined
+ * session id (or its disk-parked image): nothing may read or write its keys in the store, which
+ * could enter a damaged page. Any thread (the list is fixed before the server serves). */
+int st_api_session_damaged(st_api_server *s, const char *id);
 const st_api_config *st_api_cfg(st_api_server *s);
 const st_memguard *st_api_memguard(st_api_server *s);
 

@@ -481,8 +481,11 @@ static int acquire(st_conv *cv, const char *id, int mode, int *out_j, pentry **p
     if (pe)
         *pe = NULL;
     *source = "slot";
+    int rc = st_api_session_damaged(cv->srv, id); /* its keys in the store may lie in a damaged page */
+    if (rc)
+        return rc;
     pthread_mutex_lock(&cv->mu);
-    int rc = wait_turn_locked(cv, id, cancel);
+    rc = wait_turn_locked(cv, id, cancel);
     if (rc) {
         pthread_mutex_unlock(&cv->mu);
         return rc;
@@ -1425,14 +1428,19 @@ static int load_spilled(st_conv *cv)
     st_session_info *arr = NULL;
     size_t n = 0;
     int rc = st_store_list(cv->store, &arr, &n);
+    if (rc == ST_ECORRUPT) {
+        /* a damaged sessions database: the start-up scan quarantined what it could name */
+        fprintf(stderr, "strata-server: disk-parked conversations not loaded: %s\n", st_errdetail());
+        return 0;
+    }
     if (rc)
         return rc;
     size_t pl = strlen(ST_API_PARK_PREFIX);
     for (size_t i = 0; i < n; i++) {
-        if (strncmp(arr[i].id, ST_API_PARK_PREFIX, pl))
+        if (strncmp(arr[i].id, ST_API_PARK_PREFIX, pl) || arr[i].damaged)
             continue;
         const char *id = arr[i].id + pl;
-        if (!st_api_id_valid(id, strlen(id)))
+        if (!st_api_id_valid(id, strlen(id)) || st_api_session_damaged(cv->srv, id))
             continue;
         st_version_info vi;
         if (st_store_version_info(cv->store, arr[i].id, 0, &vi))

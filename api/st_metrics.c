@@ -127,6 +127,8 @@ void st_metrics_render(st_metrics *m, struct evbuffer *o, const st_http_stats *h
                            "strata_park_pool_entries{where=\"ram\"} %llu\n"
                            "strata_park_pool_entries{where=\"disk\"} %llu\n",
                         U(m->pool_ram_entries), U(m->pool_disk_entries));
+    gauge(o, "strata_sessions_damaged", "Sessions the start-up scan found damaged in the store and quarantined "
+          "(listed by /healthz).", (double)m->sessions_damaged);
     gauge(o, "strata_slots", "Engine slots.", (double)m->slots_total);
     gauge(o, "strata_slots_bound", "Slots holding a conversation.", (double)m->slots_bound);
     gauge(o, "strata_slots_busy", "Slots computing or being saved now.", (double)m->slots_busy);

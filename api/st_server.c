@@ -67,6 +67,12 @@ typedef struct st_upload {
     struct st_upload *next;
 } st_upload;
 
+/* A session the start-up scan found damaged: quarantined for the life of the server. */
+typedef struct st_api_damaged {
+    char id[ST_STORE_ID_MAX + 1];
+    char *why;
+} st_api_damaged;
+
 struct st_api_server {
     st_api_config cfg;
     struct event_base *base;
@@ -89,6 +95,8 @@ struct st_api_server {
     _Atomic uint64_t seq;
     int stat_running;
     int metric_none;
+    st_api_damaged *damaged;   /* sorted by id; fixed before the server serves */
+    size_t n_damaged, cap_damaged;
 };
 
 static const st_route *routes_table(size_t *n);
@@ -137,6 +145,77 @@ int st_api_have_engine(void)
 
 st_metrics *st_api_metrics(st_api_server *s) { return &s->metrics; }
 struct st_store *st_api_store(st_api_server *s) { return s->store; }
+
+static int damaged_cmp(const void *a, const void *b)
+{
+    return strcmp(((const st_api_damaged *)a)->id, ((const st_api_damaged *)b)->id);
+}
+
+static const st_api_damaged *damaged_find(const st_api_server *s, const char *id)
+{
+    st_api_damaged key;
+    if (!s->n_damaged || strlen(id) > ST_STORE_ID_MAX)
+        return NULL;
+    snprintf(key.id, sizeof key.id, "%s", id);
+    return bsearch(&key, s->damaged, s->n_damaged, sizeof key, damaged_cmp);
+}
+
+int st_api_session_damaged(st_api_server *s, const char *id)
+{
+    char pid[ST_STORE_ID_MAX + 1];
+    const st_api_damaged *d = damaged_find(s, id);
+    if (!d && snprintf(pid, sizeof pid, "%s%s", ST_API_PARK_PREFIX, id) < (int)sizeof pid)
+        d = damaged_find(s, pid);
+    if (!d)
+        return 0;
+    return st_error_set(ST_EDAMAGED, "session %s is damaged in the store and quarantined since start-up (%s); "
+                        "restore a backup with `statectl restore-backup`", id, d->why);
+}
+
+/* st_store_scan's report: one damaged session, kept (sorted once the scan ends). */
+static void damaged_add(void *arg, const char *id, const char *why)
+{
+    st_api_server *s = arg;
+    fprintf(stderr, "strata-server: session %s is damaged, quarantined: %s\n", id, why);
+    if (s->n_damaged == s->cap_damaged) {
+        size_t cap = s->cap_damaged ? 2 * s->cap_damaged : 16;
+        st_api_damaged *nd = realloc(s->damaged, cap * sizeof *nd);
+        if (!nd)
+            return;
+        s->damaged = nd;
+        s->cap_damaged = cap;
+    }
+    st_api_damaged *d = &s->damaged[s->n_damaged];
+    snprintf(d->id, sizeof d->id, "%s", id);
+    if ((d->why = strdup(why)))
+        s->n_damaged++;
+}
+
+/* The start-up scan (in a child process: a crash on a damaged page ends it, not the server):
+ * damaged sessions are quarantined; damage to the whole store stops the start. */
+static int store_scan(st_api_server *s, const char *dir, uint32_t *damaged_dbs)
+{
+    char path[PATH_MAX];
+    *damaged_dbs = 0;
+    if (snprintf(path, sizeof path, "%s/data.mdb", dir) >= (int)sizeof path || access(path, F_OK) != 0)
+        return 0; /* a new store */
+    st_store_scan_stats ss;
+    int rc = st_store_scan(dir, NULL, damaged_add, s, &ss);
+    if (rc)
+        return rc;
+    if (s->n_damaged)
+        qsort(s->damaged, s->n_damaged, sizeof *s->damaged, damaged_cmp);
+    if (s->n_damaged != ss.damaged)
+        return st_error_set(ENOMEM, "no memory for the list of %llu damaged sessions",
+                            (unsigned long long)ss.damaged);
+    s->metrics.sessions_damaged = s->n_damaged;
+    *damaged_dbs = ss.damaged_dbs;
+    if (ss.damaged)
+        fprintf(stderr, "strata-server: the store %s has %llu damaged sessions of %llu, quarantined (GET /healthz "
+                "lists them; `statectl check` names the damage, `statectl restore-backup` repairs it)\n", dir,
+                (unsigned long long)ss.damaged, (unsigned long long)ss.sessions);
+    return 0;
+}
 const st_api_config *st_api_cfg(st_api_server *s) { return &s->cfg; }
 const st_memguard *st_api_memguard(st_api_server *s) { return &s->guard; }
 st_conv *st_api_conv(st_api_server *s) { return s->conv; }
@@ -208,6 +287,7 @@ void st_api_call_fail(st_api_call *c, int rc, const char *what)
     case ST_EMODEL: status = 409; code = "model_mismatch"; break;
     case ST_EGEOMETRY: status = 409; code = "geometry_mismatch"; break;
     case ST_ECORRUPT: status = 500; code = "corrupt"; break;
+    case ST_EDAMAGED: status = 500; code = "session_damaged"; break;
     case ST_EVERSION: status = 422; code = "version"; break;
     case ST_ENOTSTRATA: status = 422; code = "not_a_session_file"; break;
     case ST_ECODEC: status = 422; code = "codec"; break;
@@ -653,6 +733,10 @@ static int on_head(st_http_req *r, uint64_t *body_max, void *arg)
             st_http_reply_error(r, 400, "invalid_param", "path parameter too long");
         goto replied;
     }
+    if (c->id[0] && st_api_session_damaged(s, c->id)) {
+        st_http_reply_error(r, 500, "session_damaged", "%s", st_errdetail());
+        goto replied;
+    }
     if (rt[found].engine && !st_api_have_engine()) {
         st_http_reply_error(r, 501, "no_engine", "this build of strata-server has no engine");
         goto replied;
@@ -754,6 +838,10 @@ static void h_healthz(st_api_call *c)
                          "ram_bytes", (json_int_t)m->pool_ram_bytes, "ram_entries",
                          (json_int_t)m->pool_ram_entries, "disk_entries",
                          (json_int_t)m->pool_disk_entries);
+    json_t *dmg = json_array();
+    for (size_t i = 0; i < s->n_damaged; i++)
+        json_array_append_new(dmg, json_pack("{s:s,s:s}", "id", s->damaged[i].id, "why", s->damaged[i].why));
+    json_object_set_new(c->reply, "damaged_sessions", dmg);
     if (s->stopping) { /* a 503 goes out as an error body */
         st_api_call_error(c, 503, "stopping", "the server is shutting down");
     }
@@ -788,6 +876,8 @@ static void iso_time(uint64_t ns, char *dst, size_t cap)
 static json_t *session_json(const st_session_info *si)
 {
     char cr[40], up[40], fp[17];
+    if (si->damaged)
+        return json_pack("{s:s,s:b}", "id", si->id, "damaged", 1);
     iso_time(si->created_ns, cr, sizeof cr);
     iso_time(si->updated_ns, up, sizeof up);
     for (int i = 0; i < 8; i++)
@@ -1844,12 +1934,14 @@ int st_api_server_new(const st_api_config *cfg, st_api_server **out)
         goto fail;
     }
     st_store_opts so = {.create = 1, .keep_last = cfg->keep_last};
-    if ((rc = st_store_open(&s->store, cfg->store_dir, &so))) {
+    uint32_t damaged_dbs = 0;
+    if ((rc = store_scan(s, cfg->store_dir, &damaged_dbs)) || (rc = st_store_open(&s->store, cfg->store_dir, &so))) {
         char d[600];
         snprintf(d, sizeof d, "%s", st_errdetail());
         rc = st_error_set(rc, "opening the store %s: %s", cfg->store_dir, d[0] ? d : st_strerror(rc));
         goto fail;
     }
+    st_store_damaged_dbs_set(s->store, damaged_dbs);
     if (cfg->spool_dir)
         snprintf(s->spool, sizeof s->spool, "%s", cfg->spool_dir);
     else
@@ -1968,5 +2060,8 @@ void st_api_server_free(st_api_server *s)
     if (s->base)
         event_base_free(s->base);
     pthread_mutex_destroy(&s->uploads_mu);
+    for (size_t i = 0; i < s->n_damaged; i++)
+        free(s->damaged[i].why);
+    free(s->damaged);
     free(s);
 }

@@ -41,8 +41,9 @@ extern "C" {
 #define ST_EBUSY      (-4013) /* resource in use, retry later */
 #define ST_ENOMEMGUARD (-4014) /* the memory guard refused (not enough available RAM) */
 #define ST_EIO        (-4015) /* an I/O step failed in a way errno does not describe */
+#define ST_EDAMAGED   (-4016) /* a stored session the start-up scan found damaged (quarantined) */
 #define ST_EFIRST     (-4001)
-#define ST_ELAST      (-4015)
+#define ST_ELAST      (-4016)
 
 /* Text for any return code: 0, a positive errno or an ST_E* code. Never NULL. */
 const char *st_strerror(int rc);

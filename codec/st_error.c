@@ -25,6 +25,7 @@ static const char *const st_error_text[] = {
     [-(ST_EBUSY) - 4001] = "resource busy",
     [-(ST_ENOMEMGUARD) - 4001] = "refused by the memory guard",
     [-(ST_EIO) - 4001] = "input/output error",
+    [-(ST_EDAMAGED) - 4001] = "session damaged in the store (quarantined)",
 };
 
 const char *st_strerror(int rc)

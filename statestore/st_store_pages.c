@@ -213,15 +213,21 @@ static void pg_freelist(pg_walk *w, uint64_t pgno, const uint8_t *v, uint64_t si
 
 /* One leaf node's value: inline, overflow or a database record. 0 or 1 (reported). */
 static int pg_value(pg_walk *w, uint64_t pgno, const uint8_t *node, const uint8_t *key, uint32_t ksz,
-                    const st_page_range *r)
+                    const st_page_range *page_r)
 {
     uint16_t fl = st_get16(node + 4);
     uint64_t dsz = (uint64_t)st_get16(node) | (uint64_t)st_get16(node + 2) << 16;
     const uint8_t *data = key + ksz;
     if (fl & ~(unsigned)(w->main ? ND_SUBDATA : ND_BIGDATA)) {
-        pg_problem(w, pgno, r, "leaf page %llu: node flags 0x%x", (unsigned long long)pgno, fl);
+        pg_problem(w, pgno, page_r, "leaf page %llu: node flags 0x%x", (unsigned long long)pgno, fl);
         return 1;
     }
+    /* a damaged value is its key's alone: the range [key, key + "\0") */
+    uint8_t next[KEY_MAX + 1];
+    memcpy(next, key, ksz);
+    next[ksz] = 0;
+    const st_page_range kr = {.lo = key, .lo_len = ksz, .has_lo = 1, .hi = next, .hi_len = ksz + 1, .has_hi = 1};
+    const st_page_range *r = &kr;
     if (fl & ND_BIGDATA) {
         if (NODE_HDR + ksz + dsz <= w->nodemax) {
             pg_problem(w, pgno, r, "leaf page %llu: a value of %llu bytes is marked as kept in overflow pages",

@@ -8,6 +8,7 @@
  * any export's result differs from the undamaged store's, check reported damage.
  * Usage: test_store_damage [FLIPS [SEED [ONLY]]] (60 flips in `make test`, 1,200 with the label
  * slow); ONLY runs that one flip and keeps its damaged copy (the path is printed) to look at.
+ * ST_STATECTL=PATH runs another build's statectl (an older one, to compare).
  * A third of the flips fall in branch, leaf and meta pages and a sixth in overflow page headers
  * (the rest anywhere in the pages in use), so that a few hundred reach every kind of page.
  */
@@ -19,7 +20,8 @@
 
 #include "store_test.h"
 
-#define CTL ST_BIN_DIR "/statectl"
+#define CTL_BUILT ST_BIN_DIR "/statectl"
+static const char *ctl = CTL_BUILT; /* ST_STATECTL overrides: another build's statectl */
 #define DEADLINE_S 60
 #define N_SESS 4
 
@@ -58,7 +60,7 @@ static run_res run_ctl(const char *log, const char *const *args)
     run_res r = {0, 0, ""};
     const char *argv[16];
     size_t n = 0;
-    argv[n++] = CTL;
+    argv[n++] = ctl;
     for (; args[n - 1] && n < 15; n++)
         argv[n] = args[n - 1];
     argv[n] = NULL;
@@ -73,7 +75,7 @@ static run_res run_ctl(const char *log, const char *const *args)
         struct rlimit as = {8ull << 30, 8ull << 30};
         setrlimit(RLIMIT_AS, &as);
         alarm(DEADLINE_S);
-        execv(CTL, (char *const *)argv);
+        execv(ctl, (char *const *)argv);
         _exit(127);
     }
     int st = 0;
@@ -332,6 +334,8 @@ int main(int argc, char **argv)
         seed = strtoull(argv[2], NULL, 10);
     if (argc > 3)
         only = strtol(argv[3], NULL, 10);
+    if (getenv("ST_STATECTL") && *getenv("ST_STATECTL"))
+        ctl = getenv("ST_STATECTL");
     st_test_tmpdir(base, sizeof base, "store_damage");
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_flips)};
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
