@@ -3,9 +3,11 @@
  * fresh copy of the store (LMDB 0.9 has no page checksums). For every flip the real statectl runs
  * `check --read-data`, an export (a restore into a file) of every version of every session, then a
  * write that frees pages (`rm` of a version, `gc`), each as its own process under a deadline.
+ * The server's start-up scan (st_store_scan, in its own child process) runs on each copy too.
  * Asserted: no process dies of a signal or runs past its deadline, data.mdb never grows past the
- * map size it had, an export either returns the original bytes or fails with an error, and when
- * any export's result differs from the undamaged store's, check reported damage.
+ * map size it had, an export either returns the original bytes or fails with an error, the scan
+ * answers 0 or ST_ECORRUPT without its child crashing, and when any export's result differs from
+ * the undamaged store's, check reported damage.
  * Usage: test_store_damage [FLIPS [SEED [ONLY]]] (60 flips in `make test`, 1,200 with the label
  * slow); ONLY runs that one flip and keeps its damaged copy (the path is printed) to look at.
  * ST_STATECTL=PATH runs another build's statectl (an older one, to compare).
@@ -158,6 +160,13 @@ typedef struct page_kinds {
     size_t n_tree, n_ovh;
 } page_kinds;
 
+static void scan_damaged(void *arg, const char *id, const char *why)
+{
+    (void)id;
+    (void)why;
+    (*(unsigned *)arg)++;
+}
+
 static void classify(const uint8_t *f, size_t used, uint32_t psize, page_kinds *k)
 {
     size_t np = used / psize;
@@ -220,7 +229,7 @@ static void test_flips(void **state)
     print_message("store: %zu pages of %u bytes, %zu tree or meta pages, %zu overflow runs\n", used / psize, psize,
                   pk.n_tree, pk.n_ovh);
 
-    unsigned crashes = 0, hangs = 0, grown = 0, wrong = 0, unreported = 0, changed = 0, reported = 0;
+    unsigned crashes = 0, hangs = 0, grown = 0, wrong = 0, unreported = 0, changed = 0, reported = 0, wrong_scan = 0;
     uint64_t rs = seed;
     for (unsigned i = 0; i < n_flips; i++) {
         uint64_t pick = rng_next(&rs) % 6, off;
@@ -279,6 +288,17 @@ static void test_flips(void **state)
                 print_error("%s: an export changed but check said: %s\n", what, c.err);
             }
         }
+        /* the server's start-up scan: damage is a session's or the store's, never a crash */
+        unsigned n_damaged = 0;
+        st_store_scan_stats ss;
+        int src = st_store_scan(work, NULL, scan_damaged, &n_damaged, &ss);
+        if (src && src != ST_ECORRUPT) {
+            print_error("%s: scan answered %s: %s\n", what, st_strerror(src), st_errdetail());
+            wrong_scan++;
+        } else if (src && strstr(st_errdetail(), "stopped: the process reading it")) {
+            print_error("%s: the scan's child crashed: %s\n", what, st_errdetail());
+            crashes++;
+        }
         /* a write that frees pages (a version's chunks and manifest), then gc */
         snprintf(spec, sizeof spec, "alpha@1");
         const char *const *writes[] = {(const char *const[]){"rm", work, spec, NULL},
@@ -316,6 +336,7 @@ static void test_flips(void **state)
     assert_int_equal(grown, 0);
     assert_int_equal(wrong, 0);
     assert_int_equal(unreported, 0);
+    assert_int_equal(wrong_scan, 0);
     free(pk.tree);
     free(pk.ovh);
     free(file);
