@@ -192,6 +192,9 @@ int st_store_gc(st_store *st, st_gc_stats *out)
     memset(&c, 0, sizeof c);
     if (!st)
         return st_error_set(ST_EINVAL, "gc: no store");
+    int prc = st_store__pages_require(st, "gc"); /* its cursors walk whole databases */
+    if (prc)
+        return prc;
     c.first = 1;
     for (;;) {
         int rc = st_store__write(st, gc_fn, &c);
@@ -887,8 +890,11 @@ int st_store_stat(st_store *st, st_store_stats *out)
     memset(&s, 0, sizeof s);
     if (!st || !out)
         return st_error_set(ST_EINVAL, "stat: bad arguments");
+    int rc = st_store__pages_require(st, "stat"); /* its cursors walk whole databases */
+    if (rc)
+        return rc;
     pthread_rwlock_rdlock(&st->lock);
-    int rc = st_store__rtxn(st, &txn);
+    rc = st_store__rtxn(st, &txn);
     if (rc)
         goto done;
     MDB_stat ms;
@@ -1215,6 +1221,8 @@ int st_store_backup(st_store *st, const char *dest_dir)
     int rc = dest_ok(dest_dir);
     if (!rc)
         rc = tmp_sibling(dest_dir, tmp, sizeof tmp);
+    if (!rc)
+        rc = st_store__pages_require(st, "backup"); /* the compacting copy walks every database */
     if (rc)
         return rc;
     st_store__remove_env_dir(tmp); /* a leftover of a crashed attempt of this very pid */

@@ -136,6 +136,11 @@ int st_store__pages_version_ok(void);
 int st_store__pages_check(const char *path, uint32_t psize_expected, uint64_t txnid, st_page_report_fn report,
                           void *arg, st_page_stats *stats);
 
+/* Walk the pages of st's current snapshot (holding a read transaction for it): 0, or
+ * ST_ECORRUPT naming `what`, the first damaged page and the remedy. Run before work that walks
+ * whole databases through LMDB outside check (gc, stat, backup), which could crash on one. */
+int st_store__pages_require(st_store *st, const char *what);
+
 /* Check one value LMDB returned from the map before it is copied or its key deleted: inline
  * values must fit their leaf page, and a value in overflow pages must have the header LMDB
  * wrote (its page number, P_OVERFLOW, exactly the pages its length needs, inside the map).

@@ -643,3 +643,43 @@ int st_store__value_check(st_store *st, const MDB_val *v, const char *what)
                             (unsigned long long)need, (unsigned long long)npages);
     return 0;
 }
+
+typedef struct first_page_problem {
+    char text[700];
+    uint64_t n;
+} first_page_problem;
+
+static void first_page(void *arg, const st_page_problem *p)
+{
+    first_page_problem *f = arg;
+    if (f->n++ == 0)
+        snprintf(f->text, sizeof f->text, "data.mdb page %llu (%s): %s", (unsigned long long)p->pgno, p->db,
+                 p->message);
+}
+
+int st_store__pages_require(st_store *st, const char *what)
+{
+    char path[4200];
+    MDB_txn *txn = NULL;
+    MDB_stat ms;
+    first_page_problem f;
+    memset(&f, 0, sizeof f);
+    int rc = st_path(path, sizeof path, st->dir, "data.mdb");
+    if (rc)
+        return rc;
+    pthread_rwlock_rdlock(&st->lock);
+    rc = st_store__rtxn(st, &txn);
+    if (!rc)
+        rc = mdb_env_stat(st->env, &ms);
+    if (!rc)
+        rc = st_store__pages_check(path, ms.ms_psize, mdb_txn_id(txn), first_page, &f, NULL);
+    if (txn)
+        mdb_txn_abort(txn);
+    pthread_rwlock_unlock(&st->lock);
+    if (rc)
+        return rc >= MDB_KEYEXIST && rc <= MDB_LAST_ERRCODE ? st_store__lmdb_err(rc, what) : rc;
+    if (f.n)
+        return st_error_set(ST_ECORRUPT, "%s: %s (%llu damaged pages); the store is damaged: restore a backup with "
+                            "`statectl restore-backup`", what, f.text, (unsigned long long)f.n);
+    return 0;
+}

@@ -1,8 +1,9 @@
 /*
  * test_store_damage.c - single-byte flips of a store's data.mdb at seeded random offsets, each on a
  * fresh copy of the store (LMDB 0.9 has no page checksums). For every flip the real statectl runs
- * `check --read-data`, an export (a restore into a file) of every version of every session, then a
- * write that frees pages (`rm` of a version, `gc`), each as its own process under a deadline.
+ * `check --read-data`, an export (a restore into a file) of every version of every session, `ls`,
+ * `stat`, then a write that frees pages (`rm` of a version, `gc`), each as its own process under a
+ * deadline.
  * The server's start-up scan (st_store_scan, in its own child process) runs on each copy too.
  * Asserted: no process dies of a signal or runs past its deadline, data.mdb never grows past the
  * map size it had, an export either returns the original bytes or fails with an error, the scan
@@ -299,11 +300,13 @@ static void test_flips(void **state)
             print_error("%s: the scan's child crashed: %s\n", what, st_errdetail());
             crashes++;
         }
-        /* a write that frees pages (a version's chunks and manifest), then gc */
+        /* the listings, then a write that frees pages (a version's chunks and manifest), then gc */
         snprintf(spec, sizeof spec, "alpha@1");
-        const char *const *writes[] = {(const char *const[]){"rm", work, spec, NULL},
+        const char *const *writes[] = {(const char *const[]){"ls", work, NULL},
+                                       (const char *const[]){"stat", work, NULL},
+                                       (const char *const[]){"rm", work, spec, NULL},
                                        (const char *const[]){"gc", work, NULL}};
-        for (int w = 0; w < 2; w++) {
+        for (int w = 0; w < 4; w++) {
             run_res r = run_ctl(log, writes[w]);
             if (r.signal) {
                 print_error("%s: %s died of signal %d: %s\n", what, writes[w][0], r.signal, r.err);
