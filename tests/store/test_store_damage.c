@@ -9,7 +9,7 @@
  * map size it had, an export either returns the original bytes or fails with an error, the scan
  * answers 0 or ST_ECORRUPT without its child crashing, and when any export's result differs from
  * the undamaged store's, check reported damage.
- * Usage: test_store_damage [FLIPS [SEED [ONLY]]] (60 flips in `make test`, 1,200 with the label
+ * Usage: test_store_damage [FLIPS [SEED [ONLY]]] (40 flips in `make test`, 1,200 with the label
  * slow); ONLY runs that one flip and keeps its damaged copy (the path is printed) to look at.
  * ST_STATECTL=PATH runs another build's statectl (an older one, to compare).
  * A third of the flips fall in branch, leaf and meta pages and a sixth in overflow page headers
@@ -29,7 +29,7 @@ static const char *ctl = CTL_BUILT; /* ST_STATECTL overrides: another build's st
 #define N_SESS 4
 
 static char base[1024];
-static unsigned n_flips = 60;
+static unsigned n_flips = 40;
 static uint64_t seed = 20261201;
 static long only = -1;
 
