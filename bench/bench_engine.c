@@ -28,7 +28,7 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static void die(const char *what, int rc)
+static _Noreturn void die(const char *what, int rc)
 {
     fprintf(stderr, "bench_engine: %s: %s: %s\n", what, st_strerror(rc), st_errdetail());
     exit(1);

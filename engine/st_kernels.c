@@ -17,16 +17,18 @@
 
 #include <immintrin.h>
 
+#include "st_codec.h"
 #include "st_engine_int.h"
 
 #define VEC __attribute__((target("avx2,fma,f16c")))
 #define VEC_INLINE static inline __attribute__((always_inline, target("avx2,fma,f16c")))
 
+/* The codec's AVX2 level already means AVX2 + F16C with the OS saving YMM state (clang's
+ * __builtin_cpu_supports does not know "f16c"); the kernels also need FMA. */
 int st_kern_cpu_has_avx2(void)
 {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-           __builtin_cpu_supports("f16c");
+    return st_codec_isa_best() >= ST_ISA_AVX2 && __builtin_cpu_supports("fma");
 }
 
 float st_f16_to_f32(uint16_t h)
