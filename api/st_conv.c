@@ -832,6 +832,7 @@ void st_conv_completion(st_api_call *c)
             goto done;
         }
         gen[n_out++] = tok;
+        cv->m->tokens_generated++; /* counted as made: /metrics shows a completion advance */
         if (tok < 256)
             bytes[n_bytes++] = (char)tok;
         if (tok == ST_TOKEN_EOS && !ignore_eos) {
@@ -846,7 +847,6 @@ void st_conv_completion(st_api_call *c)
         json_array_append_new(jtoks, json_integer(gen[i]));
     cv->m->prompt_reused += es.reused;
     cv->m->prompt_computed += es.computed;
-    cv->m->tokens_generated += n_out;
     c->reply = json_pack("{s:s,s:s,s:o,s:s,s:s,s:I,s:I,s:{s:f,s:I,s:I,s:f,s:f}}", "session", idbuf,
                          "text", text ? text : "", "tokens", jtoks, "stop", stop, "found", source,
                          "n_prompt_tokens", (json_int_t)(n - held), "n_tokens",
@@ -859,7 +859,6 @@ void st_conv_completion(st_api_call *c)
 cancelled:
     cv->m->prompt_reused += es.reused;
     cv->m->prompt_computed += es.computed;
-    cv->m->tokens_generated += n_out;
     cv->m->completions_cancelled++;
     st_api_call_cancel(c);
 done:

@@ -149,16 +149,25 @@ static inline double st_at_metric(uint16_t port, const char *name)
     return v;
 }
 
-/* Poll /metrics until name reaches want (20 s at most): 0 when it did. */
-static inline int st_at_await_metric(uint16_t port, const char *name, double want)
+/* Poll /metrics until name reaches want (at_least: want or more), for 60 s at most (a bound for
+ * a server that is broken, never a wait for an event): 0 when it did. */
+static inline int st_at_await_metric_cmp(uint16_t port, const char *name, double want, bool at_least)
 {
-    for (int i = 0; i < 10000; i++) {
-        if (st_at_metric(port, name) == want)
+    double end = st_hc_now_ms() + 60000, v = -1;
+    while (st_hc_now_ms() < end) {
+        v = st_at_metric(port, name);
+        if (v == want || (at_least && v > want))
             return 0;
         usleep(2000);
     }
-    fprintf(stderr, "%s never reached %g (now %g)\n", name, want, st_at_metric(port, name));
+    fprintf(stderr, "%s never reached %s%g (now %g)\n", name, at_least ? ">= " : "", want, v);
     return -1;
+}
+
+/* Poll /metrics until name is want (see st_at_await_metric_cmp). */
+static inline int st_at_await_metric(uint16_t port, const char *name, double want)
+{
+    return st_at_await_metric_cmp(port, name, want, false);
 }
 
 /* ---- a request on its own thread ------------------------------------------------------------- */
