@@ -942,9 +942,10 @@ static void bad_param(uint16_t port, const char *path, const char *param)
 }
 
 /* An id for a query string: + and = percent-encoded (the rest of the id alphabet is safe). */
+enum { ST_PCT_ID_CAP = 3 * 130 };
 static const char *pct_id(const char *id)
 {
-    static char buf[3 * 130];
+    static char buf[ST_PCT_ID_CAP];
     size_t k = 0;
     for (const char *p = id; *p && k + 4 < sizeof buf; p++) {
         if (*p == '+' || *p == '=')
@@ -1001,7 +1002,7 @@ static void test_pagination(void **state)
     assert_int_equal(st_hc_server_start(&ps, SERVER, dir, logpath, args), 0);
 
     /* pages of 7: 7, 7, 7, 4; every id once, in order; next is the last id, null at the end */
-    char path[256] = "/v1/sessions?limit=7";
+    char path[32 + ST_PCT_ID_CAP] = "/v1/sessions?limit=7"; /* room for any pct_id() */
     int seen = 0, pages = 0;
     for (;;) {
         json_t *o = st_at_call(ps.port, "GET", path, NULL, 200);
