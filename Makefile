@@ -4,26 +4,40 @@
 #   make build      configure and build into build/
 #   make test       deps + build + every test that needs no GPU, then the sanitizer suite
 #   make test-slow  the long suites (ctest label `slow`)
+#   make test-builds  the other builds a user may pick (Release; clang), each with its tests
+#   make tsan       ThreadSanitizer build (clang) and its tests (suppressions: tests/tsan.supp)
 #   make bench      benchmarks (BENCH_ARGS=--quick for a short run); figures: docs/BENCHMARKS.md
 #   make run        deps + build + the main job
-#   make fuzz       libFuzzer targets (clang) into build-fuzz/
+#   make fuzz       libFuzzer targets (clang) into build-fuzz/; FUZZ_SECONDS=60 make fuzz-run
+# The test targets build with warnings as errors (STRATA_WERROR=ON, kept in the build's cache);
+# a plain `make build` or cmake leaves that to the CMake option, OFF by default.
 MAKEFLAGS  += --no-print-directory
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
 FUZZ_BUILD ?= build-fuzz
+TSAN_BUILD ?= build-tsan
+REL_BUILD  ?= build-release
+CLANG_BUILD ?= build-clang
+FUZZ_SECONDS ?= 60
+WERROR     ?=
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_ARGS ?=
 CTEST_ARGS ?=
 
 DEB_PKGS := pkg-config cmake make gcc liblmdb-dev lmdb-utils libzstd-dev libssl-dev libevent-dev \
-            libjansson-dev libxxhash-dev libcmocka-dev curl
+            libjansson-dev libxxhash-dev libcmocka-dev curl clang-14 libclang-rt-14-dev llvm-14
 # The independent implementations the tests compare against (llama.cpp v0.4.0, prebuilt), pinned
 # by tests/ref/package-lock.json and installed with `npm ci` into tests/ref/node_modules (Node.js
 # >= 20 and npm must be present); a stamp of the lock keeps a second `make deps` quiet.
 REF_DIR   := tests/ref
 REF_STAMP := $(REF_DIR)/node_modules/.strata-lock.sha256
 
-.PHONY: all deps build asan-build test test-slow test-gpu bench run fuzz clean
+.PHONY: all deps build asan-build test test-slow test-builds test-gpu tsan bench run fuzz fuzz-run clean
+
+# -DSTRATA_WERROR=... only where a target asks for it (a plain build keeps what its cache holds)
+werror = $(if $(WERROR),-DSTRATA_WERROR=$(WERROR))
+test test-slow test-builds test-gpu tsan fuzz: WERROR = ON
+SAN_ENV := ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
 all: build
 
@@ -52,17 +66,35 @@ deps:
 	fi
 
 build: deps
-	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_ARGS) >/dev/null
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(werror) $(CMAKE_ARGS) >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS)
 
 asan-build: deps
-	@cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DSTRATA_SANITIZE=ON -DSTRATA_CUDA=OFF $(CMAKE_ARGS) >/dev/null
+	@cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DSTRATA_SANITIZE=ON -DSTRATA_CUDA=OFF $(werror) $(CMAKE_ARGS) >/dev/null
 	@cmake --build $(ASAN_BUILD) -j $(JOBS)
 
 test: build asan-build
 	ctest --test-dir $(BUILD) -LE 'slow|gpu' --output-on-failure -j $(JOBS) $(CTEST_ARGS)
-	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-	  ctest --test-dir $(ASAN_BUILD) -L asan -LE 'slow|gpu' --output-on-failure -j $(JOBS) $(CTEST_ARGS)
+	$(SAN_ENV) ctest --test-dir $(ASAN_BUILD) -L asan -LE 'slow|gpu' --output-on-failure -j $(JOBS) $(CTEST_ARGS)
+
+# Release (gcc, with CUDA where nvcc is found) and clang 14 (RelWithDebInfo; its CUDA parts, if
+# any, still go through nvcc, whose host compiler is gcc): each builds everything and runs the
+# tests that need no GPU, so that no configuration a user may pick breaks unseen.
+test-builds: deps
+	@cmake -S . -B $(REL_BUILD) -DCMAKE_BUILD_TYPE=Release $(werror) $(CMAKE_ARGS) >/dev/null
+	@cmake --build $(REL_BUILD) -j $(JOBS)
+	ctest --test-dir $(REL_BUILD) -LE 'slow|gpu' --output-on-failure -j $(JOBS) $(CTEST_ARGS)
+	@CC=clang-14 cmake -S . -B $(CLANG_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(werror) $(CMAKE_ARGS) >/dev/null
+	@cmake --build $(CLANG_BUILD) -j $(JOBS)
+	ctest --test-dir $(CLANG_BUILD) -LE 'slow|gpu' --output-on-failure -j $(JOBS) $(CTEST_ARGS)
+
+# ThreadSanitizer: clang 14's, whose reports the suppression file can match by the memory map
+# (gcc 12's cannot: LMDB's false positives on data.mdb would remain).
+tsan: deps
+	@CC=clang-14 cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DSTRATA_TSAN=ON -DSTRATA_CUDA=OFF $(werror) $(CMAKE_ARGS) >/dev/null
+	@cmake --build $(TSAN_BUILD) -j $(JOBS)
+	TSAN_OPTIONS="suppressions=$(CURDIR)/tests/tsan.supp halt_on_error=1 external_symbolizer_path=/usr/lib/llvm-14/bin/llvm-symbolizer" \
+	  ctest --test-dir $(TSAN_BUILD) -LE 'slow|gpu' --output-on-failure -j $(JOBS) $(CTEST_ARGS)
 
 test-slow: build
 	ctest --test-dir $(BUILD) -L slow --output-on-failure $(CTEST_ARGS)
@@ -79,7 +111,7 @@ run: build
 	@bash tools/run.sh $(BUILD)
 
 fuzz: deps
-	@CC=clang cmake -S . -B $(FUZZ_BUILD) -DSTRATA_FUZZ=ON -DSTRATA_CUDA=OFF >/dev/null
+	@CC=clang-14 cmake -S . -B $(FUZZ_BUILD) -DSTRATA_FUZZ=ON -DSTRATA_CUDA=OFF $(werror) $(CMAKE_ARGS) >/dev/null
 	@cmake --build $(FUZZ_BUILD) -j $(JOBS)
 	@echo "fuzzers in $(FUZZ_BUILD)/tests/fuzz/ (run e.g. $(FUZZ_BUILD)/tests/fuzz/fuzz_file tests/fuzz/corpus/file)"
 

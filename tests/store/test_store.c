@@ -5,6 +5,7 @@
  * map growth and a full budget, backup and restore, schema refusal, check and stat.
  */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <sys/stat.h>
 
 #include "store_test.h"
@@ -343,25 +344,26 @@ static void test_delete(void **state)
 typedef struct reader_arg {
     st_store *st;
     const st_image *want;
-    volatile int stop;
-    int gets, errors;
+    /* shared by the main thread and both readers: atomics (TSan found a volatile stop and
+     * plain counters racing) */
+    atomic_int stop, gets, errors;
 } reader_arg;
 
 static void *reader(void *p)
 {
     reader_arg *r = p;
-    while (!r->stop) {
+    while (!atomic_load(&r->stop)) {
         st_image *img = NULL;
         int rc = st_store_get(r->st, "keep", 0, &img);
         if (rc || !store_test_equal(img, r->want))
-            r->errors++;
+            atomic_fetch_add(&r->errors, 1);
         st_image_free(img);
         st_image *gone = NULL;
         rc = st_store_get(r->st, "churn", 0, &gone);
         if (rc && rc != ST_ENOTFOUND)
-            r->errors++;
+            atomic_fetch_add(&r->errors, 1);
         st_image_free(gone);
-        r->gets++;
+        atomic_fetch_add(&r->gets, 1);
     }
     return NULL;
 }
@@ -415,11 +417,11 @@ static void test_gc(void **state)
         assert_int_equal(st_store_session_delete(st, "churn"), 0);
         assert_int_equal(st_store_gc(st, NULL), 0);
     }
-    ra.stop = 1;
+    atomic_store(&ra.stop, 1);
     for (int i = 0; i < 2; i++)
         pthread_join(t[i], NULL);
-    assert_int_equal(ra.errors, 0);
-    assert_true(ra.gets > 0);
+    assert_int_equal(atomic_load(&ra.errors), 0);
+    assert_true(atomic_load(&ra.gets) > 0);
     store_test_assert_clean(st);
     st_store_close(st);
     st_image_free(a);
