@@ -122,6 +122,15 @@ void *st_http_req_user(const st_http_req *r);
 /* From on_head: the body is charged to the bulk budget as well (upload parts). */
 void st_http_req_set_bulk(st_http_req *r);
 
+/* The request-head parser of a connection, as a pure function (tests/fuzz/fuzz_http_head.c):
+ * head holds len bytes through the empty line that ends a head, as a connection passes them once
+ * it found that line (max_headers: st_http_limits'). 0 and *out, a request without a connection
+ * on which only the st_http_req_method..st_http_req_header accessors may be used, freed with
+ * st_http_head_free; or the status a connection refuses the head with, *code and msg set. */
+int st_http_head_parse(const void *head, size_t len, uint32_t max_headers, st_http_req **out,
+                       const char **code, char *msg, size_t msg_cap);
+void st_http_head_free(st_http_req *r); /* accepts NULL */
+
 /* Replies. Each takes the request's one reply; an extra header may be added first. */
 void st_http_header_add(st_http_req *r, const char *name, const char *value);
 void st_http_reply_buf(st_http_req *r, int status, const char *ctype, const void *data, size_t len);

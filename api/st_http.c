@@ -281,11 +281,13 @@ static void req_free(st_http *h, st_http_req *r)
 {
     if (!r)
         return;
-    if (r->user && h->cbs.free_user)
-        h->cbs.free_user(r->user, h->arg);
-    h->charged -= r->charged;
-    if (r->bulk)
-        h->charged_bulk -= r->charged;
+    if (h) { /* NULL: a request of st_http_head_parse, which has no connection */
+        if (r->user && h->cbs.free_user)
+            h->cbs.free_user(r->user, h->arg);
+        h->charged -= r->charged;
+        if (r->bulk)
+            h->charged_bulk -= r->charged;
+    }
     free(r->head);
     free(r->hdr);
     if (r->body)
@@ -958,6 +960,28 @@ static int parse_head(st_http_req *r, size_t len, uint32_t max_headers, const ch
         r->keep_alive = conn && token_list_has(conn, "keep-alive");
     return 0;
 }
+
+int st_http_head_parse(const void *head, size_t len, uint32_t max_headers, st_http_req **out,
+                       const char **code, char *msg, size_t msg_cap)
+{
+    *out = NULL;
+    st_http_req *r = req_new(NULL);
+    if (!r || !(r->head = malloc(len + 1))) {
+        st_http_head_free(r);
+        return head_fail(code, msg, msg_cap, 500, "internal", "no memory");
+    }
+    memcpy(r->head, head, len);
+    r->head[len] = '\0';
+    int st = parse_head(r, len, max_headers, code, msg, msg_cap);
+    if (st) {
+        st_http_head_free(r);
+        return st;
+    }
+    *out = r;
+    return 0;
+}
+
+void st_http_head_free(st_http_req *r) { req_free(NULL, r); }
 
 /* ---- reading -------------------------------------------------------------------------------- */
 

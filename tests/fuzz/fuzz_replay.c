@@ -1,7 +1,7 @@
 /*
- * fuzz_replay.c - runs every file of the fuzz seed corpus (tests/fuzz/corpus/<target>/) through the
- * fuzz target's entry point, in the normal and the sanitizer build. New crashers found by
- * `make fuzz` belong in the corpus once fixed.
+ * fuzz_replay.c - runs every file of one fuzz target's corpus (tests/fuzz/corpus/<target>/, the
+ * directory ST_FUZZ_CORPUS names) through the target's entry point, in the normal and the
+ * sanitizer build. New crashers found by `make fuzz` belong in the corpus once fixed.
  */
 #include <dirent.h>
 #include <setjmp.h>
@@ -19,9 +19,9 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static void test_replay_file_corpus(void **state)
+static void test_replay_corpus(void **state)
 {
-    const char *dir = ST_FUZZ_CORPUS "/file";
+    const char *dir = ST_FUZZ_CORPUS;
     DIR *d = opendir(dir);
     struct dirent *e;
     int n = 0;
@@ -46,13 +46,13 @@ static void test_replay_file_corpus(void **state)
         n++;
     }
     closedir(d);
-    assert_true(n >= 5);
+    assert_true(n >= 3); /* a corpus of seeds, not an empty or lost directory */
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_replay_file_corpus),
+        cmocka_unit_test(test_replay_corpus),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
