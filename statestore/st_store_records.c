@@ -95,7 +95,7 @@ int st_vkey_parse(const void *key, size_t len, char *id, uint64_t *version)
     size_t n = len - 9;
     memcpy(id, k, n);
     id[n] = '\0';
-    if (!st_store_id_valid(id))
+    if (memchr(k, 0, n) || !st_store_id_valid(id)) /* a NUL inside would cut the id short */
         return st_error_set(ST_ECORRUPT, "versions key holds an invalid session id");
     uint64_t v = 0;
     for (int i = 0; i < 8; i++)
