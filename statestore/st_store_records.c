@@ -174,6 +174,15 @@ int st_session_parse(const void *buf, size_t len, const char *id, st_session_rec
 
 /* ---- geometry record ------------------------------------------------------------------------- */
 
+static int all_zero(const uint8_t *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (p[i])
+            return 0;
+    return 1;
+}
+
+
 int st_geometry_encode(const st_geometry *g, uint8_t **out, size_t *out_len)
 {
     *out = NULL;
@@ -224,9 +233,11 @@ int st_geometry_decode(const void *buf, size_t len, st_geometry *g, st_tensor_de
         return st_error_set(ENOMEM, "geometry record: no memory for %u tensors", n);
     for (uint32_t i = 0; i < n; i++) {
         const uint8_t *p = b + ST_GEOM_HDR + (size_t)i * ST_GEOM_TENSOR;
-        if (!memchr(p, 0, ST_TENSOR_NAME_MAX) || st_get32(p + 60) != 0) {
+        const uint8_t *nul = memchr(p, 0, ST_TENSOR_NAME_MAX);
+        if (!nul || !all_zero(nul, ST_TENSOR_NAME_MAX - (size_t)(nul - p)) || st_get32(p + 60) != 0) {
             free(t);
-            return st_error_set(ST_ECORRUPT, "geometry record: tensor %u: unterminated name or reserved bits", i);
+            return st_error_set(ST_ECORRUPT, "geometry record: tensor %u: unterminated name, non-zero "
+                                "padding or reserved bits", i);
         }
         memcpy(t[i].name, p, ST_TENSOR_NAME_MAX);
         t[i].role = st_get32(p + 48);
@@ -323,14 +334,6 @@ void st_manifest_patch(uint8_t *buf, size_t len, uint64_t version, uint64_t crea
     st_put64(buf + 8, version);
     st_put64(buf + 16, created_ns);
     st_put64(buf + len - ST_MANIFEST_TRAILER, st_checksum(buf, len - ST_MANIFEST_TRAILER));
-}
-
-static int all_zero(const uint8_t *p, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        if (p[i])
-            return 0;
-    return 1;
 }
 
 int st_manifest_parse(const void *buf, size_t len, const char *what, st_manifest *m)
