@@ -213,12 +213,13 @@ static inline int st_hc_send_req(int fd, const char *method, const char *path, c
     return body_len ? st_hc_send(fd, body, body_len) : 0;
 }
 
-/* One request on a new connection. 0 when a response was read. */
-static inline int st_hc_request(uint16_t port, const char *method, const char *path, const char *extra,
-                                const void *body, size_t body_len, st_hc_resp *r)
+/* One request on a new connection, waiting at most timeout_ms for each send and receive. 0 when
+ * a response was read. */
+static inline int st_hc_request_ms(uint16_t port, int timeout_ms, const char *method, const char *path,
+                                   const char *extra, const void *body, size_t body_len, st_hc_resp *r)
 {
     memset(r, 0, sizeof *r);
-    int fd = st_hc_connect(port, 30000);
+    int fd = st_hc_connect(port, timeout_ms);
     if (fd < 0)
         return -1;
     int rc = st_hc_send_req(fd, method, path, extra, body, body_len);
@@ -226,6 +227,13 @@ static inline int st_hc_request(uint16_t port, const char *method, const char *p
         rc = st_hc_read(fd, r);
     close(fd);
     return rc;
+}
+
+/* st_hc_request_ms with 30 s: requests that the server answers at once. */
+static inline int st_hc_request(uint16_t port, const char *method, const char *path, const char *extra,
+                                const void *body, size_t body_len, st_hc_resp *r)
+{
+    return st_hc_request_ms(port, 30000, method, path, extra, body, body_len, r);
 }
 
 /* JSON body shortcut. */
