@@ -285,6 +285,10 @@ int st_api_json_opt_double(st_api_call *c, const char *key, double *out, int *gi
 int st_api_json_opt_bool(st_api_call *c, const char *key, int *out);
 /* Unknown keys are refused (400 unknown_field) so that typos do not pass silently. */
 int st_api_json_only(st_api_call *c, const char *const *keys);
+/* Parse n bytes of a request body into c->body: a JSON object without duplicate keys, or nothing
+ * for an empty body (n == 0). -1 with the call's error set (400 invalid_json) otherwise. The
+ * request plumbing calls it for every route with a JSON body; tests/fuzz/fuzz_json_body.c too. */
+int st_api_body_parse(st_api_call *c, const char *p, size_t n);
 
 double st_api_now_ms(void);
 /* Milliseconds rounded to the microsecond, for replies. */

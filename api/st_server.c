@@ -464,19 +464,15 @@ int st_api_json_opt_bool(st_api_call *c, const char *key, int *out)
     return 0;
 }
 
-/* Parse the body as a JSON object (an empty body is {}); on a worker. */
-static int call_parse_body(st_api_call *c)
+int st_api_body_parse(st_api_call *c, const char *p, size_t n)
 {
-    struct evbuffer *b = st_http_req_body(c->req);
-    size_t n = b ? evbuffer_get_length(b) : 0;
     if (!n)
         return 0;
-    const char *p = (const char *)evbuffer_pullup(b, (ev_ssize_t)n);
     json_error_t e;
-    c->body = p ? json_loadb(p, n, JSON_REJECT_DUPLICATES, &e) : NULL;
+    c->body = json_loadb(p, n, JSON_REJECT_DUPLICATES, &e);
     if (!c->body) {
         st_api_call_error(c, 400, "invalid_json", "request body is not valid JSON: %s (line %d, column %d)",
-                          p ? e.text : "no memory", p ? e.line : 0, p ? e.column : 0);
+                          e.text, e.line, e.column);
         return -1;
     }
     if (!json_is_object(c->body)) {
@@ -484,6 +480,19 @@ static int call_parse_body(st_api_call *c)
         return -1;
     }
     return 0;
+}
+
+/* Parse the request's body (st_api_body_parse); on a worker. */
+static int call_parse_body(st_api_call *c)
+{
+    struct evbuffer *b = st_http_req_body(c->req);
+    size_t n = b ? evbuffer_get_length(b) : 0;
+    const char *p = n ? (const char *)evbuffer_pullup(b, (ev_ssize_t)n) : NULL;
+    if (n && !p) {
+        st_api_call_error(c, 500, "internal", "no memory for a request body of %zu bytes", n);
+        return -1;
+    }
+    return st_api_body_parse(c, p, n);
 }
 
 static void parsed_run(st_api_call *c);
