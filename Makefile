@@ -115,5 +115,18 @@ fuzz: deps
 	@cmake --build $(FUZZ_BUILD) -j $(JOBS)
 	@echo "fuzzers in $(FUZZ_BUILD)/tests/fuzz/ (run e.g. $(FUZZ_BUILD)/tests/fuzz/fuzz_file tests/fuzz/corpus/file)"
 
+# Each fuzzer for FUZZ_SECONDS, one at a time (they share the machine's cores), its new inputs in
+# a scratch corpus under $(FUZZ_BUILD)/work/ (the seeds in tests/fuzz/corpus/ stay as they are);
+# a crash stops here with its input in $(FUZZ_BUILD)/work/NAME-crash-*. fuzz_upload's store lives
+# in $$TMPDIR (default /tmp; a tmpfs such as /dev/shm makes its commits fast).
+fuzz-run: fuzz
+	@for f in $(FUZZ_BUILD)/tests/fuzz/fuzz_*; do \
+	  n=$${f##*/fuzz_}; mkdir -p $(FUZZ_BUILD)/work/$$n; echo "fuzz_$$n: $(FUZZ_SECONDS) s"; \
+	  $$f -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
+	    -artifact_prefix=$(FUZZ_BUILD)/work/$$n- $(FUZZ_BUILD)/work/$$n tests/fuzz/corpus/$$n \
+	    2>$(FUZZ_BUILD)/work/$$n.log || { tail -40 $(FUZZ_BUILD)/work/$$n.log; exit 1; }; \
+	  grep -E '^stat::number_of_executed_units' $(FUZZ_BUILD)/work/$$n.log; \
+	done
+
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD) build-gpu
+	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD) $(TSAN_BUILD) $(REL_BUILD) $(CLANG_BUILD) build-gpu

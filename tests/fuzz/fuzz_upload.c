@@ -12,6 +12,7 @@
  * After an accepted input the session is deleted, which must leave the store empty again.
  */
 #include <errno.h>
+#include <ftw.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -20,6 +21,22 @@
 
 static st_store *st;
 static char dir[4096], in_path[4200], out_path[4200];
+
+static int fuzz_upload_rm(const char *path, const struct stat *sb, int type, struct FTW *ftw)
+{
+    (void)sb;
+    (void)type;
+    (void)ftw;
+    return remove(path);
+}
+
+/* At exit: the store is closed and the temporary directory removed. */
+static void fuzz_upload_close(void)
+{
+    st_store_close(st);
+    st = NULL;
+    nftw(dir, fuzz_upload_rm, 16, FTW_DEPTH | FTW_PHYS);
+}
 
 static void fuzz_upload_open(void)
 {
@@ -36,6 +53,7 @@ static void fuzz_upload_open(void)
     snprintf(sdir, sizeof sdir, "%s/store", dir);
     st_store_opts o = {.create = 1, .budget = 1u << 30, .threads = 1};
     st_fuzz_require(st_store_open(&st, sdir, &o) == 0, "the store opens");
+    atexit(fuzz_upload_close);
 }
 
 static void fuzz_upload_empty(void)
