@@ -20,9 +20,16 @@
 
 #include "st_api_test.h"
 
-/* generated tokens of the long first request: about a second on one CPU thread; the
- * sanitizer build's server is several times slower, so a quarter holds the session as long */
-#if defined(__SANITIZE_ADDRESS__)
+/* generated tokens of the long first request: about a second on one CPU thread; a sanitizer
+ * build's server (ASan, TSan) is several times slower, so a quarter holds the session as long */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define ST_BUSY_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define ST_BUSY_SANITIZED 1
+#endif
+#endif
+#ifdef ST_BUSY_SANITIZED
 #define LONG_N 2000
 #else
 #define LONG_N 8000
