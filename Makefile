@@ -2,7 +2,7 @@
 #   make deps       install missing Debian packages (apt-get) and tests/ref (npm ci); idempotent,
 #                   quiet when all present
 #   make build      configure and build into build/
-#   make test       deps + build + every test that needs no GPU, then the sanitizer suite
+#   make test       deps + build + every test that needs no GPU, then all of them again under ASan+UBSan
 #   make test-slow  the long suites (ctest label `slow`)
 #   make test-builds  the other builds a user may pick (Release; clang), each with its tests
 #   make tsan       ThreadSanitizer build (clang) and its tests (suppressions: tests/tsan.supp)
@@ -75,7 +75,7 @@ asan-build: deps
 
 test: build asan-build
 	ctest --test-dir $(BUILD) -LE 'slow|gpu' --output-on-failure -j $(JOBS) $(CTEST_ARGS)
-	$(SAN_ENV) ctest --test-dir $(ASAN_BUILD) -L asan -LE 'slow|gpu' --output-on-failure -j $(JOBS) $(CTEST_ARGS)
+	$(SAN_ENV) ctest --test-dir $(ASAN_BUILD) -LE 'slow|gpu' --output-on-failure -j $(JOBS) $(CTEST_ARGS)
 
 # Release (gcc, with CUDA where nvcc is found) and clang 14 (RelWithDebInfo; its CUDA parts, if
 # any, still go through nvcc, whose host compiler is gcc): each builds everything and runs the
