@@ -38,6 +38,10 @@
 
 static st_at_env env;
 
+/* Waiting requests of the tests that want them served in turn wait for the holder however long
+ * the build makes it run (the default 30 s was passed under TSan), up to below ctest's bound. */
+#define WAIT_LONG "--busy-wait-ms", "280000"
+
 /* ---- helpers -------------------------------------------------------------------------------- */
 
 /* strata-server on the tiny model with a context that holds the long request, its store
@@ -76,7 +80,7 @@ static void test_second_request_waits_and_continues(void **state)
 {
     (void)state;
     /* 6 workers: the holder and three waiters take four, leaving two */
-    static const char *const args[] = {"--slots", "2", "--workers", "6", NULL};
+    static const char *const args[] = {"--slots", "2", "--workers", "6", WAIT_LONG, NULL};
     /* the reference: the turns one after the other */
     st_hc_server s;
     assert_int_equal(start(&s, "ref-store", args), 0);
@@ -202,7 +206,7 @@ static void test_wait_queue_full(void **state)
 {
     (void)state;
     /* 3 workers: the holder and one waiter take two, the third stays for everything else */
-    static const char *const args[] = {"--workers", "3", "--slots", "2", NULL};
+    static const char *const args[] = {"--workers", "3", "--slots", "2", WAIT_LONG, NULL};
     st_hc_server s;
     assert_int_equal(start(&s, "full-store", args), 0);
     st_at_bg a, b;
@@ -241,7 +245,8 @@ static void test_delete_waits_in_line(void **state)
 {
     (void)state;
     st_hc_server s;
-    assert_int_equal(start(&s, "delete-store", NULL), 0);
+    static const char *const args[] = {WAIT_LONG, NULL};
+    assert_int_equal(start(&s, "delete-store", args), 0);
     json_decref(st_at_complete(s.port, "conv", "kept", 4, true));
     json_decref(st_at_call(s.port, "POST", "/v1/sessions/conv/save", "{}", 201));
     st_at_bg a, d, c;
