@@ -464,20 +464,6 @@ int st_api_json_opt_bool(st_api_call *c, const char *key, int *out)
     return 0;
 }
 
-/* src with every byte outside printable ASCII as \xHH, so that a reply can carry it (jansson
- * quotes the input near a parse error, and may cut a UTF-8 sequence there). */
-static void text_printable(char *dst, size_t cap, const char *src)
-{
-    size_t k = 0;
-    for (const unsigned char *q = (const unsigned char *)src; *q && k + 5 < cap; q++) {
-        if (*q >= 0x20 && *q < 0x7f)
-            dst[k++] = (char)*q;
-        else
-            k += (size_t)snprintf(dst + k, cap - k, "\\x%02x", *q);
-    }
-    dst[k] = '\0';
-}
-
 int st_api_body_parse(st_api_call *c, const char *p, size_t n)
 {
     if (!n)
@@ -485,10 +471,8 @@ int st_api_body_parse(st_api_call *c, const char *p, size_t n)
     json_error_t e;
     c->body = json_loadb(p, n, JSON_REJECT_DUPLICATES, &e);
     if (!c->body) {
-        char text[4 * JSON_ERROR_TEXT_LENGTH];
-        text_printable(text, sizeof text, e.text);
         st_api_call_error(c, 400, "invalid_json", "request body is not valid JSON: %s (line %d, column %d)",
-                          text, e.line, e.column);
+                          e.text, e.line, e.column);
         return -1;
     }
     if (!json_is_object(c->body)) {

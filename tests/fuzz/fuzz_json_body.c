@@ -6,11 +6,12 @@
  * name) is tested by the integration tests, not here.
  *
  * Properties checked on every input:
- * 1. A refused body is 400 invalid_json with a message that a JSON error reply can carry
- *    (valid UTF-8), and leaves nothing to use as a body but what the call frees.
+ * 1. A refused body is 400 invalid_json, and its error reply is JSON that carries the code and
+ *    the message (jansson quotes the input near the error, cut anywhere in a UTF-8 sequence:
+ *    the reply escapes such bytes).
  * 2. An accepted body is empty (no body) or a JSON object.
  * 3. Each reader either accepts a field, with a value of its type and range, or refuses it with
- *    400 and a code and message a reply can carry; a field missing or null is accepted as absent.
+ *    400 and an error reply of the same kind; a field missing or null is accepted as absent.
  */
 #include <string.h>
 
@@ -27,14 +28,22 @@ static void call_reset(st_api_call *c)
     c->err_code[0] = '\0';
 }
 
-/* A refusal of c: status, code, and a message a JSON reply can carry. */
+/* A refusal of c: status, code, and an error reply (st_http_error_body, as the server sends it)
+ * that is JSON carrying the message. */
 static void refused(st_api_call *c, int status)
 {
     st_fuzz_require(c->status == status, "a refusal with another status");
-    st_fuzz_require(c->err_code[0] != '\0', "a refusal without a code");
-    json_t *m = c->err_msg ? json_string(c->err_msg) : NULL;
-    st_fuzz_require(m != NULL, "an error message that is not valid UTF-8");
-    json_decref(m);
+    st_fuzz_require(c->err_code[0] != '\0' && c->err_msg, "a refusal without a code or a message");
+    size_t len = 0;
+    char *body = st_http_error_body(c->err_code, c->err_msg, &len);
+    json_error_t e;
+    json_t *o = body ? json_loadb(body, len, 0, &e) : NULL;
+    json_t *err = json_object_get(o, "error");
+    st_fuzz_require(o && !strcmp(json_string_value(json_object_get(err, "code")), c->err_code) &&
+                        json_string_value(json_object_get(err, "message")),
+                    "an error reply that does not carry the refusal");
+    json_decref(o);
+    free(body);
     call_reset(c);
 }
 
