@@ -27,6 +27,9 @@ typedef enum st_tinit {
     ST_TI_CONV,    /* uniform [-0.5, 0.5) */
     ST_TI_ALOG,    /* log(1 + 15 u), u uniform in [0, 1): a DeltaNet A_log */
     ST_TI_DTBIAS,  /* softplus^-1(dt), dt log-uniform in [1e-3, 1e-1] */
+    ST_TI_NORM,    /* 1 + 0.5 u, u uniform in [-1, 1): a norm weight that is not all ones */
+    ST_TI_ROPE_FREQS, /* Llama 3's factors (factor 32, low 1, high 4, original context n_ctx / 16) */
+    ST_TI_SSM_A,   /* -(1 + 15 u), u uniform in [0, 1): -exp(A_log) as ST_TI_ALOG draws A_log */
 } st_tinit;
 
 typedef struct st_tdesc {
@@ -91,15 +94,50 @@ typedef struct st_gdn_ws {
     float *qkv, *qkvc, *z, *ab, *o;
 } st_gdn_ws;
 void st_layer_gdn(const st_fwd *f, uint32_t il, const float *xn, float *out, const st_gdn_ws *ws);
-/* Grouped-query attention of layer il over its paged K/V, RoPE NORM on q and k with freq
- * (head_dim / 2 angles per position step), out = W_o o. Workspace: qkv [T][qa + 2 kva],
- * o [T][qa], qa = query heads x head_dim, kva = K/V heads x head_dim. */
+/* Grouped-query attention of layer il over its paged K/V: q, k (and, where the layer has
+ * q_norm / k_norm, each head RMSNorm'ed with them, eps rms_eps, before RoPE), RoPE on q and k
+ * with freq (head_dim / 2 angles per position step; NORM pairing, or NEOX when neox), out =
+ * W_o o. Workspace: qkv [T][qa + 2 kva], o [T][qa], qa = query heads x head_dim, kva = K/V heads
+ * x head_dim. */
 typedef struct st_attn_ws {
     float *qkv, *o;
     const double *rope_freq;
+    int neox;
 } st_attn_ws;
 void st_layer_attention(const st_fwd *f, uint32_t il, const float *xn, float *out,
                         const st_attn_ws *ws);
+/* The Qwen hybrids' layers (ARCHITECTURES.md §3.1, §3.3). Products whose outputs a layer splits
+ * (per-head [q | gate], per-key-head groups) are computed as row ranges of their weights: a
+ * range's outputs are the same bits as the full product's. mm and views: room for the products
+ * of one call, at least 2 n_head + 2 (attention) and 6 Hk + 4 (DeltaNet). */
+/* Gated attention of layer il: q and its gate per head from attn_q ([q_h | gate_h] per head),
+ * per-head RMSNorm of q and k (q_norm, k_norm), partial RoPE NEOX on the first n_rot dims of
+ * each head with freq (n_rot / 2 angles), attention over the paged K/V, o * sigmoid(gate),
+ * out = W_o o. Workspace: q, gate, o [T][qa], kv [T][2 kva]. */
+typedef struct st_gattn_ws {
+    float *q, *gate, *kv, *o;
+    const double *rope_freq;
+    uint32_t n_rot;
+    st_mm *mm;
+    st_wmat *views;
+} st_gattn_ws;
+void st_layer_gated_attention(const st_fwd *f, uint32_t il, const float *xn, float *out,
+                              const st_gattn_ws *ws);
+/* Gated DeltaNet of layer il from the fused projections: attn_qkv ([q; k; v]) and attn_gate, or
+ * the legacy ssm_in ([q_kh, k_kh, v, z] per key head); beta and alpha from ssm_beta and
+ * ssm_alpha, or from ssm_ba ([beta x R | alpha x R] per key head). Hk key heads (n_k_heads)
+ * and the layer's memory spec's value heads; grouped picks the head mapping (st_dn_args).
+ * ggml's L2 norm with eps rms_eps; the file's ssm_a is -exp(A_log) already. Workspace: qkv,
+ * qkvc [T][conv_ch], z, o [T][Hv dv], ab [T][2 Hv]. */
+typedef struct st_gdnf_ws {
+    float *qkv, *qkvc, *z, *ab, *o;
+    uint32_t n_k_heads;
+    int grouped;
+    st_mm *mm;
+    st_wmat *views;
+} st_gdnf_ws;
+void st_layer_gdn_fused(const st_fwd *f, uint32_t il, const float *xn, float *out,
+                        const st_gdnf_ws *ws);
 /* The last token's logits into f->logits: x += add, RMSNorm(x) * w (into xn, E floats), then
  * head . xn. x and add are the [T][E] rows. */
 void st_layer_logits(const st_fwd *f, float *x, const float *add, const float *w,
@@ -132,6 +170,8 @@ typedef struct st_arch {
 } st_arch;
 
 extern const st_arch st_arch_hybrid;
+extern const st_arch st_arch_llama, st_arch_qwen3;
+extern const st_arch st_arch_qwen35;
 
 /* The architecture of that general.architecture name, or NULL. */
 const st_arch *st_arch_find(const char *name, size_t len);

@@ -27,6 +27,7 @@ typedef struct st_wmat {
 typedef struct st_layer {
     char kind; /* 'D' or 'A' */
     float *attn_norm, *ffn_norm; /* n_embd */
+    float *q_norm, *k_norm;      /* qwen3: per-head RMSNorm weights (head_dim); else NULL */
     /* attention */
     st_wmat wq, wk, wv, wo;
     /* Gated DeltaNet */
@@ -39,6 +40,10 @@ typedef struct st_layer {
     float *ssm_norm; /* [ssm_dv] */
     /* feed-forward */
     st_wmat ffn_gate, ffn_up, ffn_down;
+    /* the Qwen hybrids (ARCHITECTURES.md §2.2): the fused DeltaNet projection [q; k; v]
+     * (attn_qkv), qwen3next's fused [beta | alpha] per key head (ssm_ba) and its legacy fused
+     * [q, k, v, z] per key head (ssm_in) */
+    st_wmat sqkv, sba, sin;
 } st_layer;
 
 /* ---- the memory spec ------------------------------------------------------------------------
@@ -118,6 +123,7 @@ struct st_model {
     st_wmat tok_embd; /* rows = n_vocab, cols = n_embd */
     st_wmat output;   /* rows = n_vocab, cols = n_embd */
     float *output_norm;
+    float *rope_freqs; /* llama: head_dim / 2 factors dividing the RoPE angles; else NULL */
     st_layer *layers;
     uint8_t fp[ST_FINGERPRINT_LEN];
 };
@@ -136,6 +142,8 @@ float st_kern_dot(const st_kern *k, const float *a, const float *b, uint32_t n);
 /* Y[t*ldy + r] = dot(W row r, X[t*ldx ...]) for r in [r0, r1), t in [t0, t1). */
 void st_kern_matmul(const st_kern *k, const st_wmat *w, const float *x, uint32_t ldx, float *y,
                     uint32_t ldy, uint32_t r0, uint32_t r1, uint32_t t0, uint32_t t1);
+/* Bytes from one row of W to the next. */
+size_t st_wmat_row_bytes(const st_wmat *w);
 /* Row r of W widened to f32 (exact). */
 void st_kern_row_f32(const st_wmat *w, uint32_t r, float *dst);
 /* Attention's weighted sum of values for nq (1..4) queries over value rows j in [j0, j1):

@@ -81,6 +81,11 @@ static inline const void *w_row(const st_wmat *w, uint32_t r)
     return (const uint8_t *)w->data + (size_t)r * w_stride_bytes(w);
 }
 
+size_t st_wmat_row_bytes(const st_wmat *w)
+{
+    return w_stride_bytes(w);
+}
+
 void st_kern_row_f32(const st_wmat *w, uint32_t r, float *dst)
 {
     const void *row = w_row(w, r);

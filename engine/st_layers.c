@@ -71,8 +71,17 @@ void st_layer_attention(const st_fwd *f, uint32_t il, const float *xn, float *ou
     const st_mm in[3] = {{&L->wq, ws->qkv, ld}, {&L->wk, ws->qkv + qa, ld},
                          {&L->wv, ws->qkv + qa + kva, ld}};
     op->matmul(f->oc, xn, E, T, in, 3);
-    op->rope_norm(f->oc, ws->qkv, ld, nh, hd, f->pos0, ws->rope_freq, T);
-    op->rope_norm(f->oc, ws->qkv + qa, ld, nkv, hd, f->pos0, ws->rope_freq, T);
+    if (L->q_norm) {
+        op->rmsnorm_heads(f->oc, ws->qkv, ld, nh, hd, L->q_norm, f->m->hp.rms_eps, T);
+        op->rmsnorm_heads(f->oc, ws->qkv + qa, ld, nkv, hd, L->k_norm, f->m->hp.rms_eps, T);
+    }
+    if (ws->neox) {
+        op->rope_neox(f->oc, ws->qkv, ld, nh, hd, f->pos0, ws->rope_freq, T);
+        op->rope_neox(f->oc, ws->qkv + qa, ld, nkv, hd, f->pos0, ws->rope_freq, T);
+    } else {
+        op->rope_norm(f->oc, ws->qkv, ld, nh, hd, f->pos0, ws->rope_freq, T);
+        op->rope_norm(f->oc, ws->qkv + qa, ld, nkv, hd, f->pos0, ws->rope_freq, T);
+    }
     op->kv_store(f->oc, &kv, ws->qkv + qa, ws->qkv + qa + kva, ld, f->pos0, T);
     op->attention(f->oc, &kv, ws->qkv, ld, ws->o, qa, nh, f->pos0, T);
     const st_mm o = {&L->wo, out, E};
@@ -87,4 +96,115 @@ void st_layer_logits(const st_fwd *f, float *x, const float *add, const float *w
     f->ops->add_rmsnorm(f->oc, x + last, add + last, w, E, f->m->hp.rms_eps, xn, 1);
     const st_mm lm = {head, f->logits, head->rows};
     f->ops->matmul(f->oc, xn, E, 1, &lm, 1);
+}
+
+/* Rows [r0, r0 + n) of w as a matrix of its own. */
+static st_wmat rows_of(const st_wmat *w, uint32_t r0, uint32_t n)
+{
+    st_wmat v = *w;
+    v.data = (const uint8_t *)w->data + (size_t)r0 * st_wmat_row_bytes(w);
+    v.rows = n;
+    return v;
+}
+
+void st_layer_gated_attention(const st_fwd *f, uint32_t il, const float *xn, float *out,
+                              const st_gattn_ws *ws)
+{
+    const st_layer *L = &f->m->layers[il];
+    const st_mem_layer *ml = &f->m->mem.layer[il];
+    const st_ops *op = f->ops;
+    uint32_t hd = ml->head_dim, nkv = ml->kv_heads, nh = L->wq.rows / (2 * hd);
+    uint32_t qa = nh * hd, kva = nkv * hd, E = f->m->hp.n_embd, T = f->T;
+    float eps = f->m->hp.rms_eps;
+    uint32_t n = 0;
+    for (uint32_t h = 0; h < nh; h++) {
+        ws->views[n] = rows_of(&L->wq, 2 * h * hd, hd);
+        ws->mm[n] = (st_mm){&ws->views[n], ws->q + (size_t)h * hd, qa};
+        n++;
+        ws->views[n] = rows_of(&L->wq, 2 * h * hd + hd, hd);
+        ws->mm[n] = (st_mm){&ws->views[n], ws->gate + (size_t)h * hd, qa};
+        n++;
+    }
+    ws->mm[n++] = (st_mm){&L->wk, ws->kv, 2 * kva};
+    ws->mm[n++] = (st_mm){&L->wv, ws->kv + kva, 2 * kva};
+    op->matmul(f->oc, xn, E, T, ws->mm, n);
+    op->rmsnorm_heads(f->oc, ws->q, qa, nh, hd, L->q_norm, eps, T);
+    op->rmsnorm_heads(f->oc, ws->kv, 2 * kva, nkv, hd, L->k_norm, eps, T);
+    /* partial RoPE: each head's first n_rot dimensions as a head of its own */
+    for (uint32_t h = 0; h < nh; h++)
+        op->rope_neox(f->oc, ws->q + (size_t)h * hd, qa, 1, ws->n_rot, f->pos0, ws->rope_freq, T);
+    for (uint32_t h = 0; h < nkv; h++)
+        op->rope_neox(f->oc, ws->kv + (size_t)h * hd, 2 * kva, 1, ws->n_rot, f->pos0,
+                      ws->rope_freq, T);
+    st_kv_view kv;
+    st_kvmem_view(f->kv, ml->slot, &kv);
+    op->kv_store(f->oc, &kv, ws->kv, ws->kv + kva, 2 * kva, f->pos0, T);
+    op->attention(f->oc, &kv, ws->q, qa, ws->o, qa, nh, f->pos0, T);
+    op->sigmoid_mul(f->oc, ws->o, qa, ws->gate, qa, qa, T);
+    const st_mm o = {&L->wo, out, E};
+    op->matmul(f->oc, ws->o, qa, T, &o, 1);
+}
+
+void st_layer_gdn_fused(const st_fwd *f, uint32_t il, const float *xn, float *out,
+                        const st_gdnf_ws *ws)
+{
+    const st_layer *L = &f->m->layers[il];
+    const st_mem_layer *ml = &f->m->mem.layer[il];
+    const st_ops *op = f->ops;
+    uint32_t Hv = ml->ssm_heads, Hk = ws->n_k_heads, dk = ml->ssm_dk, dv = ml->ssm_dv;
+    uint32_t C = ml->conv_ch, R = Hv / Hk, kd = Hk * dk, vd = Hv * dv;
+    uint32_t E = f->m->hp.n_embd, T = f->T;
+    float eps = f->m->hp.rms_eps;
+    uint32_t n = 0;
+    if (L->sin.data) {
+        /* per key head kh: q_kh, k_kh, then v and z of its value heads kh R .. kh R + R - 1 */
+        uint32_t g = 2 * dk + 2 * R * dv;
+        for (uint32_t kh = 0; kh < Hk; kh++) {
+            ws->views[n] = rows_of(&L->sin, kh * g, dk);
+            ws->mm[n] = (st_mm){&ws->views[n], ws->qkv + (size_t)kh * dk, C};
+            n++;
+            ws->views[n] = rows_of(&L->sin, kh * g + dk, dk);
+            ws->mm[n] = (st_mm){&ws->views[n], ws->qkv + kd + (size_t)kh * dk, C};
+            n++;
+            ws->views[n] = rows_of(&L->sin, kh * g + 2 * dk, R * dv);
+            ws->mm[n] = (st_mm){&ws->views[n], ws->qkv + 2 * kd + (size_t)kh * R * dv, C};
+            n++;
+            ws->views[n] = rows_of(&L->sin, kh * g + 2 * dk + R * dv, R * dv);
+            ws->mm[n] = (st_mm){&ws->views[n], ws->z + (size_t)kh * R * dv, vd};
+            n++;
+        }
+    } else {
+        ws->mm[n++] = (st_mm){&L->sqkv, ws->qkv, C};
+        ws->mm[n++] = (st_mm){&L->sgate, ws->z, vd};
+    }
+    if (L->sba.data) {
+        /* per key head kh: beta of its R value heads, then their alpha */
+        for (uint32_t kh = 0; kh < Hk; kh++) {
+            ws->views[n] = rows_of(&L->sba, 2 * kh * R, R);
+            ws->mm[n] = (st_mm){&ws->views[n], ws->ab + Hv + (size_t)kh * R, 2 * Hv};
+            n++;
+            ws->views[n] = rows_of(&L->sba, 2 * kh * R + R, R);
+            ws->mm[n] = (st_mm){&ws->views[n], ws->ab + (size_t)kh * R, 2 * Hv};
+            n++;
+        }
+    } else {
+        ws->mm[n++] = (st_mm){&L->salpha, ws->ab, 2 * Hv};
+        ws->mm[n++] = (st_mm){&L->sbeta, ws->ab + Hv, 2 * Hv};
+    }
+    op->matmul(f->oc, xn, E, T, ws->mm, n);
+    op->short_conv(f->oc, ws->qkv, ws->qkvc, C, st_recmem_conv(f->rec, ml->slot), L->conv_wT, T);
+    op->l2norm_max(f->oc, ws->qkvc, C, Hk, dk, eps, 1.0f / sqrtf((float)dk), T);
+    op->l2norm_max(f->oc, ws->qkvc + kd, C, Hk, dk, eps, 1.0f, T);
+    op->dn_gates(f->oc, ws->ab, ws->ab + Hv, 2 * Hv, L->ssm_a, L->dt_bias, Hv, T);
+    const st_dn_args dn = {
+        .state = st_recmem_ssm(f->rec, ml->slot),
+        .q = ws->qkvc, .k = ws->qkvc + kd, .v = ws->qkvc + 2 * (size_t)kd,
+        .ld = C, .alpha = ws->ab, .beta = ws->ab + Hv, .ld_g = 2 * (size_t)Hv,
+        .out = ws->o, .ld_out = vd,
+        .n_k_heads = Hk, .n_v_heads = Hv, .dk = dk, .dv = dv, .T = T, .grouped = ws->grouped,
+    };
+    op->delta_rule(f->oc, &dn);
+    op->rmsnorm_gated(f->oc, ws->o, ws->z, L->ssm_norm, Hv, dv, eps, T);
+    const st_mm o = {&L->sout, out, E};
+    op->matmul(f->oc, ws->o, vd, T, &o, 1);
 }

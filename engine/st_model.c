@@ -26,14 +26,15 @@
 
 #include "st_arch_int.h"
 
-/* The hyperparameter struct is strata-hybrid's: the public functions that take one mean it. */
+static const st_arch *const k_archs[] = {&st_arch_hybrid, &st_arch_qwen35};
+
+/* The architecture a hyperparameter struct names ("" is strata-hybrid). */
 static const st_arch *hp_arch(const st_model_hparams *hp)
 {
-    (void)hp;
-    return &st_arch_hybrid;
+    size_t n = strnlen(hp->arch, sizeof hp->arch);
+    const st_arch *a = n ? st_arch_find(hp->arch, n) : NULL;
+    return a ? a : &st_arch_hybrid;
 }
-
-static const st_arch *const k_archs[] = {&st_arch_hybrid};
 
 const st_arch *st_arch_find(const char *name, size_t len)
 {
@@ -45,7 +46,16 @@ const st_arch *st_arch_find(const char *name, size_t len)
 
 int st_model_preset(const char *name, st_model_hparams *hp)
 {
-    return hp_arch(hp)->preset(name, hp);
+    return st_arch_hybrid.preset(name, hp);
+}
+
+int st_model_preset_arch(const char *arch, const char *name, st_model_hparams *hp)
+{
+    const st_arch *a = arch ? st_arch_find(arch, strlen(arch)) : &st_arch_hybrid;
+    if (!a)
+        return st_error_set(ST_EINVAL, "unknown architecture \"%s\" (strata-hybrid, qwen35)",
+                            arch);
+    return a->preset(name, hp);
 }
 
 char st_model_layer_kind(const st_model_hparams *hp, uint32_t il)
@@ -226,8 +236,8 @@ static int read_arch(const st_gguf *g, const st_arch **out)
         return rc;
     }
     if (!(*out = st_arch_find(s, (size_t)n)))
-        return st_error_set(ST_EINVAL, "model: architecture \"%.*s\" is not supported (only "
-                            ST_ARCH ")", (int)(n > 64 ? 64 : n), s);
+        return st_error_set(ST_EINVAL, "model: architecture \"%.*s\" is not supported ("
+                            ST_ARCH ", qwen35)", (int)(n > 64 ? 64 : n), s);
     return 0;
 }
 
@@ -288,6 +298,8 @@ void st_model_free(st_model *m)
             st_layer *L = &m->layers[il];
             free(L->attn_norm);
             free(L->ffn_norm);
+            free(L->q_norm);
+            free(L->k_norm);
             free(L->conv_w);
             free(L->conv_wT);
             free(L->a_log);
@@ -299,6 +311,7 @@ void st_model_free(st_model *m)
     }
     free(m->mem.layer);
     free(m->output_norm);
+    free(m->rope_freqs);
     st_gguf_close(m->gguf);
     free(m);
 }
@@ -411,6 +424,8 @@ static void fill(const st_model_hparams *hp, const st_tdesc *d, uint64_t seed, s
         switch (d->init) {
         case ST_TI_ONES: v[i] = 1.0f; break;
         case ST_TI_ALOG: v[i] = logf(1.0f + 15.0f * (unif(&s) * 0.5f + 0.5f)); break;
+        case ST_TI_SSM_A: v[i] = -(1.0f + 15.0f * (unif(&s) * 0.5f + 0.5f)); break;
+        case ST_TI_NORM: v[i] = 1.0f + 0.5f * unif(&s); break;
         case ST_TI_DTBIAS: {
             /* dt in [1e-3, 1e-1] log-uniformly; the bias is softplus^-1(dt) */
             double dt = exp(log(1e-3) + (unif(&s) * 0.5 + 0.5) * (log(1e-1) - log(1e-3)));

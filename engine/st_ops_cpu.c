@@ -294,7 +294,7 @@ static void dn_task(void *ctx, uint32_t h, uint32_t thread)
 {
     dn_job *j = ctx;
     const st_dn_args *a = j->a;
-    uint32_t kh = h % a->n_k_heads;
+    uint32_t kh = a->grouped ? h / (a->n_v_heads / a->n_k_heads) : h % a->n_k_heads;
     float *M = a->state + (size_t)h * a->dk * a->dv;
     float *scr = j->oc->scratch + (size_t)thread * j->oc->scratch_per_thread;
     st_kern_delta_scan(j->oc->k, M, a->dv, a->dk, a->dv, a->T, a->q + (size_t)kh * a->dk,
@@ -339,6 +339,48 @@ static void cpu_rope_norm(void *ocp, float *x, uint32_t ld, uint32_t heads, uint
     st_ops_cpu *oc = ocp;
     rope_job j = {x, ld, heads, hd, pos0, freq};
     st_pool_run(oc->pool, T, rope_task, &j, 20ull * T * heads * hd);
+}
+
+static void rope_neox_task(void *ctx, uint32_t t, uint32_t thread)
+{
+    rope_job *j = ctx;
+    uint64_t pos = j->pos0 + t;
+    uint32_t half = j->hd / 2;
+    for (uint32_t h = 0; h < j->heads; h++) {
+        float *v = j->x + (size_t)t * j->ld + (size_t)h * j->hd;
+        for (uint32_t i = 0; i < half; i++) {
+            double a = (double)pos * j->freq[i];
+            float cs = (float)cos(a), sn = (float)sin(a);
+            float x0 = v[i], x1 = v[i + half];
+            v[i] = x0 * cs - x1 * sn;
+            v[i + half] = x0 * sn + x1 * cs;
+        }
+    }
+}
+
+static void cpu_rope_neox(void *ocp, float *x, uint32_t ld, uint32_t heads, uint32_t hd,
+                          uint64_t pos0, const double *freq, uint32_t T)
+{
+    st_ops_cpu *oc = ocp;
+    rope_job j = {x, ld, heads, hd, pos0, freq};
+    st_pool_run(oc->pool, T, rope_neox_task, &j, 20ull * T * heads * hd);
+}
+
+static void rmsnorm_heads_task(void *ctx, uint32_t t, uint32_t thread)
+{
+    tok_job *j = ctx;
+    for (uint32_t h = 0; h < j->heads; h++) {
+        float *x = j->x + (size_t)t * j->ld + (size_t)h * j->hd;
+        rmsnorm(j->k, x, x, j->w, j->hd, j->eps);
+    }
+}
+
+static void cpu_rmsnorm_heads(void *ocp, float *x, uint32_t ld, uint32_t heads, uint32_t hd,
+                              const float *w, float eps, uint32_t T)
+{
+    st_ops_cpu *oc = ocp;
+    tok_job j = {.k = oc->k, .x = x, .w = w, .heads = heads, .hd = hd, .ld = ld, .eps = eps};
+    st_pool_run(oc->pool, T, rmsnorm_heads_task, &j, 4ull * T * heads * hd);
 }
 
 static inline uint8_t *row_ptr(const st_kv_view *kv, uint8_t *const *pages, uint64_t row,
@@ -504,6 +546,51 @@ static void cpu_attention(void *ocp, const st_kv_view *kv, const float *q, uint3
                 4ull * T * n_head * kv->head_dim * (pos0 + T));
 }
 
+/* ---- the Qwen hybrids' steps, per token ---------------------------------------------------- */
+static void l2norm_max_task(void *ctx, uint32_t t, uint32_t thread)
+{
+    tok_job *j = ctx;
+    for (uint32_t h = 0; h < j->heads; h++) {
+        float *x = j->x + (size_t)t * j->ld + (size_t)h * j->hd;
+        float n = sqrtf(st_kern_dot(j->k, x, x, j->hd));
+        float nx = 1.0f / (n > j->eps ? n : j->eps);
+        for (uint32_t i = 0; i < j->hd; i++)
+            x[i] = x[i] * nx * j->scale;
+    }
+}
+
+static void cpu_l2norm_max(void *ocp, float *x, uint32_t ld, uint32_t heads, uint32_t hd,
+                           float eps, float scale, uint32_t T)
+{
+    st_ops_cpu *oc = ocp;
+    tok_job j = {.k = oc->k, .x = x, .heads = heads, .hd = hd, .ld = ld, .eps = eps,
+                 .scale = scale};
+    st_pool_run(oc->pool, T, l2norm_max_task, &j, 4ull * T * heads * hd);
+}
+
+typedef struct sgm_job {
+    float *x;
+    const float *g;
+    uint32_t ldx, ldg, n;
+} sgm_job;
+
+static void sigmoid_mul_task(void *ctx, uint32_t t, uint32_t thread)
+{
+    sgm_job *j = ctx;
+    float *x = j->x + (size_t)t * j->ldx;
+    const float *g = j->g + (size_t)t * j->ldg;
+    for (uint32_t i = 0; i < j->n; i++)
+        x[i] = x[i] * sigmoid(g[i]);
+}
+
+static void cpu_sigmoid_mul(void *ocp, float *x, uint32_t ldx, const float *g, uint32_t ldg,
+                            uint32_t n, uint32_t T)
+{
+    st_ops_cpu *oc = ocp;
+    sgm_job j = {x, g, ldx, ldg, n};
+    st_pool_run(oc->pool, T, sigmoid_mul_task, &j, 20ull * T * n);
+}
+
 const st_ops st_ops_cpu_table = {
     .name = "cpu",
     .get_rows = cpu_get_rows,
@@ -516,6 +603,10 @@ const st_ops st_ops_cpu_table = {
     .dn_gates = cpu_dn_gates,
     .delta_rule = cpu_delta_rule,
     .rope_norm = cpu_rope_norm,
+    .rope_neox = cpu_rope_neox,
+    .rmsnorm_heads = cpu_rmsnorm_heads,
     .kv_store = cpu_kv_store,
     .attention = cpu_attention,
+    .l2norm_max = cpu_l2norm_max,
+    .sigmoid_mul = cpu_sigmoid_mul,
 };

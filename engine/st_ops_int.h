@@ -32,7 +32,9 @@ typedef struct st_mm {
  *   u = S k, delta = beta (v - alpha u), S = alpha S + delta k^T, o = S q
  * state: [n_v_heads][dk][dv], each head's S transposed; q, k of token t and key head kh at
  * q + t * ld + kh * dk (k likewise), v of value head h at v + t * ld + h * dv; alpha and beta
- * of token t and head h at [t * ld_g + h]; the output at out + t * ld_out + h * dv. */
+ * of token t and head h at [t * ld_g + h]; the output at out + t * ld_out + h * dv.
+ * grouped: value head h reads key head h / (n_v_heads / n_k_heads) instead (qwen3next's
+ * order, ARCHITECTURES.md §3.3 step 6). */
 typedef struct st_dn_args {
     float *state;
     const float *q, *k, *v;
@@ -42,6 +44,7 @@ typedef struct st_dn_args {
     float *out;
     size_t ld_out;
     uint32_t n_k_heads, n_v_heads, dk, dv, T;
+    int grouped;
 } st_dn_args;
 
 typedef struct st_ops {
@@ -77,6 +80,13 @@ typedef struct st_ops {
      * (x[2i], x[2i+1]) rotated by (pos0 + t) * freq[i] (angle, cosine and sine in double). */
     void (*rope_norm)(void *oc, float *x, uint32_t ld, uint32_t heads, uint32_t hd,
                       uint64_t pos0, const double *freq, uint32_t T);
+    /* RoPE, NEOX pairing: as rope_norm, the pairs (x[i], x[i + hd / 2]) for i < hd / 2. */
+    void (*rope_neox)(void *oc, float *x, uint32_t ld, uint32_t heads, uint32_t hd,
+                      uint64_t pos0, const double *freq, uint32_t T);
+    /* Per token and head of hd at x + t * ld + h * hd: x = x / sqrt(mean(x^2) + eps) * w (w of
+     * hd, shared by the heads). */
+    void (*rmsnorm_heads)(void *oc, float *x, uint32_t ld, uint32_t heads, uint32_t hd,
+                          const float *w, float eps, uint32_t T);
     /* K and V of token t (kv_heads x head_dim at k + t * ld, v + t * ld) into rows pos0 + t of
      * the layer's pages (reserved), in its dtype: f16, or i8 with a scale per row and head. */
     void (*kv_store)(void *oc, const st_kv_view *kv, const float *k, const float *v, uint32_t ld,
@@ -86,6 +96,12 @@ typedef struct st_ops {
      * q k / sqrt(head_dim), the weighted sum of V at out + t * ldo + h * head_dim. */
     void (*attention)(void *oc, const st_kv_view *kv, const float *q, uint32_t ldq, float *out,
                       uint32_t ldo, uint32_t n_head, uint64_t pos0, uint32_t T);
+    /* ggml's L2 norm, per token and head as l2norm: x = x / max(sqrt(sum x^2), eps) * scale. */
+    void (*l2norm_max)(void *oc, float *x, uint32_t ld, uint32_t heads, uint32_t hd, float eps,
+                       float scale, uint32_t T);
+    /* Per token: x = x * sigmoid(g), vectors of n (x at t * ldx, g at t * ldg). */
+    void (*sigmoid_mul)(void *oc, float *x, uint32_t ldx, const float *g, uint32_t ldg,
+                        uint32_t n, uint32_t T);
 } st_ops;
 
 /* The CPU table: its context is an st_ops_cpu, made for a model's memory spec, a context length

@@ -1,7 +1,7 @@
 /*
- * strata-mkmodel - write a strata-hybrid GGUF with seeded weights.
+ * strata-mkmodel - write a GGUF with seeded weights, of any architecture the engine runs.
  *
- *   strata-mkmodel --preset tiny|small|bench [--seed S] [geometry flags] -o FILE
+ *   strata-mkmodel [--arch strata-hybrid|qwen35] --preset NAME [--seed S] [geometry flags] -o FILE
  *
  * The weights come from a seeded generator: the model computes real state and restores exactly,
  * but the text it writes is not meaningful.
@@ -16,7 +16,11 @@
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: strata-mkmodel --preset tiny|small|bench [--seed S] [options] -o FILE\n"
+            "usage: strata-mkmodel [--arch A] --preset NAME [--seed S] [options] -o FILE\n"
+            "  --arch A          strata-hybrid (default; presets tiny, small, bench) or qwen35\n"
+            "                    (presets qwen35-tiny, -tiny-tied, -small: key heads != value\n"
+            "                    heads; qwen35-0.8b, -2b, -9b: the published shapes)\n"
+            "  --ssm-groups N    DeltaNet key heads (qwen35)\n"
             "  --layers N        block count           --pattern P   layer pattern of D and A\n"
             "  --embd N          embedding width       --ffn N       feed-forward width\n"
             "  --heads N         attention heads       --kv-heads N  attention K/V heads\n"
@@ -43,7 +47,7 @@ static int parse_u32(const char *flag, const char *v, uint32_t *out)
 
 int main(int argc, char **argv)
 {
-    const char *preset = NULL, *out = NULL, *name = NULL;
+    const char *preset = NULL, *out = NULL, *name = NULL, *arch = NULL;
     uint64_t seed = 1;
     st_model_hparams hp;
     struct {
@@ -54,16 +58,20 @@ int main(int argc, char **argv)
         {"--heads", &hp.n_head},     {"--kv-heads", &hp.n_head_kv}, {"--head-dim", &hp.head_dim},
         {"--ctx", &hp.n_ctx},        {"--ssm-heads", &hp.ssm_heads}, {"--ssm-dk", &hp.ssm_dk},
         {"--ssm-dv", &hp.ssm_dv},    {"--vocab", &hp.n_vocab},
+        {"--ssm-groups", &hp.ssm_groups},
     };
-    /* first pass: the preset, so flags override it wherever they stand */
-    for (int i = 1; i < argc; i++)
+    /* first pass: the architecture and the preset, so flags override it wherever they stand */
+    for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--preset") && i + 1 < argc)
             preset = argv[i + 1];
+        if (!strcmp(argv[i], "--arch") && i + 1 < argc)
+            arch = argv[i + 1];
+    }
     if (!preset) {
         usage(stderr);
         return 2;
     }
-    if (st_model_preset(preset, &hp)) {
+    if (st_model_preset_arch(arch, preset, &hp)) {
         fprintf(stderr, "strata-mkmodel: %s\n", st_errdetail());
         return 2;
     }
@@ -89,7 +97,7 @@ int main(int argc, char **argv)
             usage(stderr);
             return 2;
         }
-        if (!strcmp(a, "--preset")) {
+        if (!strcmp(a, "--preset") || !strcmp(a, "--arch")) {
         } else if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
             out = v;
         } else if (!strcmp(a, "--name")) {
@@ -141,7 +149,8 @@ int main(int argc, char **argv)
     }
     char nm[128];
     if (!name) {
-        snprintf(nm, sizeof nm, "strata-hybrid %s (seed %llu)", preset, (unsigned long long)seed);
+        snprintf(nm, sizeof nm, "%s %s (seed %llu)", arch ? arch : ST_ARCH, preset,
+                 (unsigned long long)seed);
         name = nm;
     }
     int rc = st_model_write_seeded(&hp, seed, name, out);
