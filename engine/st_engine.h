@@ -170,6 +170,11 @@ char st_model_layer_kind(const st_model_hparams *hp, uint32_t il);
  * text). */
 int st_model_write_seeded(const st_model_hparams *hp, uint64_t seed, const char *name,
                           const char *path);
+/* The same model's F32 twin: every weight the value st_model_write_seeded stores in hp->wtype,
+ * widened exactly and stored as F32 (what a reference that rounds activations for f16 / bf16
+ * weights is run on, docs/MODELS.md). */
+int st_model_write_seeded_f32_twin(const st_model_hparams *hp, uint64_t seed, const char *name,
+                                   const char *path);
 /* Bytes of running state per checkpoint and of K/V per token this geometry implies. */
 uint64_t st_model_state_bytes(const st_model_hparams *hp);
 uint64_t st_model_kv_bytes_per_token(const st_model_hparams *hp, uint32_t kv_dtype);

@@ -437,8 +437,9 @@ static void fill(const st_model_hparams *hp, const st_tdesc *d, uint64_t seed, s
     }
 }
 
-int st_model_write_seeded(const st_model_hparams *hp, uint64_t seed, const char *name,
-                          const char *path)
+/* widen: the weights rounded to hp->wtype but stored as F32 (st_model_write_seeded_f32_twin). */
+static int write_seeded(const st_model_hparams *hp, uint64_t seed, const char *name,
+                        const char *path, int widen)
 {
     const st_arch *arch = hp_arch(hp);
     st_tlist l = {0};
@@ -489,8 +490,16 @@ int st_model_write_seeded(const st_model_hparams *hp, uint64_t seed, const char 
                 st_codec_f16_encode(h, tmp, n);
             else
                 st_codec_bf16_encode(h, tmp, n);
-            free(tmp);
-            bufs[i] = h;
+            if (widen) {
+                st_wmat hw = {h, type, 1, (uint32_t)n, 0};
+                st_kern_row_f32(&hw, 0, tmp);
+                free(h);
+                bufs[i] = tmp;
+                type = ST_GGML_F32;
+            } else {
+                free(tmp);
+                bufs[i] = h;
+            }
         }
         tmp = NULL;
         if ((rc = st_gguf_writer_add_tensor(w, d->name, type, d->nd, d->dims, bufs[i])))
@@ -506,4 +515,16 @@ done:
     free(l.t);
     st_gguf_writer_free(w);
     return rc;
+}
+
+int st_model_write_seeded(const st_model_hparams *hp, uint64_t seed, const char *name,
+                          const char *path)
+{
+    return write_seeded(hp, seed, name, path, 0);
+}
+
+int st_model_write_seeded_f32_twin(const st_model_hparams *hp, uint64_t seed, const char *name,
+                                   const char *path)
+{
+    return write_seeded(hp, seed, name, path, 1);
 }

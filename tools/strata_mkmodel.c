@@ -29,6 +29,7 @@ static void usage(FILE *f)
             "  --ssm-dv N        DeltaNet value width  --vocab N     vocabulary (>= 259)\n"
             "  --kv-dtype f16|i8 default K/V dtype     --wtype f32|f16|bf16 weight type\n"
             "  --name NAME       general.name\n"
+            "  --f32-twin        store the --wtype weights widened to F32 (the same values)\n"
             "Seeded weights: the text such a model writes is not meaningful.\n");
 }
 
@@ -48,6 +49,7 @@ static int parse_u32(const char *flag, const char *v, uint32_t *out)
 int main(int argc, char **argv)
 {
     const char *preset = NULL, *out = NULL, *name = NULL, *arch = NULL;
+    int twin = 0;
     uint64_t seed = 1;
     st_model_hparams hp;
     struct {
@@ -78,6 +80,10 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int matched = 0;
+        if (!strcmp(a, "--f32-twin")) {
+            twin = 1;
+            continue;
+        }
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;
@@ -153,7 +159,8 @@ int main(int argc, char **argv)
                  (unsigned long long)seed);
         name = nm;
     }
-    int rc = st_model_write_seeded(&hp, seed, name, out);
+    int rc = twin ? st_model_write_seeded_f32_twin(&hp, seed, name, out)
+                  : st_model_write_seeded(&hp, seed, name, out);
     if (rc) {
         fprintf(stderr, "strata-mkmodel: %s: %s\n", st_strerror(rc), st_errdetail());
         return 1;
