@@ -400,8 +400,11 @@ static void test_concurrent_conversations(void **state)
     static const char *const p[] = {"one", " two"};
     cref = reference(p, 2, 12);
     const char *store = "conc-store";
+    /* Every client is 127.0.0.1 and opens a connection per call, retrying 409 every few ms: the
+     * per-address limit would shed just-accepted connections of this one peer (an open defect of
+     * the shedding, docs/API.md), which is not what this test is about. */
     static const char *const args[] = {"--slots", "4", "--workers", "8", "--conversation-cache-mib", "0",
-                                       NULL};
+                                       "--max-connections-per-peer", "1024", NULL};
     st_hc_server s;
     assert_int_equal(start(&s, store, args), 0);
     cport = s.port;
