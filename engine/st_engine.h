@@ -116,6 +116,49 @@ int st_gguf_writer_set_arr(st_gguf_writer *w, const char *key, uint32_t elem_typ
 int st_gguf_writer_add_tensor(st_gguf_writer *w, const char *name, uint32_t ggml_type,
                               uint32_t n_dims, const uint64_t *dims, const void *data);
 int st_gguf_writer_write(st_gguf_writer *w, const char *path);
+/* Copy key i of g (any type: strings, arrays of strings, nested arrays) as its serialized bytes.
+ * The writer's own general.alignment is set by st_gguf_writer_new: copy it by creating the writer
+ * with st_gguf_alignment(g) and skipping the key. */
+int st_gguf_writer_copy_kv(st_gguf_writer *w, const st_gguf *g, uint64_t i);
+/* A tensor whose bytes are produced during st_gguf_writer_write, one tensor at a time: fill
+ * writes exactly nbytes into dst (a buffer the writer owns); a nonzero return (an st_error_set
+ * code) aborts the write and nothing is left at the path. */
+typedef int (*st_gguf_fill_fn)(void *ctx, uint64_t index, void *dst, uint64_t nbytes);
+int st_gguf_writer_add_tensor_fill(st_gguf_writer *w, const char *name, uint32_t ggml_type,
+                                   uint32_t n_dims, const uint64_t *dims, st_gguf_fill_fn fill,
+                                   void *ctx, uint64_t index);
+/* The serialized value of key i (after its type field: a string's u64 length and bytes, an
+ * array's element type, count and elements) and its length in bytes. */
+int st_gguf_kv_raw(const st_gguf *g, uint64_t i, const void **val, uint64_t *len);
+
+/* ---- quantize -----------------------------------------------------------------------------
+ * st_gguf_quantize re-quantizes the GGUF at `in` into `out` (written atomically by the writer
+ * above): every tensor llama-quantize would quantize (2-D and 3-D "*.weight" tensors, not
+ * norms, ssm_conv1d, ffn_gate_inp, ... ; ggml's dimension count, trailing 1s ignored) becomes
+ * `type`, through the weight-type table's quantizer (ggml's bytes), after dequantizing the
+ * input through the same table; a row whose length is not a multiple of the type's block falls
+ * back as llama.cpp does (Q4_K->Q5_0, Q5_K->Q5_1, Q6_K->Q8_0, Q2_K/Q3_K->Q4_0, IQ4_XS->IQ4_NL,
+ * then F16 when 32 does not divide it either). Every other tensor is copied byte for byte, as
+ * is a tensor already of its target type. Every key is copied; general.file_type and
+ * general.quantization_version are set as llama-quantize sets them; split files are refused.
+ * docs/ENGINE.md, "strata quantize". */
+typedef struct st_quantize_stats {
+    uint64_t n_tensors, n_quantized, n_copied, n_fallback;
+    uint64_t bytes_in, bytes_out;
+} st_quantize_stats;
+typedef struct st_quantize_opts {
+    /* called with one line (no newline) per fallback and, when progress is set, per tensor */
+    void (*log)(void *ctx, const char *line);
+    void *log_ctx;
+    int progress; /* also log a line per tensor written */
+} st_quantize_opts;
+/* ggml's name of a type the quantizer writes ("q4_K", "Q4_K", "iq4_xs", "F16": any case) ->
+ * its id; ST_EINVAL naming the types otherwise. */
+int st_quantize_type_parse(const char *name, uint32_t *type);
+/* "F32, F16, BF16, Q8_0, ..." */
+const char *st_quantize_type_list(void);
+int st_gguf_quantize(const char *in, const char *out, uint32_t type,
+                     const st_quantize_opts *opts /* NULL: silent */, st_quantize_stats *stats);
 
 /* ---- model --------------------------------------------------------------------------------
  * Architecture "strata-hybrid"; docs/ENGINE.md gives the math and the GGUF keys. */

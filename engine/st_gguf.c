@@ -589,6 +589,9 @@ typedef struct wtensor {
     uint64_t dims[ST_GGUF_MAX_DIMS];
     uint64_t nbytes, offset;
     const void *data;
+    st_gguf_fill_fn fill; /* with data NULL: produces the bytes at write time */
+    void *fill_ctx;
+    uint64_t fill_index;
 } wtensor;
 
 struct st_gguf_writer {
@@ -724,6 +727,56 @@ int st_gguf_writer_set_str_arr(st_gguf_writer *w, const char *key, const char *c
     int rc = w_add(w, key, ST_GGUF_ARRAY, ST_GGUF_STRING, n, buf, len);
     free(buf);
     return rc;
+}
+
+int st_gguf_kv_raw(const st_gguf *g, uint64_t i, const void **val, uint64_t *len)
+{
+    if (i >= g->n_kv)
+        return st_error_set(ST_EINVAL, "gguf: key index %llu of %llu", (unsigned long long)i,
+                            (unsigned long long)g->n_kv);
+    const gguf_kv *kv = &g->kv[i];
+    /* an array's val points at its first element, after the u32 element type and u64 count */
+    const uint8_t *start = kv->type == ST_GGUF_ARRAY ? kv->val - 12 : kv->val;
+    cursor c = {g->buf, (size_t)(start - g->buf), g->len};
+    int rc = skip_value(&c, kv->type, 0, kv->key_z);
+    if (rc)
+        return rc;
+    *val = start;
+    *len = c.off - (size_t)(start - g->buf);
+    return 0;
+}
+
+int st_gguf_writer_copy_kv(st_gguf_writer *w, const st_gguf *g, uint64_t i)
+{
+    const void *v;
+    uint64_t len;
+    int rc = st_gguf_kv_raw(g, i, &v, &len);
+    if (rc)
+        return w_fail(w, rc);
+    const gguf_kv *kv = &g->kv[i];
+    const uint8_t *p = v;
+    if (kv->type == ST_GGUF_STRING)
+        return w_add(w, kv->key_z, ST_GGUF_STRING, 0, 0, p + 8, len - 8);
+    if (kv->type == ST_GGUF_ARRAY)
+        return w_add(w, kv->key_z, ST_GGUF_ARRAY, kv->elem_type, kv->count, p + 12, len - 12);
+    return w_add(w, kv->key_z, kv->type, 0, 0, p, len);
+}
+
+int st_gguf_writer_add_tensor_fill(st_gguf_writer *w, const char *name, uint32_t type,
+                                   uint32_t n_dims, const uint64_t *dims, st_gguf_fill_fn fill,
+                                   void *ctx, uint64_t index)
+{
+    if (!fill)
+        return w_fail(w, st_error_set(ST_EINVAL, "gguf writer: tensor %s: no fill function",
+                                      name ? name : "(null)"));
+    int rc = st_gguf_writer_add_tensor(w, name, type, n_dims, dims, NULL);
+    if (rc)
+        return rc;
+    wtensor *t = &w->t[w->n_t - 1];
+    t->fill = fill;
+    t->fill_ctx = ctx;
+    t->fill_index = index;
+    return 0;
 }
 
 int st_gguf_writer_add_tensor(st_gguf_writer *w, const char *name, uint32_t type, uint32_t n_dims,
@@ -881,8 +934,24 @@ int st_gguf_writer_write(st_gguf_writer *w, const char *path)
         wb_u64(b, t->offset);
     }
     wb_pad(b, w->alignment);
-    for (size_t i = 0; i < w->n_t; i++) {
-        wb_put(b, w->t[i].data, (size_t)w->t[i].nbytes);
+    for (size_t i = 0; i < w->n_t && !b->err; i++) {
+        const wtensor *t = &w->t[i];
+        if (t->fill) {
+            void *buf = malloc(t->nbytes ? (size_t)t->nbytes : 1);
+            if (!buf) {
+                rc = st_error_set(ENOMEM, "gguf writer: tensor %s: %llu bytes", t->name,
+                                  (unsigned long long)t->nbytes);
+                goto done;
+            }
+            if ((rc = t->fill(t->fill_ctx, t->fill_index, buf, t->nbytes))) {
+                free(buf);
+                goto done;
+            }
+            wb_put(b, buf, (size_t)t->nbytes);
+            free(buf);
+        } else {
+            wb_put(b, t->data, (size_t)t->nbytes);
+        }
         wb_pad(b, w->alignment);
     }
     wb_flush(b);

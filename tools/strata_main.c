@@ -4,6 +4,7 @@
  *   strata generate -m MODEL -p PROMPT -n N [options]
  *   strata info -m MODEL
  *   strata logits -m MODEL --tokens 1,2,3 [--tokens-file F] [--kv-dtype f16|f32|i8] -o FILE
+ *   strata quantize IN OUT TYPE
  *
  * stdout carries only the generated text (or token ids with --tokens); logs and timings go to
  * stderr. With --session-in the prompt continues the restored conversation (after a turn
@@ -13,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "st_engine.h"
@@ -31,6 +33,7 @@ static void usage(FILE *f)
             "usage: strata generate -m MODEL -p PROMPT -n N [options]\n"
             "       strata info -m MODEL\n"
             "       strata logits -m MODEL (--tokens 1,2,3 | --tokens-file F) -o FILE [options]\n"
+            "       strata quantize IN OUT TYPE\n"
             "options of generate:\n"
             "  --temp T                 0 (default) is greedy\n"
             "  --seed S                 sampling seed (default 1)\n"
@@ -77,6 +80,64 @@ static int fail(const char *what, int rc)
 {
     fprintf(stderr, "strata: %s: %s: %s\n", what, st_strerror(rc), st_errdetail());
     return 1;
+}
+
+static void quantize_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: strata quantize IN OUT TYPE\n"
+            "Re-quantizes the GGUF file IN into OUT (written atomically: OUT appears complete or\n"
+            "not at all). TYPE is one of %s (any case).\n"
+            "The tensors llama.cpp's llama-quantize quantizes (2-D and 3-D weights) become TYPE,\n"
+            "with ggml's quantizer's bytes; norms, biases, 1-D tensors, ssm_conv1d and\n"
+            "ffn_gate_inp stay as they are (F32). A row whose length the TYPE block does not\n"
+            "divide falls back as llama.cpp does (Q4_K->Q5_0, Q5_K->Q5_1, Q6_K->Q8_0,\n"
+            "Q2_K/Q3_K->Q4_0, IQ4_XS->IQ4_NL, else F16), and says so. Quantized inputs are\n"
+            "dequantized first. Every key is copied; general.file_type and\n"
+            "general.quantization_version are set. Progress on stderr for files >= 64 MiB.\n",
+            st_quantize_type_list());
+}
+
+static void quantize_log(void *ctx, const char *line)
+{
+    (void)ctx;
+    fprintf(stderr, "strata quantize: %s\n", line);
+}
+
+static int cmd_quantize(int argc, char **argv)
+{
+    for (int i = 2; i < argc; i++)
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            quantize_usage(stdout);
+            return 0;
+        }
+    if (argc != 5) {
+        quantize_usage(stderr);
+        return 2;
+    }
+    const char *in = argv[2], *out = argv[3];
+    uint32_t type;
+    if (st_quantize_type_parse(argv[4], &type)) {
+        fprintf(stderr, "strata quantize: %s\n", st_errdetail());
+        return 2;
+    }
+    struct stat sb;
+    st_quantize_opts o = {quantize_log, NULL, 0};
+    o.progress = stat(in, &sb) == 0 && sb.st_size >= (64ll << 20);
+    st_quantize_stats qs;
+    double t0 = now_s();
+    int rc = st_gguf_quantize(in, out, type, &o, &qs);
+    if (rc) {
+        fprintf(stderr, "strata quantize: %s (%s not written)\n", st_errdetail(), out);
+        return 1;
+    }
+    fprintf(stderr, "strata quantize: wrote %s: %llu tensors, %llu converted to %s (%llu by "
+            "fallback), %llu copied; %.2f MiB -> %.2f MiB in %.2f s\n", out,
+            (unsigned long long)qs.n_tensors, (unsigned long long)qs.n_quantized,
+            st_gguf_type_name(type), (unsigned long long)qs.n_fallback,
+            (unsigned long long)qs.n_copied, (double)qs.bytes_in / 1048576.0,
+            (double)qs.bytes_out / 1048576.0, now_s() - t0);
+    return 0;
 }
 
 static int cmd_info(const char *model)
@@ -313,6 +374,8 @@ int main(int argc, char **argv)
         return argc < 2 ? 2 : 0;
     }
     const char *cmd = argv[1];
+    if (!strcmp(cmd, "quantize"))
+        return cmd_quantize(argc, argv);
     if (strcmp(cmd, "generate") && strcmp(cmd, "info") && strcmp(cmd, "logits")) {
         fprintf(stderr, "strata: unknown command %s\n", cmd);
         usage(stderr);

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "st_engine.h"
 
@@ -27,10 +28,19 @@ static void usage(FILE *f)
             "  --head-dim N      attention head width  --ctx N       context length\n"
             "  --ssm-heads N     DeltaNet heads        --ssm-dk N    DeltaNet key width\n"
             "  --ssm-dv N        DeltaNet value width  --vocab N     vocabulary (>= 259)\n"
-            "  --kv-dtype f16|i8 default K/V dtype     --wtype f32|f16|bf16 weight type\n"
+            "  --kv-dtype f16|i8 default K/V dtype     --wtype TYPE  weight type\n"
             "  --name NAME       general.name\n"
             "  --f32-twin        store the --wtype weights widened to F32 (the same values)\n"
+            "TYPE: f32, f16, bf16 (written directly), or q8_0, q4_0, q4_1, q5_0, q5_1, q2_K,\n"
+            "q3_K, q4_K, q5_K, q6_K, iq4_nl, iq4_xs (any case): the seeded f32 model quantized\n"
+            "as `strata quantize` does.\n"
             "Seeded weights: the text such a model writes is not meaningful.\n");
+}
+
+static void mk_log(void *ctx, const char *line)
+{
+    (void)ctx;
+    fprintf(stderr, "strata-mkmodel: %s\n", line);
 }
 
 static int parse_u32(const char *flag, const char *v, uint32_t *out)
@@ -51,6 +61,7 @@ int main(int argc, char **argv)
     const char *preset = NULL, *out = NULL, *name = NULL, *arch = NULL;
     int twin = 0;
     uint64_t seed = 1;
+    uint32_t qtype = ST_GGML_F32; /* --wtype of a quantized type: quantize the f32 model */
     st_model_hparams hp;
     struct {
         const char *flag;
@@ -132,16 +143,14 @@ int main(int argc, char **argv)
                 return 2;
             }
         } else if (!strcmp(a, "--wtype")) {
-            if (!strcmp(v, "f32"))
-                hp.wtype = ST_GGML_F32;
-            else if (!strcmp(v, "f16"))
-                hp.wtype = ST_GGML_F16;
-            else if (!strcmp(v, "bf16"))
-                hp.wtype = ST_GGML_BF16;
-            else {
-                fprintf(stderr, "strata-mkmodel: --wtype f32, f16 or bf16\n");
+            uint32_t t;
+            if (st_quantize_type_parse(v, &t)) {
+                fprintf(stderr, "strata-mkmodel: --wtype: %s\n", st_errdetail());
                 return 2;
             }
+            int direct = t == ST_GGML_F32 || t == ST_GGML_F16 || t == ST_GGML_BF16;
+            hp.wtype = direct ? t : ST_GGML_F32;
+            qtype = direct ? ST_GGML_F32 : t;
         } else {
             fprintf(stderr, "strata-mkmodel: unknown option %s\n", a);
             usage(stderr);
@@ -159,8 +168,25 @@ int main(int argc, char **argv)
                  (unsigned long long)seed);
         name = nm;
     }
-    int rc = twin ? st_model_write_seeded_f32_twin(&hp, seed, name, out)
-                  : st_model_write_seeded(&hp, seed, name, out);
+    if (twin && qtype != ST_GGML_F32) {
+        fprintf(stderr, "strata-mkmodel: --f32-twin takes --wtype f32, f16 or bf16 (a quantized "
+                        "type's twin is `strata quantize` then an F32 re-quantize)\n");
+        return 2;
+    }
+    /* a quantized type: the seeded f32 model next to OUT, then quantized into OUT */
+    char tmp[4096];
+    const char *dst = out;
+    if (qtype != ST_GGML_F32) {
+        snprintf(tmp, sizeof tmp, "%s.f32.%d", out, (int)getpid());
+        dst = tmp;
+    }
+    int rc = twin ? st_model_write_seeded_f32_twin(&hp, seed, name, dst)
+                  : st_model_write_seeded(&hp, seed, name, dst);
+    if (!rc && qtype != ST_GGML_F32) {
+        st_quantize_opts qo = {mk_log, NULL, 0};
+        rc = st_gguf_quantize(tmp, out, qtype, &qo, NULL);
+        unlink(tmp);
+    }
     if (rc) {
         fprintf(stderr, "strata-mkmodel: %s: %s\n", st_strerror(rc), st_errdetail());
         return 1;
