@@ -30,12 +30,13 @@ typedef enum st_tinit {
     ST_TI_NORM,    /* 1 + 0.5 u, u uniform in [-1, 1): a norm weight that is not all ones */
     ST_TI_ROPE_FREQS, /* Llama 3's factors (factor 32, low 1, high 4, original context n_ctx / 16) */
     ST_TI_SSM_A,   /* -(1 + 15 u), u uniform in [0, 1): -exp(A_log) as ST_TI_ALOG draws A_log */
+    ST_TI_MAT_F32, /* as ST_TI_MAT, always stored F32 (a router: §2.4, never quantised) */
 } st_tinit;
 
 typedef struct st_tdesc {
     char name[64];
     uint32_t nd;
-    uint64_t dims[2]; /* ne0 (cols / length), ne1 (rows) */
+    uint64_t dims[3]; /* ne0 (cols / length), ne1 (rows), ne2 (experts: a matrix of ne1 ne2 rows) */
     int matrix;       /* stored in the weight type (st_wmat); else an f32 vector */
     int init;         /* st_tinit: how the seeded writer draws it */
     int32_t layer;    /* -1: a field of st_model */
@@ -51,6 +52,10 @@ typedef struct st_tlist {
 /* Append an entry (a failed allocation is remembered in l->err; st_tlist_done reports it). */
 void st_tlist_add(st_tlist *l, int32_t layer, uint32_t field, int matrix, int init, uint64_t ne0,
                   uint64_t ne1, const char *fmt, ...) __attribute__((format(printf, 8, 9)));
+/* A 3-dimensional entry {ne0, ne1, ne2} (stacked experts): a matrix of ne1 x ne2 rows. */
+void st_tlist_add3(st_tlist *l, int32_t layer, uint32_t field, int init, uint64_t ne0,
+                   uint64_t ne1, uint64_t ne2, const char *fmt, ...)
+    __attribute__((format(printf, 8, 9)));
 /* 0, or ENOMEM (the list freed) when an add failed. */
 int st_tlist_done(st_tlist *l);
 
@@ -138,6 +143,17 @@ typedef struct st_gdnf_ws {
 } st_gdnf_ws;
 void st_layer_gdn_fused(const st_fwd *f, uint32_t il, const float *xn, float *out,
                         const st_gdnf_ws *ws);
+/* The MoE feed-forward of layer il (ARCHITECTURES.md §3.5): the shared expert's SwiGLU gated by
+ * sigmoid(sh_router . xn) into out, then per token the top-k experts of the router's softmax,
+ * each one's SwiGLU weighted by its renormalised probability, added in rank order. k experts
+ * of Fe, shared expert of Fs. Workspace: logits [T][X], sel and w [T][k], g and u [T][max(Fe,
+ * Fs)], y [E], gs [T]. */
+typedef struct st_moe_ws {
+    float *logits, *w, *g, *u, *y, *gs;
+    uint32_t *sel;
+    uint32_t k;
+} st_moe_ws;
+void st_layer_moe(const st_fwd *f, uint32_t il, const float *xn, float *out, const st_moe_ws *ws);
 /* The last token's logits into f->logits: x += add, RMSNorm(x) * w (into xn, E floats), then
  * head . xn. x and add are the [T][E] rows. */
 void st_layer_logits(const st_fwd *f, float *x, const float *add, const float *w,
@@ -171,7 +187,7 @@ typedef struct st_arch {
 
 extern const st_arch st_arch_hybrid;
 extern const st_arch st_arch_llama, st_arch_qwen3;
-extern const st_arch st_arch_qwen35;
+extern const st_arch st_arch_qwen35, st_arch_qwen35moe, st_arch_qwen3next;
 
 /* The architecture of that general.architecture name, or NULL. */
 const st_arch *st_arch_find(const char *name, size_t len);

@@ -198,6 +198,8 @@ typedef struct st_model_hparams {
     uint32_t n_nextn;       /* trailing MTP blocks in the file (never run, cached or saved) */
     uint32_t ssm_in;        /* qwen3next: 1 for the legacy fused ssm_in (§2.3) */
     int32_t rope_sections[4]; /* qwen35's M-RoPE sections (written; text reduces to NEOX) */
+    uint32_t n_expert, n_expert_used; /* qwen3next, qwen35moe: experts, of which top-k per token */
+    uint32_t n_ff_exp, n_ff_shexp;    /* an expert's and the shared expert's hidden width */
 } st_model_hparams;
 
 /* Fill hp with a named preset: "tiny" (tests), "small" (demo), "bench". ST_EINVAL otherwise. */

@@ -44,6 +44,10 @@ typedef struct st_layer {
      * (attn_qkv), qwen3next's fused [beta | alpha] per key head (ssm_ba) and its legacy fused
      * [q, k, v, z] per key head (ssm_in) */
     st_wmat sqkv, sba, sin;
+    /* MoE feed-forward (qwen3next, qwen35moe): the router, the stacked experts (expert e's rows
+     * e Fe .. e Fe + Fe - 1; down: e E ..), the shared expert and its gate (one row) */
+    st_wmat moe_router, moe_gate, moe_up, moe_down;
+    st_wmat sh_gate, sh_up, sh_down, sh_router;
 } st_layer;
 
 /* ---- the memory spec ------------------------------------------------------------------------

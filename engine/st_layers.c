@@ -208,3 +208,28 @@ void st_layer_gdn_fused(const st_fwd *f, uint32_t il, const float *xn, float *ou
     const st_mm o = {&L->sout, out, E};
     op->matmul(f->oc, ws->o, vd, T, &o, 1);
 }
+
+void st_layer_moe(const st_fwd *f, uint32_t il, const float *xn, float *out, const st_moe_ws *ws)
+{
+    const st_layer *L = &f->m->layers[il];
+    const st_ops *op = f->ops;
+    uint32_t E = f->m->hp.n_embd, T = f->T, X = L->moe_router.rows, k = ws->k;
+    uint32_t Fe = L->moe_gate.rows / X;
+    const st_mm r[2] = {{&L->moe_router, ws->logits, X}, {&L->sh_router, ws->gs, 1}};
+    op->matmul(f->oc, xn, E, T, r, 2);
+    st_layer_swiglu(f, &L->sh_gate, &L->sh_up, &L->sh_down, xn, out, ws->g, ws->u);
+    op->sigmoid_scale(f->oc, out, E, ws->gs, 1, E, T);
+    op->moe_route(f->oc, ws->logits, X, k, ws->sel, ws->w, T);
+    for (uint32_t t = 0; t < T; t++)
+        for (uint32_t j = 0; j < k; j++) {
+            uint32_t e = ws->sel[(size_t)t * k + j];
+            st_wmat g = rows_of(&L->moe_gate, e * Fe, Fe), u = rows_of(&L->moe_up, e * Fe, Fe);
+            st_wmat d = rows_of(&L->moe_down, e * E, E);
+            const st_mm in[2] = {{&g, ws->g, Fe}, {&u, ws->u, Fe}}, dn = {&d, ws->y, E};
+            op->matmul(f->oc, xn + (size_t)t * E, E, 1, in, 2);
+            op->swiglu(f->oc, ws->g, ws->u, Fe, 1);
+            op->matmul(f->oc, ws->g, Fe, 1, &dn, 1);
+            op->scale_add(f->oc, out + (size_t)t * E, E, ws->y, E, ws->w + (size_t)t * k + j, 1,
+                          E, 1);
+        }
+}

@@ -26,7 +26,8 @@
 
 #include "st_arch_int.h"
 
-static const st_arch *const k_archs[] = {&st_arch_hybrid, &st_arch_qwen35};
+static const st_arch *const k_archs[] = {&st_arch_hybrid, &st_arch_qwen35, &st_arch_qwen35moe,
+                                         &st_arch_qwen3next};
 
 /* The architecture a hyperparameter struct names ("" is strata-hybrid). */
 static const st_arch *hp_arch(const st_model_hparams *hp)
@@ -53,7 +54,8 @@ int st_model_preset_arch(const char *arch, const char *name, st_model_hparams *h
 {
     const st_arch *a = arch ? st_arch_find(arch, strlen(arch)) : &st_arch_hybrid;
     if (!a)
-        return st_error_set(ST_EINVAL, "unknown architecture \"%s\" (strata-hybrid, qwen35)",
+        return st_error_set(ST_EINVAL, "unknown architecture \"%s\" (strata-hybrid, qwen35, "
+                            "qwen35moe, qwen3next)",
                             arch);
     return a->preset(name, hp);
 }
@@ -113,23 +115,31 @@ uint64_t st_model_kv_bytes_per_token(const st_model_hparams *hp, uint32_t kv_dty
 }
 
 /* ---- the tensor list ------------------------------------------------------------------- */
-void st_tlist_add(st_tlist *l, int32_t layer, uint32_t field, int matrix, int init, uint64_t ne0,
-                  uint64_t ne1, const char *fmt, ...)
+static st_tdesc *tlist_next(st_tlist *l)
 {
     if (l->err)
-        return;
+        return NULL;
     if (l->n == l->cap) {
         size_t cap = l->cap ? l->cap * 2 : 64;
         st_tdesc *n = realloc(l->t, cap * sizeof *n);
         if (!n) {
             l->err = ENOMEM;
-            return;
+            return NULL;
         }
         l->t = n;
         l->cap = cap;
     }
     st_tdesc *d = &l->t[l->n++];
     memset(d, 0, sizeof *d);
+    return d;
+}
+
+void st_tlist_add(st_tlist *l, int32_t layer, uint32_t field, int matrix, int init, uint64_t ne0,
+                  uint64_t ne1, const char *fmt, ...)
+{
+    st_tdesc *d = tlist_next(l);
+    if (!d)
+        return;
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(d->name, sizeof d->name, fmt, ap);
@@ -141,6 +151,35 @@ void st_tlist_add(st_tlist *l, int32_t layer, uint32_t field, int matrix, int in
     d->init = init;
     d->layer = layer;
     d->field = field;
+}
+
+void st_tlist_add3(st_tlist *l, int32_t layer, uint32_t field, int init, uint64_t ne0,
+                   uint64_t ne1, uint64_t ne2, const char *fmt, ...)
+{
+    st_tdesc *d = tlist_next(l);
+    if (!d)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(d->name, sizeof d->name, fmt, ap);
+    va_end(ap);
+    d->nd = 3;
+    d->dims[0] = ne0;
+    d->dims[1] = ne1;
+    d->dims[2] = ne2;
+    d->matrix = 1;
+    d->init = init;
+    d->layer = layer;
+    d->field = field;
+}
+
+/* Elements of an entry. */
+static uint64_t tdesc_n(const st_tdesc *d)
+{
+    uint64_t n = 1;
+    for (uint32_t i = 0; i < d->nd; i++)
+        n *= d->dims[i];
+    return n;
 }
 
 int st_tlist_done(st_tlist *l)
@@ -159,7 +198,7 @@ uint64_t st_model_n_params(const st_model_hparams *hp)
     if (hp_arch(hp)->tensors(hp, &l))
         return 0;
     for (size_t i = 0; i < l.n; i++)
-        n += l.t[i].dims[0] * (l.t[i].nd == 2 ? l.t[i].dims[1] : 1);
+        n += tdesc_n(&l.t[i]);
     free(l.t);
     return n;
 }
@@ -237,7 +276,7 @@ static int read_arch(const st_gguf *g, const st_arch **out)
     }
     if (!(*out = st_arch_find(s, (size_t)n)))
         return st_error_set(ST_EINVAL, "model: architecture \"%.*s\" is not supported ("
-                            ST_ARCH ", qwen35)", (int)(n > 64 ? 64 : n), s);
+                            ST_ARCH ", qwen35, qwen35moe, qwen3next)", (int)(n > 64 ? 64 : n), s);
     return 0;
 }
 
@@ -249,7 +288,16 @@ static int check_tensor(const st_gguf *g, const st_tdesc *d, const st_gguf_tenso
     if (t->type != ST_GGML_F32 && t->type != ST_GGML_F16 && t->type != ST_GGML_BF16)
         return st_error_set(ST_EINVAL, "model: tensor %s has type %s (f32, f16 or bf16 supported)",
                             d->name, st_gguf_type_name(t->type));
-    if (t->n_dims != d->nd || t->dims[0] != d->dims[0] || (d->nd == 2 && t->dims[1] != d->dims[1]))
+    /* trailing dimensions of 1 are insignificant ({E, 1} is {E}) */
+    uint32_t tn = t->n_dims, dn = d->nd;
+    while (tn > 1 && t->dims[tn - 1] == 1)
+        tn--;
+    while (dn > 1 && d->dims[dn - 1] == 1)
+        dn--;
+    int same = tn == dn;
+    for (uint32_t i = 0; same && i < dn; i++)
+        same = t->dims[i] == d->dims[i];
+    if (!same)
         return st_error_set(ST_EINVAL, "model: tensor %s has shape [%llu, %llu], expected [%llu, "
                             "%llu]", d->name, (unsigned long long)t->dims[0],
                             (unsigned long long)(t->n_dims > 1 ? t->dims[1] : 0),
@@ -276,10 +324,10 @@ static int bind(st_model *m, const st_tdesc *d)
         w->data = t->data;
         w->type = t->type;
         w->cols = (uint32_t)d->dims[0];
-        w->rows = (uint32_t)d->dims[1];
+        w->rows = (uint32_t)(d->dims[1] * (d->nd == 3 ? d->dims[2] : 1));
         return 0;
     }
-    uint64_t n = d->dims[0] * (d->nd == 2 ? d->dims[1] : 1);
+    uint64_t n = tdesc_n(d);
     float *v = malloc(n * sizeof *v);
     if (!v)
         return st_error_set(ENOMEM, "model: tensor %s", d->name);
@@ -409,13 +457,14 @@ static float unif(uint64_t *s)
 static void fill(const st_model_hparams *hp, const st_tdesc *d, uint64_t seed, size_t index,
                  float *v)
 {
-    uint64_t n = d->dims[0] * (d->nd == 2 ? d->dims[1] : 1);
+    uint64_t n = tdesc_n(d);
     uint64_t s = seed ^ (0x5bd1e995ull * (index + 1));
     splitmix(&s);
     double a = 0.0;
     switch (d->init) {
     case ST_TI_EMB: a = 1.0; break;
-    case ST_TI_MAT: a = sqrt(3.0 / (double)d->dims[0]); break;
+    case ST_TI_MAT:
+    case ST_TI_MAT_F32: a = sqrt(3.0 / (double)d->dims[0]); break;
     case ST_TI_MAT_OUT: a = sqrt(3.0 / (double)d->dims[0]) / sqrt(2.0 * hp->n_layer); break;
     case ST_TI_CONV: a = 0.5; break;
     default: break;
@@ -470,8 +519,8 @@ static int write_seeded(const st_model_hparams *hp, uint64_t seed, const char *n
     }
     for (size_t i = 0; i < l.n; i++) {
         const st_tdesc *d = &l.t[i];
-        uint64_t n = d->dims[0] * (d->nd == 2 ? d->dims[1] : 1);
-        uint32_t type = d->matrix ? hp->wtype : ST_GGML_F32;
+        uint64_t n = tdesc_n(d);
+        uint32_t type = d->matrix && d->init != ST_TI_MAT_F32 ? hp->wtype : ST_GGML_F32;
         tmp = malloc(n * sizeof *tmp);
         if (!tmp) {
             rc = st_error_set(ENOMEM, "model writer: tensor %s", d->name);

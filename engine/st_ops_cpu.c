@@ -595,6 +595,96 @@ static void cpu_sigmoid_mul(void *ocp, float *x, uint32_t ldx, const float *g, u
     st_pool_run(oc->pool, T, sigmoid_mul_task, &j, 20ull * T * n);
 }
 
+typedef struct route_job {
+    const float *logits;
+    uint32_t X, k;
+    uint32_t *sel;
+    float *w;
+} route_job;
+
+static void route_task(void *ctx, uint32_t t, uint32_t thread)
+{
+    route_job *j = ctx;
+    const float *l = j->logits + (size_t)t * j->X;
+    uint32_t *sel = j->sel + (size_t)t * j->k;
+    float *w = j->w + (size_t)t * j->k;
+    float m = -INFINITY, sum = 0.0f;
+    for (uint32_t e = 0; e < j->X; e++)
+        if (l[e] > m)
+            m = l[e];
+    for (uint32_t e = 0; e < j->X; e++)
+        sum += expf(l[e] - m);
+    /* the k largest logits are the k largest p: selection by insertion, ties to the lower id */
+    uint32_t n = 0;
+    for (uint32_t e = 0; e < j->X; e++) {
+        uint32_t i = n < j->k ? n++ : j->k;
+        if (i == j->k && !(l[e] > l[sel[j->k - 1]]))
+            continue;
+        if (i == j->k)
+            i = j->k - 1;
+        while (i > 0 && l[e] > l[sel[i - 1]]) {
+            sel[i] = sel[i - 1];
+            i--;
+        }
+        sel[i] = e;
+    }
+    float ws = 0.0f;
+    for (uint32_t i = 0; i < j->k; i++) {
+        w[i] = expf(l[sel[i]] - m) / sum;
+        ws += w[i];
+    }
+    if (ws < 6.103515625e-5f)
+        ws = 6.103515625e-5f;
+    for (uint32_t i = 0; i < j->k; i++)
+        w[i] = w[i] / ws;
+}
+
+static void cpu_moe_route(void *ocp, const float *logits, uint32_t X, uint32_t k, uint32_t *sel,
+                          float *w, uint32_t T)
+{
+    st_ops_cpu *oc = ocp;
+    route_job j = {logits, X, k, sel, w};
+    st_pool_run(oc->pool, T, route_task, &j, 20ull * T * X);
+}
+
+typedef struct sadd_job {
+    float *x;
+    const float *y, *s;
+    uint32_t ldx, ldy, lds, n, sig;
+} sadd_job;
+
+static void sadd_task(void *ctx, uint32_t t, uint32_t thread)
+{
+    sadd_job *j = ctx;
+    float *x = j->x + (size_t)t * j->ldx;
+    if (j->sig) {
+        float g = sigmoid(j->s[(size_t)t * j->lds]);
+        for (uint32_t i = 0; i < j->n; i++)
+            x[i] = x[i] * g;
+        return;
+    }
+    const float *y = j->y + (size_t)t * j->ldy;
+    float s = j->s ? j->s[(size_t)t * j->lds] : 1.0f;
+    for (uint32_t i = 0; i < j->n; i++)
+        x[i] = x[i] + s * y[i];
+}
+
+static void cpu_scale_add(void *ocp, float *x, uint32_t ldx, const float *y, uint32_t ldy,
+                          const float *s, uint32_t lds, uint32_t n, uint32_t T)
+{
+    st_ops_cpu *oc = ocp;
+    sadd_job j = {x, y, s, ldx, ldy, lds, n, 0};
+    st_pool_run(oc->pool, T, sadd_task, &j, 2ull * T * n);
+}
+
+static void cpu_sigmoid_scale(void *ocp, float *x, uint32_t ldx, const float *g, uint32_t ldg,
+                              uint32_t n, uint32_t T)
+{
+    st_ops_cpu *oc = ocp;
+    sadd_job j = {x, NULL, g, ldx, 0, ldg, n, 1};
+    st_pool_run(oc->pool, T, sadd_task, &j, 2ull * T * n);
+}
+
 const st_ops st_ops_cpu_table = {
     .name = "cpu",
     .get_rows = cpu_get_rows,
@@ -613,4 +703,7 @@ const st_ops st_ops_cpu_table = {
     .attention = cpu_attention,
     .l2norm_max = cpu_l2norm_max,
     .sigmoid_mul = cpu_sigmoid_mul,
+    .moe_route = cpu_moe_route,
+    .scale_add = cpu_scale_add,
+    .sigmoid_scale = cpu_sigmoid_scale,
 };

@@ -102,6 +102,18 @@ typedef struct st_ops {
     /* Per token: x = x * sigmoid(g), vectors of n (x at t * ldx, g at t * ldg). */
     void (*sigmoid_mul)(void *oc, float *x, uint32_t ldx, const float *g, uint32_t ldg,
                         uint32_t n, uint32_t T);
+    /* MoE routing (ARCHITECTURES.md §3.5), per token: p = softmax(logits_t) over X experts (max,
+     * exp, sum in expert order), the k largest p (ties: the lower expert first) into sel_t in
+     * decreasing order, their weights p_e / max(sum of the k, 2^-14) into w_t; logits at
+     * t * X, sel and w at t * k. */
+    void (*moe_route)(void *oc, const float *logits, uint32_t X, uint32_t k, uint32_t *sel,
+                      float *w, uint32_t T);
+    /* Per token: x_t += s_t * y_t (s_t = s[t * lds]; s NULL: 1), vectors of n. */
+    void (*scale_add)(void *oc, float *x, uint32_t ldx, const float *y, uint32_t ldy,
+                      const float *s, uint32_t lds, uint32_t n, uint32_t T);
+    /* Per token: x_t *= sigmoid(g[t * ldg]), vectors of n (the shared expert's gate). */
+    void (*sigmoid_scale)(void *oc, float *x, uint32_t ldx, const float *g, uint32_t ldg,
+                          uint32_t n, uint32_t T);
 } st_ops;
 
 /* The CPU table: its context is an st_ops_cpu, made for a model's memory spec, a context length

@@ -29,35 +29,61 @@
 
 typedef struct qn_arch {
     const char *name;
-    int grouped; /* the head mapping: 0 tiled (qwen35), 1 grouped (qwen3next) */
+    int grouped; /* the head mapping: 0 tiled (qwen35*), 1 grouped (qwen3next) */
+    int moe;     /* the feed-forward: 0 SwiGLU, 1 experts */
 } qn_arch;
 
-static const qn_arch k_qwen35 = {"qwen35", 0};
+static const qn_arch k_qwen35 = {"qwen35", 0, 0};
+static const qn_arch k_qwen35moe = {"qwen35moe", 0, 1};
+static const qn_arch k_qwen3next = {"qwen3next", 1, 1};
 
 /* ---- presets ------------------------------------------------------------------------------ */
 typedef struct qn_preset {
-    const char *name;
+    const char *arch, *name;
     uint32_t E, layers, interval, ff, ctx, vocab, hq, hkv, D, rot, hk, hv, dk, tied, wtype;
+    uint32_t X, k, fe, fs, legacy;
     float base;
 } qn_preset;
 
-/* The published shapes (ARCHITECTURES.md §7) and test shapes with Hk != Hv. */
+/* The published shapes (ARCHITECTURES.md §7; the MoE ones with fewer experts would not be the
+ * shape) and test shapes with Hk != Hv. */
 static const qn_preset k_presets[] = {
-    {"tiny", 64, 4, 4, 128, 2048, 512, 4, 2, 32, 16, 2, 4, 16, 0, ST_GGML_F32, 1e7f},
-    {"tiny-tied", 64, 4, 4, 128, 2048, 512, 4, 2, 32, 16, 2, 4, 16, 1, ST_GGML_F32, 1e7f},
-    {"small", 256, 8, 4, 768, 32768, 4096, 4, 2, 64, 32, 2, 6, 32, 0, ST_GGML_F16, 1e7f},
-    {"0.8b", 1024, 24, 4, 3584, 262144, 248320, 8, 2, 256, 64, 16, 16, 128, 1, ST_GGML_BF16, 1e7f},
-    {"2b", 2048, 24, 4, 6144, 262144, 248320, 8, 2, 256, 64, 16, 16, 128, 1, ST_GGML_BF16, 1e7f},
-    {"9b", 4096, 32, 4, 12288, 262144, 248320, 16, 4, 256, 64, 16, 32, 128, 0, ST_GGML_BF16, 1e7f},
+    {"qwen35", "tiny", 64, 4, 4, 128, 2048, 512, 4, 2, 32, 16, 2, 4, 16, 0, ST_GGML_F32,
+     0, 0, 0, 0, 0, 1e7f},
+    {"qwen35", "tiny-tied", 64, 4, 4, 128, 2048, 512, 4, 2, 32, 16, 2, 4, 16, 1, ST_GGML_F32,
+     0, 0, 0, 0, 0, 1e7f},
+    {"qwen35", "small", 256, 8, 4, 768, 32768, 4096, 4, 2, 64, 32, 2, 6, 32, 0, ST_GGML_F16,
+     0, 0, 0, 0, 0, 1e7f},
+    {"qwen35", "0.8b", 1024, 24, 4, 3584, 262144, 248320, 8, 2, 256, 64, 16, 16, 128, 1,
+     ST_GGML_BF16, 0, 0, 0, 0, 0, 1e7f},
+    {"qwen35", "2b", 2048, 24, 4, 6144, 262144, 248320, 8, 2, 256, 64, 16, 16, 128, 1,
+     ST_GGML_BF16, 0, 0, 0, 0, 0, 1e7f},
+    {"qwen35", "9b", 4096, 32, 4, 12288, 262144, 248320, 16, 4, 256, 64, 16, 32, 128, 0,
+     ST_GGML_BF16, 0, 0, 0, 0, 0, 1e7f},
+    {"qwen35moe", "tiny", 64, 4, 4, 128, 2048, 512, 4, 2, 32, 16, 2, 4, 16, 0, ST_GGML_F32,
+     8, 2, 32, 48, 0, 1e7f},
+    {"qwen35moe", "35b-a3b", 2048, 40, 4, 512, 262144, 248320, 16, 2, 256, 64, 16, 32, 128, 0,
+     ST_GGML_BF16, 256, 8, 512, 512, 0, 1e7f},
+    {"qwen3next", "tiny", 64, 4, 4, 128, 2048, 512, 4, 2, 32, 16, 2, 4, 16, 0, ST_GGML_F32,
+     8, 2, 32, 48, 0, 1e7f},
+    {"qwen3next", "tiny-legacy", 64, 4, 4, 128, 2048, 512, 4, 2, 32, 16, 2, 4, 16, 0,
+     ST_GGML_F32, 8, 2, 32, 48, 1, 1e7f},
+    {"qwen3next", "80b-a3b", 2048, 48, 4, 512, 262144, 151936, 16, 2, 256, 64, 16, 32, 128, 0,
+     ST_GGML_BF16, 512, 10, 512, 512, 0, 1e7f},
 };
 
 static int qn_preset_fill(const qn_arch *a, const char *name, st_model_hparams *hp)
 {
     size_t al = strlen(a->name);
     const char *p = name && !strncmp(name, a->name, al) && name[al] == '-' ? name + al + 1 : name;
-    for (size_t i = 0; p && i < sizeof k_presets / sizeof k_presets[0]; i++) {
+    char names[256] = "";
+    for (size_t i = 0; i < sizeof k_presets / sizeof k_presets[0]; i++) {
         const qn_preset *q = &k_presets[i];
-        if (strcmp(p, q->name))
+        if (strcmp(q->arch, a->name))
+            continue;
+        size_t nl = strlen(names);
+        snprintf(names + nl, sizeof names - nl, "%s%s-%s", nl ? ", " : "", a->name, q->name);
+        if (!p || strcmp(p, q->name))
             continue;
         memset(hp, 0, sizeof *hp);
         snprintf(hp->arch, sizeof hp->arch, "%s", a->name);
@@ -76,6 +102,11 @@ static int qn_preset_fill(const qn_arch *a, const char *name, st_model_hparams *
         hp->ssm_conv = 4;
         hp->tied = q->tied;
         hp->wtype = q->wtype;
+        hp->n_expert = q->X;
+        hp->n_expert_used = q->k;
+        hp->n_ff_exp = q->fe;
+        hp->n_ff_shexp = q->fs;
+        hp->ssm_in = q->legacy;
         hp->rms_eps = 1e-6f;
         hp->rope_base = q->base;
         hp->kv_dtype = ST_DTYPE_F16;
@@ -89,14 +120,8 @@ static int qn_preset_fill(const qn_arch *a, const char *name, st_model_hparams *
         hp->pattern[q->interval - 1] = 'A';
         return 0;
     }
-    return st_error_set(ST_EINVAL, "unknown %s preset \"%s\" (%s-tiny, %s-tiny-tied, %s-small, "
-                        "%s-0.8b, %s-2b, %s-9b)", a->name, name ? name : "", a->name, a->name,
-                        a->name, a->name, a->name, a->name);
-}
-
-static int q35_preset(const char *name, st_model_hparams *hp)
-{
-    return qn_preset_fill(&k_qwen35, name, hp);
+    return st_error_set(ST_EINVAL, "unknown %s preset \"%s\" (%s)", a->name, name ? name : "",
+                        names);
 }
 
 /* ---- checks and keys -------------------------------------------------------------------- */
@@ -141,7 +166,22 @@ static int qn_check(const st_model_hparams *hp)
     if (hp->kv_dtype != ST_DTYPE_F16 && hp->kv_dtype != ST_DTYPE_I8)
         return st_error_set(ST_EINVAL, "model: K/V dtype %s (f16 or i8)",
                             st_dtype_name(hp->kv_dtype));
+    if (hp->n_expert && (hp->n_expert > 4096 || hp->n_expert_used < 1 ||
+                         hp->n_expert_used > hp->n_expert || hp->n_ff_exp < 1 ||
+                         hp->n_ff_exp > 65536 || hp->n_ff_shexp < 1 || hp->n_ff_shexp > 65536))
+        return st_error_set(ST_EINVAL, "model: %u experts, %u used, widths %u / %u out of range",
+                            hp->n_expert, hp->n_expert_used, hp->n_ff_exp, hp->n_ff_shexp);
     return 0;
+}
+
+static int qn_check_arch(const qn_arch *a, const st_model_hparams *hp)
+{
+    if (a->moe != (hp->n_expert > 0))
+        return st_error_set(ST_EINVAL, "model: %s %s experts (expert_count %u)", a->name,
+                            a->moe ? "needs" : "has no", hp->n_expert);
+    if (hp->ssm_in && !a->grouped)
+        return st_error_set(ST_EINVAL, "model: %s has no ssm_in layout", a->name);
+    return qn_check(hp);
 }
 
 static int get_u32(const st_gguf *g, const char *key, uint32_t *v)
@@ -189,7 +229,8 @@ static int qn_read(const qn_arch *a, const st_gguf *g, st_model_hparams *hp)
         return rc;
     if ((rc = st_gguf_get_f32(g, K("attention.layer_norm_rms_epsilon"), &hp->rms_eps)))
         return rc == ST_ENOTFOUND ? st_error_set(ST_EINVAL, "model: key %s missing", k) : rc;
-    if ((rc = st_gguf_get_u32(g, K("feed_forward_length"), &hp->n_ff)))
+    rc = st_gguf_get_u32(g, K("feed_forward_length"), &hp->n_ff);
+    if (rc && !(rc == ST_ENOTFOUND && a->moe))
         return st_error_set(ST_EINVAL, "model: key %s: %s (one u32 is supported)", k,
                             rc == ST_ENOTFOUND ? "missing" : "not a u32");
     hp->n_head_kv = hp->n_head;
@@ -231,9 +272,23 @@ static int qn_read(const qn_arch *a, const st_gguf *g, st_model_hparams *hp)
     if (st_gguf_find(g, K("attention.recurrent_layers")) >= 0)
         return st_error_set(ST_EINVAL, "model: key %s is not supported (the layer kinds come "
                             "from full_attention_interval)", k);
-    if (st_gguf_find(g, K("expert_count")) >= 0 || st_gguf_tensor_find(g, "blk.0.ffn_gate_inp.weight"))
-        return st_error_set(ST_EINVAL, "model: %s with experts (MoE) is not supported yet",
-                            a->name);
+    if (a->moe) {
+        if ((rc = get_u32(g, K("expert_count"), &hp->n_expert)) ||
+            (rc = get_u32(g, K("expert_used_count"), &hp->n_expert_used)))
+            return rc;
+        /* fallbacks of llama.cpp: n_ff / k for an expert, n_ff for the shared one */
+        hp->n_ff_exp = hp->n_expert_used ? hp->n_ff / hp->n_expert_used : 0;
+        hp->n_ff_shexp = hp->n_ff;
+        if ((rc = opt_u32(g, K("expert_feed_forward_length"), &hp->n_ff_exp)) ||
+            (rc = opt_u32(g, K("expert_shared_feed_forward_length"), &hp->n_ff_shexp)))
+            return rc;
+        if (st_gguf_tensor_find(g, "blk.0.ffn_gate_up_exps.weight"))
+            return st_error_set(ST_EINVAL, "model: tensor blk.0.ffn_gate_up_exps.weight (merged "
+                                "experts) is not supported");
+    } else if (st_gguf_find(g, K("expert_count")) >= 0) {
+        return st_error_set(ST_EINVAL, "model: %s with %s (experts: that is qwen35moe)", a->name,
+                            k);
+    }
 #undef K
     if (hp->n_nextn >= blocks)
         return st_error_set(ST_EINVAL, "model: block_count %u with %u MTP blocks", blocks,
@@ -258,13 +313,11 @@ static int qn_read(const qn_arch *a, const st_gguf *g, st_model_hparams *hp)
     hp->tied = st_gguf_tensor_find(g, "output.weight") == NULL;
     hp->ssm_in = st_gguf_tensor_find(g, "blk.0.ssm_in.weight") != NULL;
     hp->kv_dtype = ST_DTYPE_F16;
-    return qn_check(hp);
+    if (a->moe && !hp->n_ff)
+        hp->n_ff = hp->n_ff_shexp; /* unused by the experts; keeps the range check honest */
+    return qn_check_arch(a, hp);
 }
 
-static int q35_read(const st_gguf *g, st_model_hparams *hp)
-{
-    return qn_read(&k_qwen35, g, hp);
-}
 
 /* GPT-2's byte-level alphabet: byte b as the UTF-8 of its code point. */
 static void byte_token(uint32_t b, char out[4])
@@ -366,14 +419,16 @@ static int qn_write_keys(const qn_arch *a, st_gguf_writer *w, const st_model_hpa
     st_gguf_writer_set_u32(w, K("ssm.inner_size"), hp->ssm_heads * hp->ssm_dv);
     st_gguf_writer_set_u32(w, K("full_attention_interval"),
                            (uint32_t)strnlen(hp->pattern, ST_PATTERN_MAX));
+    if (a->moe) {
+        st_gguf_writer_set_u32(w, K("expert_count"), hp->n_expert);
+        st_gguf_writer_set_u32(w, K("expert_used_count"), hp->n_expert_used);
+        st_gguf_writer_set_u32(w, K("expert_feed_forward_length"), hp->n_ff_exp);
+        st_gguf_writer_set_u32(w, K("expert_shared_feed_forward_length"), hp->n_ff_shexp);
+    }
 #undef K
     return qn_write_tokenizer(w, hp, a->grouped ? "qwen2" : "qwen35");
 }
 
-static int q35_write_keys(st_gguf_writer *w, const st_model_hparams *hp)
-{
-    return qn_write_keys(&k_qwen35, w, hp);
-}
 
 /* ---- tensors and memory ------------------------------------------------------------------ */
 #define LF(f) (uint32_t) offsetof(st_layer, f)
@@ -421,9 +476,28 @@ static int qn_tensors(const qn_arch *a, const st_model_hparams *hp, st_tlist *l)
         }
         st_tlist_add(l, il, LF(ffn_norm), 0, ST_TI_NORM, E, 0, "blk.%u.post_attention_norm.weight",
                      u);
-        st_tlist_add(l, il, LF(ffn_gate), 1, ST_TI_MAT, E, F, "blk.%u.ffn_gate.weight", u);
-        st_tlist_add(l, il, LF(ffn_up), 1, ST_TI_MAT, E, F, "blk.%u.ffn_up.weight", u);
-        st_tlist_add(l, il, LF(ffn_down), 1, ST_TI_MAT_OUT, F, E, "blk.%u.ffn_down.weight", u);
+        if (a->moe) {
+            uint64_t X = hp->n_expert, Fe = hp->n_ff_exp, Fs = hp->n_ff_shexp;
+            st_tlist_add(l, il, LF(moe_router), 1, ST_TI_MAT_F32, E, X,
+                         "blk.%u.ffn_gate_inp.weight", u);
+            st_tlist_add3(l, il, LF(moe_gate), ST_TI_MAT, E, Fe, X, "blk.%u.ffn_gate_exps.weight",
+                          u);
+            st_tlist_add3(l, il, LF(moe_up), ST_TI_MAT, E, Fe, X, "blk.%u.ffn_up_exps.weight", u);
+            st_tlist_add3(l, il, LF(moe_down), ST_TI_MAT_OUT, Fe, E, X,
+                          "blk.%u.ffn_down_exps.weight", u);
+            st_tlist_add(l, il, LF(sh_router), 1, ST_TI_MAT_F32, E, 1,
+                         "blk.%u.ffn_gate_inp_shexp.weight", u);
+            st_tlist_add(l, il, LF(sh_gate), 1, ST_TI_MAT, E, Fs, "blk.%u.ffn_gate_shexp.weight",
+                         u);
+            st_tlist_add(l, il, LF(sh_up), 1, ST_TI_MAT, E, Fs, "blk.%u.ffn_up_shexp.weight", u);
+            st_tlist_add(l, il, LF(sh_down), 1, ST_TI_MAT_OUT, Fs, E,
+                         "blk.%u.ffn_down_shexp.weight", u);
+        } else {
+            st_tlist_add(l, il, LF(ffn_gate), 1, ST_TI_MAT, E, F, "blk.%u.ffn_gate.weight", u);
+            st_tlist_add(l, il, LF(ffn_up), 1, ST_TI_MAT, E, F, "blk.%u.ffn_up.weight", u);
+            st_tlist_add(l, il, LF(ffn_down), 1, ST_TI_MAT_OUT, F, E, "blk.%u.ffn_down.weight",
+                         u);
+        }
     }
     st_tlist_add(l, -1, MF(output_norm), 0, ST_TI_NORM, E, 0, "output_norm.weight");
     if (!hp->tied)
@@ -431,10 +505,6 @@ static int qn_tensors(const qn_arch *a, const st_model_hparams *hp, st_tlist *l)
     return st_tlist_done(l);
 }
 
-static int q35_tensors(const st_model_hparams *hp, st_tlist *l)
-{
-    return qn_tensors(&k_qwen35, hp, l);
-}
 
 /* Attention layers keep K/V; DeltaNet layers their matrix per value head and the convolution
  * history of the q, k (key heads) and v (value heads) channels. */
@@ -465,17 +535,14 @@ static void qn_fingerprint(const qn_arch *a, const st_model_hparams *hp, st_fp *
                           hp->n_rot,     hp->ssm_heads, hp->ssm_groups, hp->ssm_dk,
                           hp->ssm_dv,    hp->ssm_conv,  hp->kv_dtype,  hp->n_nextn,
                           hp->tied,      hp->ssm_in,
-                          (uint32_t)strnlen(hp->pattern, ST_PATTERN_MAX)};
+                          (uint32_t)strnlen(hp->pattern, ST_PATTERN_MAX),
+                          hp->n_expert,  hp->n_expert_used, hp->n_ff_exp, hp->n_ff_shexp};
     for (size_t i = 0; i < sizeof u / sizeof u[0]; i++)
         st_fp_u32(fp, u[i]);
     st_fp_f32(fp, hp->rms_eps);
     st_fp_f32(fp, hp->rope_base);
 }
 
-static void q35_fingerprint(const st_model_hparams *hp, st_fp *fp)
-{
-    qn_fingerprint(&k_qwen35, hp, fp);
-}
 
 /* The convolution weights transposed ([4][C], what the kernel walks); a tied LM head. */
 static int qn_prepare(st_model *m)
@@ -503,6 +570,8 @@ typedef struct qn_ws {
     float *qkv, *qkvc, *z, *ab, *o; /* DeltaNet */
     float *q, *gate, *kv, *ao;     /* attention */
     float *g, *u;                  /* feed-forward */
+    float *rl, *rw, *y, *gs;       /* MoE: router logits, weights, an expert's output, gates */
+    uint32_t *sel;
     float *logit_in;
     double *rope_freq;             /* n_rot / 2 angles per position step, base^(-2i / n_rot) */
     st_mm *mm;
@@ -516,9 +585,11 @@ static void qn_fwd_free(void *wsp)
     if (!w)
         return;
     float *f[] = {w->x, w->xn, w->out, w->qkv, w->qkvc, w->z, w->ab, w->o,
-                  w->q, w->gate, w->kv, w->ao, w->g, w->u, w->logit_in};
+                  w->q, w->gate, w->kv, w->ao, w->g, w->u, w->logit_in,
+                  w->rl, w->rw, w->y, w->gs};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
         free(f[i]);
+    free(w->sel);
     free(w->rope_freq);
     free(w->mm);
     free(w->views);
@@ -541,6 +612,11 @@ static int qn_fwd_new(const qn_arch *a, const st_model *m, uint32_t T, void **ou
     if (!w)
         return st_error_set(ENOMEM, "%s: workspace", a->name);
     uint64_t E = hp->n_embd, F = hp->n_ff;
+    if (hp->n_ff_exp > F)
+        F = hp->n_ff_exp;
+    if (hp->n_ff_shexp > F)
+        F = hp->n_ff_shexp;
+    uint64_t X = hp->n_expert, K = hp->n_expert_used;
     uint64_t C = 2 * (uint64_t)hp->ssm_groups * hp->ssm_dk + (uint64_t)hp->ssm_heads * hp->ssm_dv;
     uint64_t vd = (uint64_t)hp->ssm_heads * hp->ssm_dv;
     uint64_t qa = (uint64_t)hp->n_head * hp->head_dim, kva = (uint64_t)hp->n_head_kv * hp->head_dim;
@@ -564,10 +640,15 @@ static int qn_fwd_new(const qn_arch *a, const st_model *m, uint32_t T, void **ou
     w->g = falloc(T * F, &err);
     w->u = falloc(T * F, &err);
     w->logit_in = falloc(E, &err);
+    w->rl = falloc(T * X, &err);
+    w->rw = falloc(T * K, &err);
+    w->y = falloc(E, &err);
+    w->gs = falloc(T, &err);
+    w->sel = calloc(T * K + 1, sizeof *w->sel);
     w->rope_freq = calloc(hp->n_rot / 2 + 1, sizeof *w->rope_freq);
     w->mm = calloc(nmm, sizeof *w->mm);
     w->views = calloc(nmm, sizeof *w->views);
-    if (err || !w->rope_freq || !w->mm || !w->views) {
+    if (err || !w->rope_freq || !w->mm || !w->views || !w->sel) {
         qn_fwd_free(w);
         return st_error_set(ENOMEM, "%s: workspace for a chunk of %u tokens", a->name, T);
     }
@@ -577,10 +658,6 @@ static int qn_fwd_new(const qn_arch *a, const st_model *m, uint32_t T, void **ou
     return 0;
 }
 
-static int q35_fwd_new(const st_model *m, uint32_t T, void **out)
-{
-    return qn_fwd_new(&k_qwen35, m, T, out);
-}
 
 /* x = embedding; per layer x += mixer(RMSNorm(x)), x += SwiGLU(RMSNorm(x)); the logits of the
  * last token from RMSNorm(x). */
@@ -592,6 +669,7 @@ static void qn_forward(const st_fwd *f, void *wsp)
                             w->mm, w->views};
     const st_gattn_ws attn = {w->q, w->gate, w->kv, w->ao, w->rope_freq, m->hp.n_rot, w->mm,
                               w->views};
+    const st_moe_ws moe = {w->rl, w->rw, w->g, w->u, w->y, w->gs, w->sel, m->hp.n_expert_used};
     st_layer_embed(f, &m->tok_embd, w->x);
     for (uint32_t il = 0; il < m->hp.n_layer; il++) {
         const st_layer *L = &m->layers[il];
@@ -601,23 +679,55 @@ static void qn_forward(const st_fwd *f, void *wsp)
         else
             st_layer_gated_attention(f, il, w->xn, w->out, &attn);
         st_layer_norm(f, w->x, w->out, L->ffn_norm, w->xn);
-        st_layer_swiglu(f, &L->ffn_gate, &L->ffn_up, &L->ffn_down, w->xn, w->out, w->g, w->u);
+        if (m->hp.n_expert)
+            st_layer_moe(f, il, w->xn, w->out, &moe);
+        else
+            st_layer_swiglu(f, &L->ffn_gate, &L->ffn_up, &L->ffn_down, w->xn, w->out, w->g,
+                            w->u);
     }
     if (f->logits)
         st_layer_logits(f, w->x, w->out, m->output_norm, &m->output, w->logit_in);
 }
 
-const st_arch st_arch_qwen35 = {
-    .name = "qwen35",
-    .preset = q35_preset,
-    .check = qn_check,
-    .read = q35_read,
-    .write_keys = q35_write_keys,
-    .tensors = q35_tensors,
-    .memory = qn_memory,
-    .fingerprint = q35_fingerprint,
-    .prepare = qn_prepare,
-    .fwd_new = q35_fwd_new,
-    .fwd_free = qn_fwd_free,
-    .forward = qn_forward,
-};
+/* The descriptors: one set of functions, the variant bound per architecture. */
+#define QN_ARCH(id, var)                                                                         \
+    static int id##_preset(const char *name, st_model_hparams *hp)                              \
+    {                                                                                            \
+        return qn_preset_fill(&var, name, hp);                                                   \
+    }                                                                                            \
+    static int id##_check(const st_model_hparams *hp) { return qn_check_arch(&var, hp); }        \
+    static int id##_read(const st_gguf *g, st_model_hparams *hp) { return qn_read(&var, g, hp); } \
+    static int id##_write_keys(st_gguf_writer *w, const st_model_hparams *hp)                   \
+    {                                                                                            \
+        return qn_write_keys(&var, w, hp);                                                       \
+    }                                                                                            \
+    static int id##_tensors(const st_model_hparams *hp, st_tlist *l)                            \
+    {                                                                                            \
+        return qn_tensors(&var, hp, l);                                                          \
+    }                                                                                            \
+    static void id##_fingerprint(const st_model_hparams *hp, st_fp *fp)                         \
+    {                                                                                            \
+        qn_fingerprint(&var, hp, fp);                                                            \
+    }                                                                                            \
+    static int id##_fwd_new(const st_model *m, uint32_t T, void **out)                          \
+    {                                                                                            \
+        return qn_fwd_new(&var, m, T, out);                                                      \
+    }                                                                                            \
+    const st_arch st_arch_##id = {                                                               \
+        .name = #id,                                                                             \
+        .preset = id##_preset,                                                                   \
+        .check = id##_check,                                                                     \
+        .read = id##_read,                                                                       \
+        .write_keys = id##_write_keys,                                                           \
+        .tensors = id##_tensors,                                                                 \
+        .memory = qn_memory,                                                                     \
+        .fingerprint = id##_fingerprint,                                                         \
+        .prepare = qn_prepare,                                                                   \
+        .fwd_new = id##_fwd_new,                                                                 \
+        .fwd_free = qn_fwd_free,                                                                 \
+        .forward = qn_forward,                                                                   \
+    };
+
+QN_ARCH(qwen35, k_qwen35)
+QN_ARCH(qwen35moe, k_qwen35moe)
+QN_ARCH(qwen3next, k_qwen3next)

@@ -92,11 +92,11 @@ static void logits_white_box(const char *model, const char *tokens, int wrong, c
     st_model_free(m);
 }
 
-static void compare(const char *preset, const char *wtype)
+static void compare_arch(const char *arch, const char *preset, const char *wtype)
 {
     char mk[512];
-    snprintf(mk, sizeof mk, BIN "/strata-mkmodel --arch qwen35 --preset %s --wtype %s --ctx 256",
-             preset, wtype);
+    snprintf(mk, sizeof mk, BIN "/strata-mkmodel --arch %s --preset %s --wtype %s --ctx 256",
+             arch, preset, wtype);
     sh(1, "%s -o %s/m.gguf 2>/dev/null && %s --f32-twin -o %s/twin.gguf 2>/dev/null", mk, g_dir,
        mk, g_dir);
     for (size_t i = 0; i < sizeof k_prompts / sizeof k_prompts[0]; i++) {
@@ -108,6 +108,24 @@ static void compare(const char *preset, const char *wtype)
               "--max-dlogprob 1e-3", g_dir, g_dir);
         fprintf(stderr, "%s %s prompt %zu: %s", preset, wtype, i, out);
     }
+}
+
+static void compare(const char *preset, const char *wtype)
+{
+    compare_arch("qwen35", preset, wtype);
+}
+
+/* qwen35moe and qwen3next (grouped head mapping, fused ssm_ba, MoE; attn_qkv and legacy
+ * ssm_in), F32 and BF16. */
+static void test_ref_moe_next(void **state)
+{
+    (void)state;
+    if (!have_ref())
+        skip();
+    compare_arch("qwen35moe", "qwen35moe-tiny", "f32");
+    compare_arch("qwen3next", "qwen3next-tiny", "f32");
+    compare_arch("qwen3next", "qwen3next-tiny-legacy", "f32");
+    compare_arch("qwen3next", "qwen3next-tiny", "bf16");
 }
 
 static void test_ref_f32(void **state)
@@ -245,6 +263,7 @@ int main(void)
         cmocka_unit_test(test_ref_f32),
         cmocka_unit_test(test_ref_f16),
         cmocka_unit_test(test_ref_bf16),
+        cmocka_unit_test(test_ref_moe_next),
         cmocka_unit_test(test_wrong_head_mapping),
         cmocka_unit_test(test_session_exact),
         cmocka_unit_test(test_info_and_refusals),
