@@ -748,8 +748,8 @@ int st_gguf_kv_raw(const st_gguf *g, uint64_t i, const void **val, uint64_t *len
 
 int st_gguf_writer_copy_kv(st_gguf_writer *w, const st_gguf *g, uint64_t i)
 {
-    const void *v;
-    uint64_t len;
+    const void *v = NULL;
+    uint64_t len = 0;
     int rc = st_gguf_kv_raw(g, i, &v, &len);
     if (rc)
         return w_fail(w, rc);
