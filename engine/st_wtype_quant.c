@@ -39,6 +39,15 @@ static inline float get_f16(const uint8_t *p)
     return st_wtype_f16_to_f32((uint16_t)(p[0] | (uint16_t)p[1] << 8));
 }
 
+/* A float to int8 as ggml's x86 build converts it (a 32-bit truncating conversion, cvttss2si,
+ * then the low byte): out-of-range values and NaN give INT32_MIN's low byte, 0. C leaves such a
+ * cast undefined and clang and gcc differ, so it is written out. */
+static inline int8_t f2i8(float v)
+{
+    int32_t i = (v >= -2147483648.0f && v < 2147483648.0f) ? (int32_t)v : INT32_MIN;
+    return (int8_t)(uint8_t)((uint32_t)i & 0xffu);
+}
+
 static inline int nearest_int(float fval)
 {
     float val = fval + 12582912.f;
@@ -92,8 +101,8 @@ void st_wtype_quantize_q4_0(const float *src, void *dst, uint64_t n)
         put_f16(y, d);
         for (int j = 0; j < 16; j++) {
             const float x0 = src[j] * id, x1 = src[16 + j] * id;
-            const uint8_t q0 = (uint8_t)MINI(15, (int8_t)(x0 + 8.5f));
-            const uint8_t q1 = (uint8_t)MINI(15, (int8_t)(x1 + 8.5f));
+            const uint8_t q0 = (uint8_t)MINI(15, f2i8(x0 + 8.5f));
+            const uint8_t q1 = (uint8_t)MINI(15, f2i8(x1 + 8.5f));
             y[2 + j] = (uint8_t)(q0 | q1 << 4);
         }
     }
@@ -124,8 +133,8 @@ void st_wtype_quantize_q4_1(const float *src, void *dst, uint64_t n)
         put_f16(y + 2, min);
         for (int j = 0; j < 16; j++) {
             const float x0 = (src[j] - min) * id, x1 = (src[16 + j] - min) * id;
-            const uint8_t q0 = (uint8_t)MINI(15, (int8_t)(x0 + 0.5f));
-            const uint8_t q1 = (uint8_t)MINI(15, (int8_t)(x1 + 0.5f));
+            const uint8_t q0 = (uint8_t)MINI(15, f2i8(x0 + 0.5f));
+            const uint8_t q1 = (uint8_t)MINI(15, f2i8(x1 + 0.5f));
             y[4 + j] = (uint8_t)(q0 | q1 << 4);
         }
     }
@@ -149,8 +158,8 @@ void st_wtype_quantize_q5_0(const float *src, void *dst, uint64_t n)
         put_f16(y, d);
         for (int j = 0; j < 16; j++) {
             const float x0 = src[j] * id, x1 = src[16 + j] * id;
-            const uint8_t q0 = (uint8_t)MINI(31, (int8_t)(x0 + 16.5f));
-            const uint8_t q1 = (uint8_t)MINI(31, (int8_t)(x1 + 16.5f));
+            const uint8_t q0 = (uint8_t)MINI(31, f2i8(x0 + 16.5f));
+            const uint8_t q1 = (uint8_t)MINI(31, f2i8(x1 + 16.5f));
             y[6 + j] = (uint8_t)((q0 & 0xf) | (q1 & 0xf) << 4);
             qh |= (uint32_t)((q0 & 0x10u) >> 4) << j;
             qh |= (uint32_t)((q1 & 0x10u) >> 4) << (j + 16);
@@ -193,7 +202,7 @@ void st_wtype_quantize_q8_0(const float *src, void *dst, uint64_t n)
         const float id = d ? 1.0f / d : 0.0f;
         put_f16(y, d);
         for (int j = 0; j < 32; j++)
-            y[2 + j] = (uint8_t)(int8_t)roundf(src[j] * id);
+            y[2 + j] = (uint8_t)f2i8(roundf(src[j] * id));
     }
 }
 
