@@ -13,6 +13,7 @@
  */
 #include <pthread.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "st_api_test.h"
 
@@ -336,10 +337,18 @@ static void test_slots_delete_and_guard(void **state)
 static uint16_t cport;
 static json_t *cref; /* reference turns */
 
-/* A call that retries while the server says busy (409 busy: all slots in use). */
+/* A call that retries while the server says busy (409 busy: all slots in use). The bound is
+ * time, and generous: 32 clients share 4 slots, and under ASan on a loaded 2-core machine a
+ * client may wait well over the 2,000 tries (about 9 s) this once allowed, which failed the
+ * test with "status 0" (retries exhausted) although the server was right. */
 static int call_retry(const char *method, const char *path, const char *body, st_hc_resp *r)
 {
-    for (int attempt = 0; attempt < 2000; attempt++) {
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int attempt = 0;; attempt++) {
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        if (t.tv_sec - t0.tv_sec > 240)
+            break;
         if (st_hc_json(cport, method, path, body, r))
             return -1;
         if (!(r->status == 409 && strstr((char *)r->body, "\"busy\"")))
@@ -400,11 +409,8 @@ static void test_concurrent_conversations(void **state)
     static const char *const p[] = {"one", " two"};
     cref = reference(p, 2, 12);
     const char *store = "conc-store";
-    /* Every client is 127.0.0.1 and opens a connection per call, retrying 409 every few ms: the
-     * per-address limit would shed just-accepted connections of this one peer (an open defect of
-     * the shedding, docs/API.md), which is not what this test is about. */
     static const char *const args[] = {"--slots", "4", "--workers", "8", "--conversation-cache-mib", "0",
-                                       "--max-connections-per-peer", "1024", NULL};
+                                       NULL};
     st_hc_server s;
     assert_int_equal(start(&s, store, args), 0);
     cport = s.port;
