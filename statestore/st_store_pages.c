@@ -19,9 +19,11 @@
  * 3. A node: lo, hi (u16 each: the data size, or in a branch page bits 0..31 of the child's
  *    pgno), flags (u16; in a branch page bits 32..47 of the pgno), key size (u16), the key, then
  *    in a leaf page the data; with F_BIGDATA (1) an u64 pgno of the overflow pages that hold the
- *    data instead, with F_SUBDATA (2) a database record. A value lives in overflow pages exactly
- *    when 8 + key + data exceeds nodemax = ((psize - 16) / 2 & ~1) - 2, on
- *    OVPAGES = (15 + size) / psize + 1 pages starting with a header of flags P_OVERFLOW.
+ *    data instead, with F_SUBDATA (2) a database record. An inline value keeps 8 + key + data
+ *    within nodemax = ((psize - 16) / 2 & ~1) - 2; a larger one lives in overflow pages, at
+ *    least OVPAGES = (15 + size) / psize + 1 of them starting with a header of flags P_OVERFLOW.
+ *    A smaller value may live there too, on more pages than it needs: LMDB rewrites a value in
+ *    place in overflow pages of this transaction that are large enough and never shrinks them.
  * 4. A database record (MDB_db, 48 bytes): pad (u32: in the free database's, the page size),
  *    flags (u16), depth (u16), branch, leaf and overflow page counts, entries and root (u64 each;
  *    root ~0 when the database is empty). The meta (at offset 16 of its page): magic 0xBEEFC0DE
@@ -174,21 +176,30 @@ static int pg_overflow(pg_walk *w, uint64_t pgno, uint64_t size, const st_page_r
 {
     uint8_t h[PG_HDR];
     uint64_t n = ovpages(w->psize, size);
-    if (pg_claim(w, pgno, n, r, "overflow value"))
+    if (pgno < 2 || pgno >= w->npages) {
+        pg_problem(w, pgno, r, "overflow page %llu lies outside the pages in use (%llu)", (unsigned long long)pgno,
+                   (unsigned long long)w->npages);
         return 1;
+    }
     int e = pg_read(w->fd, h, sizeof h, pgno * w->psize);
     if (e) {
         pg_problem(w, pgno, r, "overflow page %llu: read failed: %s", (unsigned long long)pgno, strerror(e));
         return 1;
     }
-    if (st_get64(h) != pgno || st_get16(h + 10) != PG_OVERFLOW || st_get32(h + 12) != n) {
-        pg_problem(w, pgno, r, "overflow page %llu: header says page %llu, flags 0x%x, %u pages; a value of %llu "
-                   "bytes needs page %llu, flags 0x%x, %llu pages", (unsigned long long)pgno,
-                   (unsigned long long)st_get64(h), st_get16(h + 10), st_get32(h + 12), (unsigned long long)size,
-                   (unsigned long long)pgno, PG_OVERFLOW, (unsigned long long)n);
+    /* LMDB overwrites a value in its own overflow pages when they are large enough and does not
+       shrink them (mdb_cursor_put): the run may be longer than the value needs, never shorter */
+    uint64_t have = st_get32(h + 12);
+    if (st_get64(h) != pgno || st_get16(h + 10) != PG_OVERFLOW || have < n || have > w->npages - pgno) {
+        pg_problem(w, pgno, r, "overflow page %llu: header says page %llu, flags 0x%x, %llu pages; a value of %llu "
+                   "bytes needs page %llu, flags 0x%x, at least %llu pages inside the %llu in use",
+                   (unsigned long long)pgno, (unsigned long long)st_get64(h), st_get16(h + 10),
+                   (unsigned long long)have, (unsigned long long)size, (unsigned long long)pgno, PG_OVERFLOW,
+                   (unsigned long long)n, (unsigned long long)w->npages);
         return 1;
     }
-    w->overflow += n;
+    if (pg_claim(w, pgno, have, r, "overflow value"))
+        return 1;
+    w->overflow += have;
     return 0;
 }
 
@@ -229,11 +240,6 @@ static int pg_value(pg_walk *w, uint64_t pgno, const uint8_t *node, const uint8_
     const st_page_range kr = {.lo = key, .lo_len = ksz, .has_lo = 1, .hi = next, .hi_len = ksz + 1, .has_hi = 1};
     const st_page_range *r = &kr;
     if (fl & ND_BIGDATA) {
-        if (NODE_HDR + ksz + dsz <= w->nodemax) {
-            pg_problem(w, pgno, r, "leaf page %llu: a value of %llu bytes is marked as kept in overflow pages",
-                       (unsigned long long)pgno, (unsigned long long)dsz);
-            return 1;
-        }
         uint64_t ov = st_get64(data);
         if (pg_overflow(w, ov, dsz, r))
             return 1;
@@ -635,9 +641,11 @@ int st_store__value_check(st_store *st, const MDB_val *v, const char *what)
     }
     const uint8_t *h = base + pgno * psize;
     uint64_t need = ovpages((uint32_t)psize, v->mv_size);
-    if (st_get64(h) != pgno || st_get16(h + 10) != PG_OVERFLOW || st_get32(h + 12) != need || pgno + need > npages)
+    /* at least the pages it needs (LMDB never shrinks a run it rewrites in place, rule 3) */
+    if (st_get64(h) != pgno || st_get16(h + 10) != PG_OVERFLOW || st_get32(h + 12) < need ||
+        st_get32(h + 12) > npages - pgno)
         return st_error_set(ST_ECORRUPT, "%s: overflow page %llu says page %llu, flags 0x%x, %u pages; a value of "
-                            "%zu bytes needs %llu pages inside the map's %llu (store damaged: `statectl "
+                            "%zu bytes needs at least %llu pages inside the map's %llu (store damaged: `statectl "
                             "restore-backup` restores a backup)", what, (unsigned long long)pgno,
                             (unsigned long long)st_get64(h), st_get16(h + 10), st_get32(h + 12), v->mv_size,
                             (unsigned long long)need, (unsigned long long)npages);
