@@ -82,9 +82,16 @@ int st_engine_new(const st_model *m, const st_engine_opts *o, st_engine **out)
                           e->o.prompt_cache);
         goto fail;
     }
-    if (e->o.kv_dtype != ST_DTYPE_F16 && e->o.kv_dtype != ST_DTYPE_I8) {
-        rc = st_error_set(ST_EINVAL, "engine: K/V dtype %s (f16 or i8)",
+    if (e->o.kv_dtype != ST_DTYPE_F16 && e->o.kv_dtype != ST_DTYPE_I8 &&
+        e->o.kv_dtype != ST_DTYPE_F32) {
+        rc = st_error_set(ST_EINVAL, "engine: K/V dtype %s (f16, f32 or i8)",
                           st_dtype_name(e->o.kv_dtype));
+        goto fail;
+    }
+    /* f32 K/V (the reference comparisons' precision) is computed by the CPU backend only */
+    if (e->o.kv_dtype == ST_DTYPE_F32 && e->be != &st_backend_cpu) {
+        rc = st_error_set(ST_EINVAL, "engine: K/V dtype f32 needs the cpu backend (the %s "
+                          "backend keeps f16 or i8)", e->be->name);
         goto fail;
     }
     e->kern.vec = !o->force_scalar && st_kern_cpu_has_avx2();

@@ -192,7 +192,8 @@ typedef struct st_engine_opts {
     uint32_t ubatch;           /* prompt chunk in tokens (0: 2048) */
     uint32_t n_ctx;            /* 0: the model's */
     uint32_t page_size;        /* K/V tokens per page (0: 256) */
-    uint32_t kv_dtype;         /* 0xffffffff: the model's default; ST_DTYPE_F16 or ST_DTYPE_I8 */
+    uint32_t kv_dtype;         /* 0xffffffff: the model's default; ST_DTYPE_F16, ST_DTYPE_I8, or
+                                * ST_DTYPE_F32 (cpu backend only) */
     uint32_t prompt_cache;     /* max checkpoints kept per slot (K); 0 disables the cache */
     uint32_t prompt_cache_every; /* checkpoint every N prompt tokens, rounded up to chunks (0 off) */
     uint32_t prompt_cache_root;  /* checkpoint at the end of a system prompt >= N tokens (0 off) */

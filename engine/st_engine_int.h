@@ -142,7 +142,7 @@ void st_kern_row_f32(const st_wmat *w, uint32_t r, float *dst);
  * for each query i and element d, in increasing j:
  *   out[i*ldo + d] = fma(w, V[j][d], out[i*ldo + d]),  w = p[i*ldp + j] (f16 values) or
  *   w = p[i*ldp + j] * vscale[(j - j0) * sstride] (i8 values).
- * v points at row j0 (type ST_GGML_F16 or ST_GGML_I8), vstride elements apart. */
+ * v points at row j0 (type ST_GGML_F32, ST_GGML_F16 or ST_GGML_I8), vstride elements apart. */
 void st_kern_pv(const st_kern *k, float *out, uint32_t ldo, const float *p, uint32_t ldp,
                 uint32_t nq, const void *v, uint32_t type, uint32_t vstride,
                 const float *vscale, uint32_t sstride, uint32_t j0, uint32_t j1, uint32_t hd);

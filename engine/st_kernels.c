@@ -411,6 +411,8 @@ static void delta_scan_scalar(DN_ARGS)
 /* ---- attention: weighted sum of values ------------------------------------------------ */
 VEC_INLINE __m256 load_v8(const void *row, uint32_t d, const int type)
 {
+    if (type == ST_GGML_F32)
+        return _mm256_loadu_ps((const float *)row + d);
     if (type == ST_GGML_I8)
         return _mm256_cvtepi32_ps(
             _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)((const int8_t *)row + d))));
@@ -419,6 +421,8 @@ VEC_INLINE __m256 load_v8(const void *row, uint32_t d, const int type)
 
 VEC_INLINE float v_at_vec(const void *row, uint32_t d, const int type)
 {
+    if (type == ST_GGML_F32)
+        return ((const float *)row)[d];
     if (type == ST_GGML_I8)
         return (float)((const int8_t *)row)[d];
     return _cvtsh_ss(((const uint16_t *)row)[d]);
@@ -481,6 +485,12 @@ VEC static void pv_f16_vec(float *out, uint32_t ldo, const float *p, uint32_t ld
     pv_body(out, ldo, p, ldp, nq, v, vs, NULL, 0, j0, j1, hd, ST_GGML_F16);
 }
 
+VEC static void pv_f32_vec(float *out, uint32_t ldo, const float *p, uint32_t ldp, uint32_t nq,
+                           const uint8_t *v, size_t vs, uint32_t j0, uint32_t j1, uint32_t hd)
+{
+    pv_body(out, ldo, p, ldp, nq, v, vs, NULL, 0, j0, j1, hd, ST_GGML_F32);
+}
+
 VEC static void pv_i8_vec(float *out, uint32_t ldo, const float *p, uint32_t ldp, uint32_t nq,
                           const uint8_t *v, size_t vs, const float *vscale, uint32_t sstride,
                           uint32_t j0, uint32_t j1, uint32_t hd)
@@ -496,6 +506,8 @@ void st_kern_pv(const st_kern *k, float *out, uint32_t ldo, const float *p, uint
     if (k->vec) {
         if (type == ST_GGML_I8)
             pv_i8_vec(out, ldo, p, ldp, nq, v, vs, vscale, sstride, j0, j1, hd);
+        else if (type == ST_GGML_F32)
+            pv_f32_vec(out, ldo, p, ldp, nq, v, vs, j0, j1, hd);
         else
             pv_f16_vec(out, ldo, p, ldp, nq, v, vs, j0, j1, hd);
         return;

@@ -390,6 +390,9 @@ static void store_task(void *ctx, uint32_t t, uint32_t thread)
             quant_i8((int8_t *)kr + (size_t)h * hd, &ks[h], k + (size_t)h * hd, hd);
             quant_i8((int8_t *)vr + (size_t)h * hd, &vs[h], v + (size_t)h * hd, hd);
         }
+    } else if (kv->dtype == ST_DTYPE_F32) {
+        memcpy(kr, k, (size_t)nkv * hd * sizeof *k);
+        memcpy(vr, v, (size_t)nkv * hd * sizeof *v);
     } else {
         st_codec_f16_encode((uint16_t *)kr, k, (size_t)nkv * hd);
         st_codec_f16_encode((uint16_t *)vr, v, (size_t)nkv * hd);
@@ -430,8 +433,9 @@ static void attn_task(void *ctx, uint32_t task, uint32_t thread)
     uint32_t t1 = t0 + c->qb < f->T ? t0 + c->qb : f->T, nq = t1 - t0;
     uint32_t ps = kv->page_size;
     int i8 = kv->dtype == ST_DTYPE_I8;
-    uint32_t type = i8 ? ST_GGML_I8 : ST_GGML_F16;
-    uint64_t esz = i8 ? 1 : 2;
+    int f32 = kv->dtype == ST_DTYPE_F32;
+    uint32_t type = i8 ? ST_GGML_I8 : f32 ? ST_GGML_F32 : ST_GGML_F16;
+    uint64_t esz = i8 ? 1 : f32 ? 4 : 2;
     uint8_t *const *kp = kv->k, *const *vp = kv->v;
     const float *q = f->q + (size_t)t0 * ldq + (size_t)h * hd;
     uint32_t ldp = c->n_ctx;

@@ -10,7 +10,8 @@
 
 uint64_t st_mem_kv_row_bytes(const st_mem_layer *ml, uint32_t kv_dtype)
 {
-    return (uint64_t)ml->kv_heads * ml->head_dim * (kv_dtype == ST_DTYPE_I8 ? 1 : 2);
+    return (uint64_t)ml->kv_heads * ml->head_dim *
+           (kv_dtype == ST_DTYPE_I8 ? 1 : kv_dtype == ST_DTYPE_F32 ? 4 : 2);
 }
 
 uint64_t st_mem_kv_scale_bytes(const st_mem_layer *ml, uint32_t kv_dtype)

@@ -3,6 +3,7 @@
  *
  *   strata generate -m MODEL -p PROMPT -n N [options]
  *   strata info -m MODEL
+ *   strata logits -m MODEL --tokens 1,2,3 [--tokens-file F] [--kv-dtype f16|f32|i8] -o FILE
  *
  * stdout carries only the generated text (or token ids with --tokens); logs and timings go to
  * stderr. With --session-in the prompt continues the restored conversation (after a turn
@@ -29,6 +30,7 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: strata generate -m MODEL -p PROMPT -n N [options]\n"
             "       strata info -m MODEL\n"
+            "       strata logits -m MODEL (--tokens 1,2,3 | --tokens-file F) -o FILE [options]\n"
             "options of generate:\n"
             "  --temp T                 0 (default) is greedy\n"
             "  --seed S                 sampling seed (default 1)\n"
@@ -39,7 +41,7 @@ static void usage(FILE *f)
             "  --ubatch N               prompt chunk in tokens (default 2048)\n"
             "  --ctx N                  context length (default: the model's)\n"
             "  --page-size N            K/V page size in tokens (default 256)\n"
-            "  --kv-dtype f16|i8        K/V dtype (default: the model's)\n"
+            "  --kv-dtype f16|f32|i8    K/V dtype (default: the model's; f32: cpu backend only)\n"
             "  --system TEXT            a system prompt before PROMPT\n"
             "  --prompt-cache K         checkpoints kept (default 6)\n"
             "  --prompt-cache-every N   checkpoint every N prompt tokens\n"
@@ -49,7 +51,12 @@ static void usage(FILE *f)
             "  --session-state-codec fp32|bf16   running-state codec of the saved file\n"
             "  --dump-logits FILE       write the final logits (f32, little-endian)\n"
             "  --tokens                 print token ids instead of text\n"
-            "  --scalar                 use the scalar kernels (same results, slower)\n");
+            "  --scalar                 use the scalar kernels (same results, slower)\n"
+            "logits: the logits after every input token (teacher forcing), little-endian f32,\n"
+            "[n_tokens][n_vocab], into FILE; takes --backend, --threads, --ctx, --kv-dtype, --scalar\n"
+            "  --tokens LIST            token ids, separated by commas\n"
+            "  --tokens-file F          token ids in a file, separated by commas or whitespace\n"
+            "  -o FILE                  the output file\n");
 }
 
 static int num(const char *flag, const char *v, unsigned long long max, unsigned long long *out)
@@ -127,10 +134,174 @@ static int cmd_info(const char *model)
     return 0;
 }
 
+/* Token ids separated by commas or whitespace; -1 (and a message) on anything else. */
+static int parse_tokens(const char *src, const char *what, uint32_t **out, uint64_t *n)
+{
+    uint64_t cap = 0, k = 0;
+    uint32_t *t = NULL;
+    const char *p = src;
+    for (;;) {
+        while (*p == ',' || *p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')
+            p++;
+        if (!*p)
+            break;
+        char *end;
+        errno = 0;
+        unsigned long long v = *p >= '0' && *p <= '9' ? strtoull(p, &end, 10) : 0;
+        if (*p < '0' || *p > '9' || errno || v > UINT32_MAX ||
+            (*end && *end != ',' && *end != ' ' && *end != '\t' && *end != '\n' && *end != '\r')) {
+            fprintf(stderr, "strata: %s: token %llu is not a number (at \"%.16s\")\n", what,
+                    (unsigned long long)k, p);
+            free(t);
+            return -1;
+        }
+        if (k == cap) {
+            cap = cap ? cap * 2 : 256;
+            uint32_t *nt = realloc(t, cap * sizeof *nt);
+            if (!nt) {
+                fprintf(stderr, "strata: out of memory\n");
+                free(t);
+                return -1;
+            }
+            t = nt;
+        }
+        t[k++] = (uint32_t)v;
+        p = end;
+    }
+    if (!k) {
+        fprintf(stderr, "strata: %s holds no token\n", what);
+        free(t);
+        return -1;
+    }
+    *out = t;
+    *n = k;
+    return 0;
+}
+
+/* A whole text file, NUL-terminated; NULL (and a message) if unreadable or holding a NUL. */
+static char *read_text(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    char *buf = NULL;
+    size_t len = 0, cap = 0, got;
+    if (!f) {
+        fprintf(stderr, "strata: %s: %s\n", path, strerror(errno));
+        return NULL;
+    }
+    do {
+        if (cap - len < 65536) {
+            cap = cap ? cap * 2 : 65536;
+            char *nb = realloc(buf, cap + 1);
+            if (!nb) {
+                free(buf);
+                fclose(f);
+                fprintf(stderr, "strata: out of memory\n");
+                return NULL;
+            }
+            buf = nb;
+        }
+        got = fread(buf + len, 1, cap - len, f);
+        len += got;
+    } while (got);
+    if (ferror(f) || memchr(buf, '\0', len)) {
+        fprintf(stderr, "strata: %s: %s\n", path, ferror(f) ? "read error" : "not a text file");
+        free(buf);
+        fclose(f);
+        return NULL;
+    }
+    fclose(f);
+    buf[len] = '\0';
+    return buf;
+}
+
+/* strata logits: teacher forcing, one token at a time (the determinism rules make each token's
+ * logits those of a batched read), the logits after each written as they come:
+ * [n_tokens][n_vocab] f32 in the host order, little-endian on the x86-64 and arm64 builds. */
+static int cmd_logits(const char *model, const st_engine_opts *eo, const char *tok_list,
+                      const char *tok_file, const char *out_path)
+{
+    uint32_t *toks = NULL;
+    uint64_t n = 0;
+    st_model *m = NULL;
+    st_engine *e = NULL;
+    st_slot *s = NULL;
+    FILE *f = NULL;
+    int rc, ret = 1;
+    if (!out_path || !tok_list == !tok_file) {
+        fprintf(stderr, "strata: logits needs -o FILE and one of --tokens, --tokens-file\n");
+        return 2;
+    }
+    if (tok_file) {
+        char *text = read_text(tok_file);
+        if (!text)
+            return 2;
+        rc = parse_tokens(text, tok_file, &toks, &n);
+        free(text);
+    } else {
+        rc = parse_tokens(tok_list, "--tokens", &toks, &n);
+    }
+    if (rc)
+        return 2;
+    if ((rc = st_model_load(model, &m))) {
+        ret = fail("loading the model", rc);
+        goto done;
+    }
+    uint32_t nv = st_model_hparams_get(m)->n_vocab;
+    for (uint64_t i = 0; i < n; i++)
+        if (toks[i] >= nv) {
+            fprintf(stderr, "strata: token %llu is %u, the vocabulary has %u\n",
+                    (unsigned long long)i, toks[i], nv);
+            ret = 2;
+            goto done;
+        }
+    if ((rc = st_engine_new(m, eo, &e))) {
+        ret = fail("starting the engine", rc);
+        goto done;
+    }
+    if ((rc = st_slot_new(e, &s))) {
+        ret = fail("creating a slot", rc);
+        goto done;
+    }
+    if (!(f = fopen(out_path, "wb"))) {
+        fprintf(stderr, "strata: %s: %s\n", out_path, strerror(errno));
+        goto done;
+    }
+    for (uint64_t i = 0; i < n; i++) {
+        rc = i ? st_slot_decode(s, toks[i]) : st_slot_eval(s, toks, 1, 0, NULL);
+        if (rc) {
+            ret = fail("reading the tokens", rc);
+            goto done;
+        }
+        uint32_t nl = 0;
+        const float *l = st_slot_logits(s, &nl);
+        if (fwrite(l, sizeof *l, nl, f) != nl) {
+            fprintf(stderr, "strata: writing %s: %s\n", out_path, strerror(errno));
+            goto done;
+        }
+    }
+    rc = fclose(f);
+    f = NULL;
+    if (rc) {
+        fprintf(stderr, "strata: writing %s: %s\n", out_path, strerror(errno));
+        goto done;
+    }
+    fprintf(stderr, "strata: logits of %llu tokens x %u into %s\n", (unsigned long long)n, nv,
+            out_path);
+    ret = 0;
+done:
+    if (f)
+        fclose(f);
+    free(toks);
+    st_slot_free(s);
+    st_engine_free(e);
+    st_model_free(m);
+    return ret;
+}
+
 int main(int argc, char **argv)
 {
     const char *model = NULL, *prompt = NULL, *system = NULL, *sess_in = NULL, *sess_out = NULL;
-    const char *dump = NULL;
+    const char *dump = NULL, *tok_list = NULL, *tok_file = NULL, *out_path = NULL;
     unsigned long long n_gen = 16, seed = 1, v;
     float temp = 0.0f;
     int ignore_eos = 0, print_tokens = 0;
@@ -142,7 +313,7 @@ int main(int argc, char **argv)
         return argc < 2 ? 2 : 0;
     }
     const char *cmd = argv[1];
-    if (strcmp(cmd, "generate") && strcmp(cmd, "info")) {
+    if (strcmp(cmd, "generate") && strcmp(cmd, "info") && strcmp(cmd, "logits")) {
         fprintf(stderr, "strata: unknown command %s\n", cmd);
         usage(stderr);
         return 2;
@@ -159,7 +330,7 @@ int main(int argc, char **argv)
             ignore_eos = 1;
             continue;
         }
-        if (!strcmp(a, "--tokens")) {
+        if (!strcmp(a, "--tokens") && strcmp(cmd, "logits")) {
             print_tokens = 1;
             continue;
         }
@@ -218,8 +389,10 @@ int main(int argc, char **argv)
                 eo.kv_dtype = ST_DTYPE_F16;
             else if (!strcmp(val, "i8"))
                 eo.kv_dtype = ST_DTYPE_I8;
+            else if (!strcmp(val, "f32"))
+                eo.kv_dtype = ST_DTYPE_F32;
             else {
-                fprintf(stderr, "strata: --kv-dtype f16 or i8\n");
+                fprintf(stderr, "strata: --kv-dtype f16, f32 or i8\n");
                 return 2;
             }
         } else if (!strcmp(a, "--prompt-cache")) {
@@ -245,6 +418,12 @@ int main(int argc, char **argv)
             }
         } else if (!strcmp(a, "--dump-logits"))
             dump = val;
+        else if (!strcmp(a, "--tokens") && !strcmp(cmd, "logits"))
+            tok_list = val;
+        else if (!strcmp(a, "--tokens-file") && !strcmp(cmd, "logits"))
+            tok_file = val;
+        else if ((!strcmp(a, "-o") || !strcmp(a, "--output")) && !strcmp(cmd, "logits"))
+            out_path = val;
         else {
             fprintf(stderr, "strata: unknown option %s\n", a);
             usage(stderr);
@@ -263,6 +442,8 @@ int main(int argc, char **argv)
         const char *env = getenv("STRATA_BACKEND");
         eo.backend = env && *env ? env : st_codec_cuda_available() ? "cuda" : "cpu";
     }
+    if (!strcmp(cmd, "logits"))
+        return cmd_logits(model, &eo, tok_list, tok_file, out_path);
 
     st_model *m = NULL;
     st_engine *e = NULL;

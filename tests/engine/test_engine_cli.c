@@ -3,7 +3,7 @@
  * --session-out, a new process with --session-in, N - k tokens (text, tokens and final logits
  * bit-identical) for fp32; bf16 completes (and statectl diff reports figures where it is built);
  * another model and another geometry are refused with messages naming the difference; a damaged
- * model file is a clear error.
+ * model file is a clear error; strata logits (teacher forcing) and f32 K/V sessions.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -63,6 +63,69 @@ static void test_identity_fp32(void **state)
     unsigned char *err = slurp("a.err", &la);
     assert_non_null(memmem(err, la, "generated 30 tokens", 19));
     free(err);
+}
+
+/* strata logits: [n_tokens][n_vocab] f32, the same from --tokens and --tokens-file, at 1 and 2
+ * threads; its last row is generate's final logits after the same tokens (BOS "Hi!"); f32 K/V
+ * differs from f16; a token beyond the vocabulary or not a number is refused. */
+static void test_logits(void **state)
+{
+    (void)state;
+    const char *lg = BIN "/strata logits -m %s/m.gguf --kv-dtype f32";
+    char g[8192];
+    snprintf(g, sizeof g, lg, g_dir);
+    sh(1, "%s --tokens 256,72,105,33 --threads 1 -o %s/l1.bin", g, g_dir);
+    sh(1, "printf '256 72\\n105,\\t33\\n' > %s/tok.txt && %s --tokens-file %s/tok.txt --threads 2 "
+          "-o %s/l2.bin", g_dir, g, g_dir, g_dir);
+    sh(1, BIN "/strata generate -m %s/m.gguf -p 'Hi!' -n 0 --kv-dtype f32 --dump-logits "
+              "%s/last.bin 2>/dev/null", g_dir, g_dir);
+    sh(1, BIN "/strata logits -m %s/m.gguf --kv-dtype f16 --tokens 256,72,105,33 -o %s/l3.bin",
+       g_dir, g_dir);
+    size_t n1, n2, n3, nl;
+    unsigned char *l1 = slurp("l1.bin", &n1), *l2 = slurp("l2.bin", &n2);
+    unsigned char *l3 = slurp("l3.bin", &n3), *last = slurp("last.bin", &nl);
+    assert_int_equal(n1, 4 * ST_VOCAB_BYTES * 4);
+    assert_int_equal(n2, n1);
+    assert_memory_equal(l1, l2, n1);
+    assert_int_equal(nl, ST_VOCAB_BYTES * 4);
+    assert_memory_equal(l1 + 3 * ST_VOCAB_BYTES * 4, last, nl);
+    assert_int_equal(n3, n1);
+    assert_true(memcmp(l1, l3, n1) != 0);
+    free(l1);
+    free(l2);
+    free(l3);
+    free(last);
+    sh(0, "%s --tokens 256,259 -o %s/bad.bin", g, g_dir);
+    assert_non_null(strstr(out, "token 1 is 259, the vocabulary has 259"));
+    sh(0, "%s --tokens 256,x -o %s/bad.bin", g, g_dir);
+    assert_non_null(strstr(out, "token 1 is not a number"));
+    sh(0, "%s --tokens 256 --tokens-file %s/tok.txt -o %s/bad.bin", g, g_dir, g_dir);
+}
+
+/* f32 K/V saves and restores: N tokens in one run equal k, a session file, then N - k. */
+static void test_kv_f32_session(void **state)
+{
+    (void)state;
+    const char *gen = BIN "/strata generate -m %s/m.gguf --kv-dtype f32 --ignore-eos --tokens -p "
+                          "'Hello'";
+    char g[8192];
+    snprintf(g, sizeof g, gen, g_dir);
+    sh(1, "%s -n 20 > %s/fa.txt 2>/dev/null", g, g_dir);
+    sh(1, "%s -n 8 --session-out %s/f.stsf > %s/fb1.txt 2>/dev/null", g, g_dir, g_dir);
+    sh(1, BIN "/strata generate -m %s/m.gguf --kv-dtype f32 --ignore-eos --tokens -n 12 "
+              "--session-in %s/f.stsf > %s/fb2.txt 2>/dev/null", g_dir, g_dir, g_dir);
+    size_t la, l1, l2;
+    unsigned char *a = slurp("fa.txt", &la), *b1 = slurp("fb1.txt", &l1), *b2 = slurp("fb2.txt", &l2);
+    char joined[4096];
+    snprintf(joined, sizeof joined, "%.*s %.*s", (int)l1 - 1, (const char *)b1, (int)l2,
+             (const char *)b2);
+    assert_int_equal(la, strlen(joined));
+    assert_memory_equal(a, joined, la);
+    free(a);
+    free(b1);
+    free(b2);
+    /* the geometry names the K/V dtype: an f16 engine refuses the f32 session */
+    sh(0, BIN "/strata generate -m %s/m.gguf -n 1 --session-in %s/f.stsf", g_dir, g_dir);
 }
 
 static void test_bf16_and_diff(void **state)
@@ -170,6 +233,8 @@ int main(void)
         cmocka_unit_test(test_identity_fp32),
         cmocka_unit_test(test_bf16_and_diff),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_logits),
+        cmocka_unit_test(test_kv_f32_session),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
