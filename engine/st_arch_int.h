@@ -27,6 +27,8 @@ typedef enum st_tinit {
     ST_TI_CONV,    /* uniform [-0.5, 0.5) */
     ST_TI_ALOG,    /* log(1 + 15 u), u uniform in [0, 1): a DeltaNet A_log */
     ST_TI_DTBIAS,  /* softplus^-1(dt), dt log-uniform in [1e-3, 1e-1] */
+    ST_TI_NORM,    /* 1 + 0.5 u, u uniform in [-1, 1): a norm weight that is not all ones */
+    ST_TI_ROPE_FREQS, /* Llama 3's factors (factor 32, low 1, high 4, original context n_ctx / 16) */
 } st_tinit;
 
 typedef struct st_tdesc {
@@ -91,12 +93,15 @@ typedef struct st_gdn_ws {
     float *qkv, *qkvc, *z, *ab, *o;
 } st_gdn_ws;
 void st_layer_gdn(const st_fwd *f, uint32_t il, const float *xn, float *out, const st_gdn_ws *ws);
-/* Grouped-query attention of layer il over its paged K/V, RoPE NORM on q and k with freq
- * (head_dim / 2 angles per position step), out = W_o o. Workspace: qkv [T][qa + 2 kva],
- * o [T][qa], qa = query heads x head_dim, kva = K/V heads x head_dim. */
+/* Grouped-query attention of layer il over its paged K/V: q, k (and, where the layer has
+ * q_norm / k_norm, each head RMSNorm'ed with them, eps rms_eps, before RoPE), RoPE on q and k
+ * with freq (head_dim / 2 angles per position step; NORM pairing, or NEOX when neox), out =
+ * W_o o. Workspace: qkv [T][qa + 2 kva], o [T][qa], qa = query heads x head_dim, kva = K/V heads
+ * x head_dim. */
 typedef struct st_attn_ws {
     float *qkv, *o;
     const double *rope_freq;
+    int neox;
 } st_attn_ws;
 void st_layer_attention(const st_fwd *f, uint32_t il, const float *xn, float *out,
                         const st_attn_ws *ws);
@@ -132,6 +137,7 @@ typedef struct st_arch {
 } st_arch;
 
 extern const st_arch st_arch_hybrid;
+extern const st_arch st_arch_llama, st_arch_qwen3;
 
 /* The architecture of that general.architecture name, or NULL. */
 const st_arch *st_arch_find(const char *name, size_t len);

@@ -107,6 +107,9 @@ int st_gguf_writer_set_u32(st_gguf_writer *w, const char *key, uint32_t val);
 int st_gguf_writer_set_u64(st_gguf_writer *w, const char *key, uint64_t val);
 int st_gguf_writer_set_f32(st_gguf_writer *w, const char *key, float val);
 int st_gguf_writer_set_bool(st_gguf_writer *w, const char *key, int val);
+/* An array of n strings (copied). */
+int st_gguf_writer_set_str_arr(st_gguf_writer *w, const char *key, const char *const *strs,
+                               uint64_t n);
 /* An array of n elements of a fixed-size type (not STRING / ARRAY); the bytes are copied. */
 int st_gguf_writer_set_arr(st_gguf_writer *w, const char *key, uint32_t elem_type,
                            const void *elems, uint64_t n);
@@ -143,15 +146,24 @@ typedef struct st_model_hparams {
     char pattern[ST_PATTERN_MAX]; /* 'D' (DeltaNet) / 'A' (attention), repeated over layers */
     uint32_t kv_dtype;      /* default K/V dtype: ST_DTYPE_F16 or ST_DTYPE_I8 */
     uint32_t wtype;         /* weight type written by st_model_write_seeded: ST_GGML_F32/F16/BF16 */
+    char arch[32];          /* general.architecture; "" means strata-hybrid */
+    uint32_t tied;          /* llama, qwen3: the LM head is token_embd (no output.weight) */
+    uint32_t rope_freqs;    /* llama: rope_freqs.weight divides the RoPE angles */
+    uint32_t f32_twin;      /* st_model_write_seeded: the values of wtype, stored as f32 (the
+                             * twin a reference computing in f32 compares on) */
 } st_model_hparams;
 
 /* Fill hp with a named preset: "tiny" (tests), "small" (demo), "bench". ST_EINVAL otherwise. */
 int st_model_preset(const char *name, st_model_hparams *hp);
+/* The same for an architecture by name (strata-hybrid, llama, qwen3: each names its presets in
+ * its ST_EINVAL); an unknown architecture is ST_EINVAL naming the known ones. */
+int st_model_preset_arch(const char *arch, const char *name, st_model_hparams *hp);
 /* Structural check of hyperparameters (ranges, divisibility, pattern). */
 int st_model_hparams_check(const st_model_hparams *hp);
 /* 'D' or 'A' for layer il. */
 char st_model_layer_kind(const st_model_hparams *hp, uint32_t il);
-/* Write a strata-hybrid GGUF with weights drawn from a seeded generator (no meaningful text). */
+/* Write a GGUF of hp's architecture with weights drawn from a seeded generator (no meaningful
+ * text). */
 int st_model_write_seeded(const st_model_hparams *hp, uint64_t seed, const char *name,
                           const char *path);
 /* Bytes of running state per checkpoint and of K/V per token this geometry implies. */
@@ -160,8 +172,8 @@ uint64_t st_model_kv_bytes_per_token(const st_model_hparams *hp, uint32_t kv_dty
 uint64_t st_model_n_params(const st_model_hparams *hp);
 
 typedef struct st_model st_model;
-/* Load a GGUF model. ST_EINVAL (detail) for an architecture other than strata-hybrid or missing
- * or misshapen tensors; GGUF errors as above. */
+/* Load a GGUF model. ST_EINVAL (detail naming it) for an architecture, key, tensor or weight
+ * type the engine does not support, and for missing or misshapen tensors; GGUF errors as above. */
 int st_model_load(const char *path, st_model **out);
 void st_model_free(st_model *m); /* accepts NULL */
 const st_model_hparams *st_model_hparams_get(const st_model *m);

@@ -27,6 +27,7 @@ typedef struct st_wmat {
 typedef struct st_layer {
     char kind; /* 'D' or 'A' */
     float *attn_norm, *ffn_norm; /* n_embd */
+    float *q_norm, *k_norm;      /* qwen3: per-head RMSNorm weights (head_dim); else NULL */
     /* attention */
     st_wmat wq, wk, wv, wo;
     /* Gated DeltaNet */
@@ -118,6 +119,7 @@ struct st_model {
     st_wmat tok_embd; /* rows = n_vocab, cols = n_embd */
     st_wmat output;   /* rows = n_vocab, cols = n_embd */
     float *output_norm;
+    float *rope_freqs; /* llama: head_dim / 2 factors dividing the RoPE angles; else NULL */
     st_layer *layers;
     uint8_t fp[ST_FINGERPRINT_LEN];
 };

@@ -705,6 +705,27 @@ int st_gguf_writer_set_arr(st_gguf_writer *w, const char *key, uint32_t elem_typ
     return w_add(w, key, ST_GGUF_ARRAY, elem_type, n, elems, n * es);
 }
 
+int st_gguf_writer_set_str_arr(st_gguf_writer *w, const char *key, const char *const *strs,
+                               uint64_t n)
+{
+    uint64_t len = 0;
+    for (uint64_t i = 0; i < n; i++)
+        len += 8 + strlen(strs[i]);
+    uint8_t *buf = malloc(len ? len : 1), *p = buf;
+    if (!buf)
+        return w_fail(w, st_error_set(ENOMEM, "gguf writer: key %s", key));
+    for (uint64_t i = 0; i < n; i++) {
+        uint64_t sl = strlen(strs[i]);
+        for (int b = 0; b < 8; b++)
+            *p++ = (uint8_t)(sl >> (8 * b));
+        memcpy(p, strs[i], sl);
+        p += sl;
+    }
+    int rc = w_add(w, key, ST_GGUF_ARRAY, ST_GGUF_STRING, n, buf, len);
+    free(buf);
+    return rc;
+}
+
 int st_gguf_writer_add_tensor(st_gguf_writer *w, const char *name, uint32_t type, uint32_t n_dims,
                               const uint64_t *dims, const void *data)
 {

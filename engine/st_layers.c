@@ -71,8 +71,17 @@ void st_layer_attention(const st_fwd *f, uint32_t il, const float *xn, float *ou
     const st_mm in[3] = {{&L->wq, ws->qkv, ld}, {&L->wk, ws->qkv + qa, ld},
                          {&L->wv, ws->qkv + qa + kva, ld}};
     op->matmul(f->oc, xn, E, T, in, 3);
-    op->rope_norm(f->oc, ws->qkv, ld, nh, hd, f->pos0, ws->rope_freq, T);
-    op->rope_norm(f->oc, ws->qkv + qa, ld, nkv, hd, f->pos0, ws->rope_freq, T);
+    if (L->q_norm) {
+        op->rmsnorm_heads(f->oc, ws->qkv, ld, nh, hd, L->q_norm, f->m->hp.rms_eps, T);
+        op->rmsnorm_heads(f->oc, ws->qkv + qa, ld, nkv, hd, L->k_norm, f->m->hp.rms_eps, T);
+    }
+    if (ws->neox) {
+        op->rope_neox(f->oc, ws->qkv, ld, nh, hd, f->pos0, ws->rope_freq, T);
+        op->rope_neox(f->oc, ws->qkv + qa, ld, nkv, hd, f->pos0, ws->rope_freq, T);
+    } else {
+        op->rope_norm(f->oc, ws->qkv, ld, nh, hd, f->pos0, ws->rope_freq, T);
+        op->rope_norm(f->oc, ws->qkv + qa, ld, nkv, hd, f->pos0, ws->rope_freq, T);
+    }
     op->kv_store(f->oc, &kv, ws->qkv + qa, ws->qkv + qa + kva, ld, f->pos0, T);
     op->attention(f->oc, &kv, ws->qkv, ld, ws->o, qa, nh, f->pos0, T);
     const st_mm o = {&L->wo, out, E};

@@ -26,14 +26,17 @@
 
 #include "st_arch_int.h"
 
-/* The hyperparameter struct is strata-hybrid's: the public functions that take one mean it. */
+static const st_arch *const k_archs[] = {&st_arch_hybrid, &st_arch_llama, &st_arch_qwen3};
+#define ARCH_NAMES ST_ARCH ", llama, qwen3"
+
+/* The architecture hp names (hp->arch; empty: strata-hybrid, as before architectures had names;
+ * one not in the table falls back to strata-hybrid, whose check then refuses what it cannot be). */
 static const st_arch *hp_arch(const st_model_hparams *hp)
 {
-    (void)hp;
-    return &st_arch_hybrid;
+    size_t n = strnlen(hp->arch, sizeof hp->arch);
+    const st_arch *a = n && n < sizeof hp->arch ? st_arch_find(hp->arch, n) : NULL;
+    return a ? a : &st_arch_hybrid;
 }
-
-static const st_arch *const k_archs[] = {&st_arch_hybrid};
 
 const st_arch *st_arch_find(const char *name, size_t len)
 {
@@ -45,7 +48,19 @@ const st_arch *st_arch_find(const char *name, size_t len)
 
 int st_model_preset(const char *name, st_model_hparams *hp)
 {
-    return hp_arch(hp)->preset(name, hp);
+    return st_arch_hybrid.preset(name, hp);
+}
+
+int st_model_preset_arch(const char *arch, const char *name, st_model_hparams *hp)
+{
+    const st_arch *a = arch ? st_arch_find(arch, strlen(arch)) : &st_arch_hybrid;
+    if (!a)
+        return st_error_set(ST_EINVAL, "architecture \"%s\" is not supported (" ARCH_NAMES ")",
+                            arch);
+    int rc = a->preset(name, hp);
+    if (!rc && a != &st_arch_hybrid)
+        snprintf(hp->arch, sizeof hp->arch, "%s", a->name);
+    return rc;
 }
 
 char st_model_layer_kind(const st_model_hparams *hp, uint32_t il)
@@ -226,8 +241,8 @@ static int read_arch(const st_gguf *g, const st_arch **out)
         return rc;
     }
     if (!(*out = st_arch_find(s, (size_t)n)))
-        return st_error_set(ST_EINVAL, "model: architecture \"%.*s\" is not supported (only "
-                            ST_ARCH ")", (int)(n > 64 ? 64 : n), s);
+        return st_error_set(ST_EINVAL, "model: architecture \"%.*s\" is not supported ("
+                            ARCH_NAMES ")", (int)(n > 64 ? 64 : n), s);
     return 0;
 }
 
@@ -288,6 +303,8 @@ void st_model_free(st_model *m)
             st_layer *L = &m->layers[il];
             free(L->attn_norm);
             free(L->ffn_norm);
+            free(L->q_norm);
+            free(L->k_norm);
             free(L->conv_w);
             free(L->conv_wT);
             free(L->a_log);
@@ -299,6 +316,7 @@ void st_model_free(st_model *m)
     }
     free(m->mem.layer);
     free(m->output_norm);
+    free(m->rope_freqs);
     st_gguf_close(m->gguf);
     free(m);
 }
@@ -321,6 +339,19 @@ int st_model_load(const char *path, st_model **out)
     }
     if ((rc = m->arch->tensors(&m->hp, &l)) || (rc = mem_spec_build(m->arch, &m->hp, &m->mem)))
         goto fail;
+    /* a tensor the architecture does not list (a bias, a fused projection, MTP) is refused by
+     * name: the engine would not compute what the file means */
+    for (uint64_t i = 0; i < st_gguf_n_tensors(m->gguf); i++) {
+        const char *tn = st_gguf_tensor_at(m->gguf, i)->name;
+        size_t k = 0;
+        while (k < l.n && strcmp(l.t[k].name, tn))
+            k++;
+        if (k == l.n) {
+            rc = st_error_set(ST_EINVAL, "model %s: tensor %s is not supported by the %s "
+                              "architecture", path, tn, m->arch->name);
+            goto fail;
+        }
+    }
     if (st_gguf_n_tensors(m->gguf) != l.n) {
         rc = st_error_set(ST_EINVAL, "model %s: %llu tensors, the architecture has %zu", path,
                           (unsigned long long)st_gguf_n_tensors(m->gguf), l.n);
@@ -410,6 +441,23 @@ static void fill(const st_model_hparams *hp, const st_tdesc *d, uint64_t seed, s
     for (uint64_t i = 0; i < n; i++) {
         switch (d->init) {
         case ST_TI_ONES: v[i] = 1.0f; break;
+        case ST_TI_NORM: v[i] = 1.0f + 0.5f * unif(&s); break;
+        case ST_TI_ROPE_FREQS: {
+            /* Llama 3's rope scaling (the converter's factors): pairs of short wavelength keep
+             * 1, long ones get factor, a smooth blend between */
+            const double factor = 32.0, lo = 1.0, hi = 4.0, old_ctx = hp->n_ctx / 16.0;
+            double freq = pow((double)hp->rope_base, -(double)(2 * i) / (double)hp->head_dim);
+            double wl = 6.283185307179586 / freq;
+            if (wl < old_ctx / hi) {
+                v[i] = 1.0f;
+            } else if (wl > old_ctx / lo) {
+                v[i] = (float)factor;
+            } else {
+                double smooth = (old_ctx / wl - lo) / (hi - lo);
+                v[i] = (float)(1.0 / ((1.0 - smooth) / factor + smooth));
+            }
+            break;
+        }
         case ST_TI_ALOG: v[i] = logf(1.0f + 15.0f * (unif(&s) * 0.5f + 0.5f)); break;
         case ST_TI_DTBIAS: {
             /* dt in [1e-3, 1e-1] log-uniformly; the bias is softplus^-1(dt) */
@@ -462,6 +510,22 @@ int st_model_write_seeded(const st_model_hparams *hp, uint64_t seed, const char 
             goto done;
         }
         fill(hp, d, seed, i, tmp);
+        if (type != ST_GGML_F32 && hp->f32_twin) {
+            uint16_t *h = malloc(n * sizeof *h);
+            if (!h) {
+                rc = st_error_set(ENOMEM, "model writer: tensor %s", d->name);
+                goto done;
+            }
+            if (type == ST_GGML_F16) {
+                st_codec_f16_encode(h, tmp, n);
+                st_codec_f16_decode(tmp, h, n);
+            } else {
+                st_codec_bf16_encode(h, tmp, n);
+                st_codec_bf16_decode(tmp, h, n);
+            }
+            free(h);
+            type = ST_GGML_F32;
+        }
         if (type == ST_GGML_F32) {
             bufs[i] = tmp;
         } else {

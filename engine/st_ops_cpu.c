@@ -341,6 +341,48 @@ static void cpu_rope_norm(void *ocp, float *x, uint32_t ld, uint32_t heads, uint
     st_pool_run(oc->pool, T, rope_task, &j, 20ull * T * heads * hd);
 }
 
+static void rope_neox_task(void *ctx, uint32_t t, uint32_t thread)
+{
+    rope_job *j = ctx;
+    uint64_t pos = j->pos0 + t;
+    uint32_t half = j->hd / 2;
+    for (uint32_t h = 0; h < j->heads; h++) {
+        float *v = j->x + (size_t)t * j->ld + (size_t)h * j->hd;
+        for (uint32_t i = 0; i < half; i++) {
+            double a = (double)pos * j->freq[i];
+            float cs = (float)cos(a), sn = (float)sin(a);
+            float x0 = v[i], x1 = v[i + half];
+            v[i] = x0 * cs - x1 * sn;
+            v[i + half] = x0 * sn + x1 * cs;
+        }
+    }
+}
+
+static void cpu_rope_neox(void *ocp, float *x, uint32_t ld, uint32_t heads, uint32_t hd,
+                          uint64_t pos0, const double *freq, uint32_t T)
+{
+    st_ops_cpu *oc = ocp;
+    rope_job j = {x, ld, heads, hd, pos0, freq};
+    st_pool_run(oc->pool, T, rope_neox_task, &j, 20ull * T * heads * hd);
+}
+
+static void rmsnorm_heads_task(void *ctx, uint32_t t, uint32_t thread)
+{
+    tok_job *j = ctx;
+    for (uint32_t h = 0; h < j->heads; h++) {
+        float *x = j->x + (size_t)t * j->ld + (size_t)h * j->hd;
+        rmsnorm(j->k, x, x, j->w, j->hd, j->eps);
+    }
+}
+
+static void cpu_rmsnorm_heads(void *ocp, float *x, uint32_t ld, uint32_t heads, uint32_t hd,
+                              const float *w, float eps, uint32_t T)
+{
+    st_ops_cpu *oc = ocp;
+    tok_job j = {.k = oc->k, .x = x, .w = w, .heads = heads, .hd = hd, .ld = ld, .eps = eps};
+    st_pool_run(oc->pool, T, rmsnorm_heads_task, &j, 4ull * T * heads * hd);
+}
+
 static inline uint8_t *row_ptr(const st_kv_view *kv, uint8_t *const *pages, uint64_t row,
                                uint64_t rb)
 {
@@ -520,6 +562,8 @@ const st_ops st_ops_cpu_table = {
     .dn_gates = cpu_dn_gates,
     .delta_rule = cpu_delta_rule,
     .rope_norm = cpu_rope_norm,
+    .rope_neox = cpu_rope_neox,
+    .rmsnorm_heads = cpu_rmsnorm_heads,
     .kv_store = cpu_kv_store,
     .attention = cpu_attention,
 };

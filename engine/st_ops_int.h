@@ -77,6 +77,13 @@ typedef struct st_ops {
      * (x[2i], x[2i+1]) rotated by (pos0 + t) * freq[i] (angle, cosine and sine in double). */
     void (*rope_norm)(void *oc, float *x, uint32_t ld, uint32_t heads, uint32_t hd,
                       uint64_t pos0, const double *freq, uint32_t T);
+    /* RoPE, NEOX pairing: as rope_norm, the pairs (x[i], x[i + hd / 2]) for i < hd / 2. */
+    void (*rope_neox)(void *oc, float *x, uint32_t ld, uint32_t heads, uint32_t hd,
+                      uint64_t pos0, const double *freq, uint32_t T);
+    /* Per token and head of hd at x + t * ld + h * hd: x = x / sqrt(mean(x^2) + eps) * w (w of
+     * hd, shared by the heads). */
+    void (*rmsnorm_heads)(void *oc, float *x, uint32_t ld, uint32_t heads, uint32_t hd,
+                          const float *w, float eps, uint32_t T);
     /* K and V of token t (kv_heads x head_dim at k + t * ld, v + t * ld) into rows pos0 + t of
      * the layer's pages (reserved), in its dtype: f16, or i8 with a scale per row and head. */
     void (*kv_store)(void *oc, const st_kv_view *kv, const float *k, const float *v, uint32_t ld,

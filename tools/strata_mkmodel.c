@@ -1,7 +1,7 @@
 /*
- * strata-mkmodel - write a strata-hybrid GGUF with seeded weights.
+ * strata-mkmodel - write a GGUF with seeded weights.
  *
- *   strata-mkmodel --preset tiny|small|bench [--seed S] [geometry flags] -o FILE
+ *   strata-mkmodel [--arch strata-hybrid|llama|qwen3] --preset P [--seed S] [geometry flags] -o FILE
  *
  * The weights come from a seeded generator: the model computes real state and restores exactly,
  * but the text it writes is not meaningful.
@@ -16,7 +16,11 @@
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: strata-mkmodel --preset tiny|small|bench [--seed S] [options] -o FILE\n"
+            "usage: strata-mkmodel [--arch A] --preset P [--seed S] [options] -o FILE\n"
+            "  --arch A          strata-hybrid (default), llama or qwen3\n"
+            "  --preset P        strata-hybrid: tiny, small, bench\n"
+            "                    llama: tiny, tiny-untied, llama-3.2-1b, llama-3.1-8b\n"
+            "                    qwen3: tiny, tiny-untied, qwen3-0.6b, qwen3-8b\n"
             "  --layers N        block count           --pattern P   layer pattern of D and A\n"
             "  --embd N          embedding width       --ffn N       feed-forward width\n"
             "  --heads N         attention heads       --kv-heads N  attention K/V heads\n"
@@ -25,6 +29,10 @@ static void usage(FILE *f)
             "  --ssm-dv N        DeltaNet value width  --vocab N     vocabulary (>= 259)\n"
             "  --kv-dtype f16|i8 default K/V dtype     --wtype f32|f16|bf16 weight type\n"
             "  --name NAME       general.name\n"
+            "  --tied 0|1        llama, qwen3: the LM head is token_embd (no output.weight)\n"
+            "  --rope-freqs 0|1  llama: write rope_freqs.weight (Llama 3's factors)\n"
+            "  --f32-twin 0|1    store the values of --wtype as f32 (the same model computed in\n"
+            "                    f32, for a reference that rounds its activations otherwise)\n"
             "Seeded weights: the text such a model writes is not meaningful.\n");
 }
 
@@ -43,7 +51,7 @@ static int parse_u32(const char *flag, const char *v, uint32_t *out)
 
 int main(int argc, char **argv)
 {
-    const char *preset = NULL, *out = NULL, *name = NULL;
+    const char *preset = NULL, *out = NULL, *name = NULL, *arch = ST_ARCH;
     uint64_t seed = 1;
     st_model_hparams hp;
     struct {
@@ -53,17 +61,21 @@ int main(int argc, char **argv)
         {"--layers", &hp.n_layer},   {"--embd", &hp.n_embd},        {"--ffn", &hp.n_ff},
         {"--heads", &hp.n_head},     {"--kv-heads", &hp.n_head_kv}, {"--head-dim", &hp.head_dim},
         {"--ctx", &hp.n_ctx},        {"--ssm-heads", &hp.ssm_heads}, {"--ssm-dk", &hp.ssm_dk},
-        {"--ssm-dv", &hp.ssm_dv},    {"--vocab", &hp.n_vocab},
+        {"--ssm-dv", &hp.ssm_dv},    {"--vocab", &hp.n_vocab},      {"--tied", &hp.tied},
+        {"--rope-freqs", &hp.rope_freqs}, {"--f32-twin", &hp.f32_twin},
     };
     /* first pass: the preset, so flags override it wherever they stand */
-    for (int i = 1; i < argc; i++)
+    for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--preset") && i + 1 < argc)
             preset = argv[i + 1];
+        if (!strcmp(argv[i], "--arch") && i + 1 < argc)
+            arch = argv[i + 1];
+    }
     if (!preset) {
         usage(stderr);
         return 2;
     }
-    if (st_model_preset(preset, &hp)) {
+    if (st_model_preset_arch(arch, preset, &hp)) {
         fprintf(stderr, "strata-mkmodel: %s\n", st_errdetail());
         return 2;
     }
@@ -89,7 +101,7 @@ int main(int argc, char **argv)
             usage(stderr);
             return 2;
         }
-        if (!strcmp(a, "--preset")) {
+        if (!strcmp(a, "--preset") || !strcmp(a, "--arch")) {
         } else if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
             out = v;
         } else if (!strcmp(a, "--name")) {
@@ -141,7 +153,7 @@ int main(int argc, char **argv)
     }
     char nm[128];
     if (!name) {
-        snprintf(nm, sizeof nm, "strata-hybrid %s (seed %llu)", preset, (unsigned long long)seed);
+        snprintf(nm, sizeof nm, "%s %s (seed %llu)", arch, preset, (unsigned long long)seed);
         name = nm;
     }
     int rc = st_model_write_seeded(&hp, seed, name, out);

@@ -413,7 +413,7 @@ static void hy_forward(const st_fwd *f, void *wsp)
     hy_ws *w = wsp;
     const st_model *m = f->m;
     const st_gdn_ws gdn = {w->qkv, w->qkvc, w->gate, w->ab, w->o};
-    const st_attn_ws attn = {w->qkv, w->o, w->rope_freq};
+    const st_attn_ws attn = {w->qkv, w->o, w->rope_freq, 0};
     st_layer_embed(f, &m->tok_embd, w->x);
     for (uint32_t il = 0; il < m->hp.n_layer; il++) {
         const st_layer *L = &m->layers[il];
