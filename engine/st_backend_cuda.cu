@@ -1037,6 +1037,11 @@ static int cu_create(st_engine *e, void **out)
     *out = NULL;
     const st_model_hparams *hp = &e->m->hp;
     int rc = 0, ndev = 0, dev = 0;
+    /* this backend's forward pass is strata-hybrid's own; the other architectures run on the
+     * CPU backend's operation table */
+    if (strcmp(st_model_arch(e->m), ST_ARCH))
+        return st_error_set(ST_EINVAL, "cuda backend: architecture %s is not supported (only "
+                            ST_ARCH "; use --backend cpu)", st_model_arch(e->m));
     cu_ctx *c = (cu_ctx *)calloc(1, sizeof *c);
     if (!c)
         return st_error_set(ENOMEM, "cuda backend");

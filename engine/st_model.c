@@ -26,14 +26,16 @@
 
 #include "st_arch_int.h"
 
-static const st_arch *const k_archs[] = {&st_arch_hybrid, &st_arch_qwen35, &st_arch_qwen35moe,
-                                         &st_arch_qwen3next};
+static const st_arch *const k_archs[] = {&st_arch_hybrid, &st_arch_llama,    &st_arch_qwen3,
+                                         &st_arch_qwen35, &st_arch_qwen35moe, &st_arch_qwen3next};
+#define ARCH_NAMES ST_ARCH ", llama, qwen3, qwen35, qwen35moe, qwen3next"
 
-/* The architecture a hyperparameter struct names ("" is strata-hybrid). */
+/* The architecture hp names (hp->arch; empty: strata-hybrid, as before architectures had names;
+ * one not in the table falls back to strata-hybrid, whose check then refuses what it cannot be). */
 static const st_arch *hp_arch(const st_model_hparams *hp)
 {
     size_t n = strnlen(hp->arch, sizeof hp->arch);
-    const st_arch *a = n ? st_arch_find(hp->arch, n) : NULL;
+    const st_arch *a = n && n < sizeof hp->arch ? st_arch_find(hp->arch, n) : NULL;
     return a ? a : &st_arch_hybrid;
 }
 
@@ -54,10 +56,12 @@ int st_model_preset_arch(const char *arch, const char *name, st_model_hparams *h
 {
     const st_arch *a = arch ? st_arch_find(arch, strlen(arch)) : &st_arch_hybrid;
     if (!a)
-        return st_error_set(ST_EINVAL, "unknown architecture \"%s\" (strata-hybrid, qwen35, "
-                            "qwen35moe, qwen3next)",
+        return st_error_set(ST_EINVAL, "architecture \"%s\" is not supported (" ARCH_NAMES ")",
                             arch);
-    return a->preset(name, hp);
+    int rc = a->preset(name, hp);
+    if (!rc && a != &st_arch_hybrid)
+        snprintf(hp->arch, sizeof hp->arch, "%s", a->name);
+    return rc;
 }
 
 char st_model_layer_kind(const st_model_hparams *hp, uint32_t il)
@@ -276,7 +280,7 @@ static int read_arch(const st_gguf *g, const st_arch **out)
     }
     if (!(*out = st_arch_find(s, (size_t)n)))
         return st_error_set(ST_EINVAL, "model: architecture \"%.*s\" is not supported ("
-                            ST_ARCH ", qwen35, qwen35moe, qwen3next)", (int)(n > 64 ? 64 : n), s);
+                            ARCH_NAMES ")", (int)(n > 64 ? 64 : n), s);
     return 0;
 }
 
@@ -382,6 +386,19 @@ int st_model_load(const char *path, st_model **out)
     }
     if ((rc = m->arch->tensors(&m->hp, &l)) || (rc = mem_spec_build(m->arch, &m->hp, &m->mem)))
         goto fail;
+    /* a tensor the architecture does not list (a bias, a fused projection, MTP) is refused by
+     * name: the engine would not compute what the file means */
+    for (uint64_t i = 0; i < st_gguf_n_tensors(m->gguf); i++) {
+        const char *tn = st_gguf_tensor_at(m->gguf, i)->name;
+        size_t k = 0;
+        while (k < l.n && strcmp(l.t[k].name, tn))
+            k++;
+        if (k == l.n) {
+            rc = st_error_set(ST_EINVAL, "model %s: tensor %s is not supported by the %s "
+                              "architecture", path, tn, m->arch->name);
+            goto fail;
+        }
+    }
     if (st_gguf_n_tensors(m->gguf) != l.n) {
         rc = st_error_set(ST_EINVAL, "model %s: %llu tensors, the architecture has %zu", path,
                           (unsigned long long)st_gguf_n_tensors(m->gguf), l.n);
@@ -472,9 +489,25 @@ static void fill(const st_model_hparams *hp, const st_tdesc *d, uint64_t seed, s
     for (uint64_t i = 0; i < n; i++) {
         switch (d->init) {
         case ST_TI_ONES: v[i] = 1.0f; break;
+        case ST_TI_NORM: v[i] = 1.0f + 0.5f * unif(&s); break;
+        case ST_TI_ROPE_FREQS: {
+            /* Llama 3's rope scaling (the converter's factors): pairs of short wavelength keep
+             * 1, long ones get factor, a smooth blend between */
+            const double factor = 32.0, lo = 1.0, hi = 4.0, old_ctx = hp->n_ctx / 16.0;
+            double freq = pow((double)hp->rope_base, -(double)(2 * i) / (double)hp->head_dim);
+            double wl = 6.283185307179586 / freq;
+            if (wl < old_ctx / hi) {
+                v[i] = 1.0f;
+            } else if (wl > old_ctx / lo) {
+                v[i] = (float)factor;
+            } else {
+                double smooth = (old_ctx / wl - lo) / (hi - lo);
+                v[i] = (float)(1.0 / ((1.0 - smooth) / factor + smooth));
+            }
+            break;
+        }
         case ST_TI_ALOG: v[i] = logf(1.0f + 15.0f * (unif(&s) * 0.5f + 0.5f)); break;
         case ST_TI_SSM_A: v[i] = -(1.0f + 15.0f * (unif(&s) * 0.5f + 0.5f)); break;
-        case ST_TI_NORM: v[i] = 1.0f + 0.5f * unif(&s); break;
         case ST_TI_DTBIAS: {
             /* dt in [1e-3, 1e-1] log-uniformly; the bias is softplus^-1(dt) */
             double dt = exp(log(1e-3) + (unif(&s) * 0.5 + 0.5) * (log(1e-1) - log(1e-3)));

@@ -39,7 +39,7 @@ static void usage(FILE *f)
             "  --seed S                 sampling seed (default 1)\n"
             "  --ignore-eos             keep generating after the end-of-sequence token\n"
             "  --backend cpu|cuda       compute backend (default: $STRATA_BACKEND, else cuda when\n"
-            "                           a GPU is present, else cpu)\n"
+            "                           a GPU is present and runs the architecture, else cpu)\n"
             "  --threads N              compute threads (default: all CPUs)\n"
             "  --ubatch N               prompt chunk in tokens (default 2048)\n"
             "  --ctx N                  context length (default: the model's)\n"
@@ -193,6 +193,22 @@ static int cmd_info(const char *model)
            (unsigned long long)st_model_kv_bytes_per_token(hp, hp->kv_dtype));
     st_model_free(m);
     return 0;
+}
+
+/* Whether the CUDA backend runs this model's architecture (strata-hybrid only): the automatic
+ * backend choice is the CPU for the others. An unreadable file answers yes, and loading it then
+ * reports what is wrong. */
+static int cuda_runs(const char *model)
+{
+    st_gguf *g = NULL;
+    const char *a;
+    uint64_t n;
+    if (st_gguf_open(model, &g))
+        return 1;
+    int yes = st_gguf_get_str(g, "general.architecture", &a, &n) != 0 ||
+              (n == strlen(ST_ARCH) && !memcmp(a, ST_ARCH, n));
+    st_gguf_close(g);
+    return yes;
 }
 
 /* Token ids separated by commas or whitespace; -1 (and a message) on anything else. */
@@ -503,7 +519,8 @@ int main(int argc, char **argv)
         prompt = "";
     if (!eo.backend) {
         const char *env = getenv("STRATA_BACKEND");
-        eo.backend = env && *env ? env : st_codec_cuda_available() ? "cuda" : "cpu";
+        eo.backend = env && *env ? env
+                     : st_codec_cuda_available() && cuda_runs(model) ? "cuda" : "cpu";
     }
     if (!strcmp(cmd, "logits"))
         return cmd_logits(model, &eo, tok_list, tok_file, out_path);

@@ -1,7 +1,8 @@
 /*
  * strata-mkmodel - write a GGUF with seeded weights, of any architecture the engine runs.
  *
- *   strata-mkmodel [--arch strata-hybrid|qwen35] --preset NAME [--seed S] [geometry flags] -o FILE
+ *   strata-mkmodel [--arch strata-hybrid|llama|qwen3|qwen35|qwen35moe|qwen3next] --preset NAME
+ *                  [--seed S] [geometry flags] [--wtype TYPE] [--f32-twin] -o FILE
  *
  * The weights come from a seeded generator: the model computes real state and restores exactly,
  * but the text it writes is not meaningful.
@@ -18,10 +19,19 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: strata-mkmodel [--arch A] --preset NAME [--seed S] [options] -o FILE\n"
-            "  --arch A          strata-hybrid (default; presets tiny, small, bench) or qwen35\n"
-            "                    (presets qwen35-tiny, -tiny-tied, -small: key heads != value\n"
-            "                    heads; qwen35-0.8b, -2b, -9b: the published shapes)\n"
-            "  --ssm-groups N    DeltaNet key heads (qwen35)\n"
+            "  --arch A          strata-hybrid (default), llama, qwen3, qwen35, qwen35moe,\n"
+            "                    qwen3next\n"
+            "  --preset NAME     strata-hybrid: tiny, small, bench\n"
+            "                    llama: tiny, tiny-untied, llama-3.2-1b, llama-3.1-8b\n"
+            "                    qwen3: tiny, tiny-untied, qwen3-0.6b, qwen3-8b\n"
+            "                    qwen35: qwen35-tiny, qwen35-tiny-tied, qwen35-small (key heads !=\n"
+            "                    value heads), qwen35-0.8b, qwen35-2b, qwen35-9b\n"
+            "                    qwen35moe: qwen35moe-tiny, qwen35moe-35b-a3b\n"
+            "                    qwen3next: qwen3next-tiny, qwen3next-tiny-legacy, qwen3next-80b-a3b\n"
+            "                    (the published shapes; fewer layers with --layers)\n"
+            "  --ssm-groups N    DeltaNet key heads (the Qwen hybrids)\n"
+            "  --tied 0|1        llama, qwen3: the LM head is token_embd (no output.weight)\n"
+            "  --rope-freqs 0|1  llama: write rope_freqs.weight (Llama 3's factors)\n"
             "  --layers N        block count           --pattern P   layer pattern of D and A\n"
             "  --embd N          embedding width       --ffn N       feed-forward width\n"
             "  --heads N         attention heads       --kv-heads N  attention K/V heads\n"
@@ -71,7 +81,7 @@ int main(int argc, char **argv)
         {"--heads", &hp.n_head},     {"--kv-heads", &hp.n_head_kv}, {"--head-dim", &hp.head_dim},
         {"--ctx", &hp.n_ctx},        {"--ssm-heads", &hp.ssm_heads}, {"--ssm-dk", &hp.ssm_dk},
         {"--ssm-dv", &hp.ssm_dv},    {"--vocab", &hp.n_vocab},
-        {"--ssm-groups", &hp.ssm_groups},
+        {"--ssm-groups", &hp.ssm_groups}, {"--tied", &hp.tied},      {"--rope-freqs", &hp.rope_freqs},
     };
     /* first pass: the architecture and the preset, so flags override it wherever they stand */
     for (int i = 1; i < argc; i++) {

@@ -11,6 +11,7 @@
 // --min-top1 where given); 1 when not; 2 on bad arguments or files (sizes that differ, a size
 // that is not a multiple of n_vocab, a value that is not finite).
 import fs from "node:fs";
+import {compareRows} from "./logits_lib.mjs";
 
 function die(msg) {
     process.stderr.write(`compare_logits: ${msg}\n`);
@@ -42,45 +43,19 @@ function load(path) {
     return f;
 }
 
-function logSoftmax(f, r, V) {
-    const out = new Float64Array(V);
-    let m = -Infinity;
-    for (let j = 0; j < V; j++) m = Math.max(m, f[r * V + j]);
-    let s = 0;
-    for (let j = 0; j < V; j++) s += Math.exp(f[r * V + j] - m);
-    const lse = m + Math.log(s);
-    for (let j = 0; j < V; j++) out[j] = f[r * V + j] - lse;
-    return out;
-}
-
-function argmax(a) {
-    let b = 0;
-    for (let j = 1; j < a.length; j++) if (a[j] > a[b]) b = j;
-    return b;
-}
-
 const ref = load(pos[0]), test = load(pos[1]), V = o.nVocab;
 if (ref.length !== test.length) die(`${pos[0]} holds ${ref.length / V} positions, ${pos[1]} ${test.length / V}`);
-const n = ref.length / V;
-let worst = 0, worstAt = 0, klSum = 0, agree = 0;
-for (let r = 0; r < n; r++) {
-    const a = logSoftmax(ref, r, V), b = logSoftmax(test, r, V);
-    let d = 0, kl = 0;
-    for (let j = 0; j < V; j++) {
-        d = Math.max(d, Math.abs(a[j] - b[j]));
-        kl += Math.exp(a[j]) * (a[j] - b[j]);
-    }
-    const same = argmax(a) === argmax(b);
-    agree += same;
-    klSum += kl;
-    if (d > worst) { worst = d; worstAt = r; }
-    if (!o.quiet)
-        process.stdout.write(`position ${r}: max |dlogprob| ${d.toExponential(3)}, KL ${kl.toExponential(3)}, top-1 ${same ? "same" : "differs"}\n`);
+let c;
+try {
+    c = compareRows(ref, test, V);
+} catch (e) {
+    die(e.message);
 }
-const meanKl = klSum / n;
-const ok = worst <= o.maxD && (o.maxKl === null || meanKl <= o.maxKl) &&
-           (o.minTop1 === null || agree / n >= o.minTop1);
-process.stdout.write(`compare_logits: ${n} positions x ${V}: max |dlogprob| ${worst.toExponential(3)} ` +
-                     `(position ${worstAt}, limit ${o.maxD}), mean KL ${meanKl.toExponential(3)}, ` +
-                     `top-1 ${agree}/${n}: ${ok ? "PASS" : "FAIL"}\n`);
+if (!o.quiet)
+    c.pos.forEach((p, r) => process.stdout.write(`position ${r}: max |dlogprob| ${p.maxD.toExponential(3)}, KL ${p.kl.toExponential(3)}, top-1 ${p.same ? "same" : "differs"}\n`));
+const ok = c.maxD <= o.maxD && (o.maxKl === null || c.meanKl <= o.maxKl) &&
+           (o.minTop1 === null || c.top1 / c.n >= o.minTop1);
+process.stdout.write(`compare_logits: ${c.n} positions x ${V}: max |dlogprob| ${c.maxD.toExponential(3)} ` +
+                     `(position ${c.maxAt}, limit ${o.maxD}), mean KL ${c.meanKl.toExponential(3)}, ` +
+                     `top-1 ${c.top1}/${c.n}: ${ok ? "PASS" : "FAIL"}\n`);
 process.exit(ok ? 0 : 1);

@@ -10,7 +10,7 @@
 // softmax; a log-softmax of strata logits' output compares with it directly). Exit 0 on success,
 // 1 on any failure (the message on stderr), 2 on bad arguments.
 import fs from "node:fs";
-import {getLlama, LlamaLogLevel} from "node-llama-cpp";
+import {refEval, refLlama} from "./logits_lib.mjs";
 
 function usage(msg) {
     process.stderr.write(`llama_logits: ${msg}\nusage: node llama_logits.mjs -m MODEL ` +
@@ -42,32 +42,10 @@ const tokens = text.split(/[\s,]+/).filter((s) => s.length).map((s) => {
 if (!tokens.length) usage("no tokens");
 
 try {
-    const llama = await getLlama({gpu: false, build: "never", logLevel: LlamaLogLevel.error,
-                                  maxThreads: a.threads});
-    const model = await llama.loadModel({modelPath: a.model, gpuLayers: 0});
-    const nVocab = model.fileInfo.metadata?.tokenizer?.ggml?.tokens?.length;
-    if (!nVocab) throw new Error("the model has no tokenizer.ggml.tokens");
-    for (const t of tokens)
-        if (t >= nVocab) throw new Error(`token ${t} is beyond the vocabulary (${nVocab})`);
-    const ctx = await model.createContext({
-        contextSize: Math.max(32, tokens.length + 1), batchSize: Math.max(32, tokens.length + 1),
-        threads: {ideal: a.threads, min: a.threads}, flashAttention: false,
-        experimentalKvCacheKeyType: a.kvType, experimentalKvCacheValueType: a.kvType,
-    });
-    const seq = ctx.getSequence();
-    const opts = {temperature: 1, topK: 0, topP: 1, minP: 0};
-    const res = await seq.controlledEvaluate(tokens.map((t) => [t, {generateNext: {probabilities: true, options: opts}}]));
-    const out = new Float32Array(tokens.length * nVocab);
-    for (let i = 0; i < tokens.length; i++) {
-        const p = res[i]?.next?.probabilities;
-        if (!p || p.size !== nVocab)
-            throw new Error(`position ${i}: ${p ? p.size : 0} probabilities, the vocabulary has ${nVocab}`);
-        for (const [tok, prob] of p) out[i * nVocab + tok] = Math.log(prob);
-    }
-    fs.writeFileSync(a.out, Buffer.from(out.buffer));
+    const llama = await refLlama(a.threads);
+    const {nVocab, rows} = await refEval(llama, a.model, [tokens], {threads: a.threads, kvType: a.kvType});
+    fs.writeFileSync(a.out, Buffer.from(rows[0].buffer));
     process.stderr.write(`llama_logits: ${tokens.length} positions x ${nVocab} log-probabilities into ${a.out}\n`);
-    await ctx.dispose();
-    await model.dispose();
     await llama.dispose();
 } catch (e) {
     process.stderr.write(`llama_logits: ${e.message ?? e}\n`);
