@@ -756,6 +756,29 @@ static int load_live(st_engine *e, const st_image *img, uint32_t ci, void *bst, 
     return rc;
 }
 
+/* The refusal of a state made under another model (fp: the fingerprints, the engine's first),
+ * naming the difference: the layer kinds (another architecture or layer pattern), another shape,
+ * or, with the same layers and shapes, other weights or hyperparameters. */
+static int model_mismatch(const st_engine *e, const st_geometry *g, const char *fp)
+{
+    char ours[256], theirs[256], d[1024];
+    st_geometry_layer_kinds(&e->geom, ours, sizeof ours);
+    st_geometry_layer_kinds(g, theirs, sizeof theirs);
+    st_geometry same_fp = *g;
+    memcpy(same_fp.model_fp, e->geom.model_fp, ST_FINGERPRINT_LEN);
+    if (strcmp(ours, theirs))
+        snprintf(d, sizeof d, "its layers are %s, this engine's %s model's %s", theirs, st_model_arch(e->m),
+                 ours);
+    else if (st_geometry_compare(&e->geom, &same_fp))
+        snprintf(d, sizeof d, "its layers are %s as this engine's %s model's, but %s", theirs,
+                 st_model_arch(e->m), st_errdetail());
+    else
+        snprintf(d, sizeof d, "the same layers and shapes as this engine's %s model (%s), other weights "
+                 "or hyperparameters", st_model_arch(e->m), ours);
+    return st_error_set(ST_EMODEL, "restore: the state was made under another model: %s (%s; this "
+                        "engine runs the first)", d, fp);
+}
+
 int st_slot_restore(st_slot *s, const st_image *img)
 {
     st_engine *e = s->e;
@@ -770,8 +793,7 @@ int st_slot_restore(st_slot *s, const st_image *img)
         char d[512];
         snprintf(d, sizeof d, "%s", st_errdetail());
         if (rc == ST_EMODEL)
-            return st_error_set(rc, "restore: the state was made under another model (%s; this "
-                                "engine runs the first)", d);
+            return model_mismatch(e, g, d);
         return st_error_set(rc, "restore: %s", d);
     }
     if ((rc = st_image_check(img)))

@@ -179,6 +179,55 @@ static void st_fp_hex(char *out, const uint8_t *fp)
     strcpy(out + 8, "...");
 }
 
+void st_geometry_layer_kinds(const st_geometry *g, char *out, size_t cap)
+{
+    enum { MAX_LAYERS = ST_GEOMETRY_TENSORS_MAX };
+    static const char *const rec[] = {"ssm_state", "conv_state"};
+    static const char *const att[] = {"k", "v", "k_scale", "v_scale"};
+    uint8_t kind[MAX_LAYERS] = {0}; /* bit 0: recurrent tensors, bit 1: K/V tensors */
+    uint32_t n_layers = 0;
+    if (!cap)
+        return;
+    for (uint32_t i = 0; g && i < g->n_tensors; i++) {
+        const char *name = g->tensors[i].name;
+        char *end;
+        if (strncmp(name, "blk.", 4) || name[4] < '0' || name[4] > '9')
+            continue;
+        unsigned long l = strtoul(name + 4, &end, 10);
+        if (*end != '.' || l >= MAX_LAYERS)
+            continue;
+        for (size_t j = 0; j < sizeof rec / sizeof *rec; j++)
+            if (!strcmp(end + 1, rec[j]))
+                kind[l] |= 1;
+        for (size_t j = 0; j < sizeof att / sizeof *att; j++)
+            if (!strcmp(end + 1, att[j]))
+                kind[l] |= 2;
+        if (l + 1 > n_layers)
+            n_layers = (uint32_t)l + 1;
+    }
+    if (!n_layers) {
+        snprintf(out, cap, "none");
+        return;
+    }
+    uint32_t n_d = 0, n_a = 0, n_x = 0;
+    size_t o = 0;
+    for (uint32_t l = 0; l < n_layers; l++) {
+        char c = kind[l] == 1 ? 'D' : kind[l] == 2 ? 'A' : '?';
+        n_d += c == 'D';
+        n_a += c == 'A';
+        n_x += c == '?';
+        if (o + 1 < cap)
+            out[o++] = c;
+    }
+    out[o] = '\0';
+    char tail[96];
+    int k = snprintf(tail, sizeof tail, " (%u deltanet, %u attention", n_d, n_a);
+    if (n_x)
+        k += snprintf(tail + k, sizeof tail - (size_t)k, ", %u other", n_x);
+    snprintf(tail + k, sizeof tail - (size_t)k, ")");
+    snprintf(out + o, cap - o, "%s", tail);
+}
+
 static void st_shape_str(char *out, size_t cap, const st_tensor_desc *t)
 {
     size_t o = 0;

@@ -69,6 +69,11 @@ int st_geometry_check(const st_geometry *g);
 /* 0 if equal, else ST_EGEOMETRY (or ST_EMODEL for the fingerprint) with a detail naming the
  * first difference, e.g. "incompatible K/V geometry: page_size 1 vs 256". a is "expected". */
 int st_geometry_compare(const st_geometry *a, const st_geometry *b);
+/* The layer kinds of a geometry, from the engine's tensor names (docs/ENGINE.md, "Geometry"): one
+ * letter per layer in order, D for a Gated DeltaNet layer (blk.N.ssm_state / conv_state), A for
+ * an attention layer (blk.N.k / v / k_scale / v_scale), ? for a layer with both or neither, then
+ * the counts: "DDDA (3 deltanet, 1 attention)"; "none" without blk.N tensors. Truncated to cap. */
+void st_geometry_layer_kinds(const st_geometry *g, char *out, size_t cap);
 /* Bytes of one token row of a K/V tensor (product of shape[1..] times the dtype size). */
 uint64_t st_tensor_row_bytes(const st_tensor_desc *t);
 /* Elements of a running tensor (product of its shape). */
