@@ -125,7 +125,9 @@ static const char *role_name(uint32_t role)
 static const char inspect_help[] =
     "usage: statectl inspect FILE [--json]\n"
     "\n"
-    "Show a session file: format and version, model fingerprint, geometry, tokens, every section\n"
+    "Show a session file: format and version, model fingerprint, layer kinds (one letter per layer\n"
+    "from the geometry: D Gated DeltaNet, conv and SSM state; A attention, K/V), geometry, tokens,\n"
+    "every section\n"
     "with its offset, length and checksum (ok or BAD), and the checkpoints with position and codec.\n"
     "Reads the file with bounded memory. A damaged or truncated file is shown as far as it can be\n"
     "read, with the first problem (naming the section and offset) and where the walk stopped.\n"
@@ -179,11 +181,13 @@ static json_t *info_json(const char *path, const st_file_info *in, const char *s
     char sh[17];
     snprintf(sh, sizeof sh, "%016" PRIx64, in->state_hash);
     json_t *geometry = json_null();
-    if (info_has_geometry(in))
-        geometry = json_pack("{s:I,s:I,s:I,s:o}", "page_size", (json_int_t)in->geometry.page_size,
+    if (info_has_geometry(in)) {
+        char kinds[4200];
+        st_geometry_layer_kinds(&in->geometry, kinds, sizeof kinds);
+        geometry = json_pack("{s:I,s:I,s:I,s:s,s:o}", "page_size", (json_int_t)in->geometry.page_size,
                              "n_ctx", (json_int_t)in->geometry.n_ctx, "n_vocab",
-                             (json_int_t)in->geometry.n_vocab, "tensors", tensors);
-    else
+                             (json_int_t)in->geometry.n_vocab, "layers", kinds, "tensors", tensors);
+    } else
         json_decref(tensors);
     int hdr = info_has_header(in), geo = info_has_geometry(in);
     json_t *o = json_pack("{s:s,s:I,s:I,s:o,s:o,s:o,s:o,s:o,s:o,s:b}", "file", path, "version",
@@ -219,6 +223,9 @@ static void info_text(const char *path, const st_file_info *in, const char *stop
         if (info_has_header(in))
             printf("geometry     not readable\n");
     } else {
+        char kinds[4200];
+        st_geometry_layer_kinds(&in->geometry, kinds, sizeof kinds);
+        printf("layers       %s\n", kinds);
         printf("geometry     page_size %u, n_ctx %u, n_vocab %u, %u tensors\n",
                in->geometry.page_size, in->geometry.n_ctx, in->geometry.n_vocab,
                in->geometry.n_tensors);
@@ -653,7 +660,7 @@ static void usage(FILE *f)
     fputs("usage: statectl VERB [ARGS] (statectl VERB --help for each verb)\n"
           "\n"
           "Session files:\n"
-          "  inspect FILE [--json]            format, geometry, sections, checksums, checkpoints\n"
+          "  inspect FILE [--json]            format, layers, geometry, sections, checksums, checkpoints\n"
           "  verify FILE [--quiet]            exit 0 only if every check passes\n"
           "  convert IN OUT [--codec C] [--format v1|v2] [--compress zstd[:L]]\n"
           "  diff A B [--json]                per-tensor error figures between two files\n"

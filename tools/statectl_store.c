@@ -347,7 +347,8 @@ static const char show_help[] =
     "usage: statectl show STORE ID[@VERSION|@LABEL] [--json]\n"
     "\n"
     "Show a session (its versions, labels, model) or one version of it (tokens, checkpoints,\n"
-    "logical and stored bytes, chunks, state hash, how export re-creates its file).\n";
+    "logical and stored bytes, chunks, state hash, layer kinds, how export re-creates its file).\n"
+    "Layer kinds: one letter per layer, D Gated DeltaNet (conv and SSM state), A attention (K/V).\n";
 
 static int cmd_show(int argc, char **argv)
 {
@@ -367,9 +368,18 @@ static int cmd_show(int argc, char **argv)
         st_version_info vi;
         if ((rc = st_store_version_info(st, r.id, r.v, &vi)))
             goto done;
+        /* the layer kinds, from the version's geometry (read with its data, which is checked) */
+        st_image *img = NULL;
+        char kinds[4200];
+        if (st_store_get(st, r.id, r.v, &img) == 0)
+            st_geometry_layer_kinds(st_image_geometry(img), kinds, sizeof kinds);
+        else
+            snprintf(kinds, sizeof kinds, "not readable: %s", st_errdetail());
+        st_image_free(img);
         if (a.json) {
-            json_t *o = session_json(&si);
-            json_object_set_new(o, "version", version_json(&vi, &si));
+            json_t *o = session_json(&si), *vj = version_json(&vi, &si);
+            json_object_set_new(vj, "layers", json_string(kinds));
+            json_object_set_new(o, "version", vj);
             print_json(o);
         } else {
             char t[32], s1[32], s2[32], lb[256];
@@ -382,6 +392,7 @@ static int cmd_show(int argc, char **argv)
             printf("bytes        %s logical, %s stored in %u chunks%s\n", bytes_str(s1, sizeof s1, vi.logical_bytes),
                    bytes_str(s2, sizeof s2, vi.stored_bytes), vi.n_chunks, vi.compress ? " (zstd)" : "");
             printf("state hash   %016" PRIx64 "\n", vi.state_hash);
+            printf("layers       %s\n", kinds);
             if (vi.file_verbatim)
                 printf("export       the imported file's bytes (kept verbatim)\n");
             else if (vi.file_version)
