@@ -56,7 +56,8 @@ typedef struct st_api_config {
     uint32_t threads, ubatch, n_ctx, page_size;
     uint32_t kv_dtype;           /* UINT32_MAX: the model's */
     const char *backend;         /* "cpu" or "cuda"; NULL: $STRATA_BACKEND, else cuda where a GPU
-                                  * is present, else cpu (as `strata generate`) */
+                                  * is present and the model is strata-hybrid, else cpu (as
+                                  * `strata generate`) */
     uint32_t prompt_cache, prompt_cache_every, prompt_cache_root;
     int prompt_cache_set;        /* 1: prompt_cache was given (0 is meaningful) */
     uint32_t state_codec;        /* default running-state codec of SAVE (ST_CODEC_FP32) */

@@ -1490,7 +1490,9 @@ int st_conv_new(st_api_server *srv, st_conv **out)
     eo.backend = cfg->backend;
     if (!eo.backend) {
         const char *env = getenv("STRATA_BACKEND");
-        eo.backend = env && *env ? env : st_codec_cuda_available() ? "cuda" : "cpu";
+        /* the CUDA backend runs strata-hybrid only: every other architecture runs on the CPU */
+        int cuda = st_codec_cuda_available() && !strcmp(st_model_arch(cv->model), ST_ARCH);
+        eo.backend = env && *env ? env : cuda ? "cuda" : "cpu";
     }
     if (cfg->threads)
         eo.n_threads = cfg->threads;
