@@ -510,11 +510,104 @@ static void test_default_backend(void **state)
     }
 }
 
+/* ---- a long shared system prompt on qwen35 ---------------------------------------------------- */
+
+static unsigned shared_tokens = 1024; /* BOS + the system prompt + SEP: `test_api_arch shared N` */
+#define N_SHARED_CONV 3
+
+/* A completion of n tokens on session id with a system prompt (NULL: none); the reply. */
+static json_t *complete_sys(uint16_t port, const char *id, const char *system, const char *prompt, int n)
+{
+    json_t *b = json_pack("{s:s,s:s,s:i,s:i,s:b}", "session", id, "prompt", prompt, "n_predict", n,
+                          "temperature", 0, "ignore_eos", 1);
+    if (system)
+        json_object_set_new(b, "system", json_string(system));
+    char *body = json_dumps(b, JSON_COMPACT);
+    json_decref(b);
+    json_t *o = st_at_call(port, "POST", "/v1/completions", body, 200);
+    free(body);
+    return o;
+}
+
+/* The system prompt is read once (with a root checkpoint at its end), the conversation SAVEd and
+ * downloaded, the server killed; a new server takes the file as N_SHARED_CONV new sessions, each
+ * continuing with its own prompt; every one equals (tokens, state hash, last logits) an
+ * uninterrupted conversation of a third server that read the system prompt itself. */
+static void test_shared_prompt(void **state)
+{
+    (void)state;
+    static const char *const convs[N_SHARED_CONV] = {" First question?", " Second.", " A third one, longer."};
+    unsigned n_sys = shared_tokens - 2; /* BOS, system, SEP, then the prompt " Hi" */
+    char *sys = malloc(n_sys + 1), ctx[16], root[16], id[32];
+    assert_non_null(sys);
+    for (unsigned i = 0; i < n_sys; i++)
+        sys[i] = (char)(' ' + (i * 7 + i / 95) % 95); /* printable ASCII: one token a byte */
+    sys[n_sys] = '\0';
+    snprintf(ctx, sizeof ctx, "%u", shared_tokens + 256);
+    snprintf(root, sizeof root, "%u", n_sys);
+    const char *const flags[] = {"--slots", "1", "--ctx", ctx, "--prompt-cache-root", root, NULL};
+    st_hc_server s;
+
+    assert_int_equal(start(&s, models[2].path, "shared", flags), 0);
+    json_t *o = complete_sys(s.port, "base", sys, " Hi", 1);
+    assert_int_equal(json_integer_value(json_object_get(o, "n_prompt_tokens")), shared_tokens + 3);
+    json_decref(o);
+    assert_int_equal(save(s.port, "base", "fp32"), 1);
+    size_t len = 0;
+    uint8_t *file = download(s.port, "base", 1, "v2", &len);
+    assert_int_equal(st_hc_server_stop(&s, SIGKILL), -1);
+
+    json_t *got[N_SHARED_CONV];
+    assert_int_equal(start(&s, models[2].path, "shared", flags), 0);
+    for (int k = 0; k < N_SHARED_CONV; k++) {
+        snprintf(id, sizeof id, "conv%d", k);
+        json_decref(upload(s.port, id, file, len, 201));
+        got[k] = complete_sys(s.port, id, NULL, convs[k], N_PREDICT);
+        assert_string_equal(json_string_value(json_object_get(got[k], "found")), "store");
+        /* only the conversation's own prompt was read */
+        assert_int_equal(json_integer_value(json_object_get(json_object_get(got[k], "timings"),
+                                                            "resumed_tokens")), shared_tokens + 4);
+        assert_int_equal(save(s.port, id, "fp32"), 2);
+    }
+    assert_int_equal(st_hc_server_stop(&s, SIGTERM), 0);
+    free(file);
+
+    assert_int_equal(start(&s, models[2].path, "shared-ref", flags), 0);
+    for (int k = 0; k < N_SHARED_CONV; k++) {
+        snprintf(id, sizeof id, "u%d", k);
+        json_decref(complete_sys(s.port, id, sys, " Hi", 1));
+        json_t *want = complete_sys(s.port, id, NULL, convs[k], N_PREDICT);
+        same_tokens(got[k], want);
+        json_decref(want);
+        json_decref(got[k]);
+        assert_int_equal(save(s.port, id, "fp32"), 1);
+    }
+    assert_int_equal(st_hc_server_stop(&s, SIGTERM), 0);
+    for (int k = 0; k < N_SHARED_CONV; k++) {
+        char uid[32];
+        snprintf(id, sizeof id, "conv%d", k);
+        snprintf(uid, sizeof uid, "u%d", k);
+        stored want = stored_get("shared-ref", uid, 1);
+        same_stored("shared", id, 2, &want);
+        free(want.logits);
+    }
+    /* negative control: the conversations differ from each other */
+    stored a = stored_get("shared-ref", "u0", 1), b = stored_get("shared-ref", "u1", 1);
+    assert_true(a.hash != b.hash);
+    free(a.logits);
+    free(b.logits);
+    free(sys);
+}
+
 int main(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
+    if (argc == 3 && !strcmp(argv[1], "shared")) { /* the long version alone */
+        shared_tokens = (unsigned)strtoul(argv[2], NULL, 10);
+        const struct CMUnitTest one[] = {cmocka_unit_test(test_shared_prompt)};
+        return cmocka_run_group_tests(one, setup, teardown);
+    }
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_shared_prompt),
         cmocka_unit_test(test_llama),     cmocka_unit_test(test_qwen3),
         cmocka_unit_test(test_qwen35),    cmocka_unit_test(test_qwen35moe),
         cmocka_unit_test(test_qwen3next), cmocka_unit_test(test_other_model),
