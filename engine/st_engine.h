@@ -285,13 +285,16 @@ const st_geometry *st_slot_geometry(const st_slot *s);
 typedef struct st_eval_stats {
     uint64_t reused;        /* prompt tokens not recomputed (held K/V + running state) */
     uint64_t computed;      /* prompt tokens read */
-    uint64_t mounted_at;    /* position of the checkpoint mounted (UINT64_MAX: none) */
+    uint64_t mounted_at;    /* position of the checkpoint mounted, or of a K/V-only cut
+                             * (UINT64_MAX: none) */
     uint32_t checkpoints;   /* checkpoints held afterwards */
 } st_eval_stats;
 
 /* Make the slot hold exactly tokens[0..n) and the logits after the last one. The longest prefix
  * it already holds is reused: the live state when it holds a prefix of tokens, otherwise the
- * deepest checkpoint at or before the divergence (K/V cut there); the rest is read in chunks
+ * deepest checkpoint at or before the divergence (K/V cut there), or, for a model whose only
+ * running tensor is the position (every layer keeps K/V: llama, qwen3), the held tokens up to the
+ * divergence (cut there, at any position; mounted_at says where); the rest is read in chunks
  * whose boundaries are those of a full read. system_len (0: none) marks the end of a system
  * prompt, where a root checkpoint is taken when system_len >= prompt_cache_root. A turn-boundary
  * checkpoint is taken at n. n >= 1. On error the slot is reset (it holds nothing), except

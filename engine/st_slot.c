@@ -217,6 +217,36 @@ static int ckpt_mount(st_slot *s, uint32_t i)
     return 0;
 }
 
+/* The geometry index of the position when it is the only running tensor (a model whose every
+ * layer keeps K/V: llama, qwen3), else -1 (a recurrent state cannot be cut). */
+static int64_t kv_only_pos(const st_engine *e)
+{
+    int64_t pos = -1;
+    for (uint32_t ti = 0; ti < e->geom.n_tensors; ti++) {
+        const st_tensor_desc *t = &e->geom.tensors[ti];
+        if (t->role != ST_ROLE_RUNNING)
+            continue;
+        if (t->dtype != ST_DTYPE_I64 || strcmp(t->name, "pos") || pos >= 0)
+            return -1;
+        pos = ti;
+    }
+    return pos;
+}
+
+/* Cut a K/V-only conversation at pos <= n_tokens: K/V rows [0, pos) are those of tokens[0, pos)
+ * and rows at or beyond the position are never read, so setting the position is the whole cut. */
+static int kv_cut(st_slot *s, uint32_t ti, uint64_t pos)
+{
+    int64_t v = (int64_t)pos;
+    int rc = s->e->be->running_write(s->e->bctx, s->st, ti, &v, sizeof v);
+    if (rc)
+        return rc;
+    s->n_tokens = pos;
+    s->has_logits = 0;
+    ck_cut(s, pos);
+    return 0;
+}
+
 /* ---- reading ------------------------------------------------------------------------------ */
 static int read_range(st_slot *s, const uint32_t *tokens, uint64_t n, uint64_t system_len)
 {
@@ -290,8 +320,12 @@ int st_slot_eval(st_slot *s, const uint32_t *tokens, uint64_t n, uint64_t system
         st_cache_entry ents[65];
         for (uint32_t i = 0; i < s->n_ck; i++)
             ents[i] = s->ck[i].e;
-        int64_t c = st_cache_mount_point(ents, s->n_ck, limit);
-        if (c >= 0) {
+        int64_t c = st_cache_mount_point(ents, s->n_ck, limit), kv_pos = kv_only_pos(e);
+        if (kv_pos >= 0 && limit > 0) { /* pure attention: cut at any position */
+            if ((rc = kv_cut(s, (uint32_t)kv_pos, limit)))
+                goto fail;
+            st.mounted_at = s->n_tokens;
+        } else if (c >= 0) {
             if ((rc = ckpt_mount(s, (uint32_t)c)))
                 goto fail;
             st.mounted_at = s->n_tokens;

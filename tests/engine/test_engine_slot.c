@@ -1,7 +1,8 @@
 /*
  * test_engine_slot.c - slots: snapshot / restore identity (fp32 exact, bf16 completes), restores
  * that must fail leave the slot exactly as it was, the conversation cache (root checkpoint,
- * periodic checkpoints, prefix reuse identical to a full read), park images.
+ * periodic checkpoints, prefix reuse identical to a full read), park images; a K/V-only model
+ * (llama, qwen3) cut at any position.
  */
 #include <math.h>
 #include <errno.h>
@@ -612,6 +613,58 @@ static void test_state_hash_threads(void **state)
     }
 }
 
+/* A model whose every layer keeps K/V (llama, qwen3) is cut at any position: a conversation that
+ * diverges from the held one at token D reuses D tokens without a checkpoint there, and gives
+ * the tokens, logits and state hash of a full read; a hybrid (qwen35) has no checkpoint at D and
+ * reads everything (the control: a recurrent state cannot be cut). */
+static void kv_cut_case(const char *arch, const char *preset, int kv_only)
+{
+    char path[4400];
+    st_model_hparams hp;
+    assert_int_equal(st_model_preset_arch(arch, preset, &hp), 0);
+    snprintf(path, sizeof path, "%s/%s-%s.gguf", g_dir, arch, preset);
+    assert_int_equal(st_model_write_seeded(&hp, 3, arch, path), 0);
+    uint32_t c1[256], c2[256], g1[16], g2[16];
+    uint64_t n1 = et_tokens(c1, "A first conversation, long enough to be cut in its middle: yes."), n2;
+    memcpy(c2, c1, 37 * sizeof *c1);
+    n2 = 37 + st_tokenize("X and then another way.", 23, c2 + 37, 200);
+    assert_true(c2[37] != c1[37]);
+    st_engine_opts o = opts(2);
+    o.ubatch = 16;
+    rig r, fresh;
+    rig_open(&r, path, &o);
+    rig_open(&fresh, path, &o);
+    st_eval_stats es;
+    assert_int_equal(st_slot_eval(r.s, c1, n1, 0, &es), 0);
+    gen(r.s, 8, g1, 0.0f);
+    assert_int_equal(st_slot_eval(r.s, c2, n2, 0, &es), 0);
+    assert_int_equal(es.reused, kv_only ? 37 : 0);
+    assert_int_equal(es.computed, kv_only ? n2 - 37 : n2);
+    assert_int_equal(es.mounted_at, kv_only ? 37 : UINT64_MAX);
+    gen(r.s, 16, g1, 0.0f);
+    assert_int_equal(st_slot_eval(fresh.s, c2, n2, 0, &es), 0);
+    gen(fresh.s, 16, g2, 0.0f);
+    assert_memory_equal(g1, g2, sizeof g1);
+    uint32_t na, nb;
+    const float *la = st_slot_logits(r.s, &na), *lb = st_slot_logits(fresh.s, &nb);
+    assert_int_equal(na, nb);
+    assert_memory_equal(la, lb, na * sizeof *la);
+    uint64_t ha = 0, hb = 0;
+    assert_int_equal(st_slot_state_hash(r.s, ST_CODEC_FP32, &ha), 0);
+    assert_int_equal(st_slot_state_hash(fresh.s, ST_CODEC_FP32, &hb), 0);
+    assert_true(ha == hb);
+    rig_close(&r);
+    rig_close(&fresh);
+}
+
+static void test_kv_only_cut(void **state)
+{
+    (void)state;
+    kv_cut_case("llama", "tiny-untied", 1);
+    kv_cut_case("qwen3", "tiny-untied", 1);
+    kv_cut_case("qwen35", "tiny", 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -623,6 +676,7 @@ int main(void)
         cmocka_unit_test(test_cache_limits),
         cmocka_unit_test(test_state_hash_codecs),
         cmocka_unit_test(test_state_hash_threads),
+        cmocka_unit_test(test_kv_only_cut),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
