@@ -16,7 +16,9 @@
  *     restored and continued; "s-fp32" is PARKed to RAM and continued; "d" is left in its slot
  *     and written to the store as disk-parked by SIGTERM;
  *   server 3 (--conversation-cache-mib 0: a PARK goes to disk): "d" continues from its disk
- *     park; "x" is PARKed to disk and continues.
+ *     park; "x" is PARKed to disk and continues;
+ *   besides: the downloaded file continues in `strata generate --session-in` as in the server,
+ *     and the file its --session-out writes continues in a server.
  * Every continuation's tokens equal the reference's, and its state is SAVEd: the state hash (the
  * tokens, K/V and running state: conv and SSM state of the DeltaNet layers) and the last logits
  * stored equal the reference's, bit for bit. Negative control: on the hybrids the three codecs'
@@ -35,6 +37,7 @@
 #include "st_store.h"
 
 #define CTL ST_BIN_DIR "/statectl"
+#define STRATA ST_BIN_DIR "/strata"
 #define N_PREDICT 8
 
 static st_at_env env = {.backend = "cpu"};
@@ -239,6 +242,46 @@ static json_t *upload(uint16_t port, const char *id, const uint8_t *b, size_t le
     return st_at_call(port, "POST", path, body, want);
 }
 
+/* The token ids of a reply as `strata generate --tokens` prints them: "1 2 3\n". */
+static void tokens_line(char *dst, size_t cap, json_t *reply)
+{
+    json_t *a = json_object_get(reply, "tokens");
+    size_t o = 0;
+    dst[0] = '\0';
+    for (size_t i = 0; i < json_array_size(a) && o < cap; i++)
+        o += (size_t)snprintf(dst + o, cap - o, "%s%lld", i ? " " : "",
+                              (long long)json_integer_value(json_array_get(a, i)));
+    if (o < cap)
+        snprintf(dst + o, cap - o, "\n");
+}
+
+/* The server's session file continues in `strata generate --session-in` as in the server (turn
+ * 1: want1), and the file its --session-out writes continues in the server (turn 2: want2). */
+static void cli_round(const arch_model *am, const uint8_t *file, size_t len, json_t *want1, json_t *want2)
+{
+    char in[4400], out_file[4400], out[8192], want[1024];
+    snprintf(in, sizeof in, "%s/%s-server.stsf", env.dir, am->arch);
+    snprintf(out_file, sizeof out_file, "%s/%s-cli.stsf", env.dir, am->arch);
+    assert_int_equal(st_test_spit(in, file, len), 0);
+    assert_int_equal(st_test_run(out, sizeof out, "(" STRATA " generate -m '%s' --backend cpu --threads 1 --temp 0 "
+                                 "--ignore-eos --tokens -n %d -p '%s' --session-in '%s' --session-out '%s' "
+                                 "2>/dev/null)", am->path, N_PREDICT, prompts[1], in, out_file), 0);
+    tokens_line(want, sizeof want, want1);
+    assert_string_equal(out, want);
+    size_t n = 0;
+    uint8_t *b = st_test_slurp(out_file, &n);
+    assert_non_null(b);
+    const char *const flags[] = {"--slots", "1", NULL};
+    char store[64];
+    snprintf(store, sizeof store, "cli-%s", am->arch);
+    st_hc_server s;
+    assert_int_equal(start(&s, am->path, store, flags), 0);
+    json_decref(upload(s.port, "cli", b, n, 201));
+    turn_same(s.port, "cli", 2, "store", want2);
+    assert_int_equal(st_hc_server_stop(&s, SIGTERM), 0);
+    free(b);
+}
+
 /* ---- the matrix, per architecture ----------------------------------------------------------- */
 
 static void matrix(const arch_model *am)
@@ -310,6 +353,7 @@ static void matrix(const arch_model *am)
     assert_int_equal(save(s.port, "r", "fp32"), 2);
     json_decref(upload(s.port, "f1", file_v1, len_v1, 201));
     json_decref(upload(s.port, "f2", file_v2, len_v2, 201));
+    cli_round(am, file_v2, len_v2, plain[1], plain[2]);
     free(file_v1);
     free(file_v2);
     call_ok(s.port, "f1", "restore", "{}", 200);
