@@ -17,6 +17,7 @@
  *     and written to the store as disk-parked by SIGTERM;
  *   server 3 (--conversation-cache-mib 0: a PARK goes to disk): "d" continues from its disk
  *     park; "x" is PARKed to disk and continues;
+ *   the same with int8 K/V on llama and qwen35 (--kv-dtype i8);
  *   besides: the downloaded file continues in `strata generate --session-in` as in the server,
  *     and the file its --session-out writes continues in a server.
  * Every continuation's tokens equal the reference's, and its state is SAVEd: the state hash (the
@@ -85,10 +86,12 @@ static int teardown(void **state)
 
 /* ---- helpers -------------------------------------------------------------------------------- */
 
+static const char *const *g_extra; /* flags every server of the running matrix gets besides */
+
 static int start(st_hc_server *s, const char *model, const char *store, const char *const *flags)
 {
     snprintf(env.model, sizeof env.model, "%s", model);
-    return st_at_server_start(s, &env, store, flags, NULL);
+    return st_at_server_start(s, &env, store, flags, g_extra);
 }
 
 static json_t *turn(uint16_t port, const char *id, int t, const char *want_found)
@@ -284,11 +287,13 @@ static void cli_round(const arch_model *am, const uint8_t *file, size_t len, jso
 
 /* ---- the matrix, per architecture ----------------------------------------------------------- */
 
-static void matrix(const arch_model *am)
+static void matrix(const arch_model *am, const char *kv_dtype)
 {
     char ref_store[64], store[64], id[32];
-    snprintf(ref_store, sizeof ref_store, "ref-%s", am->arch);
-    snprintf(store, sizeof store, "m-%s", am->arch);
+    const char *const extra[] = {"--kv-dtype", kv_dtype, NULL};
+    g_extra = kv_dtype ? extra : NULL;
+    snprintf(ref_store, sizeof ref_store, "ref-%s%s", am->arch, kv_dtype ? kv_dtype : "");
+    snprintf(store, sizeof store, "m-%s%s", am->arch, kv_dtype ? kv_dtype : "");
     const char *const flags[] = {"--slots", "1", "--conversation-cache-mib", "64", NULL};
     const char *const to_disk[] = {"--slots", "1", "--conversation-cache-mib", "0", NULL};
     st_hc_server s;
@@ -353,7 +358,8 @@ static void matrix(const arch_model *am)
     assert_int_equal(save(s.port, "r", "fp32"), 2);
     json_decref(upload(s.port, "f1", file_v1, len_v1, 201));
     json_decref(upload(s.port, "f2", file_v2, len_v2, 201));
-    cli_round(am, file_v2, len_v2, plain[1], plain[2]);
+    if (!kv_dtype) /* the CLI with the model's K/V dtype */
+        cli_round(am, file_v2, len_v2, plain[1], plain[2]);
     free(file_v1);
     free(file_v2);
     call_ok(s.port, "f1", "restore", "{}", 200);
@@ -399,36 +405,45 @@ static void matrix(const arch_model *am)
         free(want1[i].logits);
     }
     free(want2.logits);
+    g_extra = NULL;
 }
 
 static void test_llama(void **state)
 {
     (void)state;
-    matrix(&models[0]);
+    matrix(&models[0], NULL);
 }
 
 static void test_qwen3(void **state)
 {
     (void)state;
-    matrix(&models[1]);
+    matrix(&models[1], NULL);
 }
 
 static void test_qwen35(void **state)
 {
     (void)state;
-    matrix(&models[2]);
+    matrix(&models[2], NULL);
 }
 
 static void test_qwen35moe(void **state)
 {
     (void)state;
-    matrix(&models[3]);
+    matrix(&models[3], NULL);
 }
 
 static void test_qwen3next(void **state)
 {
     (void)state;
-    matrix(&models[4]);
+    matrix(&models[4], NULL);
+}
+
+/* int8 K/V (a scale per row and head) on an attention-only model and on a hybrid */
+static void test_kv_i8(void **state)
+{
+    (void)state;
+    matrix(&models[0], "i8");
+    matrix(&models[2], "i8");
 }
 
 /* ---- another model -------------------------------------------------------------------------- */
@@ -654,7 +669,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_shared_prompt),
         cmocka_unit_test(test_llama),     cmocka_unit_test(test_qwen3),
         cmocka_unit_test(test_qwen35),    cmocka_unit_test(test_qwen35moe),
-        cmocka_unit_test(test_qwen3next), cmocka_unit_test(test_other_model),
+        cmocka_unit_test(test_qwen3next), cmocka_unit_test(test_kv_i8), cmocka_unit_test(test_other_model),
         cmocka_unit_test(test_inspect_layers), cmocka_unit_test(test_default_backend),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
