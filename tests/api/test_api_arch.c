@@ -30,7 +30,9 @@
  * weights: same layers and shapes, another fingerprint); `statectl inspect` shows the layer
  * kinds of a session file and of a stored version; a long shared system prompt on qwen35 read
  * once, SAVEd, and several conversations resumed from it equal uninterrupted runs
- * (`test_api_arch shared N`: N tokens, 1,024 in make test, 16,384 in test_api_arch_16k, slow).
+ * (`test_api_arch shared N`: N tokens, 1,024 in make test, 16,384 in test_api_arch_16k, slow);
+ * a server without --backend runs them on the CPU (also where a GPU is present), and
+ * --backend cuda is refused at start naming the architecture.
  */
 #include <stdint.h>
 
