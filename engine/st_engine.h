@@ -69,9 +69,24 @@ typedef struct st_gguf_tensor {
     uint64_t offset;     /* relative to the data section */
     uint64_t nbytes;
     const void *data;    /* inside the mapping, valid until st_gguf_close */
+    uint32_t part;       /* the part of a split model holding it (0: the first) */
 } st_gguf_tensor;
 
+/* Open a GGUF file. The first part of a split model (llama.cpp's gguf-split layout:
+ * NAME-00001-of-0000N.gguf with split.no 0, split.count N, split.tensors.count T) opens every
+ * part by name, each mapped: the keys are the first part's, the tensors those of all parts.
+ * ST_EINVAL naming the part for a later part given, a part missing, of another model (split.no,
+ * split.count, split.tensors.count, general.architecture) or a tensor in two parts. */
 int st_gguf_open(const char *path, st_gguf **out);
+/* Parts of a split model (1 otherwise), the path and size of part i (0: the opened file). */
+uint32_t st_gguf_n_parts(const st_gguf *g);
+const char *st_gguf_part_path(const st_gguf *g, uint32_t i);
+uint64_t st_gguf_part_bytes(const st_gguf *g, uint32_t i);
+/* Write the model opened from `in` (one file or a split model) as parts of at most max_tensors
+ * tensors each, PREFIX-00001-of-0000N.gguf ... (llama.cpp's gguf-split --split-max-tensors
+ * layout: every key in the first part, split.no / split.count / split.tensors.count in each).
+ * Each part is written atomically, the first last; *n_parts (may be NULL) gets N. */
+int st_gguf_split(const char *in, const char *prefix, uint32_t max_tensors, uint32_t *n_parts);
 /* Parse a buffer the caller keeps alive and unchanged until st_gguf_close. */
 int st_gguf_open_mem(const void *buf, size_t len, st_gguf **out);
 void st_gguf_close(st_gguf *g); /* accepts NULL */

@@ -103,6 +103,9 @@ struct st_gguf {
     gguf_kv *kv;
     st_gguf_tensor *tensors;
     uint64_t data_off;
+    char *path;           /* st_gguf_open's path (NULL for a buffer) */
+    struct st_gguf **part; /* a split model: parts 2..n_part, each mapped (split_open) */
+    uint32_t n_part;      /* 1 unless split */
 };
 
 typedef struct cursor {
@@ -213,6 +216,11 @@ void st_gguf_close(st_gguf *g)
         for (uint64_t i = 0; i < g->n_tensors; i++)
             free((char *)g->tensors[i].name);
     free(g->tensors);
+    if (g->part)
+        for (uint32_t i = 0; i + 1 < g->n_part; i++)
+            st_gguf_close(g->part[i]);
+    free(g->part);
+    free(g->path);
     if (g->mapped && g->buf)
         munmap((void *)g->buf, g->len);
     free(g);
@@ -394,6 +402,7 @@ int st_gguf_open_mem(const void *buf, size_t len, st_gguf **out)
         return st_error_set(ENOMEM, "gguf: handle");
     g->buf = buf;
     g->len = len;
+    g->n_part = 1;
     int rc = parse(g);
     if (rc) {
         st_gguf_close(g);
@@ -403,7 +412,10 @@ int st_gguf_open_mem(const void *buf, size_t len, st_gguf **out)
     return 0;
 }
 
-int st_gguf_open(const char *path, st_gguf **out)
+static int split_open(st_gguf *g, const char *path);
+
+/* One file, mapped and parsed (a part of a split model stays a part). */
+static int open_one(const char *path, st_gguf **out)
 {
     *out = NULL;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -437,7 +449,9 @@ int st_gguf_open(const char *path, st_gguf **out)
     g->buf = m;
     g->len = (size_t)sb.st_size;
     g->mapped = 1;
-    int rc = parse(g);
+    g->n_part = 1;
+    g->path = strdup(path);
+    int rc = g->path ? parse(g) : st_error_set(ENOMEM, "gguf: path");
     if (rc) {
         char d[512];
         snprintf(d, sizeof d, "%s", st_errdetail());
@@ -446,6 +460,16 @@ int st_gguf_open(const char *path, st_gguf **out)
     }
     *out = g;
     return 0;
+}
+
+int st_gguf_open(const char *path, st_gguf **out)
+{
+    int rc = open_one(path, out);
+    if (!rc && (rc = split_open(*out, path))) {
+        st_gguf_close(*out);
+        *out = NULL;
+    }
+    return rc;
 }
 
 uint32_t st_gguf_version(const st_gguf *g) { return g->version; }
@@ -571,6 +595,163 @@ const st_gguf_tensor *st_gguf_tensor_find(const st_gguf *g, const char *name)
         if (!strcmp(g->tensors[i].name, name))
             return &g->tensors[i];
     return NULL;
+}
+
+/* ---- split models (llama.cpp's gguf-split layout) ----------------------------------------
+ * The first part, NAME-00001-of-0000N.gguf, holds every key and split.no 0, split.count N,
+ * split.tensors.count T; part i (NAME-0000i-of-0000N.gguf, found by that name) holds split.no
+ * i - 1, the same count and total, and its tensors; together the parts hold T tensors, each in
+ * one part. A part's tensor entries are appended to the first part's table and point into that
+ * part's mapping. llama.cpp checks split.no and the total; the counts of every part and a
+ * part's general.architecture (where a part has one) are checked here as well. */
+static int split_key(const st_gguf *g, const char *key, uint64_t max, uint64_t *v)
+{
+    int rc = get_int(g, key, max, v);
+    if (rc == ST_ENOTFOUND)
+        return st_error_set(ST_ECORRUPT, "gguf: %s: key %s missing (a part of a split model)",
+                            g->path, key);
+    if (rc) {
+        char d[256];
+        snprintf(d, sizeof d, "%s", st_errdetail());
+        return st_error_set(rc, "gguf: %s: %s", g->path, d);
+    }
+    return 0;
+}
+
+/* Whether a and b hold the same string key (both absent counts as the same). */
+static int same_str(const st_gguf *a, const st_gguf *b, const char *key)
+{
+    const char *x = NULL, *y = NULL;
+    uint64_t nx = 0, ny = 0;
+    int ha = st_gguf_get_str(a, key, &x, &nx) == 0, hb = st_gguf_get_str(b, key, &y, &ny) == 0;
+    return ha == hb && (!ha || (nx == ny && !memcmp(x, y, nx)));
+}
+
+static int split_part(st_gguf *g, uint32_t i, uint64_t count, uint64_t total, const char *pp)
+{
+    st_gguf *p = NULL;
+    uint64_t no = 0, pc = 0, pt = 0;
+    int rc = open_one(pp, &p);
+    if (rc) {
+        char d[512];
+        snprintf(d, sizeof d, "%s", st_errdetail());
+        return st_error_set(rc, "gguf: split model %s: part %u of %llu missing or unreadable: %s",
+                            g->path, i + 1, (unsigned long long)count, d);
+    }
+    g->part[i - 1] = p;
+    g->n_part = i + 1;
+    if ((rc = split_key(p, "split.no", UINT16_MAX, &no)) ||
+        (rc = split_key(p, "split.count", UINT16_MAX, &pc)) ||
+        (rc = split_key(p, "split.tensors.count", INT32_MAX, &pt)))
+        return rc;
+    if (no != i)
+        return st_error_set(ST_EINVAL, "gguf: split model %s: part %s has split.no %llu, expected "
+                            "%u", g->path, pp, (unsigned long long)no, i);
+    if (pc != count || pt != total)
+        return st_error_set(ST_EINVAL, "gguf: split model %s: part %s says %llu parts and %llu "
+                            "tensors, the first part %llu and %llu (a part of another model?)",
+                            g->path, pp, (unsigned long long)pc, (unsigned long long)pt,
+                            (unsigned long long)count, (unsigned long long)total);
+    if (st_gguf_find(p, "general.architecture") >= 0 && !same_str(g, p, "general.architecture"))
+        return st_error_set(ST_EINVAL, "gguf: split model %s: part %s has another "
+                            "general.architecture (a part of another model)", g->path, pp);
+    if (p->n_tensors > total - g->n_tensors)
+        return st_error_set(ST_EINVAL, "gguf: split model %s: more tensors in parts 1..%u than "
+                            "split.tensors.count %llu", g->path, i + 1,
+                            (unsigned long long)total);
+    st_gguf_tensor *nt = realloc(g->tensors, (size_t)(g->n_tensors + p->n_tensors + 1) *
+                                                 sizeof *nt);
+    if (!nt)
+        return st_error_set(ENOMEM, "gguf: split model tensors");
+    g->tensors = nt;
+    for (uint64_t k = 0; k < p->n_tensors; k++) {
+        const st_gguf_tensor *t = &p->tensors[k];
+        for (uint64_t j = 0; j < g->n_tensors; j++)
+            if (!strcmp(g->tensors[j].name, t->name))
+                return st_error_set(ST_EINVAL, "gguf: split model %s: tensor %s is in part %u and "
+                                    "in part %u", g->path, t->name, g->tensors[j].part + 1, i + 1);
+        st_gguf_tensor *d = &g->tensors[g->n_tensors];
+        *d = *t;
+        d->part = i;
+        if (!(d->name = strdup(t->name)))
+            return st_error_set(ENOMEM, "gguf: tensor name copy");
+        g->n_tensors++;
+    }
+    return 0;
+}
+
+static int split_open(st_gguf *g, const char *path)
+{
+    uint64_t count = 0, no = 0, total = 0;
+    int rc = get_int(g, "split.count", UINT16_MAX, &count);
+    if (rc == ST_ENOTFOUND)
+        return 0;
+    if (rc) {
+        char d[256];
+        snprintf(d, sizeof d, "%s", st_errdetail());
+        return st_error_set(rc, "gguf: %s: %s", path, d);
+    }
+    if ((rc = split_key(g, "split.no", UINT16_MAX, &no)) ||
+        (rc = split_key(g, "split.tensors.count", INT32_MAX, &total)))
+        return rc;
+    if (no != 0)
+        return st_error_set(ST_EINVAL, "gguf: %s is part %llu of %llu of a split model: load it "
+                            "from its first part (split.no 0, NAME-00001-of-%05llu.gguf)", path,
+                            (unsigned long long)no + 1, (unsigned long long)count,
+                            (unsigned long long)count);
+    if (count <= 1) {
+        if (total != g->n_tensors)
+            return st_error_set(ST_EINVAL, "gguf: %s: %llu tensors, split.tensors.count says %llu",
+                                path, (unsigned long long)g->n_tensors,
+                                (unsigned long long)total);
+        return 0;
+    }
+    char suffix[40];
+    snprintf(suffix, sizeof suffix, "-%05u-of-%05llu.gguf", 1u, (unsigned long long)count);
+    size_t pl = strlen(path), sl = strlen(suffix);
+    if (pl <= sl || strcmp(path + pl - sl, suffix))
+        return st_error_set(ST_EINVAL, "gguf: %s: split.count %llu, but the name does not end in "
+                            "%s (the other parts are found by name)", path,
+                            (unsigned long long)count, suffix);
+    if (g->n_tensors > total)
+        return st_error_set(ST_EINVAL, "gguf: split model %s: more tensors in part 1 than "
+                            "split.tensors.count %llu", path, (unsigned long long)total);
+    if (!(g->part = calloc((size_t)count - 1, sizeof *g->part)))
+        return st_error_set(ENOMEM, "gguf: split model parts");
+    char *pp = malloc(pl + 1);
+    if (!pp)
+        return st_error_set(ENOMEM, "gguf: split model part path");
+    for (uint32_t i = 1; i < count && !rc; i++) {
+        memcpy(pp, path, pl - sl);
+        snprintf(pp + pl - sl, sl + 1, "-%05u-of-%05llu.gguf", i + 1, (unsigned long long)count);
+        rc = split_part(g, i, count, total, pp);
+    }
+    free(pp);
+    if (!rc && g->n_tensors != total)
+        rc = st_error_set(ST_EINVAL, "gguf: split model %s: %llu tensors in %llu parts, "
+                          "split.tensors.count says %llu", path,
+                          (unsigned long long)g->n_tensors, (unsigned long long)count,
+                          (unsigned long long)total);
+    return rc;
+}
+
+uint32_t st_gguf_n_parts(const st_gguf *g)
+{
+    return g->n_part;
+}
+
+const char *st_gguf_part_path(const st_gguf *g, uint32_t i)
+{
+    if (i == 0)
+        return g->path;
+    return i < g->n_part ? g->part[i - 1]->path : NULL;
+}
+
+uint64_t st_gguf_part_bytes(const st_gguf *g, uint32_t i)
+{
+    if (i == 0)
+        return g->len;
+    return i < g->n_part ? g->part[i - 1]->len : 0;
 }
 
 /* ---- writer ------------------------------------------------------------------------------ */
@@ -997,5 +1178,61 @@ done:
     free(tmp);
     free(dir);
     free(b);
+    return rc;
+}
+
+/* ---- writing a split model ---------------------------------------------------------------- */
+static int split_write_part(const st_gguf *g, uint32_t i, uint32_t np, uint32_t max_tensors,
+                            const char *path)
+{
+    st_gguf_writer *w = NULL;
+    int rc = st_gguf_writer_new(&w, g->alignment);
+    for (uint64_t k = 0; !rc && i == 0 && k < g->n_kv; k++) {
+        const char *key = g->kv[k].key_z;
+        if (strcmp(key, "general.alignment") && strncmp(key, "split.", 6))
+            rc = st_gguf_writer_copy_kv(w, g, k);
+    }
+    uint16_t no = (uint16_t)i, cnt = (uint16_t)np;
+    int32_t total = (int32_t)g->n_tensors;
+    if (!rc && !(rc = w_add(w, "split.no", ST_GGUF_UINT16, 0, 0, &no, 2)) &&
+        !(rc = w_add(w, "split.count", ST_GGUF_UINT16, 0, 0, &cnt, 2)))
+        rc = w_add(w, "split.tensors.count", ST_GGUF_INT32, 0, 0, &total, 4);
+    uint64_t end = (uint64_t)(i + 1) * max_tensors;
+    for (uint64_t k = (uint64_t)i * max_tensors; !rc && k < end && k < g->n_tensors; k++) {
+        const st_gguf_tensor *t = &g->tensors[k];
+        rc = st_gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->dims, t->data);
+    }
+    if (!rc)
+        rc = st_gguf_writer_write(w, path);
+    st_gguf_writer_free(w);
+    return rc;
+}
+
+int st_gguf_split(const char *in, const char *prefix, uint32_t max_tensors, uint32_t *n_parts)
+{
+    st_gguf *g = NULL;
+    if (max_tensors < 1)
+        return st_error_set(ST_EINVAL, "gguf split: at least one tensor per part");
+    int rc = st_gguf_open(in, &g);
+    if (rc)
+        return rc;
+    uint64_t np = g->n_tensors ? (g->n_tensors + max_tensors - 1) / max_tensors : 1;
+    size_t len = strlen(prefix) + 32;
+    char *path = malloc(len);
+    if (np > UINT16_MAX || g->n_tensors > INT32_MAX)
+        rc = st_error_set(ST_EINVAL, "gguf split: %llu tensors in %llu parts (at most %u parts)",
+                          (unsigned long long)g->n_tensors, (unsigned long long)np, UINT16_MAX);
+    else if (!path)
+        rc = st_error_set(ENOMEM, "gguf split: path");
+    /* the later parts first: a first part names a complete set */
+    for (uint32_t j = 0; !rc && j < np; j++) {
+        uint32_t i = (j + 1) % (uint32_t)np;
+        snprintf(path, len, "%s-%05u-of-%05u.gguf", prefix, i + 1, (uint32_t)np);
+        rc = split_write_part(g, i, (uint32_t)np, max_tensors, path);
+    }
+    if (!rc && n_parts)
+        *n_parts = (uint32_t)np;
+    free(path);
+    st_gguf_close(g);
     return rc;
 }

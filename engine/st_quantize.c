@@ -12,7 +12,8 @@
  *    target; every other tensor's bytes are copied unchanged (the F32 set of
  *    ARCHITECTURES.md section 2.4 among them).
  * 2. Keys are copied in their order with their serialized bytes; general.file_type and
- *    general.quantization_version take llama-quantize's values; split.* keys are dropped.
+ *    general.quantization_version take llama-quantize's values; split.* keys are dropped (a split
+ *    model, opened from its first part, is written as one file).
  * 3. The output appears only complete (the writer's temp file and rename); on any error
  *    nothing is left at `out`.
  * 4. One tensor's output and one row of f32 are in memory at a time (besides the mapped input).
@@ -262,12 +263,6 @@ int st_gguf_quantize(const char *in, const char *out, uint32_t type,
         return rc;
     if ((rc = st_gguf_open(in, &g)))
         return rc;
-    uint32_t split = 0;
-    if (st_gguf_get_u32(g, "split.count", &split) == 0 && split > 1) {
-        rc = st_error_set(ST_EINVAL, "%s: part of a file split in %u (split.count); merge the "
-                          "parts first (llama-gguf-split --merge)", in, split);
-        goto done;
-    }
     uint64_t n = st_gguf_n_tensors(g);
     jobs = calloc(n ? n : 1, sizeof *jobs);
     if (!jobs) {

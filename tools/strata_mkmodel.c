@@ -2,7 +2,8 @@
  * strata-mkmodel - write a GGUF with seeded weights, of any architecture the engine runs.
  *
  *   strata-mkmodel [--arch strata-hybrid|llama|qwen3|qwen35|qwen35moe|qwen3next] --preset NAME
- *                  [--seed S] [geometry flags] [--wtype TYPE] [--f32-twin] -o FILE
+ *                  [--seed S] [geometry flags] [--wtype TYPE] [--f32-twin] [--nextn N]
+ *                  [--split-max-tensors N] -o FILE
  *
  * The weights come from a seeded generator: the model computes real state and restores exactly,
  * but the text it writes is not meaningful.
@@ -41,6 +42,11 @@ static void usage(FILE *f)
             "  --kv-dtype f16|i8 default K/V dtype     --wtype TYPE  weight type\n"
             "  --name NAME       general.name\n"
             "  --f32-twin        store the --wtype weights widened to F32 (the same values)\n"
+            "  --nextn N         qwen35, qwen35moe, qwen3next: N trailing MTP blocks (default 0;\n"
+            "                    block_count = layers + N, nextn_predict_layers = N; never run)\n"
+            "  --split-max-tensors N  write a split model of at most N tensors per part\n"
+            "                    (default: one file): FILE minus .gguf names the parts\n"
+            "                    FILE-00001-of-0000K.gguf ... (llama.cpp's gguf-split layout)\n"
             "TYPE: f32, f16, bf16 (written directly), or q8_0, q4_0, q4_1, q5_0, q5_1, q2_K,\n"
             "q3_K, q4_K, q5_K, q6_K, iq4_nl, iq4_xs (any case): the seeded f32 model quantized\n"
             "as `strata quantize` does.\n"
@@ -72,6 +78,7 @@ int main(int argc, char **argv)
     int twin = 0;
     uint64_t seed = 1;
     uint32_t qtype = ST_GGML_F32; /* --wtype of a quantized type: quantize the f32 model */
+    uint32_t split_max = 0;       /* --split-max-tensors: 0 writes one file */
     st_model_hparams hp;
     struct {
         const char *flag;
@@ -82,6 +89,7 @@ int main(int argc, char **argv)
         {"--ctx", &hp.n_ctx},        {"--ssm-heads", &hp.ssm_heads}, {"--ssm-dk", &hp.ssm_dk},
         {"--ssm-dv", &hp.ssm_dv},    {"--vocab", &hp.n_vocab},
         {"--ssm-groups", &hp.ssm_groups}, {"--tied", &hp.tied},      {"--rope-freqs", &hp.rope_freqs},
+        {"--nextn", &hp.n_nextn},   {"--split-max-tensors", &split_max},
     };
     /* first pass: the architecture and the preset, so flags override it wherever they stand */
     for (int i = 1; i < argc; i++) {
@@ -183,9 +191,17 @@ int main(int argc, char **argv)
                         "type's twin is `strata quantize` then an F32 re-quantize)\n");
         return 2;
     }
-    /* a quantized type: the seeded f32 model next to OUT, then quantized into OUT */
-    char tmp[4096];
-    const char *dst = out;
+    /* a quantized type: the seeded f32 model next to OUT, then quantized into OUT; a split
+     * model: the whole file next to OUT, then split into its parts */
+    char tmp[4096], whole[4096], prefix[4096];
+    const char *dst = out, *qdst = out;
+    if (split_max) {
+        size_t ol = strlen(out);
+        snprintf(prefix, sizeof prefix, "%.*s", (int)(ol > 5 && !strcmp(out + ol - 5, ".gguf")
+                                                          ? ol - 5 : ol), out);
+        snprintf(whole, sizeof whole, "%s.whole.%d", out, (int)getpid());
+        dst = qdst = whole;
+    }
     if (qtype != ST_GGML_F32) {
         snprintf(tmp, sizeof tmp, "%s.f32.%d", out, (int)getpid());
         dst = tmp;
@@ -194,13 +210,21 @@ int main(int argc, char **argv)
                   : st_model_write_seeded(&hp, seed, name, dst);
     if (!rc && qtype != ST_GGML_F32) {
         st_quantize_opts qo = {mk_log, NULL, 0};
-        rc = st_gguf_quantize(tmp, out, qtype, &qo, NULL);
+        rc = st_gguf_quantize(tmp, qdst, qtype, &qo, NULL);
         unlink(tmp);
+    }
+    uint32_t parts = 1;
+    if (!rc && split_max) {
+        rc = st_gguf_split(whole, prefix, split_max, &parts);
+        unlink(whole);
     }
     if (rc) {
         fprintf(stderr, "strata-mkmodel: %s: %s\n", st_strerror(rc), st_errdetail());
         return 1;
     }
+    if (split_max)
+        fprintf(stderr, "strata-mkmodel: %u parts %s-00001-of-%05u.gguf ...\n", parts, prefix,
+                parts);
     fprintf(stderr,
             "strata-mkmodel: wrote %s: %s, %u layers \"%s\", %.2f M parameters, running state "
             "%llu B per checkpoint, K/V %llu B per token (seeded weights: not meaningful text)\n",
