@@ -195,12 +195,47 @@ int st_tlist_done(st_tlist *l)
     return st_error_set(ENOMEM, "model: tensor list");
 }
 
+/* ---- MTP blocks ---------------------------------------------------------------------------
+ * The last n_nextn blocks of block_count (blk.n_layer .. blk.n_layer + n_nextn - 1) predict
+ * further tokens for speculative drafting; the engine does not run them. An architecture lists
+ * their tensors (layer >= n_layer) for the seeded writer; the loader, the fingerprint and the
+ * parameter count drop those entries, and the loader accepts a file's tensors of those blocks
+ * without checking, binding or reading them (their pages are not touched). */
+static size_t mtp_entries(const st_model_hparams *hp, const st_tlist *l)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < l->n; i++)
+        n += l->t[i].layer >= (int32_t)hp->n_layer;
+    return n;
+}
+
+static void mtp_drop(const st_model_hparams *hp, st_tlist *l)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < l->n; i++)
+        if (l->t[i].layer < (int32_t)hp->n_layer)
+            l->t[k++] = l->t[i];
+    l->n = k;
+}
+
+/* Whether a file's tensor belongs to an MTP block: blk.B.* with n_layer <= B < n_layer + n_nextn. */
+static int mtp_tensor(const st_model_hparams *hp, const char *name)
+{
+    if (!hp->n_nextn || strncmp(name, "blk.", 4) || name[4] < '0' || name[4] > '9')
+        return 0;
+    char *end;
+    errno = 0;
+    unsigned long b = strtoul(name + 4, &end, 10);
+    return !errno && *end == '.' && b >= hp->n_layer && b - hp->n_layer < hp->n_nextn;
+}
+
 uint64_t st_model_n_params(const st_model_hparams *hp)
 {
     st_tlist l;
     uint64_t n = 0;
     if (hp_arch(hp)->tensors(hp, &l))
         return 0;
+    mtp_drop(hp, &l);
     for (size_t i = 0; i < l.n; i++)
         n += tdesc_n(&l.t[i]);
     free(l.t);
@@ -386,22 +421,28 @@ int st_model_load(const char *path, st_model **out)
     }
     if ((rc = m->arch->tensors(&m->hp, &l)) || (rc = mem_spec_build(m->arch, &m->hp, &m->mem)))
         goto fail;
-    /* a tensor the architecture does not list (a bias, a fused projection, MTP) is refused by
-     * name: the engine would not compute what the file means */
+    mtp_drop(&m->hp, &l);
+    /* a tensor the architecture does not list (a bias, a fused projection) is refused by name:
+     * the engine would not compute what the file means; MTP blocks' are left unread */
+    uint64_t n_mtp = 0;
     for (uint64_t i = 0; i < st_gguf_n_tensors(m->gguf); i++) {
         const char *tn = st_gguf_tensor_at(m->gguf, i)->name;
         size_t k = 0;
         while (k < l.n && strcmp(l.t[k].name, tn))
             k++;
-        if (k == l.n) {
+        if (k == l.n && mtp_tensor(&m->hp, tn)) {
+            n_mtp++;
+        } else if (k == l.n) {
             rc = st_error_set(ST_EINVAL, "model %s: tensor %s is not supported by the %s "
                               "architecture", path, tn, m->arch->name);
             goto fail;
         }
     }
-    if (st_gguf_n_tensors(m->gguf) != l.n) {
-        rc = st_error_set(ST_EINVAL, "model %s: %llu tensors, the architecture has %zu", path,
-                          (unsigned long long)st_gguf_n_tensors(m->gguf), l.n);
+    if (st_gguf_n_tensors(m->gguf) - n_mtp != l.n) {
+        rc = st_error_set(ST_EINVAL, "model %s: %llu tensors (%llu of MTP blocks), the "
+                          "architecture has %zu", path,
+                          (unsigned long long)st_gguf_n_tensors(m->gguf),
+                          (unsigned long long)n_mtp, l.n);
         goto fail;
     }
     m->layers = calloc(m->hp.n_layer, sizeof *m->layers);
@@ -536,6 +577,11 @@ static int write_seeded(const st_model_hparams *hp, uint64_t seed, const char *n
                             st_gguf_type_name(hp->wtype));
     if ((rc = arch->tensors(hp, &l)) || (rc = st_gguf_writer_new(&w, 0)))
         goto done;
+    if (hp->n_nextn && !mtp_entries(hp, &l)) {
+        rc = st_error_set(ST_EINVAL, "model: the %s architecture has no MTP blocks (nextn %u)",
+                          arch->name, hp->n_nextn);
+        goto done;
+    }
     char dflt[96];
     snprintf(dflt, sizeof dflt, "%s seeded", arch->name);
     st_gguf_writer_set_str(w, "general.architecture", arch->name);

@@ -14,7 +14,8 @@
  *    reorders weights: what the converter did (§3.6: norm weights 1 + w, ssm_a = -exp(A_log))
  *    is in the file already.
  * 2. MTP blocks (the last nextn_predict_layers of block_count) are not model layers: they are
- *    neither listed, run, cached nor saved.
+ *    listed last (for the seeded writer; the loader drops them) and neither run, cached, saved
+ *    nor fingerprinted.
  * 3. The fingerprint tags ("qwen35 fingerprint 1", "qwen3next fingerprint 1") and their
  *    parameter order never change.
  */
@@ -130,6 +131,9 @@ static int qn_check(const st_model_hparams *hp)
     size_t plen = strnlen(hp->pattern, ST_PATTERN_MAX);
     if (hp->n_layer < 1 || hp->n_layer > 1024)
         return st_error_set(ST_EINVAL, "model: %u layers (1..1024)", hp->n_layer);
+    if (hp->n_nextn > 16)
+        return st_error_set(ST_EINVAL, "model: %u MTP blocks (nextn_predict_layers 0..16)",
+                            hp->n_nextn);
     if (plen < 1 || plen >= ST_PATTERN_MAX || hp->pattern[plen - 1] != 'A')
         return st_error_set(ST_EINVAL, "model: full_attention_interval %zu (1..%d)", plen,
                             ST_PATTERN_MAX - 1);
@@ -434,74 +438,93 @@ static int qn_write_keys(const qn_arch *a, st_gguf_writer *w, const st_model_hpa
 #define LF(f) (uint32_t) offsetof(st_layer, f)
 #define MF(f) (uint32_t) offsetof(st_model, f)
 
-static int qn_tensors(const qn_arch *a, const st_model_hparams *hp, st_tlist *l)
+/* Block u's tensors: a layer of kind 'A' or 'D', or (u >= n_layer) an MTP block: a
+ * full-attention block with its FFN and the nextn projections (§2.2), listed for the writer. */
+static void qn_block(const qn_arch *a, const st_model_hparams *hp, st_tlist *l, uint32_t u,
+                     char kind)
 {
-    uint64_t E = hp->n_embd, V = hp->n_vocab, F = hp->n_ff, D = hp->head_dim;
+    uint64_t E = hp->n_embd, F = hp->n_ff, D = hp->head_dim;
     uint64_t Hq = hp->n_head, Hkv = hp->n_head_kv, Hk = hp->ssm_groups, Hv = hp->ssm_heads;
     uint64_t dk = hp->ssm_dk, dv = hp->ssm_dv, kd = Hk * dk, vd = Hv * dv, R = Hv / Hk;
+    int32_t il = (int32_t)u;
+    st_tlist_add(l, il, LF(attn_norm), 0, ST_TI_NORM, E, 0, "blk.%u.attn_norm.weight", u);
+    if (kind == 'A') {
+        st_tlist_add(l, il, LF(wq), 1, ST_TI_MAT, E, 2 * D * Hq, "blk.%u.attn_q.weight", u);
+        st_tlist_add(l, il, LF(wk), 1, ST_TI_MAT, E, D * Hkv, "blk.%u.attn_k.weight", u);
+        st_tlist_add(l, il, LF(wv), 1, ST_TI_MAT, E, D * Hkv, "blk.%u.attn_v.weight", u);
+        st_tlist_add(l, il, LF(wo), 1, ST_TI_MAT_OUT, D * Hq, E, "blk.%u.attn_output.weight",
+                     u);
+        st_tlist_add(l, il, LF(q_norm), 0, ST_TI_NORM, D, 0, "blk.%u.attn_q_norm.weight", u);
+        st_tlist_add(l, il, LF(k_norm), 0, ST_TI_NORM, D, 0, "blk.%u.attn_k_norm.weight", u);
+    } else {
+        if (hp->ssm_in) {
+            st_tlist_add(l, il, LF(sin), 1, ST_TI_MAT, E, Hk * (2 * dk + 2 * R * dv),
+                         "blk.%u.ssm_in.weight", u);
+        } else {
+            st_tlist_add(l, il, LF(sqkv), 1, ST_TI_MAT, E, 2 * kd + vd,
+                         "blk.%u.attn_qkv.weight", u);
+            st_tlist_add(l, il, LF(sgate), 1, ST_TI_MAT, E, vd, "blk.%u.attn_gate.weight", u);
+        }
+        st_tlist_add(l, il, LF(conv_w), 0, ST_TI_CONV, hp->ssm_conv, 2 * kd + vd,
+                     "blk.%u.ssm_conv1d.weight", u);
+        st_tlist_add(l, il, LF(dt_bias), 0, ST_TI_DTBIAS, Hv, 0, "blk.%u.ssm_dt.bias", u);
+        st_tlist_add(l, il, LF(ssm_a), 0, ST_TI_SSM_A, Hv, 0, "blk.%u.ssm_a", u);
+        if (a->grouped) {
+            st_tlist_add(l, il, LF(sba), 1, ST_TI_MAT, E, 2 * Hv, "blk.%u.ssm_ba.weight", u);
+        } else {
+            st_tlist_add(l, il, LF(sbeta), 1, ST_TI_MAT, E, Hv, "blk.%u.ssm_beta.weight", u);
+            st_tlist_add(l, il, LF(salpha), 1, ST_TI_MAT, E, Hv, "blk.%u.ssm_alpha.weight", u);
+        }
+        st_tlist_add(l, il, LF(ssm_norm), 0, ST_TI_NORM, dv, 0, "blk.%u.ssm_norm.weight", u);
+        st_tlist_add(l, il, LF(sout), 1, ST_TI_MAT_OUT, vd, E, "blk.%u.ssm_out.weight", u);
+    }
+    st_tlist_add(l, il, LF(ffn_norm), 0, ST_TI_NORM, E, 0, "blk.%u.post_attention_norm.weight",
+                 u);
+    if (a->moe) {
+        uint64_t X = hp->n_expert, Fe = hp->n_ff_exp, Fs = hp->n_ff_shexp;
+        st_tlist_add(l, il, LF(moe_router), 1, ST_TI_MAT_F32, E, X,
+                     "blk.%u.ffn_gate_inp.weight", u);
+        st_tlist_add3(l, il, LF(moe_gate), ST_TI_MAT, E, Fe, X, "blk.%u.ffn_gate_exps.weight",
+                      u);
+        st_tlist_add3(l, il, LF(moe_up), ST_TI_MAT, E, Fe, X, "blk.%u.ffn_up_exps.weight", u);
+        st_tlist_add3(l, il, LF(moe_down), ST_TI_MAT_OUT, Fe, E, X,
+                      "blk.%u.ffn_down_exps.weight", u);
+        st_tlist_add(l, il, LF(sh_router), 1, ST_TI_MAT_F32, E, 1,
+                     "blk.%u.ffn_gate_inp_shexp.weight", u);
+        st_tlist_add(l, il, LF(sh_gate), 1, ST_TI_MAT, E, Fs, "blk.%u.ffn_gate_shexp.weight",
+                     u);
+        st_tlist_add(l, il, LF(sh_up), 1, ST_TI_MAT, E, Fs, "blk.%u.ffn_up_shexp.weight", u);
+        st_tlist_add(l, il, LF(sh_down), 1, ST_TI_MAT_OUT, Fs, E,
+                     "blk.%u.ffn_down_shexp.weight", u);
+    } else {
+        st_tlist_add(l, il, LF(ffn_gate), 1, ST_TI_MAT, E, F, "blk.%u.ffn_gate.weight", u);
+        st_tlist_add(l, il, LF(ffn_up), 1, ST_TI_MAT, E, F, "blk.%u.ffn_up.weight", u);
+        st_tlist_add(l, il, LF(ffn_down), 1, ST_TI_MAT_OUT, F, E, "blk.%u.ffn_down.weight",
+                     u);
+    }
+    if (u < hp->n_layer)
+        return;
+    /* never bound (the loader drops layers >= n_layer): the fields are the nearest alike */
+    st_tlist_add(l, (int32_t)u, LF(wo), 1, ST_TI_MAT, 2 * E, E, "blk.%u.nextn.eh_proj.weight", u);
+    st_tlist_add(l, (int32_t)u, LF(attn_norm), 0, ST_TI_NORM, E, 0, "blk.%u.nextn.enorm.weight",
+                 u);
+    st_tlist_add(l, (int32_t)u, LF(ffn_norm), 0, ST_TI_NORM, E, 0, "blk.%u.nextn.hnorm.weight",
+                 u);
+}
+
+static int qn_tensors(const qn_arch *a, const st_model_hparams *hp, st_tlist *l)
+{
+    uint64_t E = hp->n_embd, V = hp->n_vocab;
     memset(l, 0, sizeof *l);
     st_tlist_add(l, -1, MF(tok_embd), 1, ST_TI_EMB, E, V, "token_embd.weight");
-    for (uint32_t u = 0; u < hp->n_layer; u++) {
-        int32_t il = (int32_t)u;
-        st_tlist_add(l, il, LF(attn_norm), 0, ST_TI_NORM, E, 0, "blk.%u.attn_norm.weight", u);
-        if (st_model_layer_kind(hp, u) == 'A') {
-            st_tlist_add(l, il, LF(wq), 1, ST_TI_MAT, E, 2 * D * Hq, "blk.%u.attn_q.weight", u);
-            st_tlist_add(l, il, LF(wk), 1, ST_TI_MAT, E, D * Hkv, "blk.%u.attn_k.weight", u);
-            st_tlist_add(l, il, LF(wv), 1, ST_TI_MAT, E, D * Hkv, "blk.%u.attn_v.weight", u);
-            st_tlist_add(l, il, LF(wo), 1, ST_TI_MAT_OUT, D * Hq, E, "blk.%u.attn_output.weight",
-                         u);
-            st_tlist_add(l, il, LF(q_norm), 0, ST_TI_NORM, D, 0, "blk.%u.attn_q_norm.weight", u);
-            st_tlist_add(l, il, LF(k_norm), 0, ST_TI_NORM, D, 0, "blk.%u.attn_k_norm.weight", u);
-        } else {
-            if (hp->ssm_in) {
-                st_tlist_add(l, il, LF(sin), 1, ST_TI_MAT, E, Hk * (2 * dk + 2 * R * dv),
-                             "blk.%u.ssm_in.weight", u);
-            } else {
-                st_tlist_add(l, il, LF(sqkv), 1, ST_TI_MAT, E, 2 * kd + vd,
-                             "blk.%u.attn_qkv.weight", u);
-                st_tlist_add(l, il, LF(sgate), 1, ST_TI_MAT, E, vd, "blk.%u.attn_gate.weight", u);
-            }
-            st_tlist_add(l, il, LF(conv_w), 0, ST_TI_CONV, hp->ssm_conv, 2 * kd + vd,
-                         "blk.%u.ssm_conv1d.weight", u);
-            st_tlist_add(l, il, LF(dt_bias), 0, ST_TI_DTBIAS, Hv, 0, "blk.%u.ssm_dt.bias", u);
-            st_tlist_add(l, il, LF(ssm_a), 0, ST_TI_SSM_A, Hv, 0, "blk.%u.ssm_a", u);
-            if (a->grouped) {
-                st_tlist_add(l, il, LF(sba), 1, ST_TI_MAT, E, 2 * Hv, "blk.%u.ssm_ba.weight", u);
-            } else {
-                st_tlist_add(l, il, LF(sbeta), 1, ST_TI_MAT, E, Hv, "blk.%u.ssm_beta.weight", u);
-                st_tlist_add(l, il, LF(salpha), 1, ST_TI_MAT, E, Hv, "blk.%u.ssm_alpha.weight", u);
-            }
-            st_tlist_add(l, il, LF(ssm_norm), 0, ST_TI_NORM, dv, 0, "blk.%u.ssm_norm.weight", u);
-            st_tlist_add(l, il, LF(sout), 1, ST_TI_MAT_OUT, vd, E, "blk.%u.ssm_out.weight", u);
-        }
-        st_tlist_add(l, il, LF(ffn_norm), 0, ST_TI_NORM, E, 0, "blk.%u.post_attention_norm.weight",
-                     u);
-        if (a->moe) {
-            uint64_t X = hp->n_expert, Fe = hp->n_ff_exp, Fs = hp->n_ff_shexp;
-            st_tlist_add(l, il, LF(moe_router), 1, ST_TI_MAT_F32, E, X,
-                         "blk.%u.ffn_gate_inp.weight", u);
-            st_tlist_add3(l, il, LF(moe_gate), ST_TI_MAT, E, Fe, X, "blk.%u.ffn_gate_exps.weight",
-                          u);
-            st_tlist_add3(l, il, LF(moe_up), ST_TI_MAT, E, Fe, X, "blk.%u.ffn_up_exps.weight", u);
-            st_tlist_add3(l, il, LF(moe_down), ST_TI_MAT_OUT, Fe, E, X,
-                          "blk.%u.ffn_down_exps.weight", u);
-            st_tlist_add(l, il, LF(sh_router), 1, ST_TI_MAT_F32, E, 1,
-                         "blk.%u.ffn_gate_inp_shexp.weight", u);
-            st_tlist_add(l, il, LF(sh_gate), 1, ST_TI_MAT, E, Fs, "blk.%u.ffn_gate_shexp.weight",
-                         u);
-            st_tlist_add(l, il, LF(sh_up), 1, ST_TI_MAT, E, Fs, "blk.%u.ffn_up_shexp.weight", u);
-            st_tlist_add(l, il, LF(sh_down), 1, ST_TI_MAT_OUT, Fs, E,
-                         "blk.%u.ffn_down_shexp.weight", u);
-        } else {
-            st_tlist_add(l, il, LF(ffn_gate), 1, ST_TI_MAT, E, F, "blk.%u.ffn_gate.weight", u);
-            st_tlist_add(l, il, LF(ffn_up), 1, ST_TI_MAT, E, F, "blk.%u.ffn_up.weight", u);
-            st_tlist_add(l, il, LF(ffn_down), 1, ST_TI_MAT_OUT, F, E, "blk.%u.ffn_down.weight",
-                         u);
-        }
-    }
+    for (uint32_t u = 0; u < hp->n_layer; u++)
+        qn_block(a, hp, l, u, st_model_layer_kind(hp, u));
     st_tlist_add(l, -1, MF(output_norm), 0, ST_TI_NORM, E, 0, "output_norm.weight");
     if (!hp->tied)
         st_tlist_add(l, -1, MF(output), 1, ST_TI_MAT, E, V, "output.weight");
+    /* the MTP blocks last: the model's tensors keep their place (and seeds) without them */
+    for (uint32_t u = hp->n_layer; u < hp->n_layer + hp->n_nextn; u++)
+        qn_block(a, hp, l, u, 'A');
     return st_tlist_done(l);
 }
 
@@ -525,6 +548,10 @@ static void qn_memory(const st_model_hparams *hp, uint32_t il, st_mem_layer *ml)
     ml->conv_ch = 2 * hp->ssm_groups * hp->ssm_dk + hp->ssm_heads * hp->ssm_dv;
 }
 
+/* The MTP blocks are not part of the model that runs: their slot in the parameter order (it
+ * was n_nextn, 0 for every file that loaded before MTP blocks were accepted) stays 0, so that a
+ * file with MTP blocks and the same file without them have one fingerprint (their tensors are
+ * not hashed either, st_model.c). */
 static void qn_fingerprint(const qn_arch *a, const st_model_hparams *hp, st_fp *fp)
 {
     char tag[64];
@@ -533,7 +560,7 @@ static void qn_fingerprint(const qn_arch *a, const st_model_hparams *hp, st_fp *
     const uint32_t u[] = {hp->n_vocab,   hp->n_embd,    hp->n_layer,  hp->n_ff,
                           hp->n_ctx,     hp->n_head,    hp->n_head_kv, hp->head_dim,
                           hp->n_rot,     hp->ssm_heads, hp->ssm_groups, hp->ssm_dk,
-                          hp->ssm_dv,    hp->ssm_conv,  hp->kv_dtype,  hp->n_nextn,
+                          hp->ssm_dv,    hp->ssm_conv,  hp->kv_dtype,  0 /* see below */,
                           hp->tied,      hp->ssm_in,
                           (uint32_t)strnlen(hp->pattern, ST_PATTERN_MAX),
                           hp->n_expert,  hp->n_expert_used, hp->n_ff_exp, hp->n_ff_shexp};
