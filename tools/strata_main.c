@@ -140,6 +140,29 @@ static int cmd_quantize(int argc, char **argv)
     return 0;
 }
 
+/* The MTP blocks the engine skips: blk.n_layer .. blk.n_layer + n_nextn - 1, their tensors and
+ * bytes (never read). */
+static void info_mtp(const st_gguf *g, const st_model_hparams *hp)
+{
+    uint64_t n = 0, bytes = 0;
+    for (uint64_t i = 0; i < st_gguf_n_tensors(g); i++) {
+        const st_gguf_tensor *t = st_gguf_tensor_at(g, i);
+        unsigned b;
+        char dot;
+        if (sscanf(t->name, "blk.%u%c", &b, &dot) == 2 && dot == '.' && b >= hp->n_layer &&
+            b - hp->n_layer < hp->n_nextn) {
+            n++;
+            bytes += t->nbytes;
+        }
+    }
+    if (hp->n_nextn)
+        printf("mtp          %u blocks skipped (blk.%u..blk.%u: %llu tensors, %llu B not read)\n",
+               hp->n_nextn, hp->n_layer, hp->n_layer + hp->n_nextn - 1, (unsigned long long)n,
+               (unsigned long long)bytes);
+    else
+        printf("mtp          none\n");
+}
+
 static int cmd_info(const char *model)
 {
     st_model *m = NULL;
@@ -191,6 +214,22 @@ static int cmd_info(const char *model)
     printf("state        %llu B per checkpoint, K/V %llu B per token\n",
            (unsigned long long)st_model_state_bytes(hp),
            (unsigned long long)st_model_kv_bytes_per_token(hp, hp->kv_dtype));
+    static const uint32_t kv_dtypes[] = {ST_DTYPE_F16, ST_DTYPE_F32, ST_DTYPE_I8};
+    printf("kv-per-token");
+    for (size_t i = 0; i < sizeof kv_dtypes / sizeof kv_dtypes[0]; i++)
+        printf("%s %s %llu B", i ? "," : "", st_dtype_name(kv_dtypes[i]),
+               (unsigned long long)st_model_kv_bytes_per_token(hp, kv_dtypes[i]));
+    printf(" (f32: cpu backend only)\n");
+    info_mtp(g, hp);
+    printf("parts        %u", st_gguf_n_parts(g));
+    for (uint32_t p = 0; p < st_gguf_n_parts(g); p++) {
+        uint64_t n = 0;
+        for (uint64_t i = 0; i < st_gguf_n_tensors(g); i++)
+            n += st_gguf_tensor_at(g, i)->part == p;
+        printf("%s %s %llu tensors %llu B", p ? "," : ":", st_gguf_part_path(g, p),
+               (unsigned long long)n, (unsigned long long)st_gguf_part_bytes(g, p));
+    }
+    printf("\n");
     st_model_free(m);
     return 0;
 }
