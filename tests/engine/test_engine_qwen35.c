@@ -8,6 +8,7 @@
  * the value -> key head mapping swapped (tiled -> grouped) and must fail the comparison.
  * Exactness: N tokens in one process equal k, a session file, N - k in a new process (tokens
  * and final logits, fp32); a bf16 session restores and statectl diff reports its error.
+ * Without the reference (tests/ref/node_modules) the comparisons fail: `make deps`.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -31,10 +32,13 @@ static const char *const k_prompts[] = {
      "309,310,311,312,313,314,315,316,317,318,319,320,321,322,323,324,325,326,327,328,329,330"),
 };
 
-static int have_ref(void)
+/* The reference, or a failed test saying how to get it (a comparison never skips). */
+static void need_ref(void)
 {
-    return access(REF "/node_modules/node-llama-cpp/package.json", R_OK) == 0 &&
-           st_test_run(out, sizeof out, "node --version") == 0;
+    if (access(REF "/node_modules/node-llama-cpp/package.json", R_OK) != 0 ||
+        st_test_run(out, sizeof out, "node --version") != 0)
+        fail_msg("the llama.cpp reference is missing (tests/ref/node_modules, node): run `make "
+                 "deps`");
 }
 
 /* The white-box forward pass of strata logits (one token at a time, f32 K/V, one thread), on
@@ -120,8 +124,7 @@ static void compare(const char *preset, const char *wtype)
 static void test_ref_moe_next(void **state)
 {
     (void)state;
-    if (!have_ref())
-        skip();
+    need_ref();
     compare_arch("qwen35moe", "qwen35moe-tiny", "f32");
     compare_arch("qwen3next", "qwen3next-tiny", "f32");
     compare_arch("qwen3next", "qwen3next-tiny-legacy", "f32");
@@ -131,8 +134,7 @@ static void test_ref_moe_next(void **state)
 static void test_ref_f32(void **state)
 {
     (void)state;
-    if (!have_ref())
-        skip();
+    need_ref();
     compare("qwen35-tiny", "f32");
     compare("qwen35-tiny-tied", "f32");
 }
@@ -140,16 +142,14 @@ static void test_ref_f32(void **state)
 static void test_ref_f16(void **state)
 {
     (void)state;
-    if (!have_ref())
-        skip();
+    need_ref();
     compare("qwen35-tiny", "f16");
 }
 
 static void test_ref_bf16(void **state)
 {
     (void)state;
-    if (!have_ref())
-        skip();
+    need_ref();
     compare("qwen35-tiny", "bf16");
 }
 
@@ -158,8 +158,7 @@ static void test_ref_bf16(void **state)
 static void test_wrong_head_mapping(void **state)
 {
     (void)state;
-    if (!have_ref())
-        skip();
+    need_ref();
     char path[4200];
     sh(1, BIN "/strata-mkmodel --arch qwen35 --preset qwen35-tiny --ctx 256 -o %s/m.gguf "
               "2>/dev/null", g_dir);

@@ -12,7 +12,17 @@
 import {spawnSync} from "node:child_process";
 import fs from "node:fs";
 import path from "node:path";
-import {compareRows, refEval, refLlama} from "./logits_lib.mjs";
+import {fileURLToPath} from "node:url";
+
+// The reference, or a failure saying how to get it (the comparison never skips); logits_lib is
+// imported after the check, since it imports node-llama-cpp.
+const refDir = path.dirname(fileURLToPath(import.meta.url));
+if (!fs.existsSync(path.join(refDir, "node_modules", "node-llama-cpp", "package.json"))) {
+    process.stderr.write(`test_llama_ref: the llama.cpp reference is missing ` +
+                         `(${refDir}/node_modules): run \`make deps\`\n`);
+    process.exit(1);
+}
+const {compareRows, refEval, refLlama} = await import("./logits_lib.mjs");
 
 const [bin, dir] = process.argv.slice(2);
 if (!bin || !dir) {
