@@ -31,7 +31,7 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: strata generate -m MODEL -p PROMPT -n N [options]\n"
-            "       strata info -m MODEL\n"
+            "       strata info -m MODEL   (a split model: its first part)\n"
             "       strata logits -m MODEL (--tokens 1,2,3 | --tokens-file F) -o FILE [options]\n"
             "       strata quantize IN OUT TYPE\n"
             "options of generate:\n"
@@ -94,7 +94,9 @@ static void quantize_usage(FILE *f)
             "divide falls back as llama.cpp does (Q4_K->Q5_0, Q5_K->Q5_1, Q6_K->Q8_0,\n"
             "Q2_K/Q3_K->Q4_0, IQ4_XS->IQ4_NL, else F16), and says so. Quantized inputs are\n"
             "dequantized first. Every key is copied; general.file_type and\n"
-            "general.quantization_version are set. Progress on stderr for files >= 64 MiB.\n",
+            "general.quantization_version are set. A split model (IN its first part,\n"
+            "NAME-00001-of-0000N.gguf) is read whole and written as one file, without its\n"
+            "split.* keys. Progress on stderr for files >= 64 MiB.\n",
             st_quantize_type_list());
 }
 
