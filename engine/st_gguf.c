@@ -691,6 +691,8 @@ static int split_open(st_gguf *g, const char *path)
         snprintf(d, sizeof d, "%s", st_errdetail());
         return st_error_set(rc, "gguf: %s: %s", path, d);
     }
+    if (count <= 1) /* one file, as llama.cpp reads it: the other split keys unread */
+        return 0;
     if ((rc = split_key(g, "split.no", UINT16_MAX, &no)) ||
         (rc = split_key(g, "split.tensors.count", INT32_MAX, &total)))
         return rc;
@@ -699,13 +701,6 @@ static int split_open(st_gguf *g, const char *path)
                             "from its first part (split.no 0, NAME-00001-of-%05llu.gguf)", path,
                             (unsigned long long)no + 1, (unsigned long long)count,
                             (unsigned long long)count);
-    if (count <= 1) {
-        if (total != g->n_tensors)
-            return st_error_set(ST_EINVAL, "gguf: %s: %llu tensors, split.tensors.count says %llu",
-                                path, (unsigned long long)g->n_tensors,
-                                (unsigned long long)total);
-        return 0;
-    }
     char suffix[40];
     snprintf(suffix, sizeof suffix, "-%05u-of-%05llu.gguf", 1u, (unsigned long long)count);
     size_t pl = strlen(path), sl = strlen(suffix);

@@ -195,7 +195,15 @@ static void test_split_refusals(void **state)
     path_of(p, sizeof p, a1);
     assert_int_equal(st_model_load(p, &m), 0);
     st_model_free(m);
-    sh(1, "rm -f %s/a-* %s/t-* %s/keep2 %s/renamed.gguf", g_dir, g_dir, g_dir, g_dir);
+    /* split.count 1 alone is one file, as llama.cpp reads it (the other split keys unread) */
+    sh(1, BIN "/strata-mkmodel --arch qwen35 --preset qwen35-tiny -o %s/one.gguf 2>/dev/null",
+       g_dir);
+    craft_part("one.gguf", "count1.gguf", 0, 1, NULL, NULL);
+    path_of(p, sizeof p, "count1.gguf");
+    assert_int_equal(st_model_load(p, &m), 0);
+    st_model_free(m);
+    sh(1, "rm -f %s/a-* %s/t-* %s/keep2 %s/renamed.gguf %s/count1.gguf", g_dir, g_dir, g_dir,
+       g_dir, g_dir);
 }
 
 /* ---- MTP blocks ---------------------------------------------------------------------------- */
