@@ -10,7 +10,10 @@
  *    changes how many elements are done at once, never the operations on one of them.
  * 3. This file is compiled with -ffp-contract=off so the compiler never fuses a multiply and an
  *    add on its own: every fused operation is written out.
- * 4. Weights are widened to f32 exactly (f16, bf16) before they are used.
+ * 4. Weights are widened to f32 exactly (f16, bf16) before they are used; quantized weights
+ *    (st_wtype.h) are dequantized by the weight-type table, a chunk of a row at a time, and
+ *    dotted in f32 in the same canonical order (a quantized row is a whole number of 32-value
+ *    blocks, so it has no tail).
  */
 #include <math.h>
 #include <string.h>
@@ -19,6 +22,7 @@
 
 #include "st_codec.h"
 #include "st_engine_int.h"
+#include "st_wtype.h"
 
 #define VEC __attribute__((target("avx2,fma,f16c")))
 #define VEC_INLINE static inline __attribute__((always_inline, target("avx2,fma,f16c")))
@@ -66,19 +70,32 @@ static inline float w_at(const st_wmat *w, const void *row, uint32_t k)
     }
 }
 
-static inline size_t w_esize(uint32_t type)
+/* Bytes of n values of a row: i8 K/V rows, or a weight type of the table (the loader admits
+ * only those). */
+static inline size_t w_bytes(uint32_t type, uint32_t n)
 {
-    return type == ST_GGML_F32 ? 4 : type == ST_GGML_I8 ? 1 : 2;
+    if (type == ST_GGML_I8)
+        return n;
+    const st_wtype *t = st_wtype_get(type);
+    return (size_t)n / t->block * t->bytes;
 }
 
 static inline size_t w_stride_bytes(const st_wmat *w)
 {
-    return (size_t)(w->stride ? w->stride : w->cols) * w_esize(w->type);
+    return w_bytes(w->type, w->stride ? w->stride : w->cols);
 }
 
 static inline const void *w_row(const st_wmat *w, uint32_t r)
 {
     return (const uint8_t *)w->data + (size_t)r * w_stride_bytes(w);
+}
+
+/* F32, F16, BF16 and I8 have kernels of their own here; every other type goes through the
+ * weight-type table. */
+static inline int w_is_quant(uint32_t type)
+{
+    return type != ST_GGML_F32 && type != ST_GGML_F16 && type != ST_GGML_BF16 &&
+           type != ST_GGML_I8;
 }
 
 size_t st_wmat_row_bytes(const st_wmat *w)
@@ -89,6 +106,10 @@ size_t st_wmat_row_bytes(const st_wmat *w)
 void st_kern_row_f32(const st_wmat *w, uint32_t r, float *dst)
 {
     const void *row = w_row(w, r);
+    if (w_is_quant(w->type)) {
+        st_wtype_get(w->type)->dequant[0](row, dst, w->cols);
+        return;
+    }
     for (uint32_t k = 0; k < w->cols; k++)
         dst[k] = w_at(w, row, k);
 }
@@ -299,6 +320,77 @@ MM_VARIANT(mm_f16_vec, ST_GGML_F16)
 MM_VARIANT(mm_bf16_vec, ST_GGML_BF16)
 MM_VARIANT(mm_i8_vec, ST_GGML_I8)
 
+/* Quantized weights, several tokens: rows of the weight-type table dequantized a chunk of
+ * QCHUNK values at a time (QMR rows into buf), each chunk dotted with every token of the block
+ * of QTB tokens, the accumulators kept across chunks (acc). A chunk is a whole number of blocks
+ * and a multiple of 8, so lane l still takes elements 8j + l in increasing j and the result is
+ * the canonical dot of the dequantized row: dot_rows' bits, for any split of rows and tokens.
+ * One token alone goes to the table's fused dot_rows instead (same bits, no buffer). */
+#define QCHUNK 256
+#define QMR 4
+#define QTB 32
+VEC static void mm_q_vec(const st_wtype *wt, const st_wmat *w, const float *x, uint32_t ldx,
+                         float *y, uint32_t ldy, uint32_t r0, uint32_t r1, uint32_t t0, uint32_t t1)
+{
+    const uint8_t *wd = w->data;
+    const size_t ws = w_stride_bytes(w);
+    const uint32_t n = w->cols;
+    _Alignas(32) float buf[QMR][QCHUNK];
+    __m256 acc[QMR][QTB];
+    for (uint32_t t = t0; t < t1; t += QTB) {
+        uint32_t tn = t1 - t < QTB ? t1 - t : QTB;
+        for (uint32_t r = r0; r < r1; r += QMR) {
+            uint32_t mr = r1 - r < QMR ? r1 - r : QMR;
+            for (uint32_t i = 0; i < mr; i++)
+                for (uint32_t j = 0; j < tn; j++)
+                    acc[i][j] = _mm256_setzero_ps();
+            for (uint32_t k = 0; k < n; k += QCHUNK) {
+                uint32_t kn = n - k < QCHUNK ? n - k : QCHUNK;
+                for (uint32_t i = 0; i < mr; i++)
+                    wt->dequant[1](wd + (size_t)(r + i) * ws + w_bytes(w->type, k), buf[i], kn);
+                uint32_t j = 0;
+                if (mr == QMR)
+                    for (; j + 2 <= tn; j += 2) {
+                        const float *xa = x + (size_t)(t + j) * ldx + k, *xb = xa + ldx;
+                        __m256 a0 = acc[0][j], a1 = acc[1][j], a2 = acc[2][j], a3 = acc[3][j];
+                        __m256 b0 = acc[0][j + 1], b1 = acc[1][j + 1], b2 = acc[2][j + 1],
+                               b3 = acc[3][j + 1];
+                        for (uint32_t kk = 0; kk < kn; kk += 8) {
+                            __m256 w0 = _mm256_load_ps(buf[0] + kk), w1 = _mm256_load_ps(buf[1] + kk),
+                                   w2 = _mm256_load_ps(buf[2] + kk), w3 = _mm256_load_ps(buf[3] + kk);
+                            __m256 xv = _mm256_loadu_ps(xa + kk);
+                            a0 = _mm256_fmadd_ps(w0, xv, a0);
+                            a1 = _mm256_fmadd_ps(w1, xv, a1);
+                            a2 = _mm256_fmadd_ps(w2, xv, a2);
+                            a3 = _mm256_fmadd_ps(w3, xv, a3);
+                            xv = _mm256_loadu_ps(xb + kk);
+                            b0 = _mm256_fmadd_ps(w0, xv, b0);
+                            b1 = _mm256_fmadd_ps(w1, xv, b1);
+                            b2 = _mm256_fmadd_ps(w2, xv, b2);
+                            b3 = _mm256_fmadd_ps(w3, xv, b3);
+                        }
+                        acc[0][j] = a0, acc[1][j] = a1, acc[2][j] = a2, acc[3][j] = a3;
+                        acc[0][j + 1] = b0, acc[1][j + 1] = b1, acc[2][j + 1] = b2,
+                        acc[3][j + 1] = b3;
+                    }
+                for (; j < tn; j++) {
+                    const float *xa = x + (size_t)(t + j) * ldx + k;
+                    for (uint32_t i = 0; i < mr; i++) {
+                        __m256 a = acc[i][j];
+                        for (uint32_t kk = 0; kk < kn; kk += 8)
+                            a = _mm256_fmadd_ps(_mm256_load_ps(buf[i] + kk),
+                                                _mm256_loadu_ps(xa + kk), a);
+                        acc[i][j] = a;
+                    }
+                }
+            }
+            for (uint32_t j = 0; j < tn; j++)
+                for (uint32_t i = 0; i < mr; i++)
+                    y[(size_t)(t + j) * ldy + r + i] = hsum8(acc[i][j]);
+        }
+    }
+}
+
 VEC static float dot_vec(const float *a, const float *b, uint32_t n)
 {
     __m256 acc = _mm256_setzero_ps();
@@ -507,7 +599,7 @@ void st_kern_pv(const st_kern *k, float *out, uint32_t ldo, const float *p, uint
                 uint32_t nq, const void *v, uint32_t type, uint32_t vstride,
                 const float *vscale, uint32_t sstride, uint32_t j0, uint32_t j1, uint32_t hd)
 {
-    size_t vs = (size_t)vstride * w_esize(type);
+    size_t vs = w_bytes(type, vstride);
     if (k->vec) {
         if (type == ST_GGML_I8)
             pv_i8_vec(out, ldo, p, ldp, nq, v, vs, vscale, sstride, j0, j1, hd);
@@ -629,6 +721,16 @@ void st_kern_delta_scan(const st_kern *k, DN_ARGS)
 void st_kern_matmul(const st_kern *k, const st_wmat *w, const float *x, uint32_t ldx, float *y,
                     uint32_t ldy, uint32_t r0, uint32_t r1, uint32_t t0, uint32_t t1)
 {
+    if (w_is_quant(w->type)) {
+        const st_wtype *wt = st_wtype_get(w->type);
+        if (k->vec && t1 - t0 > 1)
+            mm_q_vec(wt, w, x, ldx, y, ldy, r0, r1, t0, t1);
+        else
+            for (uint32_t t = t0; t < t1; t++)
+                wt->dot_rows[k->vec](w_row(w, r0), w_stride_bytes(w), r1 - r0,
+                                     x + (size_t)t * ldx, w->cols, y + (size_t)t * ldy + r0);
+        return;
+    }
     if (k->vec) {
         switch (w->type) {
         case ST_GGML_F16: mm_f16_vec(w, x, ldx, y, ldy, r0, r1, t0, t1); return;

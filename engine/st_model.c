@@ -25,6 +25,7 @@
 #include <openssl/evp.h>
 
 #include "st_arch_int.h"
+#include "st_wtype.h"
 
 static const st_arch *const k_archs[] = {&st_arch_hybrid, &st_arch_llama,    &st_arch_qwen3,
                                          &st_arch_qwen35, &st_arch_qwen35moe, &st_arch_qwen3next};
@@ -324,9 +325,10 @@ static int check_tensor(const st_gguf *g, const st_tdesc *d, const st_gguf_tenso
     const st_gguf_tensor *t = st_gguf_tensor_find(g, d->name);
     if (!t)
         return st_error_set(ST_EINVAL, "model: tensor %s missing", d->name);
-    if (t->type != ST_GGML_F32 && t->type != ST_GGML_F16 && t->type != ST_GGML_BF16)
-        return st_error_set(ST_EINVAL, "model: tensor %s has type %s (f32, f16 or bf16 supported)",
-                            d->name, st_gguf_type_name(t->type));
+    if (!st_wtype_get(t->type))
+        return st_error_set(ST_EINVAL, "model: tensor %s has type %s (supported: f32, f16, bf16, "
+                            "q8_0, q4_0, q4_1, q5_0, q5_1, q2_K, q3_K, q4_K, q5_K, q6_K, iq4_nl, "
+                            "iq4_xs)", d->name, st_gguf_type_name(t->type));
     /* trailing dimensions of 1 are insignificant ({E, 1} is {E}) */
     uint32_t tn = t->n_dims, dn = d->nd;
     while (tn > 1 && t->dims[tn - 1] == 1)

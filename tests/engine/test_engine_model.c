@@ -1,7 +1,9 @@
 /*
  * test_engine_model.c - the model and the CPU backend: results bit-identical across thread
  * counts, prompt chunk sizes and the scalar / vector kernels; odd shapes, int8 K/V, f16 and bf16
- * weights; the DeltaNet step against a direct evaluation of its formula; the delta-rule
+ * weights, quantized weights (Q8_0; Q4_K and Q6_K on strata-hybrid and qwen35 rows of 256, so
+ * the K-quants are used as such; each of the twelve quantized types gives the logits of its F32
+ * twin, the same values dequantized, bit for bit); the DeltaNet step against a direct evaluation of its formula; the delta-rule
  * operation's key-head mapping; fingerprints, presets,
  * the published geometry and sampling.
  */
@@ -17,20 +19,25 @@
 #include "engine_test.h"
 #include "st_engine_int.h"
 #include "st_ops_int.h"
+#include "st_wtype.h"
 
 static char g_dir[4096];
 
 static const char *k_text = "The quick brown fox jumps over the lazy dog; 0123456789 and more "
                             "text to read past a few chunks of the prompt.";
 
+/* The prompt of the quantized models' tests (their widths make a token costlier). */
+static const char *k_text_short = "Quantized: 0123456789, and a few more words.";
+
 /* Read the prompt, generate n_gen greedy tokens; return every logit vector concatenated. */
-static float *run(const char *model, const st_engine_opts *o, uint32_t n_gen, uint32_t *gen_out)
+static float *run_text(const char *model, const st_engine_opts *o, uint32_t n_gen,
+                       uint32_t *gen_out, const char *text)
 {
     st_model *m = NULL;
     st_engine *e = NULL;
     st_slot *s = NULL;
     uint32_t toks[512];
-    uint64_t n = et_tokens(toks, k_text);
+    uint64_t n = et_tokens(toks, text);
     assert_int_equal(st_model_load(model, &m), 0);
     int rc = st_engine_new(m, o, &e);
     if (rc)
@@ -61,14 +68,14 @@ static float *run(const char *model, const st_engine_opts *o, uint32_t n_gen, ui
     return all;
 }
 
-static void check_invariance(const char *model, uint32_t V)
+static void check_invariance_text(const char *model, uint32_t V, const char *text)
 {
     st_engine_opts base;
     st_engine_opts_default(&base);
     base.n_threads = 1;
     base.force_scalar = 1;
     const uint32_t n_gen = 6;
-    float *ref = run(model, &base, n_gen, NULL);
+    float *ref = run_text(model, &base, n_gen, NULL, text);
     struct {
         uint32_t threads, ubatch;
         int scalar;
@@ -79,13 +86,18 @@ static void check_invariance(const char *model, uint32_t V)
         o.n_threads = v[i].threads;
         o.ubatch = v[i].ubatch;
         o.force_scalar = v[i].scalar;
-        float *got = run(model, &o, n_gen, NULL);
+        float *got = run_text(model, &o, n_gen, NULL, text);
         if (memcmp(ref, got, (size_t)(n_gen + 1) * V * sizeof *ref) != 0)
             fail_msg("logits differ with %u threads, ubatch %u, %s kernels", v[i].threads,
                      v[i].ubatch, v[i].scalar ? "scalar" : "vector");
         free(got);
     }
     free(ref);
+}
+
+static void check_invariance(const char *model, uint32_t V)
+{
+    check_invariance_text(model, V, k_text);
 }
 
 static void test_invariance_tiny(void **state)
@@ -136,6 +148,116 @@ static void test_invariance_i8_f16_bf16(void **state)
     check_invariance(path, ST_VOCAB_BYTES);
     et_model(path, sizeof path, g_dir, "bf16.gguf", 6, bf16w);
     check_invariance(path, ST_VOCAB_BYTES);
+}
+
+/* Rows of 256 everywhere (embedding, feed-forward, attention 4 x 64, DeltaNet 4 x 64 x 64), so
+ * every K-quant applies without fallback; the vocabulary (259 rows) leaves partial row tiles. */
+static void rows256(st_model_hparams *hp)
+{
+    hp->n_embd = 256;
+    hp->n_ff = 256;
+    hp->n_layer = 2;
+    snprintf(hp->pattern, sizeof hp->pattern, "DA");
+    hp->n_head = 4;
+    hp->n_head_kv = 2;
+    hp->head_dim = 64;
+    hp->ssm_heads = 4;
+    hp->ssm_dk = 64;
+    hp->ssm_dv = 64;
+}
+
+/* The f32 model at f32 quantized to `type` (as strata quantize does) at dir/name. */
+static void quantized(char *dst, size_t cap, const char *f32, const char *name, uint32_t type)
+{
+    snprintf(dst, cap, "%s/%s", g_dir, name);
+    st_quantize_stats qs;
+    if (st_gguf_quantize(f32, dst, type, NULL, &qs))
+        fail_msg("quantize %s: %s", name, st_errdetail());
+    assert_int_equal(qs.n_fallback, 0);
+    assert_true(qs.n_quantized > 0);
+}
+
+static void test_invariance_quantized(void **state)
+{
+    char f32[4200], path[4200];
+    et_model(f32, sizeof f32, g_dir, "q64.gguf", 8, NULL);
+    quantized(path, sizeof path, f32, "q64_q8_0.gguf", ST_GGML_Q8_0);
+    check_invariance_text(path, ST_VOCAB_BYTES, k_text_short);
+    et_model(f32, sizeof f32, g_dir, "r256.gguf", 8, rows256);
+    quantized(path, sizeof path, f32, "r256_q4_K.gguf", ST_GGML_Q4_K);
+    check_invariance_text(path, ST_VOCAB_BYTES, k_text_short);
+    /* the Qwen hybrid layers (fused DeltaNet projection, gated attention, key heads != value
+     * heads) on a K-quant */
+    st_model_hparams hp;
+    assert_int_equal(st_model_preset_arch("qwen35", "qwen35-tiny-q", &hp), 0);
+    hp.n_layer = 2;
+    snprintf(hp.pattern, sizeof hp.pattern, "DA");
+    snprintf(f32, sizeof f32, "%s/qn.gguf", g_dir);
+    assert_int_equal(st_model_write_seeded(&hp, 9, "qn", f32), 0);
+    quantized(path, sizeof path, f32, "qn_q6_K.gguf", ST_GGML_Q6_K);
+    check_invariance_text(path, hp.n_vocab, k_text_short);
+}
+
+/* Logits after the prompt and a few greedy tokens, with the vector kernels on 2 threads. */
+static float *run_default(const char *model, uint32_t n_gen)
+{
+    st_engine_opts o;
+    st_engine_opts_default(&o);
+    o.n_threads = 2;
+    return run_text(model, &o, n_gen, NULL, k_text_short);
+}
+
+/* Every quantized type: `strata quantize q twin F32` holds exactly the dequantized values, and
+ * the engine computes on the quantized file what it computes on that twin, bit for bit (it
+ * computes in f32 on the dequantized weights: docs/ENGINE.md, "Weight types"). */
+static void test_quantized_equals_f32_twin(void **state)
+{
+    static const uint32_t types[] = {ST_GGML_Q8_0, ST_GGML_Q4_0, ST_GGML_Q4_1, ST_GGML_Q5_0,
+                                     ST_GGML_Q5_1, ST_GGML_Q2_K, ST_GGML_Q3_K, ST_GGML_Q4_K,
+                                     ST_GGML_Q5_K, ST_GGML_Q6_K, ST_GGML_IQ4_NL, ST_GGML_IQ4_XS};
+    char f32_64[4200], f32_256[4200], q[4200], twin[4200], name[64];
+    et_model(f32_64, sizeof f32_64, g_dir, "t64.gguf", 10, NULL);
+    et_model(f32_256, sizeof f32_256, g_dir, "t256.gguf", 10, rows256);
+    const uint32_t n_gen = 3, V = ST_VOCAB_BYTES;
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        const char *tn = st_gguf_type_name(types[i]);
+        /* the tiny preset's rows of 64 for the types of 32-value blocks, rows of 256 for the
+         * others */
+        const char *f32 = st_wtype_get(types[i])->block == 32 ? f32_64 : f32_256;
+        snprintf(name, sizeof name, "t_%s.gguf", tn);
+        quantized(q, sizeof q, f32, name, types[i]);
+        snprintf(name, sizeof name, "t_%s_twin.gguf", tn);
+        snprintf(twin, sizeof twin, "%s/%s", g_dir, name);
+        assert_int_equal(st_gguf_quantize(q, twin, ST_GGML_F32, NULL, NULL), 0);
+        st_gguf *gq = NULL, *gt = NULL;
+        assert_int_equal(st_gguf_open(q, &gq), 0);
+        assert_int_equal(st_gguf_open(twin, &gt), 0);
+        uint64_t n_q = 0;
+        for (uint64_t k = 0; k < st_gguf_n_tensors(gq); k++) {
+            const st_gguf_tensor *a = st_gguf_tensor_at(gq, k);
+            const st_gguf_tensor *b = st_gguf_tensor_find(gt, a->name);
+            assert_non_null(b);
+            assert_int_equal(b->type, ST_GGML_F32);
+            uint64_t n = 1;
+            for (uint32_t d = 0; d < a->n_dims; d++)
+                n *= a->dims[d];
+            float *v = malloc(n * sizeof *v);
+            assert_non_null(v);
+            st_wtype_get(a->type)->dequant[0](a->data, v, n);
+            if (memcmp(v, b->data, n * sizeof *v))
+                fail_msg("%s: the F32 twin of %s is not its dequantized values", a->name, tn);
+            free(v);
+            n_q += a->type == types[i];
+        }
+        assert_true(n_q > 0);
+        st_gguf_close(gq);
+        st_gguf_close(gt);
+        float *lq = run_default(q, n_gen), *lt = run_default(twin, n_gen);
+        if (memcmp(lq, lt, (size_t)(n_gen + 1) * V * sizeof *lq))
+            fail_msg("%s: logits differ from those of the F32 twin", tn);
+        free(lq);
+        free(lt);
+    }
 }
 
 /* The kernel's step against S_t = a S (I - b k k^T) + b v k^T, o = S_t q, in double. */
@@ -420,6 +542,8 @@ int main(void)
         cmocka_unit_test(test_invariance_tiny),
         cmocka_unit_test(test_invariance_odd_shapes),
         cmocka_unit_test(test_invariance_i8_f16_bf16),
+        cmocka_unit_test(test_invariance_quantized),
+        cmocka_unit_test(test_quantized_equals_f32_twin),
         cmocka_unit_test(test_deltanet_formula),
         cmocka_unit_test(test_deltanet_scan_chunking),
         cmocka_unit_test(test_ops_delta_rule_heads),
