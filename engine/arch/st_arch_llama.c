@@ -55,6 +55,22 @@ static int base_preset(const char *arch, const char *name, st_model_hparams *hp)
         hp->rope_freqs = !q3;
         return 0;
     }
+    if (!strcmp(name, "tiny-q")) {
+        /* quantized tests: every row length a multiple of 256 (K-quants used as such), untied */
+        hp->n_vocab = 512;
+        hp->n_embd = 256;
+        hp->n_layer = 2;
+        hp->n_ff = 256;
+        hp->n_ctx = 1024;
+        hp->n_head = 4;
+        hp->n_head_kv = 2;
+        hp->head_dim = 64;
+        hp->rms_eps = q3 ? 1e-6f : 1e-5f;
+        hp->rope_base = 10000.0f;
+        hp->tied = 0;
+        hp->rope_freqs = !q3;
+        return 0;
+    }
     if (!q3 && !strcmp(name, "llama-3.2-1b")) {
         hp->n_vocab = 128256;
         hp->n_embd = 2048;
@@ -117,7 +133,8 @@ static int base_preset(const char *arch, const char *name, st_model_hparams *hp)
         hp->wtype = ST_GGML_BF16;
         return 0;
     }
-    return st_error_set(ST_EINVAL, "unknown %s preset \"%s\" (tiny, tiny-untied, %s)", arch, name,
+    return st_error_set(ST_EINVAL, "unknown %s preset \"%s\" (tiny, tiny-untied, tiny-q, %s)", arch,
+                        name,
                         q3 ? "qwen3-0.6b, qwen3-8b" : "llama-3.2-1b, llama-3.1-8b");
 }
 
