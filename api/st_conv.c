@@ -1490,8 +1490,9 @@ int st_conv_new(st_api_server *srv, st_conv **out)
     eo.backend = cfg->backend;
     if (!eo.backend) {
         const char *env = getenv("STRATA_BACKEND");
-        /* the CUDA backend runs strata-hybrid only: every other architecture runs on the CPU */
-        int cuda = st_codec_cuda_available() && !strcmp(st_model_arch(cv->model), ST_ARCH);
+        /* the CUDA backend runs strata-hybrid with f32 / f16 / bf16 weights only: every other
+         * architecture and quantized weights run on the CPU */
+        int cuda = st_codec_cuda_available() && !st_engine_cuda_check(st_model_gguf(cv->model));
         eo.backend = env && *env ? env : cuda ? "cuda" : "cpu";
     }
     if (cfg->threads)

@@ -1037,11 +1037,10 @@ static int cu_create(st_engine *e, void **out)
     *out = NULL;
     const st_model_hparams *hp = &e->m->hp;
     int rc = 0, ndev = 0, dev = 0;
-    /* this backend's forward pass is strata-hybrid's own; the other architectures run on the
-     * CPU backend's operation table */
-    if (strcmp(st_model_arch(e->m), ST_ARCH))
-        return st_error_set(ST_EINVAL, "cuda backend: architecture %s is not supported (only "
-                            ST_ARCH "; use --backend cpu)", st_model_arch(e->m));
+    /* this backend's forward pass is strata-hybrid's own, on f32 / f16 / bf16 weights; the
+     * other architectures and quantized weights run on the CPU backend's operation table */
+    if ((rc = st_engine_cuda_check(st_model_gguf(e->m))))
+        return rc;
     cu_ctx *c = (cu_ctx *)calloc(1, sizeof *c);
     if (!c)
         return st_error_set(ENOMEM, "cuda backend");

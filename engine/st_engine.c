@@ -26,6 +26,24 @@ void st_engine_opts_default(st_engine_opts *o)
     o->force_scalar = 0;
 }
 
+int st_engine_cuda_check(const st_gguf *g)
+{
+    const char *a = "";
+    uint64_t n = 0;
+    if (st_gguf_get_str(g, "general.architecture", &a, &n) ||
+        n != strlen(ST_ARCH) || memcmp(a, ST_ARCH, n))
+        return st_error_set(ST_EINVAL, "cuda backend: architecture %.*s is not supported (only "
+                            ST_ARCH "; use --backend cpu)", (int)(n > 64 ? 64 : n), a);
+    for (uint64_t i = 0; i < st_gguf_n_tensors(g); i++) {
+        const st_gguf_tensor *t = st_gguf_tensor_at(g, i);
+        if (t->type != ST_GGML_F32 && t->type != ST_GGML_F16 && t->type != ST_GGML_BF16)
+            return st_error_set(ST_EINVAL, "cuda backend: tensor %s has type %s: quantized "
+                                "weights run on the CPU backend only (use --backend cpu)",
+                                t->name, st_gguf_type_name(t->type));
+    }
+    return 0;
+}
+
 void st_engine_free(st_engine *e)
 {
     if (!e)

@@ -240,6 +240,12 @@ uint64_t st_model_state_bytes(const st_model_hparams *hp);
 uint64_t st_model_kv_bytes_per_token(const st_model_hparams *hp, uint32_t kv_dtype);
 uint64_t st_model_n_params(const st_model_hparams *hp);
 
+/* Whether the CUDA backend computes the model of GGUF g: 0 when it does (architecture
+ * strata-hybrid, every tensor f32, f16 or bf16); ST_EINVAL naming the architecture, or the first
+ * tensor of another type with its type, when not: quantized weights and the other architectures
+ * run on the CPU backend only, which the tools and the server choose when no backend is named. */
+int st_engine_cuda_check(const st_gguf *g);
+
 typedef struct st_model st_model;
 /* Load a GGUF model. ST_EINVAL (detail naming it) for an architecture, key, tensor or weight
  * type the engine does not support, and for missing or misshapen tensors; GGUF errors as above. */

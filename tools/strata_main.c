@@ -39,7 +39,8 @@ static void usage(FILE *f)
             "  --seed S                 sampling seed (default 1)\n"
             "  --ignore-eos             keep generating after the end-of-sequence token\n"
             "  --backend cpu|cuda       compute backend (default: $STRATA_BACKEND, else cuda when\n"
-            "                           a GPU is present and runs the architecture, else cpu)\n"
+            "                           a GPU is present and runs the model: strata-hybrid with\n"
+            "                           f32 / f16 / bf16 weights; else cpu)\n"
             "  --threads N              compute threads (default: all CPUs)\n"
             "  --ubatch N               prompt chunk in tokens (default 2048)\n"
             "  --ctx N                  context length (default: the model's)\n"
@@ -236,18 +237,15 @@ static int cmd_info(const char *model)
     return 0;
 }
 
-/* Whether the CUDA backend runs this model's architecture (strata-hybrid only): the automatic
- * backend choice is the CPU for the others. An unreadable file answers yes, and loading it then
- * reports what is wrong. */
+/* Whether the CUDA backend runs this model (strata-hybrid with f32 / f16 / bf16 weights only):
+ * the automatic backend choice is the CPU for the others. An unreadable file answers yes, and
+ * loading it then reports what is wrong. */
 static int cuda_runs(const char *model)
 {
     st_gguf *g = NULL;
-    const char *a;
-    uint64_t n;
     if (st_gguf_open(model, &g))
         return 1;
-    int yes = st_gguf_get_str(g, "general.architecture", &a, &n) != 0 ||
-              (n == strlen(ST_ARCH) && !memcmp(a, ST_ARCH, n));
+    int yes = st_engine_cuda_check(g) == 0;
     st_gguf_close(g);
     return yes;
 }

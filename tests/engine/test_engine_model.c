@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <cmocka.h>
 
@@ -258,6 +259,32 @@ static void test_quantized_equals_f32_twin(void **state)
         free(lq);
         free(lt);
     }
+}
+
+/* The CUDA backend computes strata-hybrid on f32 / f16 / bf16 weights only: a quantized file is
+ * refused naming a tensor and its type, another architecture naming it (the tools and the
+ * server then choose the CPU backend). */
+static void test_cuda_check(void **state)
+{
+    char f32[4200], q[4200];
+    st_gguf *g = NULL;
+    et_model(f32, sizeof f32, g_dir, "c.gguf", 11, i8_f16w);
+    assert_int_equal(st_gguf_open(f32, &g), 0);
+    assert_int_equal(st_engine_cuda_check(g), 0);
+    st_gguf_close(g);
+    quantized(q, sizeof q, f32, "c_q4_0.gguf", ST_GGML_Q4_0);
+    assert_int_equal(st_gguf_open(q, &g), 0);
+    assert_int_equal(st_engine_cuda_check(g), ST_EINVAL);
+    assert_non_null(strstr(st_errdetail(), "has type q4_0"));
+    st_gguf_close(g);
+    st_model_hparams hp;
+    assert_int_equal(st_model_preset_arch("llama", "tiny", &hp), 0);
+    snprintf(q, sizeof q, "%s/c_llama.gguf", g_dir);
+    assert_int_equal(st_model_write_seeded(&hp, 1, "c", q), 0);
+    assert_int_equal(st_gguf_open(q, &g), 0);
+    assert_int_equal(st_engine_cuda_check(g), ST_EINVAL);
+    assert_non_null(strstr(st_errdetail(), "architecture llama"));
+    st_gguf_close(g);
 }
 
 /* The kernel's step against S_t = a S (I - b k k^T) + b v k^T, o = S_t q, in double. */
@@ -544,6 +571,7 @@ int main(void)
         cmocka_unit_test(test_invariance_i8_f16_bf16),
         cmocka_unit_test(test_invariance_quantized),
         cmocka_unit_test(test_quantized_equals_f32_twin),
+        cmocka_unit_test(test_cuda_check),
         cmocka_unit_test(test_deltanet_formula),
         cmocka_unit_test(test_deltanet_scan_chunking),
         cmocka_unit_test(test_ops_delta_rule_heads),
