@@ -85,20 +85,20 @@ for (const [arch, preset] of archs) {
             const bits = got.equals(gotTwin);
             const ok = r.maxD <= 1e-3 && bits;
             failed += !ok;
-            say(`${preset} ${type} prompt ${i} (${ps[i].length} tokens) vs its f32 twin: max |dlogprob| ` +
+            say(`${arch} ${preset} ${type} prompt ${i} (${ps[i].length} tokens) vs its f32 twin: max |dlogprob| ` +
                 `${r.maxD.toExponential(3)} (position ${r.maxAt}), top-1 ${r.top1}/${r.n}; engine on the twin ` +
                 `${bits ? "bit-identical" : "DIFFERENT"}: ${ok ? "PASS" : "FAIL"}; on the ${type} file itself: ` +
                 `max |dlogprob| ${s.maxD.toExponential(3)}, mean KL ${s.meanKl.toExponential(3)}, ` +
                 `top-1 ${s.top1}/${s.n}`);
         }
-        say(`${preset} ${type}: tensor types ${typesLine}`);
+        say(`${arch} ${preset} ${type}: tensor types ${typesLine}`);
         if (type === "Q4_K") {
             const orig = await refEval(llama, `${base}-f32.gguf`, ps.slice(0, 1));
             const got = strataLogits(q, ps[0], path.join(dir, "s.bin"));
             const r = compareRows(orig.rows[0], asF32(got), orig.nVocab);
             const ok = r.maxD > 1e-3;
             failed += !ok;
-            say(`${preset} negative control (the Q4_K file against llama.cpp on the f32 model it was ` +
+            say(`${arch} ${preset} negative control (the Q4_K file against llama.cpp on the f32 model it was ` +
                 `quantized from): max |dlogprob| ${r.maxD.toExponential(3)}: ` +
                 `${ok ? "fails as it must" : "PASSES: the comparison does not discriminate"}`);
         }
