@@ -356,8 +356,10 @@ VEC static void mm_q_vec(const st_wtype *wt, const st_wmat *w, const float *x, u
                         __m256 b0 = acc[0][j + 1], b1 = acc[1][j + 1], b2 = acc[2][j + 1],
                                b3 = acc[3][j + 1];
                         for (uint32_t kk = 0; kk < kn; kk += 8) {
-                            __m256 w0 = _mm256_load_ps(buf[0] + kk), w1 = _mm256_load_ps(buf[1] + kk),
-                                   w2 = _mm256_load_ps(buf[2] + kk), w3 = _mm256_load_ps(buf[3] + kk);
+                            __m256 w0 = _mm256_load_ps(buf[0] + kk);
+                            __m256 w1 = _mm256_load_ps(buf[1] + kk);
+                            __m256 w2 = _mm256_load_ps(buf[2] + kk);
+                            __m256 w3 = _mm256_load_ps(buf[3] + kk);
                             __m256 xv = _mm256_loadu_ps(xa + kk);
                             a0 = _mm256_fmadd_ps(w0, xv, a0);
                             a1 = _mm256_fmadd_ps(w1, xv, a1);

@@ -3,9 +3,9 @@
  * counts, prompt chunk sizes and the scalar / vector kernels; odd shapes, int8 K/V, f16 and bf16
  * weights, quantized weights (Q8_0; Q4_K and Q6_K on strata-hybrid and qwen35 rows of 256, so
  * the K-quants are used as such; each of the twelve quantized types gives the logits of its F32
- * twin, the same values dequantized, bit for bit); the DeltaNet step against a direct evaluation of its formula; the delta-rule
- * operation's key-head mapping; fingerprints, presets,
- * the published geometry and sampling.
+ * twin, the same values dequantized, bit for bit); the CUDA backend's refusal of quantized
+ * weights; the DeltaNet step against a direct evaluation of its formula; the delta-rule
+ * operation's key-head mapping; fingerprints, presets, the published geometry and sampling.
  */
 #include <math.h>
 #include <setjmp.h>

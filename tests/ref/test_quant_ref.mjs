@@ -42,7 +42,8 @@ function run(cmd, args, env = {}) {
 function prompts() {
     let s = 12345;
     const rnd = () => (s = (s * 1103515245 + 12345) % 2147483648) % 512;
-    const all = [[256, ...Array.from({length: 39}, rnd)], [256], [256, 72, 101, 108, 108, 111, 44, 32, 83]];
+    const all = [[256, ...Array.from({length: 39}, rnd)], [256],
+                 [256, 72, 101, 108, 108, 111, 44, 32, 83]];
     return sweep ? all : all.slice(0, 1);
 }
 
