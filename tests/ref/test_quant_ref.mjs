@@ -57,8 +57,11 @@ const asF32 = (b) => new Float32Array(b.buffer, b.byteOffset, b.length / 4);
 
 const archs = [["llama", "tiny-q"], ["qwen3", "tiny-q"], ["qwen35", "qwen35-tiny-q"],
                ["qwen35moe", "qwen35moe-tiny-q"], ["qwen3next", "qwen3next-tiny-q"]];
+// The legacy layout with seed 8: seed 7's IQ4_NL file routes the last token of the 9-token
+// prompt through a near-tie (layer 2, the second expert's router logit -0.0174076 against
+// -0.0174081), which llama.cpp's own ~1e-6 differences flip (0.33 at that one position only).
 if (sweep)
-    archs.push(["qwen3next", "qwen3next-tiny-legacy"]);
+    archs.push(["qwen3next", "qwen3next-tiny-legacy", "8"]);
 const types = ["Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"];
 if (sweep)
     types.push("Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "IQ4_NL");
@@ -67,9 +70,9 @@ const llama = await refLlama(1);
 const ps = prompts();
 let failed = 0;
 const say = (s) => process.stdout.write(s + "\n");
-for (const [arch, preset] of archs) {
+for (const [arch, preset, seed = "7"] of archs) {
     const base = path.join(dir, `${arch}-${preset}`);
-    run(path.join(bin, "strata-mkmodel"), ["--arch", arch, "--preset", preset, "--seed", "7", "-o",
+    run(path.join(bin, "strata-mkmodel"), ["--arch", arch, "--preset", preset, "--seed", seed, "-o",
                                            `${base}-f32.gguf`]);
     for (const type of types) {
         const q = `${base}-${type}.gguf`, twin = `${base}-${type}-twin.gguf`;
