@@ -4,18 +4,27 @@
  * new conversation sharing a long system prompt with and without the conversation cache.
  *
  *   bench_engine [--quick] [--threads N] [--dir DIR]
+ *   bench_engine --model FILE --tokens-file F [--n-gen N] [--threads N] [--runs R] [--dir DIR]
  *
  * Every figure is printed with a ratio to a limit measured in the same run: the machine's
  * memcpy bandwidth (decode streams the weights once per token) and its fused-multiply-add peak
  * on the same threads (prefill is arithmetic). Models are written with seeded weights into DIR
  * (default $TMPDIR or /tmp) and removed afterwards.
+ *
+ * With --model, the side of the comparison with llama.cpp (bench/bench_vs_llama.mjs, which sets
+ * this against bench/bench_llama.mjs on the same file and tokens): prefill of the tokens, decode
+ * of N greedy tokens, then PARK to RAM, a session file SAVE (durable) and LOAD (verified), and a
+ * store SAVE and RESTORE (verified), fp32 and bf16, with the default conversation cache and with
+ * it off; best of R for each; one JSON line on stdout.
  */
 #include <errno.h>
+#include <ftw.h>
 #include <immintrin.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -299,10 +308,216 @@ static void bench_ttft(const char *dir, uint32_t threads, uint64_t n_sys)
         exit(1);
 }
 
+
+/* ---- --model: the side of the comparison with llama.cpp ------------------------------------ */
+static double rss_mb(const char *field)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    double v = 0;
+    size_t n = strlen(field);
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, field, n) && line[n] == ':')
+            v = strtod(line + n + 1, NULL) / 1024.0;
+    if (f)
+        fclose(f);
+    return v;
+}
+
+static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb, (void)flag, (void)ftw;
+    return remove(p);
+}
+
+static uint32_t *read_tokens(const char *path, uint64_t *n)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        die(path, errno);
+    uint64_t cap = 1024, k = 0;
+    uint32_t *t = malloc(cap * sizeof *t);
+    unsigned long v;
+    int c;
+    while (t && (c = fscanf(f, "%lu", &v)) != EOF) {
+        if (c != 1) {
+            if (fgetc(f) == EOF)
+                break;
+            continue;
+        }
+        if (k == cap && !(t = realloc(t, (cap *= 2) * sizeof *t)))
+            break;
+        t[k++] = (uint32_t)v;
+    }
+    fclose(f);
+    if (!t || !k)
+        die("tokens file: no tokens", ST_EINVAL);
+    *n = k;
+    return t;
+}
+
+typedef struct side_fig {
+    double ms;
+    uint64_t bytes;
+} side_fig;
+
+static void fig_min(side_fig *f, double ms, uint64_t bytes)
+{
+    if (f->bytes == 0 || ms < f->ms)
+        f->ms = ms;
+    f->bytes = bytes;
+}
+
+static void fig_json(const char *name, const side_fig *f, int comma)
+{
+    printf("\"%s\":{\"bytes\":%llu,\"ms\":%.4f}%s", name, (unsigned long long)f->bytes, f->ms,
+           comma ? "," : "");
+}
+
+/* Prefill and decode runs; the slot is left holding the last run's conversation. */
+static void side_eval(rig *r, const uint32_t *tok, uint64_t n, uint32_t n_gen, int runs,
+                      double *prefill_s, double *decode_s)
+{
+    int rc;
+    *prefill_s = *decode_s = 1e30;
+    for (int k = 0; k < runs; k++) {
+        st_slot_reset(r->s);
+        double t = now_s();
+        if ((rc = st_slot_eval(r->s, tok, n, 0, NULL)))
+            die("prefill", rc);
+        t = now_s() - t;
+        if (t < *prefill_s)
+            *prefill_s = t;
+        t = now_s();
+        for (uint32_t i = 0; i < n_gen; i++) {
+            uint32_t next;
+            if ((rc = st_slot_sample(r->s, 0.0f, 1, &next)) || (rc = st_slot_decode(r->s, next)))
+                die("decode", rc);
+        }
+        t = now_s() - t;
+        if (t < *decode_s)
+            *decode_s = t;
+    }
+}
+
+/* PARK / session file / store, SAVE and RESTORE, of the slot's conversation in one codec. */
+static void side_state(rig *r, const char *dir, uint32_t codec, int runs, const char *tag)
+{
+    side_fig park = {0}, unpark = {0}, fsave = {0}, fload = {0}, ssave = {0}, sload = {0};
+    uint64_t n_tok = st_slot_n_tokens(r->s);
+    char path[4200], sdir[4200];
+    int rc;
+    snprintf(path, sizeof path, "%s/strata-session.stf", dir);
+    for (int k = 0; k < runs; k++) {
+        st_image *img = NULL, *back = NULL;
+        double t = now_s();
+        if ((rc = st_slot_snapshot(r->s, ST_SNAPSHOT_PARK, codec, &img)))
+            die("park", rc);
+        fig_min(&park, (now_s() - t) * 1e3, st_image_bytes(img));
+        t = now_s();
+        if ((rc = st_slot_restore(r->s, img)))
+            die("restore from RAM", rc);
+        fig_min(&unpark, (now_s() - t) * 1e3, st_image_bytes(img));
+        st_image_free(img);
+        img = NULL;
+        /* SAVE: the session snapshot and its durable file (temp file, fsync, rename) */
+        t = now_s();
+        if ((rc = st_slot_snapshot(r->s, ST_SNAPSHOT_SESSION, codec, &img)) ||
+            (rc = st_file_write(img, path, NULL)))
+            die("session file save", rc);
+        double ms = (now_s() - t) * 1e3;
+        struct stat sb;
+        if (stat(path, &sb))
+            die("session file", errno);
+        fig_min(&fsave, ms, (uint64_t)sb.st_size);
+        /* LOAD: read with every section checked, then the verified restore */
+        t = now_s();
+        if ((rc = st_file_read(path, NULL, &back)) || (rc = st_slot_restore(r->s, back)))
+            die("session file load", rc);
+        fig_min(&fload, (now_s() - t) * 1e3, (uint64_t)sb.st_size);
+        st_image_free(back);
+        back = NULL;
+        unlink(path);
+        /* the store: a new one each run (a second put of the same state would store nothing) */
+        snprintf(sdir, sizeof sdir, "%s/strata-store", dir);
+        nftw(sdir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+        st_store *st = NULL;
+        st_put_stats ps;
+        if ((rc = st_store_open(&st, sdir, &(st_store_opts){.create = 1})))
+            die("store open", rc);
+        st_image_free(img);
+        img = NULL;
+        t = now_s();
+        if ((rc = st_slot_snapshot(r->s, ST_SNAPSHOT_SESSION, codec, &img)) ||
+            (rc = st_store_put(st, "bench", img, ST_STORE_HEAD_ANY,
+                               &(st_put_opts){.stats = &ps}, NULL)))
+            die("store save", rc);
+        fig_min(&ssave, (now_s() - t) * 1e3, st_image_bytes(img));
+        t = now_s();
+        if ((rc = st_store_get(st, "bench", 0, &back)) || (rc = st_slot_restore(r->s, back)))
+            die("store restore", rc);
+        fig_min(&sload, (now_s() - t) * 1e3, st_image_bytes(back));
+        st_image_free(back);
+        st_image_free(img);
+        st_store_close(st);
+        nftw(sdir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+        if (st_slot_n_tokens(r->s) != n_tok)
+            die("restored conversation has another length", ST_ECORRUPT);
+    }
+    printf("\"%s\":{", tag);
+    fig_json("park", &park, 1);
+    fig_json("restore_ram", &unpark, 1);
+    fig_json("file_save", &fsave, 1);
+    fig_json("file_load", &fload, 1);
+    fig_json("store_save", &ssave, 1);
+    fig_json("store_load", &sload, 0);
+    printf("}");
+}
+
+static int side_main(const char *model, const char *tokens_file, uint32_t n_gen, uint32_t threads,
+                     int runs, const char *dir)
+{
+    uint64_t n;
+    uint32_t *tok = read_tokens(tokens_file, &n);
+    double rss_base = rss_mb("VmRSS");
+    st_engine_opts o;
+    st_engine_opts_default(&o);
+    o.n_threads = threads;
+    o.n_ctx = (uint32_t)(n + n_gen);
+    rig r;
+    rig_open(&r, model, &o);
+    double tp, td;
+    side_eval(&r, tok, n, n_gen, runs, &tp, &td);
+    printf("{\"engine\":\"strata\",\"threads\":%u,\"n_prompt\":%llu,\"n_gen\":%u,\"n_ctx\":%u,"
+           "\"isa\":\"%s\",\"rss_base_mb\":%.1f,\"prefill_tps\":%.3f,\"decode_tps\":%.3f,"
+           "\"rss_mb\":%.1f,",
+           threads, (unsigned long long)n, n_gen, o.n_ctx, st_engine_isa(r.e), rss_base,
+           (double)n / tp, (double)n_gen / td, rss_mb("VmRSS"));
+    printf("\"checkpoints\":%u,", st_slot_n_checkpoints(r.s));
+    side_state(&r, dir, ST_CODEC_FP32, runs, "fp32");
+    printf(",");
+    side_state(&r, dir, ST_CODEC_BF16, runs, "bf16");
+    rig_close(&r);
+    /* the same conversation with the conversation cache off: the slot keeps no checkpoint, so a
+     * session image carries the live state alone */
+    o.prompt_cache = 0;
+    rig_open(&r, model, &o);
+    side_eval(&r, tok, n, n_gen, 1, &tp, &td);
+    printf(",\"cache_off\":{");
+    side_state(&r, dir, ST_CODEC_FP32, runs, "fp32");
+    printf(",");
+    side_state(&r, dir, ST_CODEC_BF16, runs, "bf16");
+    rig_close(&r);
+    printf("},\"hwm_mb\":%.1f}\n", rss_mb("VmHWM"));
+    free(tok);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
-    int quick = 0;
-    uint32_t threads = 0;
+    int quick = 0, runs = 3;
+    uint32_t threads = 0, n_gen = 32;
+    const char *model = NULL, *tokens_file = NULL;
     const char *dir = getenv("TMPDIR");
     if (!dir || !*dir)
         dir = "/tmp";
@@ -313,14 +528,31 @@ int main(int argc, char **argv)
             threads = (uint32_t)atoi(argv[++i]);
         else if (!strcmp(argv[i], "--dir") && i + 1 < argc)
             dir = argv[++i];
+        else if (!strcmp(argv[i], "--model") && i + 1 < argc)
+            model = argv[++i];
+        else if (!strcmp(argv[i], "--tokens-file") && i + 1 < argc)
+            tokens_file = argv[++i];
+        else if (!strcmp(argv[i], "--n-gen") && i + 1 < argc)
+            n_gen = (uint32_t)atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--runs") && i + 1 < argc)
+            runs = atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: bench_engine [--quick] [--threads N] [--dir DIR]\n");
+            fprintf(stderr, "usage: bench_engine [--quick] [--threads N] [--dir DIR]\n"
+                            "       bench_engine --model FILE --tokens-file F [--n-gen N (32)] "
+                            "[--threads N] [--runs R (3)] [--dir DIR]\n");
             return 2;
         }
     }
     if (threads == 0) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);
         threads = n > 0 ? (uint32_t)n : 1;
+    }
+    if (model || tokens_file) {
+        if (!model || !tokens_file || runs < 1 || n_gen < 1) {
+            fprintf(stderr, "bench_engine: --model needs --tokens-file, --runs >= 1, --n-gen >= 1\n");
+            return 2;
+        }
+        return side_main(model, tokens_file, n_gen, threads, runs, dir);
     }
     double mem = memcpy_gbs();
     double peak = fma_peak(threads);

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # `make bench`: every CPU benchmark of this build, each printing figures as ratios to limits
 # measured in the same run. BENCH_ARGS passes extra options to each (e.g. BENCH_ARGS=--quick,
-# which every one of them takes). The GPU benchmarks (bench_gpu_*) run on the GPU machine through
+# which every one of them takes). Then bench_vs_llama.mjs: the engine side by side with llama.cpp
+# (node-llama-cpp of tests/ref, installed by `make deps`) on the same seeded GGUF files; it takes
+# --quick too (one run of each figure). The GPU benchmarks (bench_gpu_*) run on the GPU machine through
 # bench/gpu.sh, which also builds and runs the gpu tests.
 set -euo pipefail
 build=${1:-build}
@@ -12,4 +14,7 @@ for b in "$build"/bench/bench_*; do
   printf '\n===== %s\n' "$(basename "$b")"
   "$b" ${BENCH_ARGS:-} || { echo "$(basename "$b") failed" >&2; status=1; }
 done
+printf '\n===== bench_vs_llama\n'
+node "$(dirname "$0")/bench_vs_llama.mjs" --build "$build" ${BENCH_ARGS:-} ||
+  { echo "bench_vs_llama failed" >&2; status=1; }
 exit $status
