@@ -199,6 +199,15 @@ for (const m of models) {
             `${r.rss_mb.toFixed(0)} MB (before loading ${r.rss_base_mb.toFixed(0)} MB, peak ${r.hwm_mb.toFixed(0)} MB)` +
             (r.flash_attention !== undefined ? `, flash attention ${r.flash_attention}` : ""));
     if (!ll.length) { fs.rmSync(file, {force: true}); continue; }
+    if (!st.length) {
+        // nothing to set beside llama.cpp's figures: they alone, one line
+        const l = (k) => bestRate(ll, (r) => r[k]), s = bestTime(ll, (r) => r.save), d = bestTime(ll, (r) => r.load);
+        console.log(`  llama.cpp alone: prefill ${l("prefill_tps").v.toFixed(2)} tok/s (${l("prefill_tps").t}T), decode ` +
+            `${l("decode_tps").v.toFixed(2)} tok/s (${l("decode_tps").t}T); state file ${fmtMB(s.f.bytes)} MB, saved in ` +
+            `${s.f.ms.toFixed(1)} ms (${mbs(s.f).toFixed(0)} MB/s), loaded in ${d.f.ms.toFixed(1)} ms (${mbs(d.f).toFixed(0)} MB/s)`);
+        fs.rmSync(file, {force: true});
+        continue;
+    }
     row("figure", "strata", "llama.cpp", "ratio", "target", "");
     const rate = (runs, k) => bestRate(runs, (r) => r[k]);
     const rateCell = (b) => (b ? `${b.v.toFixed(2)} (${b.t}T)` : "-");
