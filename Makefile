@@ -6,7 +6,8 @@
 #   make test-slow  the long suites (ctest label `slow`)
 #   make test-builds  the other builds a user may pick (Release; clang), each with its tests
 #   make tsan       ThreadSanitizer build (clang) and its tests (suppressions: tests/tsan.supp)
-#   make bench      benchmarks (BENCH_ARGS=--quick for a short run); figures: docs/BENCHMARKS.md
+#   make bench      benchmarks, then the engine beside llama.cpp (bench/bench_vs_llama.mjs)
+#                   (BENCH_ARGS=--quick for a short run); figures: docs/BENCHMARKS.md
 #   make run        deps + build + the main job
 #   make fuzz       libFuzzer targets (clang) into build-fuzz/; FUZZ_SECONDS=60 make fuzz-run
 # The test targets build with warnings as errors (STRATA_WERROR=ON, kept in the build's cache);
