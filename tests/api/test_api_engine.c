@@ -349,7 +349,10 @@ static int call_retry(const char *method, const char *path, const char *body, st
         clock_gettime(CLOCK_MONOTONIC, &t);
         if (t.tv_sec - t0.tv_sec > 240)
             break;
-        if (st_hc_json(cport, method, path, body, r))
+        /* each answer may take the server's --busy-wait-ms (30 s) after the request waited for a
+           worker: a receive timeout of 30 s, the client's default, met it exactly and read
+           "status 0" (no answer) on a loaded machine while /healthz answered in 28 ms */
+        if (st_hc_request_ms(cport, 120000, method, path, NULL, body, body ? strlen(body) : 0, r))
             return -1;
         if (!(r->status == 409 && strstr((char *)r->body, "\"busy\"")))
             return 0;
