@@ -3,6 +3,7 @@
  * options, and the geometry the backend publishes.
  */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -122,6 +123,7 @@ int st_engine_new(const st_model *m, const st_engine_opts *o, st_engine **out)
     if ((rc = e->be->tensors(e->bctx, &descs, &n)))
         goto fail;
     memcpy(e->geom.model_fp, m->fp, ST_FINGERPRINT_LEN);
+    snprintf(e->geom.arch, sizeof e->geom.arch, "%s", st_model_arch(m));
     e->geom.page_size = e->o.page_size;
     e->geom.n_ctx = e->o.n_ctx;
     e->geom.n_vocab = m->hp.n_vocab;

@@ -113,6 +113,7 @@ const char *st_section_type_name(uint32_t type)
     case ST_SECTION_KV: return "KV";
     case ST_SECTION_CHECKPOINT: return "CHECKPOINT";
     case ST_SECTION_LOGITS: return "LOGITS";
+    case ST_SECTION_ARCH: return "ARCH";
     default: return "unknown";
     }
 }
@@ -122,7 +123,7 @@ static void st_sec_label(char *out, size_t cap, uint32_t type, uint32_t index)
 {
     if (type == ST_SECTION_KV || type == ST_SECTION_CHECKPOINT)
         snprintf(out, cap, "%s[%u]", st_section_type_name(type), index);
-    else if (type >= ST_SECTION_GEOMETRY && type <= ST_SECTION_LOGITS)
+    else if (type >= ST_SECTION_GEOMETRY && type <= ST_SECTION_ARCH)
         snprintf(out, cap, "%s", st_section_type_name(type));
     else
         snprintf(out, cap, "type %u", type);
@@ -612,6 +613,15 @@ static int st_w_geometry(st_writer *w)
     return rc ? rc : st_w_sec_close(w);
 }
 
+/* The optional ARCH section: the architecture name, zero-padded (the image keeps it so). */
+static int st_w_arch(st_writer *w)
+{
+    int rc = st_w_sec_open(w, ST_SECTION_ARCH, 0, ST_ARCH_NAME_MAX);
+    if (!rc)
+        rc = st_w_data(w, w->img->g.arch, ST_ARCH_NAME_MAX, 0);
+    return rc ? rc : st_w_sec_close(w);
+}
+
 static int st_w_checkpoint(st_writer *w, uint32_t ci)
 {
     const st_image *img = w->img;
@@ -715,7 +725,7 @@ static int st_w_run(st_writer *w)
     const st_image *img = w->img;
     const st_geometry *g = &img->g;
     uint8_t hdr[ST_HDR_LEN];
-    uint32_t n_sections = 2 + img->n_ckpt + (img->n_logits ? 1 : 0);
+    uint32_t n_sections = 2 + (g->arch[0] != 0) + img->n_ckpt + (img->n_logits ? 1 : 0);
     int rc;
 
     for (uint32_t i = 0; i < g->n_tensors; i++)
@@ -724,6 +734,8 @@ static int st_w_run(st_writer *w)
     rc = st_sink_put(w->s, hdr, sizeof hdr); /* the real header goes in at the end */
     if (!rc)
         rc = st_w_geometry(w);
+    if (!rc && g->arch[0])
+        rc = st_w_arch(w);
     if (!rc)
         rc = st_w_sec_open(w, ST_SECTION_TOKENS, 0, img->n_tokens * 4);
     if (!rc)
@@ -1296,6 +1308,58 @@ static int st_rd_geometry(st_reader *r, st_sec *sec)
     return st_sec_end(r, sec);
 }
 
+/* A name field read from a file: NUL-terminated, 1..31 bytes of a-z 0-9 . _ -, zero after the
+ * NUL (one encoding per name). */
+static int st_arch_field_check(const uint8_t p[ST_ARCH_NAME_MAX])
+{
+    size_t n = strnlen((const char *)p, ST_ARCH_NAME_MAX);
+    int rc = st_arch_name_check((const char *)p, "architecture name");
+    if (rc)
+        return rc;
+    if (n == 0)
+        return st_error_set(ST_ECORRUPT, "architecture name: empty");
+    for (size_t i = n; i < ST_ARCH_NAME_MAX; i++)
+        if (p[i])
+            return st_error_set(ST_ECORRUPT, "architecture name: padding byte %zu is not zero", i);
+    return 0;
+}
+
+/* The optional ARCH section right after GEOMETRY; *n says whether it is there. Older files have
+ * none: their architecture stays unknown (""). */
+static int st_rd_arch(st_reader *r, st_sec *sec, uint32_t *n)
+{
+    uint8_t t[4], name[ST_ARCH_NAME_MAX];
+    const uint8_t *p;
+    int rc;
+
+    *n = 0;
+    if (r->src.len - r->off < ST_SEC_HDR_LEN)
+        return 0; /* the next section's header names the shortage */
+    if ((rc = st_src_read(&r->src, t, sizeof t, r->off)))
+        return rc;
+    if (get32(t) != ST_SECTION_ARCH)
+        return 0;
+    *n = 1;
+    rc = st_sec_begin(r, sec, ST_SECTION_ARCH, 0, 0);
+    if (!rc)
+        rc = st_sec_expect_len(sec, ST_ARCH_NAME_MAX, "an architecture name");
+    if (!rc)
+        rc = st_sec_view(r, sec, ST_ARCH_NAME_MAX, &p, "the architecture name");
+    if (!rc) {
+        memcpy(name, p, sizeof name);
+        rc = st_sec_end(r, sec); /* the checksum first: damage is reported as damage */
+    }
+    if (rc)
+        return rc;
+    if ((rc = st_arch_field_check(name))) {
+        char d[200];
+        snprintf(d, sizeof d, "%s", st_errdetail());
+        return st_sec_err(rc, sec, "%s", d);
+    }
+    memcpy(r->img->g.arch, name, sizeof name);
+    return 0;
+}
+
 /* Append checkpoint (position, codec) to the image being read, with a zeroed block for its
  * tensors (zeroed so that alignment padding is zero, as in every image). */
 static int st_rd_ckpt_block(st_image *img, uint64_t position, uint32_t codec, uint8_t **data)
@@ -1513,7 +1577,7 @@ static int st_rd_run(st_reader *r)
 {
     st_sec sec = {0};
     st_image *img;
-    uint32_t s, ci = 0, n_kv = 0;
+    uint32_t s, ci = 0, n_kv = 0, n_arch = 0;
     int rc;
 
     rc = st_hdr_parse(&r->src, &r->hdr, NULL);
@@ -1526,6 +1590,8 @@ static int st_rd_run(st_reader *r)
     }
     r->off = ST_HDR_LEN;
     rc = st_rd_geometry(r, &sec);
+    if (!rc)
+        rc = st_rd_arch(r, &sec, &n_arch);
     if (rc)
         goto done;
     img = r->img;
@@ -1536,9 +1602,9 @@ static int st_rd_run(st_reader *r)
                           (unsigned long long)r->hdr.n_tokens, img->g.n_ctx);
         goto done;
     }
-    if (r->hdr.n_sections < 3 + n_kv) {
+    if (r->hdr.n_sections < 3 + n_arch + n_kv) {
         rc = st_error_set(ST_ECORRUPT, "header at offset 20: %u sections, but a geometry with %u K/V "
-                          "tensors needs at least %u", r->hdr.n_sections, n_kv, 3 + n_kv);
+                          "tensors needs at least %u", r->hdr.n_sections, n_kv, 3 + n_arch + n_kv);
         goto done;
     }
 
@@ -1582,7 +1648,7 @@ static int st_rd_run(st_reader *r)
         if (!rc)
             rc = st_sec_end(r, &sec);
     }
-    for (s = 2 + n_kv; s < r->hdr.n_sections && !rc; s++) {
+    for (s = 2 + n_arch + n_kv; s < r->hdr.n_sections && !rc; s++) {
         int last = s == r->hdr.n_sections - 1;
         rc = st_sec_begin(r, &sec, ST_SECTION_CHECKPOINT, ci, last && ci > 0 && img->g.n_vocab > 0);
         if (rc)
@@ -1736,8 +1802,8 @@ static void st_insp_note(st_file_info *info, int rc)
 
 /* Structure checks of one section that need only its header and a few payload bytes.
  * Records problems in info; returns nothing: the walk goes on. */
-static void st_insp_section(st_insp *in, st_file_section_info *si, uint32_t s, uint32_t n_kv,
-                            const uint32_t *kv_index, uint32_t *ci, uint64_t *last_pos)
+static void st_insp_section(st_insp *in, st_file_section_info *si, uint32_t s, uint32_t n_arch,
+                            uint32_t n_kv, const uint32_t *kv_index, uint32_t *ci, uint64_t *last_pos)
 {
     st_file_info *info = in->info;
     const st_geometry *g = &info->geometry;
@@ -1749,11 +1815,13 @@ static void st_insp_section(st_insp *in, st_file_section_info *si, uint32_t s, u
 
     if (s == 0)
         want_type = ST_SECTION_GEOMETRY;
-    else if (s == 1)
+    else if (s == 1 && n_arch)
+        want_type = ST_SECTION_ARCH;
+    else if (s == 1 + n_arch)
         want_type = ST_SECTION_TOKENS;
-    else if (have_geom && s < 2 + n_kv) {
+    else if (have_geom && s < 2 + n_arch + n_kv) {
         want_type = ST_SECTION_KV;
-        want_index = kv_index[s - 2];
+        want_index = kv_index[s - 2 - n_arch];
     } else if (si->type == ST_SECTION_LOGITS && s == info->n_sections - 1 && *ci > 0) {
         want_type = ST_SECTION_LOGITS;
     } else if (have_geom) {
@@ -1770,6 +1838,22 @@ static void st_insp_section(st_insp *in, st_file_section_info *si, uint32_t s, u
         st_error_set(ST_ECORRUPT, "section at offset %llu: found %s where %s was expected",
                      (unsigned long long)si->offset, got, want);
         st_insp_note(info, ST_ECORRUPT);
+    }
+    if (si->type == ST_SECTION_ARCH && s == 1) {
+        uint8_t nb[ST_ARCH_NAME_MAX];
+        int rc = si->length != ST_ARCH_NAME_MAX
+                     ? st_error_set(ST_ECORRUPT, "length %llu, but an architecture name needs %u",
+                                    (unsigned long long)si->length, ST_ARCH_NAME_MAX)
+                     : st_src_read(&in->src, nb, sizeof nb, si->offset + ST_SEC_HDR_LEN);
+        if (!rc)
+            rc = st_arch_field_check(nb);
+        if (rc) {
+            char d[200];
+            snprintf(d, sizeof d, "%s", st_errdetail());
+            st_sec_err(ST_ECORRUPT, &sec, "%s", d);
+            st_insp_note(info, ST_ECORRUPT);
+        } else if (si->checksum_ok)
+            memcpy(info->geometry.arch, nb, sizeof nb);
     }
     if (si->type == ST_SECTION_TOKENS && si->length != st_mul_sat(info->n_tokens, 4)) {
         st_sec_err(ST_ECORRUPT, &sec, "length %llu, but %llu tokens need %llu",
@@ -1866,7 +1950,7 @@ static int st_insp_run(st_insp *in)
     st_file_info *info = in->info;
     st_hdr h;
     uint64_t off = ST_HDR_LEN, last_pos = 0;
-    uint32_t n_kv = 0, ci = 0, *kv_index = NULL;
+    uint32_t n_kv = 0, n_arch = 0, ci = 0, *kv_index = NULL;
     int rc;
 
     rc = st_hdr_parse(&in->src, &h, info);
@@ -1976,7 +2060,9 @@ static int st_insp_run(st_insp *in)
                 }
             }
         }
-        st_insp_section(in, si, s, info->geometry.tensors ? n_kv : 0, kv_index, &ci, &last_pos);
+        if (s == 1 && si->type == ST_SECTION_ARCH)
+            n_arch = 1;
+        st_insp_section(in, si, s, n_arch, info->geometry.tensors ? n_kv : 0, kv_index, &ci, &last_pos);
         off += ST_SEC_HDR_LEN + si->length;
     }
     if (off != in->src.len) {

@@ -99,6 +99,21 @@ static int st_name_valid(const char *name, size_t *len)
     return n > 0 && n < ST_TENSOR_NAME_MAX;
 }
 
+int st_arch_name_check(const char name[ST_ARCH_NAME_MAX], const char *what)
+{
+    size_t n = strnlen(name, ST_ARCH_NAME_MAX);
+    if (n == ST_ARCH_NAME_MAX)
+        return st_error_set(ST_ECORRUPT, "%s: not NUL-terminated within %d bytes", what,
+                            ST_ARCH_NAME_MAX);
+    for (size_t i = 0; i < n; i++) {
+        char c = name[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-'))
+            return st_error_set(ST_ECORRUPT, "%s: byte %zu (0x%02x) is not one of a-z 0-9 . _ -",
+                                what, i, (unsigned char)c);
+    }
+    return 0;
+}
+
 int st_geometry_check(const st_geometry *g)
 {
     uint64_t total = 0;
@@ -115,6 +130,9 @@ int st_geometry_check(const st_geometry *g)
     if (g->n_tensors > 0 && !g->tensors)
         return st_error_set(ST_EINVAL, "geometry: %u tensors but no tensor array", g->n_tensors);
     total = st_mul_sat(g->n_ctx, 4) + st_mul_sat(g->n_vocab, 4);
+    int rc = st_arch_name_check(g->arch, "geometry: architecture name");
+    if (rc)
+        return st_error_set(ST_EGEOMETRY, "%s", st_errdetail());
 
     for (uint32_t i = 0; i < g->n_tensors; i++) {
         const st_tensor_desc *t = &g->tensors[i];
@@ -249,6 +267,9 @@ int st_geometry_compare(const st_geometry *a, const st_geometry *b)
         st_fp_hex(hb, b->model_fp);
         return st_error_set(ST_EMODEL, "model fingerprint %s vs %s", ha, hb);
     }
+    if (a->arch[0] && b->arch[0] && strncmp(a->arch, b->arch, ST_ARCH_NAME_MAX) != 0)
+        return st_error_set(ST_ECORRUPT, "architecture %.31s vs %.31s under one model fingerprint: "
+                            "the name disagrees with the fingerprint", a->arch, b->arch);
     if (a->page_size != b->page_size)
         return st_error_set(ST_EGEOMETRY, "incompatible K/V geometry: page_size %u vs %u",
                             a->page_size, b->page_size);
@@ -509,6 +530,9 @@ int st_image_create_with(st_image **out, const st_geometry *g, const st_image_al
     if (!img)
         goto nomem;
     img->g = *g;
+    /* canonical: zero after the NUL, as tensor names below */
+    size_t an = strlen(img->g.arch);
+    memset(img->g.arch + an, 0, ST_ARCH_NAME_MAX - an);
     if (a) {
         if (!a->alloc || !a->free) {
             free(img);

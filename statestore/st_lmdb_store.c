@@ -839,6 +839,7 @@ static int plan_cut(st_plan *p, const st_image *img, const uint8_t *geo, size_t 
         rc = plan_section(p, ST_MSEC_KV, ti, 0, kv, len, page_unit(g->page_size, st_tensor_row_bytes(t)),
                           (uint32_t)st_dtype_size(t->dtype));
     }
+    memcpy(p->m.arch, g->arch, ST_ARCH_NAME_MAX); /* the manifest, not the shared geometry record */
     uint32_t n_ckpt = st_image_n_checkpoints(img);
     p->m.ckpt = calloc(n_ckpt ? n_ckpt : 1, sizeof *p->m.ckpt);
     if (!rc && !p->m.ckpt)
@@ -1933,6 +1934,7 @@ static int get_once(st_store *st, const char *id, uint64_t version, st_image **o
         goto done;
     if ((rc = st_geometry_decode(geo, m.chunks[0].raw_len, &g, &gt)))
         goto done;
+    memcpy(g.arch, m.arch, ST_ARCH_NAME_MAX);
     if ((rc = st_store__manifest_layout_check(&m, &g, what)))
         goto done;
     /* Then the tokens (n_tokens <= n_ctx now), to build the image. */
@@ -2397,6 +2399,7 @@ static void version_info_fill(st_version_info *vi, const st_manifest *m)
     vi->compress = m->compress;
     vi->file_version = m->file_version;
     vi->file_verbatim = (m->flags & ST_MANIFEST_VERBATIM) != 0;
+    memcpy(vi->arch, m->arch, ST_ARCH_NAME_MAX);
 }
 
 int st_store_versions(st_store *st, const char *id, st_version_info **out, size_t *n)

@@ -42,6 +42,7 @@ typedef enum st_dtype {
 #define ST_TENSOR_NDIM_MAX 4
 #define ST_GEOMETRY_TENSORS_MAX 4096
 #define ST_FINGERPRINT_LEN 32
+#define ST_ARCH_NAME_MAX 32 /* bytes including the terminating NUL */
 
 typedef struct st_tensor_desc {
     char name[ST_TENSOR_NAME_MAX]; /* printable ASCII, NUL-terminated, unique in a geometry */
@@ -58,16 +59,24 @@ typedef struct st_geometry {
     uint32_t n_vocab;                     /* logits length (0: no logits) */
     uint32_t n_tensors;
     const st_tensor_desc *tensors;        /* borrowed in calls; images keep their own copy */
+    /* The model's architecture (general.architecture: "qwen35", "llama", ...), NUL-terminated,
+     * zero-padded; "" when unknown (a state written before files and store records named it).
+     * Not part of the fingerprint's comparison: st_geometry_compare refuses two names that
+     * differ under one fingerprint (ST_ECORRUPT), and accepts an unknown one. */
+    char arch[ST_ARCH_NAME_MAX];
 } st_geometry;
 
 const char *st_dtype_name(uint32_t dtype); /* "f32", ...; "unknown" */
 size_t st_dtype_size(uint32_t dtype);      /* bytes per element; 0 for an unknown dtype */
 
-/* Structural check of a geometry (names, enums, shapes, overflow of sizes); ST_EGEOMETRY with
- * a detail naming the tensor and field. */
+/* Structural check of a geometry (names, enums, shapes, overflow of sizes, the architecture
+ * name: "" or 1..31 bytes of a-z 0-9 . _ -, zero-padded); ST_EGEOMETRY with a detail naming the
+ * tensor and field. */
 int st_geometry_check(const st_geometry *g);
 /* 0 if equal, else ST_EGEOMETRY (or ST_EMODEL for the fingerprint) with a detail naming the
- * first difference, e.g. "incompatible K/V geometry: page_size 1 vs 256". a is "expected". */
+ * first difference, e.g. "incompatible K/V geometry: page_size 1 vs 256". a is "expected".
+ * With one fingerprint, two known architecture names that differ are ST_ECORRUPT (a name that
+ * disagrees with its fingerprint); an unknown name ("") matches any. */
 int st_geometry_compare(const st_geometry *a, const st_geometry *b);
 /* The layer kinds of a geometry, from the engine's tensor names (docs/ENGINE.md, "Geometry"): one
  * letter per layer in order, D for a Gated DeltaNet layer (blk.N.ssm_state / conv_state), A for
@@ -260,6 +269,7 @@ typedef enum st_section_type {
     ST_SECTION_KV = 3,
     ST_SECTION_CHECKPOINT = 4,
     ST_SECTION_LOGITS = 5,
+    ST_SECTION_ARCH = 6, /* optional, right after GEOMETRY: the architecture name */
 } st_section_type;
 
 typedef struct st_file_section_info {
@@ -525,6 +535,8 @@ typedef struct st_version_info {
     uint32_t compress;        /* zstd level of the put (0: raw) */
     uint32_t file_version;    /* session-file version export re-creates (0: automatic) */
     int file_verbatim;        /* 1: the imported file's bytes are kept for export */
+    char arch[ST_ARCH_NAME_MAX]; /* the model's architecture; "" unknown (saved before versions
+                                  * recorded it) */
 } st_version_info;
 
 /* Every session, sorted by id: *out is a malloc'd array of *n entries (free()). */

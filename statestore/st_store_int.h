@@ -62,6 +62,11 @@ static inline uint64_t st_ckpt_offset(const st_image *img, uint32_t codec, uint3
  * section's sizes). Same position rules as st_image_checkpoint_add. */
 int st_image_ckpt_append_empty(st_image *img, uint64_t position, uint32_t codec, uint32_t *index);
 
+/* An architecture name field: NUL-terminated within ST_ARCH_NAME_MAX, "" or bytes of
+ * a-z 0-9 . _ - (padding is not checked: decoders check it, images make it zero);
+ * ST_ECORRUPT with a detail starting with what. */
+int st_arch_name_check(const char name[ST_ARCH_NAME_MAX], const char *what);
+
 /* Saturating products: UINT64_MAX on overflow. */
 uint64_t st_mul_sat(uint64_t a, uint64_t b);
 

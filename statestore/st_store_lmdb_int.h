@@ -172,8 +172,10 @@ int st_store__scan(const char *dir, const st_store_opts *opts, st_store_damaged_
 #define ST_GEOM_TENSOR 96u
 
 #define ST_MANIFEST_MAGIC 0x464d5453u  /* "STMF" */
-#define ST_MANIFEST_FORMAT 1u
+#define ST_MANIFEST_FORMAT 1u       /* a version of unknown architecture: as before */
+#define ST_MANIFEST_FORMAT_ARCH 2u  /* format 1 and the architecture name after its header */
 #define ST_MANIFEST_HDR 96u
+#define ST_MANIFEST_HDR_ARCH (ST_MANIFEST_HDR + ST_ARCH_NAME_MAX)
 #define ST_MANIFEST_CKPT 16u
 #define ST_MANIFEST_SECTION 32u
 #define ST_MANIFEST_CHUNK 48u
@@ -219,6 +221,7 @@ typedef struct st_manifest {
     int32_t file_compress, file_shuffle;
     uint32_t compress;
     uint32_t n_ckpt, n_sec, n_chunks;
+    char arch[ST_ARCH_NAME_MAX];     /* "" (format 1) or the image's architecture (format 2) */
     st_mckpt *ckpt;
     st_msection *sec;
     st_mchunk *chunks;

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "st_store_int.h"
 #include "st_store_lmdb_int.h"
 
 void st_store_hex(char *dst, const uint8_t *p, size_t n)
@@ -276,21 +277,23 @@ void st_manifest_free(st_manifest *m)
     m->chunks = NULL;
 }
 
-static size_t manifest_len(uint32_t n_ckpt, uint32_t n_sec, uint32_t n_chunks)
+static size_t manifest_len(size_t hdr, uint32_t n_ckpt, uint32_t n_sec, uint32_t n_chunks)
 {
-    return ST_MANIFEST_HDR + (size_t)n_ckpt * ST_MANIFEST_CKPT + (size_t)n_sec * ST_MANIFEST_SECTION +
+    return hdr + (size_t)n_ckpt * ST_MANIFEST_CKPT + (size_t)n_sec * ST_MANIFEST_SECTION +
            (size_t)n_chunks * ST_MANIFEST_CHUNK + ST_MANIFEST_TRAILER;
 }
 
 int st_manifest_encode(const st_manifest *m, uint8_t **out, size_t *out_len)
 {
-    size_t len = manifest_len(m->n_ckpt, m->n_sec, m->n_chunks);
+    size_t an = strnlen(m->arch, ST_ARCH_NAME_MAX);
+    size_t hdr = an ? ST_MANIFEST_HDR_ARCH : ST_MANIFEST_HDR;
+    size_t len = manifest_len(hdr, m->n_ckpt, m->n_sec, m->n_chunks);
     uint8_t *b = calloc(1, len);
     *out = NULL;
     if (!b)
         return st_error_set(ENOMEM, "manifest: no memory for %zu bytes", len);
     st_put32(b, ST_MANIFEST_MAGIC);
-    st_put16(b + 4, ST_MANIFEST_FORMAT);
+    st_put16(b + 4, an ? ST_MANIFEST_FORMAT_ARCH : ST_MANIFEST_FORMAT);
     st_put16(b + 6, (uint16_t)m->flags);
     st_put64(b + 8, m->version);
     st_put64(b + 16, m->created_ns);
@@ -305,7 +308,8 @@ int st_manifest_encode(const st_manifest *m, uint8_t **out, size_t *out_len)
     st_put32(b + 72, (uint32_t)m->file_compress);
     st_put32(b + 76, (uint32_t)m->file_shuffle);
     st_put32(b + 80, m->compress);
-    uint8_t *p = b + ST_MANIFEST_HDR;
+    memcpy(b + ST_MANIFEST_HDR, m->arch, an); /* format 2: zero-padded */
+    uint8_t *p = b + hdr;
     for (uint32_t i = 0; i < m->n_ckpt; i++, p += ST_MANIFEST_CKPT) {
         st_put64(p, m->ckpt[i].position);
         st_put32(p + 8, m->ckpt[i].codec);
@@ -346,9 +350,13 @@ int st_manifest_parse(const void *buf, size_t len, const char *what, st_manifest
     if (st_get32(b) != ST_MANIFEST_MAGIC)
         return st_error_set(ST_ECORRUPT, "%s: manifest magic 0x%08x, expected 0x%08x", what, st_get32(b),
                             ST_MANIFEST_MAGIC);
-    if (st_get16(b + 4) != ST_MANIFEST_FORMAT)
-        return st_error_set(ST_EVERSION, "%s: manifest format %u; this build reads %u", what,
-                            st_get16(b + 4), ST_MANIFEST_FORMAT);
+    uint32_t format = st_get16(b + 4);
+    if (format != ST_MANIFEST_FORMAT && format != ST_MANIFEST_FORMAT_ARCH)
+        return st_error_set(ST_EVERSION, "%s: manifest format %u; this build reads %u and %u", what,
+                            format, ST_MANIFEST_FORMAT, ST_MANIFEST_FORMAT_ARCH);
+    size_t hdr = format == ST_MANIFEST_FORMAT_ARCH ? ST_MANIFEST_HDR_ARCH : ST_MANIFEST_HDR;
+    if (len < hdr + ST_MANIFEST_TRAILER)
+        return st_error_set(ST_ECORRUPT, "%s: manifest of %zu bytes is shorter than its header", what, len);
     m->flags = st_get16(b + 6);
     m->version = st_get64(b + 8);
     m->created_ns = st_get64(b + 16);
@@ -370,7 +378,7 @@ int st_manifest_parse(const void *buf, size_t len, const char *what, st_manifest
         m->n_sec > ST_MANIFEST_CHUNKS_MAX + 2 * ST_MANIFEST_CKPTS_MAX)
         return st_error_set(ST_ECORRUPT, "%s: manifest counts (%u checkpoints, %u sections, %u chunks) exceed limits",
                             what, m->n_ckpt, m->n_sec, m->n_chunks);
-    if (manifest_len(m->n_ckpt, m->n_sec, m->n_chunks) != len)
+    if (manifest_len(hdr, m->n_ckpt, m->n_sec, m->n_chunks) != len)
         return st_error_set(ST_ECORRUPT, "%s: manifest of %zu bytes does not hold %u checkpoints, %u sections, %u chunks",
                             what, len, m->n_ckpt, m->n_sec, m->n_chunks);
     uint64_t want = st_get64(b + len - ST_MANIFEST_TRAILER), got = st_checksum(b, len - ST_MANIFEST_TRAILER);
@@ -381,6 +389,15 @@ int st_manifest_parse(const void *buf, size_t len, const char *what, st_manifest
         m->file_shuffle < 0 || m->file_shuffle > 1 || m->compress > 19)
         return st_error_set(ST_ECORRUPT, "%s: manifest file options (v%u, level %d, shuffle %d) or level %u invalid",
                             what, m->file_version, m->file_compress, m->file_shuffle, m->compress);
+    if (format == ST_MANIFEST_FORMAT_ARCH) {
+        const uint8_t *a = b + ST_MANIFEST_HDR;
+        size_t an = strnlen((const char *)a, ST_ARCH_NAME_MAX);
+        if (an == 0 || an == ST_ARCH_NAME_MAX || !all_zero(a + an, ST_ARCH_NAME_MAX - an) ||
+            st_arch_name_check((const char *)a, "architecture name"))
+            return st_error_set(ST_ECORRUPT, "%s: manifest architecture name is empty, unterminated, "
+                                "not zero-padded or not of a-z 0-9 . _ -", what);
+        memcpy(m->arch, a, ST_ARCH_NAME_MAX);
+    }
     m->ckpt = calloc(m->n_ckpt ? m->n_ckpt : 1, sizeof *m->ckpt);
     m->sec = calloc(m->n_sec ? m->n_sec : 1, sizeof *m->sec);
     m->chunks = calloc(m->n_chunks ? m->n_chunks : 1, sizeof *m->chunks);
@@ -388,7 +405,7 @@ int st_manifest_parse(const void *buf, size_t len, const char *what, st_manifest
         rc = st_error_set(ENOMEM, "%s: no memory for a manifest of %u chunks", what, m->n_chunks);
         goto fail;
     }
-    const uint8_t *p = b + ST_MANIFEST_HDR;
+    const uint8_t *p = b + hdr;
     for (uint32_t i = 0; i < m->n_ckpt; i++, p += ST_MANIFEST_CKPT) {
         m->ckpt[i].position = st_get64(p);
         m->ckpt[i].codec = st_get32(p + 8);

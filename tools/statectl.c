@@ -125,9 +125,10 @@ static const char *role_name(uint32_t role)
 static const char inspect_help[] =
     "usage: statectl inspect FILE [--json]\n"
     "\n"
-    "Show a session file: format and version, model fingerprint, layer kinds (one letter per layer\n"
-    "from the geometry: D Gated DeltaNet, conv and SSM state; A attention, K/V), geometry, tokens,\n"
-    "every section\n"
+    "Show a session file: format and version, model fingerprint, the model's architecture (its\n"
+    "ARCH section: qwen35, llama, ...; \"unknown\" for a file written before files named it), layer\n"
+    "kinds (one letter per layer from the geometry: D Gated DeltaNet, conv and SSM state;\n"
+    "A attention, K/V), geometry, tokens, every section\n"
     "with its offset, length and checksum (ok or BAD), and the checkpoints with position and codec.\n"
     "Reads the file with bounded memory. A damaged or truncated file is shown as far as it can be\n"
     "read, with the first problem (naming the section and offset) and where the walk stopped.\n"
@@ -190,9 +191,10 @@ static json_t *info_json(const char *path, const st_file_info *in, const char *s
     } else
         json_decref(tensors);
     int hdr = info_has_header(in), geo = info_has_geometry(in);
-    json_t *o = json_pack("{s:s,s:I,s:I,s:o,s:o,s:o,s:o,s:o,s:o,s:b}", "file", path, "version",
+    json_t *o = json_pack("{s:s,s:I,s:I,s:o,s:o,s:o,s:o,s:o,s:o,s:o,s:b}", "file", path, "version",
                           (json_int_t)in->version, "size", (json_int_t)in->file_len,
-                          "model_fingerprint", geo ? json_string(fp) : json_null(), "state_hash",
+                          "model_fingerprint", geo ? json_string(fp) : json_null(), "architecture",
+                          in->geometry.arch[0] ? json_string(in->geometry.arch) : json_null(), "state_hash",
                           hdr ? json_string(sh) : json_null(), "tokens",
                           hdr ? json_integer((json_int_t)in->n_tokens) : json_null(), "geometry",
                           geometry, "sections", sections, "checkpoints", ckpts, "ok", in->all_ok);
@@ -213,6 +215,10 @@ static void info_text(const char *path, const st_file_info *in, const char *stop
     printf("size         %" PRIu64 " bytes\n", in->file_len);
     if (info_has_geometry(in))
         printf("model        %s\n", fp);
+    if (in->geometry.arch[0])
+        printf("architecture %s\n", in->geometry.arch);
+    else if (info_has_geometry(in))
+        printf("architecture unknown (written before session files named it)\n");
     if (!info_has_header(in)) {
         printf("header       truncated\n");
     } else {

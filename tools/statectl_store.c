@@ -239,6 +239,12 @@ static json_t *labels_json(const st_session_info *si)
     return o;
 }
 
+/* A version's architecture as show prints it. */
+static const char *arch_text(const char *arch)
+{
+    return arch[0] ? arch : "unknown (saved before store versions recorded it)";
+}
+
 static json_t *version_json(const st_version_info *v, const st_session_info *si)
 {
     char t[32], sh[17];
@@ -247,7 +253,8 @@ static json_t *version_json(const st_version_info *v, const st_session_info *si)
     for (uint32_t i = 0; si && i < si->n_labels; i++)
         if (si->labels[i].version == v->version)
             json_array_append_new(labels, json_string(si->labels[i].name));
-    return json_pack("{s:I,s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:s,s:I,s:I,s:b,s:o}", "version", (json_int_t)v->version,
+    return json_pack("{s:I,s:s,s:o,s:I,s:I,s:I,s:I,s:I,s:I,s:s,s:I,s:I,s:b,s:o}", "version", (json_int_t)v->version,
+                     "architecture", v->arch[0] ? json_string(v->arch) : json_null(),
                      "created", time_str(t, sizeof t, v->created_ns), "tokens", (json_int_t)v->n_tokens,
                      "checkpoints", (json_int_t)v->n_checkpoints, "last_position", (json_int_t)v->last_position,
                      "logical_bytes", (json_int_t)v->logical_bytes, "stored_bytes", (json_int_t)v->stored_bytes,
@@ -346,9 +353,11 @@ static int cmd_ls(int argc, char **argv)
 static const char show_help[] =
     "usage: statectl show STORE ID[@VERSION|@LABEL] [--json]\n"
     "\n"
-    "Show a session (its versions, labels, model) or one version of it (tokens, checkpoints,\n"
-    "logical and stored bytes, chunks, state hash, layer kinds, how export re-creates its file).\n"
-    "Layer kinds: one letter per layer, D Gated DeltaNet (conv and SSM state), A attention (K/V).\n";
+    "Show a session (its versions, labels, model, the head's architecture) or one version of it\n"
+    "(tokens, checkpoints, logical and stored bytes, chunks, state hash, the model's architecture,\n"
+    "layer kinds, how export re-creates its file). Architecture: qwen35, llama, ... as the version\n"
+    "recorded it; \"unknown\" for a version saved before versions recorded it. Layer kinds: one\n"
+    "letter per layer, D Gated DeltaNet (conv and SSM state), A attention (K/V).\n";
 
 static int cmd_show(int argc, char **argv)
 {
@@ -392,6 +401,7 @@ static int cmd_show(int argc, char **argv)
             printf("bytes        %s logical, %s stored in %u chunks%s\n", bytes_str(s1, sizeof s1, vi.logical_bytes),
                    bytes_str(s2, sizeof s2, vi.stored_bytes), vi.n_chunks, vi.compress ? " (zstd)" : "");
             printf("state hash   %016" PRIx64 "\n", vi.state_hash);
+            printf("architecture %s\n", arch_text(vi.arch));
             printf("layers       %s\n", kinds);
             if (vi.file_verbatim)
                 printf("export       the imported file's bytes (kept verbatim)\n");
@@ -413,8 +423,13 @@ static int cmd_show(int argc, char **argv)
     } else {
         char fp[2 * ST_FINGERPRINT_LEN + 1], t[32];
         hexs(fp, si.model_fp, ST_FINGERPRINT_LEN);
-        printf("session      %s\nmodel        %s\nhead         %" PRIu64 "\nversions     %" PRIu64 "\n", r.id, fp, si.head,
-               si.n_versions);
+        const char *arch = "";
+        for (size_t i = 0; i < n; i++)
+            if (vs[i].version == si.head)
+                arch = vs[i].arch;
+        printf("session      %s\nmodel        %s\n", r.id, fp);
+        printf("architecture %s\n", arch_text(arch));
+        printf("head         %" PRIu64 "\nversions     %" PRIu64 "\n", si.head, si.n_versions);
         printf("created      %s\n", time_str(t, sizeof t, si.created_ns));
         printf("  %8s %8s %5s %10s %10s  %-20s  %s\n", "VERSION", "TOKENS", "CKPTS", "LOGICAL", "STORED", "CREATED",
                "LABELS");
