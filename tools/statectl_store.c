@@ -253,7 +253,7 @@ static json_t *version_json(const st_version_info *v, const st_session_info *si)
     for (uint32_t i = 0; si && i < si->n_labels; i++)
         if (si->labels[i].version == v->version)
             json_array_append_new(labels, json_string(si->labels[i].name));
-    return json_pack("{s:I,s:s,s:o,s:I,s:I,s:I,s:I,s:I,s:I,s:s,s:I,s:I,s:b,s:o}", "version", (json_int_t)v->version,
+    return json_pack("{s:I,s:o,s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:s,s:I,s:I,s:b,s:o}", "version", (json_int_t)v->version,
                      "architecture", v->arch[0] ? json_string(v->arch) : json_null(),
                      "created", time_str(t, sizeof t, v->created_ns), "tokens", (json_int_t)v->n_tokens,
                      "checkpoints", (json_int_t)v->n_checkpoints, "last_position", (json_int_t)v->last_position,

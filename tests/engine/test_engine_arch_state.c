@@ -102,6 +102,8 @@ static void test_arch_everywhere(void **state)
         k += strlen("kinds        ");
         size_t kl = strcspn(k, "\n");
         snprintf(kinds, sizeof kinds, "layers       %.*s\n", (int)kl, k);
+        char js1[96];
+        snprintf(js1, sizeof js1, "\"architecture\": \"%s\"", arch);
         for (int bf16 = 0; bf16 < 2; bf16++) {
             sh(1, BIN "/strata generate -m %s/m.gguf -p 'state of %s' -n 4 --tokens --ignore-eos "
                       "--threads 1 --session-out %s/s.stsf%s > /dev/null && " BIN
@@ -128,6 +130,8 @@ static void test_arch_everywhere(void **state)
               BIN "/statectl show %s/st a@1", g_dir, g_dir, g_dir, g_dir);
         want("statectl show ID@1", line);
         want("statectl show ID@1", kinds);
+        sh(1, BIN "/statectl show %s/st a@1 --json", g_dir);
+        want("statectl show ID@1 --json", js1);
         sh(1, BIN "/statectl show %s/st a", g_dir);
         want("statectl show ID", line);
         sh(1, BIN "/statectl export %s/st a@1 %s/e.stsf --format v2 && " BIN
@@ -394,6 +398,10 @@ static void test_mtp_pages_unread(void **state)
     fprintf(stderr, "MTP tensors beyond the margin (%llu MiB): %zu of %zu pages resident\n",
             (unsigned long long)((mtp_hi - mtp_lo - margin) >> 20), r, np);
     assert_int_equal(r, 0);
+    /* the negative control: read, those very pages show resident */
+    sh(1, "cat %s > /dev/null", p);
+    size_t all = resident(p, mtp_lo + margin, mtp_hi - mtp_lo - margin, &np);
+    assert_int_equal(all, np);
     /* neither run nor saved: the same tokens and the same session file, byte for byte, as the
      * model without MTP blocks */
     sh(1, BIN "/strata generate -m %s/plain.gguf -p 'multi-token prediction' -n 6 --tokens "

@@ -219,6 +219,8 @@ int st_test_image_equal(const st_image *a, const st_image *b)
 
     if (st_geometry_compare(g, st_image_geometry(b)) != 0)
         return st_test_diff(st_errdetail());
+    if (strcmp(g->arch, st_image_geometry(b)->arch) != 0)
+        return st_test_diff("architecture name");
     if (st_image_n_tokens(a) != st_image_n_tokens(b))
         return st_test_diff("n_tokens");
     if (st_image_n_tokens(a) &&
@@ -265,4 +267,44 @@ int st_test_image_equal(const st_image *a, const st_image *b)
     if (st_image_state_hash(a) != st_image_state_hash(b))
         return st_test_diff("state hash");
     return 0;
+}
+
+int st_test_image_named(st_image **out, const st_image *src, const char *arch)
+{
+    st_geometry g = *st_image_geometry(src);
+    st_image *img = NULL;
+    uint64_t len, n = st_image_n_tokens(src);
+    uint32_t nl = 0, ci;
+    int rc;
+
+    *out = NULL;
+    snprintf(g.arch, sizeof g.arch, "%s", arch);
+    if ((rc = st_image_create(&img, &g)) || (rc = st_image_tokens_set(img, st_image_tokens(src), n)))
+        goto fail;
+    for (uint32_t i = 0; i < g.n_tensors; i++) {
+        const void *p = st_image_kv_const(src, i, &len);
+        if (p)
+            memcpy(st_image_kv(img, i, &len), p, len);
+    }
+    for (uint32_t c = 0; c < st_image_n_checkpoints(src); c++) {
+        uint64_t pos;
+        uint32_t codec;
+        st_image_checkpoint_info(src, c, &pos, &codec);
+        if ((rc = st_image_checkpoint_add(img, pos, codec, &ci)))
+            goto fail;
+        for (uint32_t i = 0; i < g.n_tensors; i++) {
+            const void *p = st_image_checkpoint_tensor_const(src, c, i, &len);
+            if (p)
+                memcpy(st_image_checkpoint_tensor(img, ci, i, &len), p, len);
+        }
+    }
+    const float *lg = st_image_logits(src, &nl);
+    if (nl && (rc = st_image_logits_set(img, lg, nl)))
+        goto fail;
+    st_image_state_hash_set(img, st_image_state_hash(src));
+    *out = img;
+    return 0;
+fail:
+    st_image_free(img);
+    return rc;
 }

@@ -37,7 +37,10 @@ int st_test_image_small(st_image **out, uint64_t seed, const uint32_t codecs[3])
 /* A minimal image: one running f32 tensor, no K/V, 0 tokens, one checkpoint at 0, no logits. */
 int st_test_image_minimal(st_image **out, uint64_t seed);
 
-/* 0 when a and b hold the same geometry, tokens, K/V, checkpoints (positions, codecs, bytes),
+/* A copy of src whose geometry names the architecture arch (written with an ARCH section). */
+int st_test_image_named(st_image **out, const st_image *src, const char *arch);
+
+/* 0 when a and b hold the same geometry (the architecture name included), tokens, K/V, checkpoints (positions, codecs, bytes),
  * logits and state hash; otherwise -1 with the first difference printed on stderr. */
 int st_test_image_equal(const st_image *a, const st_image *b);
 

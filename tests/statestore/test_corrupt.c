@@ -1,6 +1,7 @@
 /*
  * test_corrupt.c - every single-byte change, every truncation and an extension of the golden
- * files must end in a typed error: never success, never a crash (CI runs this under ASan+UBSan).
+ * files, and of the same files naming an architecture (an ARCH section), must end in a typed
+ * error: never success, never a crash (CI runs this under ASan+UBSan).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -48,13 +49,33 @@ static unsigned char *load(const char *name, size_t *len)
     return f;
 }
 
+/* File k: the golden files, then the same images naming an architecture (written here). */
+#define FILE_COUNT (2 * ST_GOLDEN_COUNT)
+static unsigned char *file_k(size_t k, char *name, size_t cap, size_t *len)
+{
+    const st_golden *gd = &st_goldens[k % ST_GOLDEN_COUNT];
+    if (k < ST_GOLDEN_COUNT) {
+        snprintf(name, cap, "%s", gd->name);
+        return load(gd->name, len);
+    }
+    st_image *img = NULL, *named = NULL;
+    uint8_t *b = NULL;
+    assert_int_equal(st_test_image_small(&img, gd->seed, gd->codecs), 0);
+    assert_int_equal(st_test_image_named(&named, img, "qwen35moe"), 0);
+    assert_int_equal(st_file_write_mem(named, &gd->opts, &b, len), 0);
+    st_image_free(img);
+    st_image_free(named);
+    snprintf(name, cap, "%s named qwen35moe", gd->name);
+    return b;
+}
+
 static void test_corrupt_mem(void **state)
 {
     (void)state;
-    for (size_t g = 0; g < ST_GOLDEN_COUNT; g++) {
-        const char *name = st_goldens[g].name;
+    for (size_t g = 0; g < FILE_COUNT; g++) {
+        char name[96];
         size_t len = 0;
-        unsigned char *f = load(name, &len);
+        unsigned char *f = file_k(g, name, sizeof name, &len);
         uint8_t *c = malloc(len + 1);
         st_image *img = NULL;
 
@@ -93,10 +114,10 @@ static void test_corrupt_file(void **state)
 
     st_test_tmpdir(dir, sizeof dir, "test_corrupt");
     snprintf(path, sizeof path, "%s/c.stsf", dir);
-    for (size_t g = 0; g < ST_GOLDEN_COUNT; g++) {
-        const char *name = st_goldens[g].name;
+    for (size_t g = 0; g < FILE_COUNT; g++) {
+        char name[96];
         size_t len = 0;
-        unsigned char *f = load(name, &len);
+        unsigned char *f = file_k(g, name, sizeof name, &len);
         size_t stride = 1;
         uint64_t geometry_end; /* the end of section 0: a truncation after it shows a section */
         memcpy(&geometry_end, f + 64 + 8, 8);

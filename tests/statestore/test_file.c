@@ -845,6 +845,99 @@ static void test_inspect(void **state)
  * small ones: 4096 one-byte running tensors in each of 64 checkpoints (one allocation per tensor
  * would cost some 16 times the file). Measured with glibc's mallinfo2; a sanitizer build replaces
  * malloc, and there the read only has to succeed. */
+/* The ARCH section: written right after GEOMETRY when the image names its architecture, read
+ * back into the geometry, shown by inspect; the file is the unnamed one with the section
+ * inserted (nothing else changes); misplaced, repeated or malformed sections are refused. */
+static void test_arch_section(void **state)
+{
+    static const uint32_t *const codecs[] = {all_fp32, mixed};
+    (void)state;
+    for (int k = 0; k < 3; k++) {
+        st_image *a = NULL, *n = NULL, *back = NULL;
+        st_file_write_opts o = {.compress = k == 2 ? 3 : 0, .shuffle = k == 2};
+        if (k < 2)
+            assert_int_equal(st_test_image_small(&a, 20 + (uint64_t)k, codecs[k]), 0);
+        else
+            assert_int_equal(st_test_image_minimal(&a, 22), 0);
+        assert_int_equal(st_test_image_named(&n, a, "strata-hybrid"), 0);
+        roundtrip(n, &o, k == 0 ? 1 : 2);
+        uint8_t *ua, *na;
+        size_t ul, nl;
+        assert_int_equal(st_file_write_mem(a, &o, &ua, &ul), 0);
+        assert_int_equal(st_file_write_mem(n, &o, &na, &nl), 0);
+        /* the same bytes but for the section, the header's counts and checksum */
+        uint64_t at = section_off(ua, 1);
+        assert_int_equal(nl, ul + 64);
+        assert_int_equal(get_u32(na + 20), get_u32(ua + 20) + 1);
+        assert_int_equal(get_u64(na + 24), nl);
+        assert_memory_equal(na + 32, ua + 32, 24);
+        assert_memory_equal(na + 64, ua + 64, at - 64);
+        assert_int_equal(get_u32(na + at), ST_SECTION_ARCH);
+        assert_int_equal(get_u32(na + at + 4), 0);
+        assert_int_equal(get_u64(na + at + 8), ST_ARCH_NAME_MAX);
+        uint8_t want[ST_ARCH_NAME_MAX] = "strata-hybrid";
+        assert_memory_equal(na + at + 32, want, ST_ARCH_NAME_MAX);
+        assert_memory_equal(na + at + 64, ua + at, ul - at);
+        /* the unnamed image reads back unnamed; the named one named */
+        assert_int_equal(st_file_read_mem(ua, ul, NULL, &back), 0);
+        assert_string_equal(st_image_geometry(back)->arch, "");
+        st_image_free(back);
+        assert_int_equal(st_file_read_mem(na, nl, NULL, &back), 0);
+        assert_string_equal(st_image_geometry(back)->arch, "strata-hybrid");
+        st_image_free(back);
+        /* inspect names it, and lists the section */
+        char path[1200];
+        st_file_info info;
+        snprintf(path, sizeof path, "%s/arch.stsf", tmpdir);
+        assert_int_equal(st_file_replace(path, na, nl), 0);
+        assert_int_equal(st_file_inspect(path, &info), 0);
+        assert_true(info.all_ok);
+        assert_string_equal(info.geometry.arch, "strata-hybrid");
+        assert_int_equal(info.sections[1].type, ST_SECTION_ARCH);
+        assert_string_equal(st_section_type_name(info.sections[1].type), "ARCH");
+        st_file_info_free(&info);
+        unlink(path);
+        /* the section twice: the second stands where TOKENS belongs */
+        uint8_t *d = malloc(nl + 64);
+        assert_non_null(d);
+        memcpy(d, na, at + 64);
+        memcpy(d + at + 64, na + at, nl - at);
+        put_u32(d + 20, get_u32(na + 20) + 1);
+        put_u64(d + 24, nl + 64);
+        reseal(d, nl + 64);
+        assert_int_equal(st_file_read_mem(d, nl + 64, NULL, &back), ST_ECORRUPT);
+        assert_non_null(strstr(st_errdetail(), "found ARCH where TOKENS was expected"));
+        /* after TOKENS instead of before it */
+        uint64_t tl = 32 + get_u64(ua + at + 8); /* the TOKENS section, whole */
+        memcpy(d, na, nl);
+        memcpy(d + at, na + at + 64, tl);
+        memcpy(d + at + tl, na + at, 64);
+        reseal(d, nl);
+        assert_int_equal(st_file_read_mem(d, nl, NULL, &back), ST_ECORRUPT);
+        /* another length, checksums right */
+        memcpy(d, na, nl);
+        put_u64(d + at + 8, 31);
+        reseal(d, nl);
+        assert_int_equal(st_file_read_mem(d, nl, NULL, &back), ST_ECORRUPT);
+        assert_null(back);
+        free(d);
+        free(ua);
+        free(na);
+        st_image_free(a);
+        st_image_free(n);
+    }
+    /* a name outside a-z 0-9 . _ - cannot be in an image */
+    st_geometry g;
+    st_tensor_desc t[ST_TEST_SMALL_TENSORS];
+    st_image *x = NULL;
+    st_test_geometry_small(&g, t);
+    snprintf(g.arch, sizeof g.arch, "Qwen");
+    assert_int_equal(st_image_create(&x, &g), ST_EGEOMETRY);
+    memset(g.arch, 'a', sizeof g.arch);
+    assert_int_equal(st_image_create(&x, &g), ST_EGEOMETRY);
+    assert_null(x);
+}
+
 static void test_read_memory_bound(void **state)
 {
     enum { NT = ST_GEOMETRY_TENSORS_MAX, NCTX = 64 };
@@ -911,7 +1004,7 @@ int main(void)
         cmocka_unit_test(test_deterministic), cmocka_unit_test(test_progress),
         cmocka_unit_test(test_atomic_write),  cmocka_unit_test(test_reader_errors),
         cmocka_unit_test(test_inspect),       cmocka_unit_test(test_large_roundtrips),
-        cmocka_unit_test(test_read_memory_bound),
+        cmocka_unit_test(test_read_memory_bound), cmocka_unit_test(test_arch_section),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

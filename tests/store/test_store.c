@@ -8,6 +8,7 @@
 #include <stdatomic.h>
 #include <sys/stat.h>
 
+#include "st_test_image.h"
 #include "store_test.h"
 
 static char base[1024];
@@ -560,6 +561,51 @@ static void test_geometry_refused(void **state)
     st_image_free(e);
 }
 
+/* The architecture name travels with each version (its manifest), not with the session's
+ * shared geometry record: a session saved before names were recorded takes named versions, each
+ * version reads back with its own name, and an export writes it. */
+static void test_arch_name(void **state)
+{
+    (void)state;
+    char dir[1024];
+    st_store *st = open_new(dir, sizeof dir, NULL);
+    st_image *a = store_test_image(61, 300, 0, 0), *n = NULL, *back = NULL;
+    assert_int_equal(st_test_image_named(&n, a, "qwen3next"), 0);
+    assert_int_equal(st_store_put(st, "s", a, 0, NULL, NULL), 0);
+    assert_int_equal(st_store_put(st, "s", n, 0, NULL, NULL), 0);
+    st_version_info *vs = NULL;
+    size_t nv = 0;
+    assert_int_equal(st_store_versions(st, "s", &vs, &nv), 0);
+    assert_int_equal(nv, 2);
+    assert_string_equal(vs[0].arch, "");
+    assert_string_equal(vs[1].arch, "qwen3next");
+    free(vs);
+    assert_int_equal(st_store_get(st, "s", 1, &back), 0);
+    assert_int_equal(st_test_image_equal(a, back), 0);
+    st_image_free(back);
+    assert_int_equal(st_store_get(st, "s", 2, &back), 0);
+    assert_int_equal(st_test_image_equal(n, back), 0);
+    st_image_free(back);
+    uint8_t *f = NULL;
+    size_t fl = 0;
+    assert_int_equal(st_file_write_mem(n, NULL, &f, &fl), 0);
+    char path[1200];
+    snprintf(path, sizeof path, "%s.export", dir);
+    assert_int_equal(st_store_export(st, "s", 2, path, NULL), 0);
+    size_t el = 0;
+    unsigned char *e = st_test_slurp(path, &el);
+    assert_non_null(e);
+    assert_int_equal(el, fl);
+    assert_memory_equal(e, f, fl);
+    free(e);
+    free(f);
+    unlink(path);
+    store_test_assert_clean(st);
+    st_store_close(st);
+    st_image_free(a);
+    st_image_free(n);
+}
+
 static void test_map_growth_and_budget(void **state)
 {
     (void)state;
@@ -1067,6 +1113,7 @@ int main(void)
         cmocka_unit_test(test_compression),
         cmocka_unit_test(test_import_export),
         cmocka_unit_test(test_geometry_refused),
+        cmocka_unit_test(test_arch_name),
         cmocka_unit_test(test_map_growth_and_budget),
         cmocka_unit_test(test_backup_restore),
         cmocka_unit_test(test_schema_refused),
