@@ -903,12 +903,13 @@ static json_t *version_json(const st_version_info *vi)
 {
     char cr[40];
     iso_time(vi->created_ns, cr, sizeof cr);
-    return json_pack("{s:I,s:s,s:I,s:I,s:I,s:i,s:I,s:i,s:i,s:i}", "version", (json_int_t)vi->version,
+    return json_pack("{s:I,s:s,s:I,s:I,s:I,s:i,s:I,s:i,s:i,s:i,s:o}", "version", (json_int_t)vi->version,
                      "created", cr, "tokens", (json_int_t)vi->n_tokens, "logical_bytes",
                      (json_int_t)vi->logical_bytes, "stored_bytes", (json_int_t)vi->stored_bytes,
                      "checkpoints", (int)vi->n_checkpoints, "last_position",
                      (json_int_t)vi->last_position, "chunks", (int)vi->n_chunks, "compress",
-                     (int)vi->compress, "file_version", (int)vi->file_version);
+                     (int)vi->compress, "file_version", (int)vi->file_version, "architecture",
+                     vi->arch[0] ? json_string(vi->arch) : json_null());
 }
 
 /* Where a session lives in the engine: a "live" object or JSON null. */

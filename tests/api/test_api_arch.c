@@ -502,7 +502,7 @@ static void test_other_model(void **state)
     free(file);
 }
 
-/* ---- statectl inspect / show: the layer kinds ------------------------------------------------- */
+/* ---- statectl inspect / show: the architecture and the layer kinds ------------------------------------------------- */
 
 static void test_inspect_layers(void **state)
 {
@@ -521,6 +521,9 @@ static void test_inspect_layers(void **state)
         assert_int_equal(save(s.port, "i", NULL), 1);
         size_t len = 0;
         uint8_t *b = download(s.port, "i", 1, "v2", &len);
+        json_t *v = st_at_call(s.port, "GET", "/v1/sessions/i/versions/1", NULL, 200);
+        assert_string_equal(json_string_value(json_object_get(v, "architecture")), models[i].arch);
+        json_decref(v);
         assert_int_equal(st_hc_server_stop(&s, SIGTERM), 0);
         snprintf(file, sizeof file, "%s/%s.sess", env.dir, models[i].arch);
         assert_int_equal(st_test_spit(file, b, len), 0);
@@ -539,6 +542,14 @@ static void test_inspect_layers(void **state)
         assert_int_equal(st_test_run(out, sizeof out, CTL " show '%s/%s' i@1 --json", env.dir, store), 0);
         snprintf(want, sizeof want, "\"layers\": \"%s\"", kinds[i]);
         assert_non_null(strstr(out, want));
+        /* the architecture, beside the layer kinds, in the server's file and its store version */
+        snprintf(want, sizeof want, "\narchitecture %s\n", models[i].arch);
+        assert_int_equal(st_test_run(out, sizeof out, CTL " show '%s/%s' i@1", env.dir, store), 0);
+        if (!strstr(out, want))
+            fail_msg("statectl show of a %s version does not say \"%s\":\n%s", models[i].arch, want, out);
+        assert_int_equal(st_test_run(out, sizeof out, CTL " inspect '%s'", file), 0);
+        if (!strstr(out, want))
+            fail_msg("statectl inspect of a %s file does not say \"%s\":\n%s", models[i].arch, want, out);
     }
 }
 
