@@ -666,7 +666,7 @@ static void usage(FILE *f)
     fputs("usage: statectl VERB [ARGS] (statectl VERB --help for each verb)\n"
           "\n"
           "Session files:\n"
-          "  inspect FILE [--json]            format, layers, geometry, sections, checksums, checkpoints\n"
+          "  inspect FILE [--json]            format, architecture, layers, geometry, sections, checksums\n"
           "  verify FILE [--quiet]            exit 0 only if every check passes\n"
           "  convert IN OUT [--codec C] [--format v1|v2] [--compress zstd[:L]]\n"
           "  diff A B [--json]                per-tensor error figures between two files\n"
