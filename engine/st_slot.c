@@ -800,7 +800,10 @@ static int model_mismatch(const st_engine *e, const st_geometry *g, const char *
     st_geometry_layer_kinds(g, theirs, sizeof theirs);
     st_geometry same_fp = *g;
     memcpy(same_fp.model_fp, e->geom.model_fp, ST_FINGERPRINT_LEN);
-    if (strcmp(ours, theirs))
+    if (g->arch[0] && strcmp(g->arch, st_model_arch(e->m)))
+        snprintf(d, sizeof d, "it is a %s state, this engine runs %s; its layers are %s, this engine's "
+                 "%s model's %s", g->arch, st_model_arch(e->m), theirs, st_model_arch(e->m), ours);
+    else if (strcmp(ours, theirs))
         snprintf(d, sizeof d, "its layers are %s, this engine's %s model's %s", theirs, st_model_arch(e->m),
                  ours);
     else if (st_geometry_compare(&e->geom, &same_fp))

@@ -7,7 +7,8 @@
  * - files and store versions written before the name was recorded (the golden files; a real
  *   model's file without its ARCH section) show "unknown" and still restore;
  * - a name that disagrees with the fingerprint (checksum recomputed) is refused on restore, a
- *   damaged one (checksum not recomputed) as damage, a malformed one on read;
+ *   damaged one (checksum not recomputed) as damage, a malformed one on read; a state of another
+ *   architecture is refused naming both;
  * - MTP blocks: with the model file dropped from the page cache, loading and generating leaves
  *   the MTP tensors' pages unread (mincore), a used tensor's pages are read (the control), and
  *   the state saved is byte for byte that of the same model without MTP blocks.
@@ -242,6 +243,12 @@ static void test_tampered_name(void **state)
         st_engine_free(e);
         st_model_free(m);
     }
+    /* under another architecture: the refusal names both */
+    sh(0, BIN "/strata-mkmodel --arch llama --preset tiny --ctx 256 -o %s/l.gguf 2>/dev/null && "
+              BIN "/strata generate -m %s/l.gguf --session-in %s/s.stsf -p ' more' -n 2 "
+              "--threads 1", g_dir, g_dir, g_dir);
+    want("restore under llama", "model fingerprint mismatch");
+    want("restore under llama", "it is a qwen35 state, this engine runs llama; its layers are DDDA");
     /* renamed without the checksum: damage */
     memcpy(b + name, "qwen3", 6);
     put_file("dmg.stsf", b, n);
