@@ -70,7 +70,7 @@ const char *st_dtype_name(uint32_t dtype); /* "f32", ...; "unknown" */
 size_t st_dtype_size(uint32_t dtype);      /* bytes per element; 0 for an unknown dtype */
 
 /* Structural check of a geometry (names, enums, shapes, overflow of sizes, the architecture
- * name: "" or 1..31 bytes of a-z 0-9 . _ -, zero-padded); ST_EGEOMETRY with a detail naming the
+ * name: "" or 1..31 bytes of a-z 0-9 . _ -, NUL-terminated); ST_EGEOMETRY with a detail naming the
  * tensor and field. */
 int st_geometry_check(const st_geometry *g);
 /* 0 if equal, else ST_EGEOMETRY (or ST_EMODEL for the fingerprint) with a detail naming the
