@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "st_arch_int.h"
+#include "st_wtype.h"
 
 typedef struct cpu_ctx {
     const st_model *m;
@@ -67,7 +68,15 @@ static int cpu_create(st_engine *e, void **out)
         return st_error_set(ENOMEM, "cpu backend");
     }
     c->n_desc = st_state_layout(&m->mem, c->n_ctx, c->kv_dtype, c->descs, c->tm);
-    if ((rc = st_ops_cpu_new(&e->kern, e->pool, &m->mem, c->n_ctx, &c->oc)) ||
+    /* the longest row of a weight with an integer path (st_qdot_get) */
+    uint64_t qcols = 0;
+    const st_gguf *g = st_model_gguf(m);
+    for (uint64_t i = 0; i < st_gguf_n_tensors(g); i++) {
+        const st_gguf_tensor *t = st_gguf_tensor_at(g, i);
+        if (st_qdot_get(t->type) && t->dims[0] > qcols)
+            qcols = t->dims[0];
+    }
+    if ((rc = st_ops_cpu_new(&e->kern, e->pool, &m->mem, c->n_ctx, c->T, qcols, &c->oc)) ||
         (rc = m->arch->fwd_new(m, c->T, &c->ws))) {
         cpu_destroy(c);
         return rc;

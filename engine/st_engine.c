@@ -25,6 +25,7 @@ void st_engine_opts_default(st_engine_opts *o)
     o->prompt_cache_every = 0;
     o->prompt_cache_root = 0;
     o->force_scalar = 0;
+    o->quant_f32 = 0;
 }
 
 int st_engine_cuda_check(const st_gguf *g)
@@ -114,6 +115,7 @@ int st_engine_new(const st_model *m, const st_engine_opts *o, st_engine **out)
         goto fail;
     }
     e->kern.vec = !o->force_scalar && st_kern_cpu_has_avx2();
+    e->kern.qdot = !o->quant_f32;
     if ((rc = st_pool_new(e->o.n_threads, &e->pool)))
         goto fail;
     if ((rc = e->be->create(e, &e->bctx)))

@@ -285,9 +285,13 @@ typedef struct st_engine_opts {
     uint32_t prompt_cache_every; /* checkpoint every N prompt tokens, rounded up to chunks (0 off) */
     uint32_t prompt_cache_root;  /* checkpoint at the end of a system prompt >= N tokens (0 off) */
     int force_scalar;          /* 1: never use the vector kernels (results are identical) */
+    int quant_f32;             /* 1: quantized weights computed in f32 on their dequantized
+                                * values (the logits of the file's F32 twin); 0: the integer
+                                * path, activations quantized as llama.cpp does, for the types
+                                * that have one (docs/ENGINE.md, "The integer path") */
 } st_engine_opts;
 /* Defaults: cpu, all CPUs, ubatch 2048, model n_ctx, page 256, model kv dtype, cache 6, every 0,
- * root 0. */
+ * root 0, the integer path (quant_f32 0). */
 void st_engine_opts_default(st_engine_opts *o);
 
 int st_engine_new(const st_model *m, const st_engine_opts *o, st_engine **out);

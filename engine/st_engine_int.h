@@ -138,7 +138,8 @@ struct st_model {
  * multiply-add in increasing j; the lanes are summed as ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7));
  * the K mod 8 tail elements are then added in order, each with a fused multiply-add. */
 typedef struct st_kern {
-    int vec; /* 1: AVX2+FMA+F16C */
+    int vec;  /* 1: AVX2+FMA+F16C */
+    int qdot; /* 1: quantized weights with an integer path use it (st_wtype.h, st_qdot_get) */
 } st_kern;
 
 int st_kern_cpu_has_avx2(void);

@@ -10,6 +10,10 @@
  *    never changes a result.
  * 3. Scratch is per thread (the thread index of a task), sized at creation for the memory spec
  *    and the context: attention's scores (qb queries x n_ctx keys) and the delta rule's 2 dv.
+ * 4. The integer path (st_wtype.h, st_qdot_get): a matmul quantizes its input rows once per
+ *    activation format its products need (at most qact_T tokens at a time, into the buffers
+ *    sized at creation), before any product task runs; every task of every product reads those
+ *    bytes, so they are shared and computed once.
  */
 #include <errno.h>
 #include <math.h>
@@ -17,6 +21,7 @@
 #include <string.h>
 
 #include "st_ops_int.h"
+#include "st_wtype.h"
 
 struct st_ops_cpu {
     const st_kern *k;
@@ -26,6 +31,10 @@ struct st_ops_cpu {
     float *scores;  /* per thread: qb x n_ctx */
     float *scratch; /* per thread: scratch_per_thread */
     uint32_t scratch_per_thread;
+    uint8_t *qact[2];   /* per activation format (ST_QACT_* - 1): qact_T rows of qact_cols */
+    uint32_t qact_T;
+    uint64_t qact_cols;
+    int wrong_qact; /* STRATA_TEST_WRONG_QACT=1: the negative control (st_qdot_wrong_scale) */
 };
 
 void st_ops_cpu_free(st_ops_cpu *oc)
@@ -34,11 +43,13 @@ void st_ops_cpu_free(st_ops_cpu *oc)
         return;
     free(oc->scores);
     free(oc->scratch);
+    free(oc->qact[0]);
+    free(oc->qact[1]);
     free(oc);
 }
 
 int st_ops_cpu_new(const st_kern *kern, st_pool *pool, const st_mem_spec *ms, uint32_t n_ctx,
-                   st_ops_cpu **out)
+                   uint32_t max_T, uint64_t qact_cols, st_ops_cpu **out)
 {
     *out = NULL;
     st_ops_cpu *oc = calloc(1, sizeof *oc);
@@ -61,6 +72,22 @@ int st_ops_cpu_new(const st_kern *kern, st_pool *pool, const st_mem_spec *ms, ui
     if (!oc->scores || !oc->scratch) {
         st_ops_cpu_free(oc);
         return st_error_set(ENOMEM, "cpu operations: scratch for a context of %u", n_ctx);
+    }
+    if (kern->qdot && qact_cols) {
+        /* Q8_K is the larger format: 292 bytes per 256 values against Q8_0's 34 per 32 */
+        const char *wq = getenv("STRATA_TEST_WRONG_QACT");
+        oc->wrong_qact = wq && !strcmp(wq, "1");
+        oc->qact_T = max_T ? max_T : 1;
+        oc->qact_cols = qact_cols;
+        uint64_t bytes = (uint64_t)oc->qact_T * ((qact_cols + 255) / 256 * 292);
+        oc->qact[0] = st_big_alloc(bytes);
+        oc->qact[1] = st_big_alloc(bytes);
+        if (!oc->qact[0] || !oc->qact[1]) {
+            uint32_t qt = oc->qact_T;
+            st_ops_cpu_free(oc);
+            return st_error_set(ENOMEM, "cpu operations: quantized activations of %u x %llu",
+                                qt, (unsigned long long)qact_cols);
+        }
     }
     *out = oc;
     return 0;
@@ -111,6 +138,8 @@ typedef struct mm_job {
     const float *x;
     uint32_t ldx, T, n, ntb;
     const st_mm *mm;
+    const uint8_t *xq[2];       /* the quantized rows per activation format, or NULL */
+    size_t xqs[2];              /* their row strides in bytes */
     uint32_t first[MM_MAX + 1]; /* task index where product i starts */
 } mm_job;
 
@@ -128,22 +157,79 @@ static void mm_task(void *ctx, uint32_t task, uint32_t thread)
         r1 = w->rows;
     if (t1 > j->T)
         t1 = j->T;
+    const st_qdot *qd = j->k->qdot ? st_qdot_get(w->type) : NULL;
+    if (qd) {
+        size_t ws = st_wmat_row_bytes(w), xs = j->xqs[qd->act - 1];
+        qd->mm[j->k->vec]((const uint8_t *)w->data + (size_t)r0 * ws, ws,
+                          j->xq[qd->act - 1] + (size_t)t0 * xs, xs, w->cols / qd->block,
+                          j->mm[i].y + (size_t)t0 * j->mm[i].ldy + r0, j->mm[i].ldy, r1 - r0,
+                          t1 - t0);
+        return;
+    }
     st_kern_matmul(j->k, w, j->x, j->ldx, j->mm[i].y, j->mm[i].ldy, r0, r1, t0, t1);
+}
+
+typedef struct qact_job {
+    const st_qdot *qd;
+    int wrong;
+    const float *x;
+    uint32_t ldx, cols;
+    uint8_t *dst;
+    size_t xs;
+} qact_job;
+
+static void qact_task(void *ctx, uint32_t t, uint32_t thread)
+{
+    qact_job *j = ctx;
+    j->qd->quantize(j->x + (size_t)t * j->ldx, j->dst + (size_t)t * j->xs, j->cols);
+    if (j->wrong)
+        st_qdot_wrong_scale(j->qd, j->dst + (size_t)t * j->xs, j->cols);
+}
+
+/* Tokens [0, T) of x into the activation formats the products of mm need (invariant 4). */
+static void mm_quantize(st_ops_cpu *oc, const float *x, uint32_t ldx, uint32_t T, mm_job *j)
+{
+    for (uint32_t i = 0; i < j->n; i++) {
+        const st_qdot *qd = st_qdot_get(j->mm[i].w->type);
+        if (!qd || j->xq[qd->act - 1])
+            continue;
+        uint32_t cols = j->mm[i].w->cols;
+        qact_job q = {qd, oc->wrong_qact, x, ldx, cols, oc->qact[qd->act - 1],
+                      (size_t)cols / qd->block * qd->act_bytes};
+        st_pool_run(oc->pool, T, qact_task, &q, (uint64_t)T * cols);
+        j->xq[qd->act - 1] = q.dst;
+        j->xqs[qd->act - 1] = q.xs;
+    }
 }
 
 static void cpu_matmul(void *ocp, const float *x, uint32_t ldx, uint32_t T, const st_mm *mm,
                        uint32_t n)
 {
     st_ops_cpu *oc = ocp;
-    for (uint32_t b = 0; b < n; b += MM_MAX) {
-        mm_job j = {oc->k, x, ldx, T, n - b < MM_MAX ? n - b : MM_MAX, (T + MM_TB - 1) / MM_TB,
-                    mm + b, {0}};
-        uint64_t work = 0;
-        for (uint32_t i = 0; i < j.n; i++) {
-            j.first[i + 1] = j.first[i] + (j.mm[i].w->rows + MM_RB - 1) / MM_RB * j.ntb;
-            work += 2ull * j.mm[i].w->rows * j.mm[i].w->cols * T;
+    /* the integer path quantizes at most qact_T tokens at a time: each output depends on its
+     * own token only, so the split changes no result */
+    uint32_t step = oc->qact_T ? oc->qact_T : T;
+    for (uint32_t t = 0; t < T; t += step) {
+        uint32_t tn = T - t < step ? T - t : step;
+        const float *xt = x + (size_t)t * ldx;
+        for (uint32_t b = 0; b < n; b += MM_MAX) {
+            mm_job j = {oc->k, xt, ldx, tn, n - b < MM_MAX ? n - b : MM_MAX,
+                        (tn + MM_TB - 1) / MM_TB, mm + b, {NULL, NULL}, {0, 0}, {0}};
+            st_mm sub[MM_MAX];
+            for (uint32_t i = 0; i < j.n; i++) {
+                sub[i] = mm[b + i];
+                sub[i].y += (size_t)t * sub[i].ldy;
+            }
+            j.mm = sub;
+            if (oc->k->qdot && oc->qact_T)
+                mm_quantize(oc, xt, ldx, tn, &j);
+            uint64_t work = 0;
+            for (uint32_t i = 0; i < j.n; i++) {
+                j.first[i + 1] = j.first[i] + (j.mm[i].w->rows + MM_RB - 1) / MM_RB * j.ntb;
+                work += 2ull * j.mm[i].w->rows * j.mm[i].w->cols * tn;
+            }
+            st_pool_run(oc->pool, j.first[j.n], mm_task, &j, work);
         }
-        st_pool_run(oc->pool, j.first[j.n], mm_task, &j, work);
     }
 }
 

@@ -117,11 +117,13 @@ typedef struct st_ops {
 } st_ops;
 
 /* The CPU table: its context is an st_ops_cpu, made for a model's memory spec, a context length
- * (attention's scores) and the engine's kernels and pool (borrowed). */
+ * (attention's scores), the engine's kernels and pool (borrowed), and for the integer path the
+ * tokens a matmul reads at most (max_T) and the longest row of a weight that has one
+ * (qact_cols; 0: none). */
 extern const st_ops st_ops_cpu_table;
 typedef struct st_ops_cpu st_ops_cpu;
 int st_ops_cpu_new(const st_kern *kern, st_pool *pool, const st_mem_spec *ms, uint32_t n_ctx,
-                   st_ops_cpu **out);
+                   uint32_t max_T, uint64_t qact_cols, st_ops_cpu **out);
 void st_ops_cpu_free(st_ops_cpu *oc); /* accepts NULL */
 
 #endif /* ST_OPS_INT_H */

@@ -130,4 +130,35 @@ ST_WTYPE_DECLARE_VEC(iq4_nl)
 ST_WTYPE_DECLARE_VEC(iq4_xs)
 #undef ST_WTYPE_DECLARE_VEC
 
+/* ---- the integer path (st_wtype_qdot.c; docs/ENGINE.md, "The integer path") -----------------
+ * llama.cpp's CPU fast path: the activation row is quantized once per matmul as llama.cpp
+ * quantizes it for the weight type (ARCHITECTURES.md section 3.7: Q8_0 for Q8_0 weights, Q8_K
+ * for the K-quants), then each weight row is dotted with it in integers per block, the block
+ * scales applied in f32 in a fixed order (st_wtype_qdot.c invariant 2). [0] scalar reference,
+ * [1] AVX2, bit-identical; each output computed alone, so results depend neither on threads nor
+ * on how rows and tokens are split. Weight types without an entry compute in f32 on their
+ * dequantized values (contract 2). */
+#define ST_QACT_Q8_0 1 /* 32 values: f16 d, 32 int8 (ggml's block_q8_0) */
+#define ST_QACT_Q8_K 2 /* 256 values: f32 d, 256 int8, 16 int16 sums of 16 (ggml's block_q8_K) */
+
+/* y[t * ldy + r] = row r (w + r * ws) . activation row t (xq + t * xs), r < nr, t < nt; nb
+ * blocks a row (weight and activation blocks cover the same values). */
+typedef void (*st_qdot_mm_fn)(const void *w, size_t ws, const void *xq, size_t xs, uint32_t nb,
+                              float *y, uint32_t ldy, uint32_t nr, uint32_t nt);
+typedef struct st_qdot {
+    uint32_t act;         /* ST_QACT_* */
+    uint32_t block;       /* values per activation (and weight) block */
+    uint32_t act_bytes;   /* bytes per activation block */
+    /* n values of x (a multiple of block) into n / block activation blocks at dst. One
+     * function for every ISA level. */
+    void (*quantize)(const float *x, void *dst, uint64_t n);
+    st_qdot_mm_fn mm[2];
+} st_qdot;
+
+/* The integer path of weight type `wtype`, or NULL (the f32 path): Q8_0, Q4_K, Q6_K. */
+const st_qdot *st_qdot_get(uint32_t wtype);
+/* The negative control of tests/ref/test_quant_ref.mjs (STRATA_TEST_WRONG_QACT=1): the block
+ * scales of n quantized activation values at xq made 127/128 of what they are. */
+void st_qdot_wrong_scale(const st_qdot *qd, void *xq, uint64_t n);
+
 #endif /* ST_WTYPE_H */

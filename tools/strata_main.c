@@ -56,8 +56,13 @@ static void usage(FILE *f)
             "  --dump-logits FILE       write the final logits (f32, little-endian)\n"
             "  --tokens                 print token ids instead of text\n"
             "  --scalar                 use the scalar kernels (same results, slower)\n"
+            "  --quant-f32              quantized weights in f32 on their dequantized values (the\n"
+            "                           logits of the file's F32 twin; default: $STRATA_QUANT_F32\n"
+            "                           set and not 0, else the integer path: activations\n"
+            "                           quantized as llama.cpp does, for Q8_0, Q4_K, Q6_K)\n"
             "logits: the logits after every input token (teacher forcing), little-endian f32,\n"
-            "[n_tokens][n_vocab], into FILE; takes --backend, --threads, --ctx, --kv-dtype, --scalar\n"
+            "[n_tokens][n_vocab], into FILE; takes --backend, --threads, --ctx, --kv-dtype,\n"
+            "--scalar, --quant-f32\n"
             "  --tokens LIST            token ids, separated by commas\n"
             "  --tokens-file F          token ids in a file, separated by commas or whitespace\n"
             "  -o FILE                  the output file\n");
@@ -424,6 +429,8 @@ int main(int argc, char **argv)
     st_codec_id codec = ST_CODEC_FP32;
     st_engine_opts eo;
     st_engine_opts_default(&eo);
+    const char *qf = getenv("STRATA_QUANT_F32");
+    eo.quant_f32 = qf && *qf && strcmp(qf, "0");
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
@@ -454,6 +461,10 @@ int main(int argc, char **argv)
         }
         if (!strcmp(a, "--scalar")) {
             eo.force_scalar = 1;
+            continue;
+        }
+        if (!strcmp(a, "--quant-f32")) {
+            eo.quant_f32 = 1;
             continue;
         }
         if (!val) {

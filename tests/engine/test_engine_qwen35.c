@@ -59,7 +59,7 @@ static void logits_white_box(const char *model, const char *tokens, int wrong, c
     st_kvmem *kv = NULL;
     st_recmem *rec = NULL;
     void *ws = NULL;
-    st_kern kern = {st_kern_cpu_has_avx2()};
+    st_kern kern = {st_kern_cpu_has_avx2(), 0};
     st_ops ops = st_ops_cpu_table;
     g_delta_rule = ops.delta_rule;
     if (wrong)
@@ -67,7 +67,7 @@ static void logits_white_box(const char *model, const char *tokens, int wrong, c
     assert_int_equal(st_model_load(model, &m), 0);
     uint32_t n_ctx = 256, V = m->hp.n_vocab;
     assert_int_equal(st_pool_new(1, &pool), 0);
-    assert_int_equal(st_ops_cpu_new(&kern, pool, &m->mem, n_ctx, &oc), 0);
+    assert_int_equal(st_ops_cpu_new(&kern, pool, &m->mem, n_ctx, 1, 0, &oc), 0);
     assert_int_equal(st_kvmem_new(&m->mem, n_ctx, 256, ST_DTYPE_F32, &kv), 0);
     assert_int_equal(st_recmem_new(&m->mem, &rec), 0);
     assert_int_equal(m->arch->fwd_new(m, 1, &ws), 0);

@@ -271,7 +271,7 @@ static void wrong_quantize(const st_wtype *t, const float *src, uint8_t *dst, ui
 
 static float canon_dot(const float *w, const float *x, uint64_t n)
 {
-    st_kern k = {0};
+    st_kern k = {0, 0};
     return st_kern_dot(&k, w, x, (uint32_t)n);
 }
 

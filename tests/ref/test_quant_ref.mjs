@@ -47,9 +47,10 @@ function prompts() {
     return sweep ? all : all.slice(0, 1);
 }
 
-function strataLogits(model, tokens, out) {
+function strataLogits(model, tokens, out, flags = [], env = {}) {
     run(path.join(bin, "strata"), ["logits", "-m", model, "--kv-dtype", "f32", "--threads", "1",
-                                   "--backend", "cpu", "--tokens", tokens.join(","), "-o", out]);
+                                   "--backend", "cpu", ...flags, "--tokens", tokens.join(","), "-o",
+                                   out], env);
     return fs.readFileSync(out);
 }
 
@@ -66,6 +67,34 @@ const types = ["Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"];
 if (sweep)
     types.push("Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "IQ4_NL");
 
+// The types with an integer path (engine/st_wtype_qdot.c): the engine's default on them is held
+// against llama.cpp on the same file. Both quantize the same activations the same way, so the
+// positions agree to ~1e-6 until an activation lands within f32 noise (~1e-7) of a rounding
+// boundary and one engine rounds it up, the other down: from that position on the two differ by
+// one quantum of that value, and through the K/V and the recurrent state every later position
+// carries it (measured on the tiny presets: 1e-2 .. 9e-2). The check: every position before the
+// first one past LIMIT within CLEAN, position 0 within LIMIT, mean KL within KL_MAX, top-1 at all
+// but one position. The negative control (activation scales 127/128 of llama.cpp's) is off at
+// every position (0.1 .. 1.0, mean KL 2e-4 .. 2e-3).
+const INT_TYPES = ["Q8_0", "Q4_K", "Q6_K"];
+const LIMIT = 1e-3, CLEAN = 1e-4, KL_MAX = 5e-5;
+function intVerdict(d) {
+    const first = d.pos.findIndex((p) => p.maxD > LIMIT);
+    const prefix = first < 0 ? d.pos : d.pos.slice(0, first);
+    if (first === 0)
+        return {ok: false, why: ` (position 0 past ${LIMIT})`};
+    if (prefix.some((p) => p.maxD > CLEAN))
+        return {ok: false, why: ` (a position before the first tie past ${CLEAN})`};
+    if (d.meanKl > KL_MAX)
+        return {ok: false, why: ` (mean KL past ${KL_MAX})`};
+    if (d.top1 < d.n - 1)
+        return {ok: false, why: " (top-1 differs at more than one position)"};
+    return {ok: true, why: first > 0 ? ` (within ${CLEAN} up to position ${first}, a rounding tie there)` : ""};
+}
+const describe = (d) => `max |dlogprob| ${d.maxD.toExponential(3)} (position ${d.maxAt}), ` +
+    `${d.pos.filter((p) => p.maxD > LIMIT).length} of ${d.n} positions past ${LIMIT}, mean KL ` +
+    `${d.meanKl.toExponential(3)}, top-1 ${d.top1}/${d.n}`;
+
 const llama = await refLlama(1);
 const ps = prompts();
 let failed = 0;
@@ -81,24 +110,47 @@ for (const [arch, preset, seed = "7"] of archs) {
         const info = run(path.join(bin, "strata"), ["info", "-m", q]).stdout;
         const typesLine = (info.match(/^types\s+(.*)$/m) || [, "?"])[1];
         const ref = await refEval(llama, twin, ps), same = await refEval(llama, q, ps);
+        const intPath = INT_TYPES.includes(type);
         for (let i = 0; i < ps.length; i++) {
-            const got = strataLogits(q, ps[i], path.join(dir, "s.bin"));
+            const f32 = strataLogits(q, ps[i], path.join(dir, "s.bin"), ["--quant-f32"]);
             const gotTwin = strataLogits(twin, ps[i], path.join(dir, "t.bin"));
-            const r = compareRows(ref.rows[i], asF32(got), ref.nVocab);
-            const s = compareRows(same.rows[i], asF32(got), ref.nVocab);
-            const bits = got.equals(gotTwin);
+            const r = compareRows(ref.rows[i], asF32(f32), ref.nVocab);
+            const s = compareRows(same.rows[i], asF32(f32), ref.nVocab);
+            const bits = f32.equals(gotTwin);
             const ok = r.maxD <= 1e-3 && bits;
             failed += !ok;
-            say(`${arch} ${preset} ${type} prompt ${i} (${ps[i].length} tokens) vs its f32 twin: max |dlogprob| ` +
+            say(`${arch} ${preset} ${type} prompt ${i} (${ps[i].length} tokens) f32 path vs its f32 twin: max |dlogprob| ` +
                 `${r.maxD.toExponential(3)} (position ${r.maxAt}), top-1 ${r.top1}/${r.n}; engine on the twin ` +
-                `${bits ? "bit-identical" : "DIFFERENT"}: ${ok ? "PASS" : "FAIL"}; on the ${type} file itself: ` +
+                `${bits ? "bit-identical" : "DIFFERENT"}: ${ok ? "PASS" : "FAIL"}; f32 path on the ${type} file itself: ` +
                 `max |dlogprob| ${s.maxD.toExponential(3)}, mean KL ${s.meanKl.toExponential(3)}, ` +
                 `top-1 ${s.top1}/${s.n}`);
+            const dflt = strataLogits(q, ps[i], path.join(dir, "d.bin"));
+            if (!intPath) {
+                const same32 = dflt.equals(f32);
+                failed += !same32;
+                say(`${arch} ${preset} ${type} prompt ${i}: no integer path, the default ` +
+                    `${same32 ? "is the f32 path bit for bit: PASS" : "DIFFERS from the f32 path: FAIL"}`);
+                continue;
+            }
+            const d = compareRows(same.rows[i], asF32(dflt), same.nVocab);
+            const v = intVerdict(d);
+            failed += !v.ok;
+            say(`${arch} ${preset} ${type} prompt ${i} integer path vs llama.cpp on the same file: ` +
+                `${describe(d)}: ${v.ok ? "PASS" : "FAIL"}${v.why}`);
+            if (i === 0) {
+                const w = compareRows(same.rows[i], asF32(strataLogits(q, ps[i], path.join(dir, "w.bin"), [],
+                                                                        {STRATA_TEST_WRONG_QACT: "1"})),
+                                      same.nVocab);
+                const wv = intVerdict(w);
+                failed += wv.ok;
+                say(`${arch} ${preset} ${type} negative control (activation scales 127/128 of llama.cpp's): ` +
+                    `${describe(w)}: ${wv.ok ? "PASSES: the comparison does not discriminate" : "fails as it must"}`);
+            }
         }
         say(`${arch} ${preset} ${type}: tensor types ${typesLine}`);
         if (type === "Q4_K") {
             const orig = await refEval(llama, `${base}-f32.gguf`, ps.slice(0, 1));
-            const got = strataLogits(q, ps[0], path.join(dir, "s.bin"));
+            const got = strataLogits(q, ps[0], path.join(dir, "s.bin"), ["--quant-f32"]);
             const r = compareRows(orig.rows[0], asF32(got), orig.nVocab);
             const ok = r.maxD > 1e-3;
             failed += !ok;

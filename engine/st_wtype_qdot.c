@@ -1,0 +1,415 @@
+/*
+ * st_wtype_qdot.c - the integer path for quantized weights: activation rows quantized as
+ * llama.cpp's CPU backend quantizes them (ARCHITECTURES.md section 3.7), and dot products of
+ * weight blocks with those rows in integers, a scalar reference and an AVX2 form (st_wtype.h,
+ * "The integer path").
+ *
+ * Invariants:
+ * 1. An activation row is quantized by one function for every ISA level (it is O(n) against
+ *    the matmul's O(n x rows)), so its bytes never depend on the CPU.
+ * 2. The result of one (row, token) product is defined block by block: the integer products of
+ *    weight and activation values (with the weight's integer sub-block scales) are summed exactly
+ *    into 8 lanes, lane m taking the elements i of the block with (i mod 32) / 4 == m (the lanes
+ *    of maddubs + madd); then per lane acc[m] = fmaf(D_b, (float)lane[m], acc[m]) with D_b the
+ *    product of the two block scales (one f32 multiply), and the result is the lane tree of
+ *    st_kernels.c. Types with minima (Q4_K) keep 8 more lanes, one per sub-block j,
+ *    accm[j] = fmaf(Dmin_b, (float)(min_j * bsum_j), accm[j]), and subtract their tree.
+ * 3. Integer sums cannot overflow (bounds at each kernel), so the scalar code may sum in any
+ *    order; the float operations are the same in both forms, one rounding each (this file is
+ *    compiled with -ffp-contract=off). Results are therefore bit-identical across ISA levels,
+ *    and, each output being computed alone, across thread counts and tilings.
+ */
+#include <math.h>
+#include <string.h>
+
+#include <immintrin.h>
+
+#include "st_engine_int.h"
+#include "st_wtype.h"
+
+#define VEC __attribute__((target("avx2,fma,f16c")))
+#define VEC_INLINE static inline __attribute__((always_inline, target("avx2,fma,f16c")))
+
+/* ---- activation rows --------------------------------------------------------------------- */
+/* Q8_0 activation block: ggml's block_q8_0 (f16 d, 32 int8). */
+typedef struct {
+    uint16_t d;
+    int8_t q[32];
+} qa8_0;
+/* Q8_K activation block: ggml's block_q8_K (f32 d, 256 int8, 16 sums of 16). */
+typedef struct {
+    float d;
+    int8_t q[256];
+    int16_t bsums[16];
+} qa8_K;
+
+_Static_assert(sizeof(qa8_0) == 34, "qa8_0");
+_Static_assert(sizeof(qa8_K) == 292, "qa8_K");
+
+/* Round to nearest, ties to even, for |v| < 2^22 (ggml's nearest_int). */
+static inline int nearest_int(float v)
+{
+    float f = v + 12582912.f;
+    int32_t i;
+    memcpy(&i, &f, 4);
+    return (i & 0x007fffff) - 0x00400000;
+}
+
+/* ggml's AVX2 quantize_row_q8_0: d = amax / 127 (stored f16), q = round-half-even(x * 127/amax). */
+static void qact_q8_0(const float *x, void *dst, uint64_t n)
+{
+    qa8_0 *y = dst;
+    for (uint64_t b = 0; b < n / 32; b++, x += 32) {
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++) {
+            float a = fabsf(x[j]);
+            amax = a > amax ? a : amax;
+        }
+        y[b].d = st_wtype_f32_to_f16(amax / 127.f);
+        float id = amax != 0.0f ? 127.f / amax : 0.0f;
+        for (int j = 0; j < 32; j++)
+            y[b].q[j] = (int8_t)nearest_int(x[j] * id);
+    }
+}
+
+/* ggml's quantize_row_q8_K: max = the value of largest magnitude (the first such), iscale =
+ * -127 / max, q = min(127, round-half-even(iscale * x)), d = 1 / iscale, sums of 16. */
+static void qact_q8_K(const float *x, void *dst, uint64_t n)
+{
+    qa8_K *y = dst;
+    for (uint64_t b = 0; b < n / 256; b++, x += 256) {
+        float max = 0.0f, amax = 0.0f;
+        for (int j = 0; j < 256; j++) {
+            float a = fabsf(x[j]);
+            if (a > amax) {
+                amax = a;
+                max = x[j];
+            }
+        }
+        if (amax == 0.0f) {
+            memset(&y[b], 0, sizeof y[b]);
+            continue;
+        }
+        float iscale = -127.f / max;
+        for (int j = 0; j < 256; j++) {
+            int v = nearest_int(iscale * x[j]);
+            y[b].q[j] = (int8_t)(v < 127 ? v : 127);
+        }
+        for (int j = 0; j < 16; j++) {
+            int s = 0;
+            for (int i = 0; i < 16; i++)
+                s += y[b].q[16 * j + i];
+            y[b].bsums[j] = (int16_t)s;
+        }
+        y[b].d = 1.0f / iscale;
+    }
+}
+
+/* ---- the fixed lane tree (st_kernels.c lanes_sum / hsum8) ---------------------------------- */
+static inline float lanes_sum(const float a[8])
+{
+    float b0 = a[0] + a[4], b1 = a[1] + a[5], b2 = a[2] + a[6], b3 = a[3] + a[7];
+    float c0 = b0 + b2, c1 = b1 + b3;
+    return c0 + c1;
+}
+
+VEC_INLINE float hsum8(__m256 v)
+{
+    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+    __m128 a = _mm_add_ps(lo, hi);
+    __m128 b = _mm_add_ps(a, _mm_movehl_ps(a, a));
+    __m128 c = _mm_add_ss(b, _mm_shuffle_ps(b, b, 1));
+    return _mm_cvtss_f32(c);
+}
+
+/* ---- Q8_0 x Q8_0 ------------------------------------------------------------------------- */
+/* Weight block = ggml's block_q8_0. Lane m of block b: sum of w[i] * x[i], i = 4m..4m+3
+ * (|lane| <= 4 * 128 * 127). D_b = f16(w.d) * f16(x.d). */
+static float dot1_q8_0(const uint8_t *w, const uint8_t *xq, uint32_t nb)
+{
+    const qa8_0 *wb = (const qa8_0 *)w, *xb = (const qa8_0 *)xq;
+    float acc[8] = {0};
+    for (uint32_t b = 0; b < nb; b++) {
+        float d = st_wtype_f16_to_f32(wb[b].d) * st_wtype_f16_to_f32(xb[b].d);
+        for (int m = 0; m < 8; m++) {
+            int s = 0;
+            for (int i = 4 * m; i < 4 * m + 4; i++)
+                s += wb[b].q[i] * xb[b].q[i];
+            acc[m] = fmaf(d, (float)s, acc[m]);
+        }
+    }
+    return lanes_sum(acc);
+}
+
+/* ---- Q4_K x Q8_K ------------------------------------------------------------------------- */
+/* Weight block (144 B): f16 d, f16 dmin, scales[12], qs[128] (ARCHITECTURES.md section 8).
+ * Lane m: sum of sc(j) * q4[i] * x[i] over i with (i mod 32) / 4 == m, j = i / 32 (|lane| <=
+ * 8 * 4 * 63 * 15 * 127 < 2^23); min lane j: mn(j) * (bsums[2j] + bsums[2j+1]).
+ * D_b = x.d * f16(d), Dmin_b = x.d * f16(dmin); result = tree(acc) - tree(accm). */
+static inline void q4k_scales(const uint8_t *s12, uint8_t sc[8], uint8_t mn[8])
+{
+    for (int s = 0; s < 4; s++) {
+        sc[s] = s12[s] & 63;
+        mn[s] = s12[s + 4] & 63;
+    }
+    for (int s = 4; s < 8; s++) {
+        sc[s] = (uint8_t)((s12[s + 4] & 0xF) | ((s12[s - 4] >> 6) << 4));
+        mn[s] = (uint8_t)((s12[s + 4] >> 4) | ((s12[s] >> 6) << 4));
+    }
+}
+
+static inline uint16_t rd16(const uint8_t *p)
+{
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+
+static float dot1_q4_K(const uint8_t *w, const uint8_t *xq, uint32_t nb)
+{
+    const qa8_K *xb = (const qa8_K *)xq;
+    float acc[8] = {0}, accm[8] = {0};
+    for (uint32_t b = 0; b < nb; b++, w += 144) {
+        uint8_t sc[8], mn[8];
+        q4k_scales(w + 4, sc, mn);
+        const uint8_t *qs = w + 16;
+        const int8_t *x = xb[b].q;
+        int lane[8] = {0};
+        for (int g = 0; g < 4; g++)
+            for (int l = 0; l < 32; l++) {
+                lane[l / 4] += sc[2 * g] * (qs[32 * g + l] & 0xF) * x[64 * g + l];
+                lane[l / 4] += sc[2 * g + 1] * (qs[32 * g + l] >> 4) * x[64 * g + 32 + l];
+            }
+        float d = xb[b].d * st_wtype_f16_to_f32(rd16(w)),
+              dm = xb[b].d * st_wtype_f16_to_f32(rd16(w + 2));
+        for (int m = 0; m < 8; m++)
+            acc[m] = fmaf(d, (float)lane[m], acc[m]);
+        for (int j = 0; j < 8; j++)
+            accm[j] = fmaf(dm, (float)(mn[j] * (xb[b].bsums[2 * j] + xb[b].bsums[2 * j + 1])),
+                           accm[j]);
+    }
+    return lanes_sum(acc) - lanes_sum(accm);
+}
+
+/* ---- Q6_K x Q8_K ------------------------------------------------------------------------- */
+/* Weight block (210 B): ql[128], qh[64], int8 sc[16], f16 d. Lane m: sum of sc(i) * (q6[i] - 32)
+ * * x[i] over i with (i mod 32) / 4 == m, sc(i) = sc[i / 16] (|lane| <= 32 * 128 * 32 * 127 <
+ * 2^24, exact in f32). D_b = x.d * f16(d). */
+static float dot1_q6_K(const uint8_t *w, const uint8_t *xq, uint32_t nb)
+{
+    const qa8_K *xb = (const qa8_K *)xq;
+    float acc[8] = {0};
+    for (uint32_t b = 0; b < nb; b++, w += 210) {
+        const int8_t *x = xb[b].q;
+        const int8_t *sc = (const int8_t *)(w + 192);
+        int lane[8] = {0};
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *L = w + 64 * h, *H = w + 128 + 32 * h;
+            const int8_t *S = sc + 8 * h, *X = x + 128 * h;
+            for (int l = 0; l < 32; l++) {
+                int is = l / 16;
+                int q1 = ((L[l] & 0xF) | ((H[l] & 3) << 4)) - 32;
+                int q2 = ((L[l + 32] & 0xF) | (((H[l] >> 2) & 3) << 4)) - 32;
+                int q3 = ((L[l] >> 4) | (((H[l] >> 4) & 3) << 4)) - 32;
+                int q4 = ((L[l + 32] >> 4) | (((H[l] >> 6) & 3) << 4)) - 32;
+                lane[l / 4] += S[is] * q1 * X[l] + S[is + 2] * q2 * X[l + 32] +
+                               S[is + 4] * q3 * X[l + 64] + S[is + 6] * q4 * X[l + 96];
+            }
+        }
+        float d = xb[b].d * st_wtype_f16_to_f32(rd16(w + 208));
+        for (int m = 0; m < 8; m++)
+            acc[m] = fmaf(d, (float)lane[m], acc[m]);
+    }
+    return lanes_sum(acc);
+}
+
+/* ---- AVX2 ---------------------------------------------------------------------------------- */
+/* Each kernel runs NT tokens (4 or 1) against one weight row at a time: the row's blocks are
+ * decoded once per block and used for every token of the group. */
+VEC_INLINE float f16s(uint16_t h)
+{
+    return _cvtsh_ss(h);
+}
+
+VEC_INLINE void q8_0_vec(const uint8_t *w, const uint8_t *xq, size_t xs, uint32_t nb, float *y,
+                         uint32_t ldy, const int NT)
+{
+    __m256 acc[4];
+    for (int t = 0; t < NT; t++)
+        acc[t] = _mm256_setzero_ps();
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (uint32_t b = 0; b < nb; b++) {
+        const uint8_t *wb = w + (size_t)b * 34;
+        __m256i wq = _mm256_loadu_si256((const __m256i *)(wb + 2));
+        __m256i aw = _mm256_sign_epi8(wq, wq);
+        float dw = f16s(rd16(wb));
+        for (int t = 0; t < NT; t++) {
+            const uint8_t *xb = xq + (size_t)t * xs + (size_t)b * 34;
+            __m256i xv = _mm256_loadu_si256((const __m256i *)(xb + 2));
+            __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv, wq)), ones);
+            __m256 d = _mm256_set1_ps(dw * f16s(rd16(xb)));
+            acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc[t]);
+        }
+    }
+    for (int t = 0; t < NT; t++)
+        y[(size_t)t * ldy] = hsum8(acc[t]);
+}
+
+VEC_INLINE void q4_K_vec(const uint8_t *w, const uint8_t *xq, size_t xs, uint32_t nb, float *y,
+                         uint32_t ldy, const int NT)
+{
+    __m256 acc[4], accm[4];
+    for (int t = 0; t < NT; t++)
+        acc[t] = accm[t] = _mm256_setzero_ps();
+    const __m256i m4 = _mm256_set1_epi8(0xF);
+    for (uint32_t b = 0; b < nb; b++) {
+        const uint8_t *wb = w + (size_t)b * 144;
+        _Alignas(16) uint8_t sc[8], mn[16];
+        q4k_scales(wb + 4, sc, mn);
+        __m128i m8 = _mm_loadl_epi64((const __m128i *)mn);
+        __m256i mdup = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
+        __m256i lo[4], hi[4], s[8];
+        for (int g = 0; g < 4; g++) {
+            __m256i q = _mm256_loadu_si256((const __m256i *)(wb + 16 + 32 * g));
+            lo[g] = _mm256_and_si256(q, m4);
+            hi[g] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            s[2 * g] = _mm256_set1_epi16(sc[2 * g]);
+            s[2 * g + 1] = _mm256_set1_epi16(sc[2 * g + 1]);
+        }
+        float dw = f16s(rd16(wb)), dmw = f16s(rd16(wb + 2));
+        for (int t = 0; t < NT; t++) {
+            const qa8_K *xb = (const qa8_K *)(xq + (size_t)t * xs) + b;
+            __m256i sum = _mm256_setzero_si256();
+            for (int g = 0; g < 4; g++) {
+                __m256i x0 = _mm256_loadu_si256((const __m256i *)(xb->q + 64 * g));
+                __m256i x1 = _mm256_loadu_si256((const __m256i *)(xb->q + 64 * g + 32));
+                sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(lo[g], x0), s[2 * g]));
+                sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(hi[g], x1), s[2 * g + 1]));
+            }
+            __m256i pm = _mm256_madd_epi16(mdup, _mm256_loadu_si256((const __m256i *)xb->bsums));
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(xb->d * dw), _mm256_cvtepi32_ps(sum), acc[t]);
+            accm[t] = _mm256_fmadd_ps(_mm256_set1_ps(xb->d * dmw), _mm256_cvtepi32_ps(pm), accm[t]);
+        }
+    }
+    for (int t = 0; t < NT; t++)
+        y[(size_t)t * ldy] = hsum8(acc[t]) - hsum8(accm[t]);
+}
+
+VEC_INLINE void q6_K_vec(const uint8_t *w, const uint8_t *xq, size_t xs, uint32_t nb, float *y,
+                         uint32_t ldy, const int NT)
+{
+    __m256 acc[4];
+    for (int t = 0; t < NT; t++)
+        acc[t] = _mm256_setzero_ps();
+    const __m256i m4 = _mm256_set1_epi8(0xF), m3 = _mm256_set1_epi8(0x03),
+                  mc = _mm256_set1_epi8(0x0C), m30 = _mm256_set1_epi8(0x30),
+                  mc0 = _mm256_set1_epi8((char)0xC0), k32 = _mm256_set1_epi8(32);
+    for (uint32_t b = 0; b < nb; b++) {
+        const uint8_t *wb = w + (size_t)b * 210;
+        __m128i sc = _mm_loadu_si128((const __m128i *)(wb + 192));
+        __m256i q[8], s[8];
+        for (int h = 0; h < 2; h++) {
+            __m256i L0 = _mm256_loadu_si256((const __m256i *)(wb + 64 * h));
+            __m256i L1 = _mm256_loadu_si256((const __m256i *)(wb + 64 * h + 32));
+            __m256i H = _mm256_loadu_si256((const __m256i *)(wb + 128 + 32 * h));
+            q[4 * h + 0] = _mm256_or_si256(_mm256_and_si256(L0, m4),
+                                           _mm256_slli_epi16(_mm256_and_si256(H, m3), 4));
+            q[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(L1, m4),
+                                           _mm256_slli_epi16(_mm256_and_si256(H, mc), 2));
+            q[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(L0, 4), m4),
+                                           _mm256_and_si256(H, m30));
+            q[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(L1, 4), m4),
+                                           _mm256_srli_epi16(_mm256_and_si256(H, mc0), 2));
+            for (int k = 0; k < 4; k++) {
+                int a = 8 * h + 2 * k;
+                __m128i sh = _mm_set_epi8((char)(a + 1), (char)(a + 1), (char)(a + 1), (char)(a + 1),
+                                          (char)(a + 1), (char)(a + 1), (char)(a + 1), (char)(a + 1),
+                                          (char)a, (char)a, (char)a, (char)a, (char)a, (char)a,
+                                          (char)a, (char)a);
+                s[4 * h + k] = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc, sh));
+            }
+        }
+        float dw = f16s(rd16(wb + 208));
+        for (int t = 0; t < NT; t++) {
+            const qa8_K *xb = (const qa8_K *)(xq + (size_t)t * xs) + b;
+            __m256i sum = _mm256_setzero_si256();
+            for (int c = 0; c < 8; c++) {
+                __m256i xv = _mm256_loadu_si256((const __m256i *)(xb->q + 32 * c));
+                __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(q[c], xv),
+                                             _mm256_maddubs_epi16(k32, xv));
+                sum = _mm256_add_epi32(sum, _mm256_madd_epi16(p, s[c]));
+            }
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(xb->d * dw), _mm256_cvtepi32_ps(sum), acc[t]);
+        }
+    }
+    for (int t = 0; t < NT; t++)
+        y[(size_t)t * ldy] = hsum8(acc[t]);
+}
+
+#define QDOT_ENTRIES(NAME)                                                          \
+    VEC static void NAME##_vec4(const uint8_t *w, const uint8_t *xq, size_t xs, uint32_t nb,      \
+                                float *y, uint32_t ldy)                                          \
+    {                                                                                            \
+        NAME##_vec(w, xq, xs, nb, y, ldy, 4);                                                    \
+    }                                                                                            \
+    VEC static void NAME##_vec1(const uint8_t *w, const uint8_t *xq, size_t xs, uint32_t nb,      \
+                                float *y, uint32_t ldy)                                          \
+    {                                                                                            \
+        NAME##_vec(w, xq, xs, nb, y, ldy, 1);                                                    \
+    }                                                                                            \
+    static void NAME##_mm_scalar(const void *w, size_t ws, const void *xq, size_t xs, uint32_t nb, \
+                                 float *y, uint32_t ldy, uint32_t nr, uint32_t nt)               \
+    {                                                                                            \
+        for (uint32_t t = 0; t < nt; t++)                                                        \
+            for (uint32_t r = 0; r < nr; r++)                                                    \
+                y[(size_t)t * ldy + r] = dot1_##NAME((const uint8_t *)w + (size_t)r * ws,         \
+                                                     (const uint8_t *)xq + (size_t)t * xs, nb);  \
+    }                                                                                            \
+    VEC static void NAME##_mm_vec(const void *w, size_t ws, const void *xq, size_t xs, uint32_t nb, \
+                                  float *y, uint32_t ldy, uint32_t nr, uint32_t nt)              \
+    {                                                                                            \
+        const uint8_t *x = xq;                                                                   \
+        uint32_t t = 0;                                                                          \
+        for (; t + 4 <= nt; t += 4)                                                              \
+            for (uint32_t r = 0; r < nr; r++)                                                    \
+                NAME##_vec4((const uint8_t *)w + (size_t)r * ws, x + (size_t)t * xs, xs, nb,     \
+                            y + (size_t)t * ldy + r, ldy);                                       \
+        for (; t < nt; t++)                                                                      \
+            for (uint32_t r = 0; r < nr; r++)                                                    \
+                NAME##_vec1((const uint8_t *)w + (size_t)r * ws, x + (size_t)t * xs, xs, nb,     \
+                            y + (size_t)t * ldy + r, ldy);                                       \
+    }
+
+QDOT_ENTRIES(q8_0)
+QDOT_ENTRIES(q4_K)
+QDOT_ENTRIES(q6_K)
+
+/* The negative control of the llama.cpp comparison (tests/ref/test_quant_ref.mjs): every block
+ * scale of n quantized activation values multiplied by 127/128, as if d were max/128. */
+void st_qdot_wrong_scale(const st_qdot *qd, void *xq, uint64_t n)
+{
+    for (uint64_t b = 0; b < n / qd->block; b++) {
+        if (qd->act == ST_QACT_Q8_0) {
+            qa8_0 *y = (qa8_0 *)xq + b;
+            y->d = st_wtype_f32_to_f16(st_wtype_f16_to_f32(y->d) * (127.f / 128.f));
+        } else {
+            qa8_K *y = (qa8_K *)xq + b;
+            y->d *= 127.f / 128.f;
+        }
+    }
+}
+
+/* ---- the table ------------------------------------------------------------------------------ */
+static const st_qdot k_q8_0 = {ST_QACT_Q8_0, 32, 34, qact_q8_0, {q8_0_mm_scalar, q8_0_mm_vec}};
+static const st_qdot k_q4_K = {ST_QACT_Q8_K, 256, 292, qact_q8_K, {q4_K_mm_scalar, q4_K_mm_vec}};
+static const st_qdot k_q6_K = {ST_QACT_Q8_K, 256, 292, qact_q8_K, {q6_K_mm_scalar, q6_K_mm_vec}};
+
+const st_qdot *st_qdot_get(uint32_t wtype)
+{
+    switch (wtype) {
+    case ST_GGML_Q8_0: return &k_q8_0;
+    case ST_GGML_Q4_K: return &k_q4_K;
+    case ST_GGML_Q6_K: return &k_q6_K;
+    default: return NULL;
+    }
+}
