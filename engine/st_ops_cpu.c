@@ -74,7 +74,7 @@ int st_ops_cpu_new(const st_kern *kern, st_pool *pool, const st_mem_spec *ms, ui
         return st_error_set(ENOMEM, "cpu operations: scratch for a context of %u", n_ctx);
     }
     if (kern->qdot && qact_cols) {
-        /* Q8_K is the larger format: 292 bytes per 256 values against Q8_0's 34 per 32 */
+        /* Q8_K is the larger format: 292 bytes per 256 values against Q8_0's 36 per 32 */
         const char *wq = getenv("STRATA_TEST_WRONG_QACT");
         oc->wrong_qact = wq && !strcmp(wq, "1");
         oc->qact_T = max_T ? max_T : 1;

@@ -138,7 +138,7 @@ ST_WTYPE_DECLARE_VEC(iq4_xs)
  * [1] AVX2, bit-identical; each output computed alone, so results depend neither on threads nor
  * on how rows and tokens are split. Weight types without an entry compute in f32 on their
  * dequantized values (contract 2). */
-#define ST_QACT_Q8_0 1 /* 32 values: f16 d, 32 int8 (ggml's block_q8_0) */
+#define ST_QACT_Q8_0 1 /* 32 values: f32 d (ggml's f16 d widened), 32 int8 (ggml's block_q8_0) */
 #define ST_QACT_Q8_K 2 /* 256 values: f32 d, 256 int8, 16 int16 sums of 16 (ggml's block_q8_K) */
 
 /* y[t * ldy + r] = row r (w + r * ws) . activation row t (xq + t * xs), r < nr, t < nt; nb

@@ -31,9 +31,10 @@
 #define VEC_INLINE static inline __attribute__((always_inline, target("avx2,fma,f16c")))
 
 /* ---- activation rows --------------------------------------------------------------------- */
-/* Q8_0 activation block: ggml's block_q8_0 (f16 d, 32 int8). */
+/* Q8_0 activation block: ggml's block_q8_0 with its f16 d widened to f32 (exactly), so that a
+ * product reads it without a conversion. */
 typedef struct {
-    uint16_t d;
+    float d;
     int8_t q[32];
 } qa8_0;
 /* Q8_K activation block: ggml's block_q8_K (f32 d, 256 int8, 16 sums of 16). */
@@ -43,7 +44,7 @@ typedef struct {
     int16_t bsums[16];
 } qa8_K;
 
-_Static_assert(sizeof(qa8_0) == 34, "qa8_0");
+_Static_assert(sizeof(qa8_0) == 36, "qa8_0");
 _Static_assert(sizeof(qa8_K) == 292, "qa8_K");
 
 /* Round to nearest, ties to even, for |v| < 2^22 (ggml's nearest_int). */
@@ -65,7 +66,7 @@ static void qact_q8_0(const float *x, void *dst, uint64_t n)
             float a = fabsf(x[j]);
             amax = a > amax ? a : amax;
         }
-        y[b].d = st_wtype_f32_to_f16(amax / 127.f);
+        y[b].d = st_wtype_f16_to_f32(st_wtype_f32_to_f16(amax / 127.f));
         float id = amax != 0.0f ? 127.f / amax : 0.0f;
         for (int j = 0; j < 32; j++)
             y[b].q[j] = (int8_t)nearest_int(x[j] * id);
@@ -123,18 +124,26 @@ VEC_INLINE float hsum8(__m256 v)
 }
 
 /* ---- Q8_0 x Q8_0 ------------------------------------------------------------------------- */
-/* Weight block = ggml's block_q8_0. Lane m of block b: sum of w[i] * x[i], i = 4m..4m+3
- * (|lane| <= 4 * 128 * 127). D_b = f16(w.d) * f16(x.d). */
+static inline uint16_t rd16(const uint8_t *p)
+{
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+
+/* Weight block = ggml's block_q8_0 (f16 d, 32 int8; 34 B). Lane m of block b: sum of w[i] * x[i],
+ * i = 4m..4m+3 (|lane| <= 4 * 128 * 127). D_b = f16(w.d) * x.d. */
 static float dot1_q8_0(const uint8_t *w, const uint8_t *xq, uint32_t nb)
 {
-    const qa8_0 *wb = (const qa8_0 *)w, *xb = (const qa8_0 *)xq;
+    const qa8_0 *xb = (const qa8_0 *)xq;
     float acc[8] = {0};
-    for (uint32_t b = 0; b < nb; b++) {
-        float d = st_wtype_f16_to_f32(wb[b].d) * st_wtype_f16_to_f32(xb[b].d);
+    for (uint32_t b = 0; b < nb; b++, w += 34) {
+        const int8_t *q = (const int8_t *)(w + 2);
+        float d = st_wtype_f16_to_f32(rd16(w)) * xb[b].d;
         for (int m = 0; m < 8; m++) {
             int s = 0;
             for (int i = 4 * m; i < 4 * m + 4; i++)
-                s += wb[b].q[i] * xb[b].q[i];
+                s += q[i] * xb[b].q[i];
             acc[m] = fmaf(d, (float)s, acc[m]);
         }
     }
@@ -156,13 +165,6 @@ static inline void q4k_scales(const uint8_t *s12, uint8_t sc[8], uint8_t mn[8])
         sc[s] = (uint8_t)((s12[s + 4] & 0xF) | ((s12[s - 4] >> 6) << 4));
         mn[s] = (uint8_t)((s12[s + 4] >> 4) | ((s12[s] >> 6) << 4));
     }
-}
-
-static inline uint16_t rd16(const uint8_t *p)
-{
-    uint16_t v;
-    memcpy(&v, p, 2);
-    return v;
 }
 
 static float dot1_q4_K(const uint8_t *w, const uint8_t *xq, uint32_t nb)
@@ -242,12 +244,12 @@ VEC_INLINE void q8_0_vec(const uint8_t *w, const uint8_t *xq, size_t xs, uint32_
         const uint8_t *wb = w + (size_t)b * 34;
         __m256i wq = _mm256_loadu_si256((const __m256i *)(wb + 2));
         __m256i aw = _mm256_sign_epi8(wq, wq);
-        float dw = f16s(rd16(wb));
+        __m256 dw = _mm256_set1_ps(f16s(rd16(wb)));
         for (int t = 0; t < NT; t++) {
-            const uint8_t *xb = xq + (size_t)t * xs + (size_t)b * 34;
-            __m256i xv = _mm256_loadu_si256((const __m256i *)(xb + 2));
+            const qa8_0 *xb = (const qa8_0 *)(xq + (size_t)t * xs) + b;
+            __m256i xv = _mm256_loadu_si256((const __m256i *)xb->q);
             __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv, wq)), ones);
-            __m256 d = _mm256_set1_ps(dw * f16s(rd16(xb)));
+            __m256 d = _mm256_mul_ps(dw, _mm256_broadcast_ss(&xb->d));
             acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc[t]);
         }
     }
@@ -276,7 +278,7 @@ VEC_INLINE void q4_K_vec(const uint8_t *w, const uint8_t *xq, size_t xs, uint32_
             s[2 * g] = _mm256_set1_epi16(sc[2 * g]);
             s[2 * g + 1] = _mm256_set1_epi16(sc[2 * g + 1]);
         }
-        float dw = f16s(rd16(wb)), dmw = f16s(rd16(wb + 2));
+        __m256 dw = _mm256_set1_ps(f16s(rd16(wb))), dmw = _mm256_set1_ps(f16s(rd16(wb + 2)));
         for (int t = 0; t < NT; t++) {
             const qa8_K *xb = (const qa8_K *)(xq + (size_t)t * xs) + b;
             __m256i sum = _mm256_setzero_si256();
@@ -287,8 +289,9 @@ VEC_INLINE void q4_K_vec(const uint8_t *w, const uint8_t *xq, size_t xs, uint32_
                 sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(hi[g], x1), s[2 * g + 1]));
             }
             __m256i pm = _mm256_madd_epi16(mdup, _mm256_loadu_si256((const __m256i *)xb->bsums));
-            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(xb->d * dw), _mm256_cvtepi32_ps(sum), acc[t]);
-            accm[t] = _mm256_fmadd_ps(_mm256_set1_ps(xb->d * dmw), _mm256_cvtepi32_ps(pm), accm[t]);
+            __m256 xd = _mm256_broadcast_ss(&xb->d);
+            acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(xd, dw), _mm256_cvtepi32_ps(sum), acc[t]);
+            accm[t] = _mm256_fmadd_ps(_mm256_mul_ps(xd, dmw), _mm256_cvtepi32_ps(pm), accm[t]);
         }
     }
     for (int t = 0; t < NT; t++)
@@ -329,7 +332,7 @@ VEC_INLINE void q6_K_vec(const uint8_t *w, const uint8_t *xq, size_t xs, uint32_
                 s[4 * h + k] = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc, sh));
             }
         }
-        float dw = f16s(rd16(wb + 208));
+        __m256 dw = _mm256_set1_ps(f16s(rd16(wb + 208)));
         for (int t = 0; t < NT; t++) {
             const qa8_K *xb = (const qa8_K *)(xq + (size_t)t * xs) + b;
             __m256i sum = _mm256_setzero_si256();
@@ -339,7 +342,8 @@ VEC_INLINE void q6_K_vec(const uint8_t *w, const uint8_t *xq, size_t xs, uint32_
                                              _mm256_maddubs_epi16(k32, xv));
                 sum = _mm256_add_epi32(sum, _mm256_madd_epi16(p, s[c]));
             }
-            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(xb->d * dw), _mm256_cvtepi32_ps(sum), acc[t]);
+            acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_broadcast_ss(&xb->d), dw),
+                                     _mm256_cvtepi32_ps(sum), acc[t]);
         }
     }
     for (int t = 0; t < NT; t++)
@@ -391,7 +395,7 @@ void st_qdot_wrong_scale(const st_qdot *qd, void *xq, uint64_t n)
     for (uint64_t b = 0; b < n / qd->block; b++) {
         if (qd->act == ST_QACT_Q8_0) {
             qa8_0 *y = (qa8_0 *)xq + b;
-            y->d = st_wtype_f32_to_f16(st_wtype_f16_to_f32(y->d) * (127.f / 128.f));
+            y->d = st_wtype_f16_to_f32(st_wtype_f32_to_f16(y->d * (127.f / 128.f)));
         } else {
             qa8_K *y = (qa8_K *)xq + b;
             y->d *= 127.f / 128.f;
@@ -400,7 +404,7 @@ void st_qdot_wrong_scale(const st_qdot *qd, void *xq, uint64_t n)
 }
 
 /* ---- the table ------------------------------------------------------------------------------ */
-static const st_qdot k_q8_0 = {ST_QACT_Q8_0, 32, 34, qact_q8_0, {q8_0_mm_scalar, q8_0_mm_vec}};
+static const st_qdot k_q8_0 = {ST_QACT_Q8_0, 32, 36, qact_q8_0, {q8_0_mm_scalar, q8_0_mm_vec}};
 static const st_qdot k_q4_K = {ST_QACT_Q8_K, 256, 292, qact_q8_K, {q4_K_mm_scalar, q4_K_mm_vec}};
 static const st_qdot k_q6_K = {ST_QACT_Q8_K, 256, 292, qact_q8_K, {q6_K_mm_scalar, q6_K_mm_vec}};
 
