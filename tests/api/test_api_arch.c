@@ -17,7 +17,8 @@
  *     and written to the store as disk-parked by SIGTERM;
  *   server 3 (--conversation-cache-mib 0: a PARK goes to disk): "d" continues from its disk
  *     park; "x" is PARKed to disk and continues;
- *   the same with int8 K/V on llama and qwen35 (--kv-dtype i8);
+ *   the same with int8 K/V on llama and qwen35 (--kv-dtype i8), and on qwen35-tiny-q in Q4_K
+ *     (the integer path of quantized weights);
  *   besides: the downloaded file continues in `strata generate --session-in` as in the server,
  *     and the file its --session-out writes continues in a server.
  * Every continuation's tokens equal the reference's, and its state is SAVEd: the state hash (the
@@ -60,6 +61,8 @@ static arch_model models[] = {
 };
 #define N_MODELS (sizeof models / sizeof models[0])
 static char other_qwen35[4200]; /* qwen35-tiny with other weights (--seed 7) */
+/* qwen35-tiny-q in Q4_K (every matrix: rows of 256), on the integer path of the CPU backend */
+static arch_model q4k = {"qwen35", "qwen35-tiny-q", 1, ""};
 
 static int setup(void **state)
 {
@@ -74,6 +77,12 @@ static int setup(void **state)
             fprintf(stderr, "%s\n", out);
             return -1;
         }
+    }
+    snprintf(q4k.path, sizeof q4k.path, "%s/qwen35-q4k.gguf", env.dir);
+    if (st_test_run(out, sizeof out, ST_AT_MKMODEL " --arch qwen35 --preset qwen35-tiny-q --wtype q4_K -o '%s'",
+                    q4k.path)) {
+        fprintf(stderr, "%s\n", out);
+        return -1;
     }
     snprintf(other_qwen35, sizeof other_qwen35, "%s/qwen35-seed7.gguf", env.dir);
     return st_test_run(out, sizeof out, ST_AT_MKMODEL " --arch qwen35 --preset qwen35-tiny --seed 7 -o '%s'",
@@ -440,6 +449,14 @@ static void test_qwen3next(void **state)
     matrix(&models[4], NULL);
 }
 
+/* Quantized weights on the integer path (activations quantized as llama.cpp does): the same
+ * restores, bit for bit */
+static void test_qwen35_q4k(void **state)
+{
+    (void)state;
+    matrix(&q4k, NULL);
+}
+
 /* int8 K/V (a scale per row and head) on an attention-only model and on a hybrid */
 static void test_kv_i8(void **state)
 {
@@ -698,7 +715,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_shared_prompt),
         cmocka_unit_test(test_llama),     cmocka_unit_test(test_qwen3),
         cmocka_unit_test(test_qwen35),    cmocka_unit_test(test_qwen35moe),
-        cmocka_unit_test(test_qwen3next), cmocka_unit_test(test_kv_i8), cmocka_unit_test(test_other_model),
+        cmocka_unit_test(test_qwen3next), cmocka_unit_test(test_qwen35_q4k),
+        cmocka_unit_test(test_kv_i8), cmocka_unit_test(test_other_model),
         cmocka_unit_test(test_inspect_layers), cmocka_unit_test(test_default_backend),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

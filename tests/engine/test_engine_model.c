@@ -69,10 +69,12 @@ static float *run_text(const char *model, const st_engine_opts *o, uint32_t n_ge
     return all;
 }
 
-static void check_invariance_text(const char *model, uint32_t V, const char *text)
+/* quant_f32: the path quantized weights take (st_engine_opts.quant_f32). */
+static void check_invariance_path(const char *model, uint32_t V, const char *text, int quant_f32)
 {
     st_engine_opts base;
     st_engine_opts_default(&base);
+    base.quant_f32 = quant_f32;
     base.n_threads = 1;
     base.force_scalar = 1;
     const uint32_t n_gen = 6;
@@ -94,6 +96,11 @@ static void check_invariance_text(const char *model, uint32_t V, const char *tex
         free(got);
     }
     free(ref);
+}
+
+static void check_invariance_text(const char *model, uint32_t V, const char *text)
+{
+    check_invariance_path(model, V, text, 0);
 }
 
 static void check_invariance(const char *model, uint32_t V)
@@ -184,9 +191,11 @@ static void test_invariance_quantized(void **state)
     et_model(f32, sizeof f32, g_dir, "q64.gguf", 8, NULL);
     quantized(path, sizeof path, f32, "q64_q8_0.gguf", ST_GGML_Q8_0);
     check_invariance_text(path, ST_VOCAB_BYTES, k_text_short);
+    check_invariance_path(path, ST_VOCAB_BYTES, k_text_short, 1);
     et_model(f32, sizeof f32, g_dir, "r256.gguf", 8, rows256);
     quantized(path, sizeof path, f32, "r256_q4_K.gguf", ST_GGML_Q4_K);
     check_invariance_text(path, ST_VOCAB_BYTES, k_text_short);
+    check_invariance_path(path, ST_VOCAB_BYTES, k_text_short, 1);
     /* the Qwen hybrid layers (fused DeltaNet projection, gated attention, key heads != value
      * heads) on a K-quant */
     st_model_hparams hp;
@@ -197,20 +206,25 @@ static void test_invariance_quantized(void **state)
     assert_int_equal(st_model_write_seeded(&hp, 9, "qn", f32), 0);
     quantized(path, sizeof path, f32, "qn_q6_K.gguf", ST_GGML_Q6_K);
     check_invariance_text(path, hp.n_vocab, k_text_short);
+    check_invariance_path(path, hp.n_vocab, k_text_short, 1);
 }
 
-/* Logits after the prompt and a few greedy tokens, with the vector kernels on 2 threads. */
-static float *run_default(const char *model, uint32_t n_gen)
+/* Logits after the prompt and a few greedy tokens, with the vector kernels on 2 threads;
+ * quant_f32 as st_engine_opts.quant_f32. */
+static float *run_default(const char *model, uint32_t n_gen, int quant_f32)
 {
     st_engine_opts o;
     st_engine_opts_default(&o);
     o.n_threads = 2;
+    o.quant_f32 = quant_f32;
     return run_text(model, &o, n_gen, NULL, k_text_short);
 }
 
 /* Every quantized type: `strata quantize q twin F32` holds exactly the dequantized values, and
- * the engine computes on the quantized file what it computes on that twin, bit for bit (it
- * computes in f32 on the dequantized weights: docs/ENGINE.md, "Weight types"). */
+ * on the f32 path (quant_f32) the engine computes on the quantized file what it computes on that
+ * twin, bit for bit (f32 on the dequantized weights: docs/ENGINE.md, "Weight types"). The
+ * default is the f32 path too for the types without an integer path, and differs from it for
+ * those with one (Q8_0, Q4_K, Q6_K: the activations are quantized). */
 static void test_quantized_equals_f32_twin(void **state)
 {
     static const uint32_t types[] = {ST_GGML_Q8_0, ST_GGML_Q4_0, ST_GGML_Q4_1, ST_GGML_Q5_0,
@@ -253,11 +267,17 @@ static void test_quantized_equals_f32_twin(void **state)
         assert_true(n_q > 0);
         st_gguf_close(gq);
         st_gguf_close(gt);
-        float *lq = run_default(q, n_gen), *lt = run_default(twin, n_gen);
-        if (memcmp(lq, lt, (size_t)(n_gen + 1) * V * sizeof *lq))
+        float *lq = run_default(q, n_gen, 1), *lt = run_default(twin, n_gen, 1);
+        float *ld = run_default(q, n_gen, 0);
+        size_t bytes = (size_t)(n_gen + 1) * V * sizeof *lq;
+        if (memcmp(lq, lt, bytes))
             fail_msg("%s: logits differ from those of the F32 twin", tn);
+        if (!memcmp(ld, lq, bytes) != !st_qdot_get(types[i]))
+            fail_msg("%s: the default path %s the f32 path", tn,
+                     st_qdot_get(types[i]) ? "is" : "is not");
         free(lq);
         free(lt);
+        free(ld);
     }
 }
 

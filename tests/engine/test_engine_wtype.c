@@ -12,8 +12,13 @@
  *   - dot == the engine's f32 dot of ggml's dequantized row, bit for bit, scalar and AVX2, and
  *     within the rounding bound of a double-precision reference;
  *   - results do not depend on chunking or on the thread count;
+ *   - the integer path (st_qdot_get: Q8_0, Q4_K, Q6_K): activation rows quantized as ggml's
+ *     from_float (Q8_K byte for byte; Q8_0, where ggml's baseline build rounds half away from
+ *     zero with 1/d and the engine as ggml's AVX2 code, half to even with 127/amax, within one
+ *     step), products within f32 reordering of llama.cpp's vec_dot on the same activation
+ *     bytes, scalar == AVX2 for every split of rows and tokens;
  * and negative controls: an interleaved nibble order and an off-by-one f16 scale are caught by
- * the same comparisons. Without the library the test fails (it never skips): `make deps`.
+ * the same comparisons, and so are activation scales 127/128 of what they are. Without the library the test fails (it never skips): `make deps`.
  */
 #include <dlfcn.h>
 #include <math.h>
@@ -684,6 +689,135 @@ static void test_threads_and_isa(void **state)
     free(w);
 }
 
+/* The integer path: quantized activations against ggml's, products against llama.cpp's vec_dot
+ * on the same bytes (within 1e-5 of sum |w x| of the dequantized values: f32 reordering), and
+ * scalar == AVX2 bit for bit for every tiling of 11 rows x 9 tokens. */
+static void test_qdot(void **state)
+{
+    (void)state;
+    static const uint32_t types[] = {ST_GGML_Q8_0, ST_GGML_Q4_K, ST_GGML_Q6_K};
+    static const int xkinds[] = {0, 1, 2, 3, 4, 7, 8, 9, 10, 11, 12, 13, 14};
+    enum { R = 11, T = 9 };
+    const uint64_t n = 1024;
+    float *src = malloc(n * 4), *wd = malloc(R * n * 4), *xd = malloc(n * 4);
+    uint8_t *w = malloc(R * n * 4), *xq = malloc(T * n * 2), *gq = malloc(n * 2);
+    float *y0 = malloc(R * T * 4), *y = malloc(R * T * 4);
+    assert_true(src && wd && xd && w && xq && gq && y0 && y);
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        const st_wtype *t = st_wtype_get(types[ti]);
+        const st_qdot *qd = st_qdot_get(types[ti]);
+        const struct ggml_type_traits_cpu *tc = G.traits_cpu((int)t->type);
+        assert_non_null(qd);
+        assert_int_equal(qd->block, t->block);
+        const uint32_t act_type = qd->act == ST_QACT_Q8_0 ? ST_GGML_Q8_0 : 15; /* GGML_TYPE_Q8_K */
+        assert_int_equal(tc->vec_dot_type, (int)act_type);
+        const uint64_t rb = n / t->block * t->bytes, xs = n / qd->block * qd->act_bytes;
+        for (uint32_t r = 0; r < R; r++) {
+            static const int wkinds[] = {0, 1, 2, 12};
+            make_row(wkinds[r % 4], r + 70, src, n);
+            t->quantize(src, w + r * rb, n);
+            t->dequant[0](w + r * rb, wd + r * n, n);
+        }
+        if (t->type == ST_GGML_Q8_0)
+            w[2] = 0x80; /* a weight of -128: abs() in the vector code must not lose it */
+        t->dequant[0](w, wd, n);
+        double worst = 0;
+        int sizable = 0, caught = 0;
+        for (uint32_t k = 0; k < T; k++) {
+            make_row(xkinds[k % (sizeof xkinds / sizeof xkinds[0])], k + 300, src, n);
+            uint8_t *xk = xq + k * xs;
+            qd->quantize(src, xk, n);
+            G.traits_cpu((int)act_type)->from_float(src, gq, (int64_t)n);
+            if (qd->act == ST_QACT_Q8_K) {
+                /* a block of zeros: ggml leaves its sums as they were, the engine writes 0 */
+                for (uint64_t b = 0; b < n / 256; b++) {
+                    float d;
+                    memcpy(&d, xk + 292 * b, 4);
+                    assert_memory_equal(xk + 292 * b, gq + 292 * b, d == 0 ? 260 : 292);
+                }
+            } else {
+                /* the engine keeps ggml's f16 d widened to f32: 36 bytes a block against 34 */
+                for (uint64_t b = 0; b < n / 32; b++) {
+                    float d;
+                    memcpy(&d, xk + 36 * b, 4);
+                    assert_true(d == st_wtype_f16_to_f32((uint16_t)(gq[34 * b] | gq[34 * b + 1] << 8)));
+                    for (int j = 0; j < 32; j++)
+                        assert_true(abs((int8_t)xk[36 * b + 4 + j] - (int8_t)gq[34 * b + 2 + j]) <= 1);
+                }
+            }
+            /* the activation values the products see, and ggml's layout of them */
+            for (uint64_t b = 0; b < n / qd->block; b++) {
+                const uint8_t *blk = xk + b * qd->act_bytes;
+                float d;
+                memcpy(&d, blk, 4);
+                const int8_t *q = (const int8_t *)(blk + 4);
+                for (uint32_t j = 0; j < qd->block; j++)
+                    xd[b * qd->block + j] = d * (float)q[j];
+                if (qd->act == ST_QACT_Q8_0) {
+                    uint16_t h = st_wtype_f32_to_f16(d);
+                    memcpy(gq + 34 * b, &h, 2);
+                    memcpy(gq + 34 * b + 2, q, 32);
+                }
+            }
+            const uint8_t *theirs_x = qd->act == ST_QACT_Q8_0 ? gq : xk;
+            uint8_t *wrong = malloc(xs);
+            assert_non_null(wrong);
+            memcpy(wrong, xk, xs);
+            st_qdot_wrong_scale(qd, wrong, n);
+            for (uint32_t r = 0; r < R; r++) {
+                double mag = 0;
+                for (uint64_t i = 0; i < n; i++)
+                    mag += fabs((double)wd[r * n + i] * (double)xd[i]);
+                float theirs = 0, ours = 0, bad = 0;
+                tc->vec_dot((int)n, &theirs, 0, w + r * rb, 0, theirs_x, 0, 1);
+                qd->mm[0](w + r * rb, rb, xk, xs, (uint32_t)(n / qd->block), &ours, 1, 1, 1);
+                qd->mm[0](w + r * rb, rb, wrong, xs, (uint32_t)(n / qd->block), &bad, 1, 1, 1);
+                if (mag == 0) {
+                    assert_true(ours == 0 && theirs == 0);
+                    continue;
+                }
+                double rel = fabs((double)ours - theirs) / mag, relw = fabs((double)bad - theirs) / mag;
+                if (rel > 1e-5)
+                    fail_msg("%s row %u token %u: ours %.9g, llama.cpp's %.9g (sum |w x| %.9g)",
+                             t->name, r, k, ours, theirs, mag);
+                worst = rel > worst ? rel : worst;
+                if (fabs(theirs) > 0.05 * mag) {
+                    sizable++;
+                    caught += relw > 1e-4;
+                }
+            }
+            free(wrong);
+        }
+        fprintf(stderr, "%-5s integer path vs llama.cpp's vec_dot on the same activations: max "
+                "|ours - theirs| / sum |w x| %.2g; scales 127/128 off by > 1e-4 in %d of the %d "
+                "products of a size\n", t->name, worst, caught, sizable);
+        /* the negative control: scales 127/128 of llama.cpp's move the products (all but those
+         * of f16-subnormal scales, which 127/128 may leave as they are) */
+        assert_true(sizable > 0 && caught >= sizable * 8 / 10);
+        /* scalar reference == AVX2, for every tiling */
+        const uint32_t nb = (uint32_t)(n / qd->block);
+        qd->mm[0](w, rb, xq, xs, nb, y0, R, R, T);
+        for (uint32_t vec = 0; vec <= (uint32_t)have_vec(); vec++)
+            for (uint32_t nr = 1; nr <= R; nr += 3)
+                for (uint32_t nt = 1; nt <= T; nt++) {
+                    memset(y, 0, R * T * 4);
+                    for (uint32_t t0 = 0; t0 < T; t0 += nt)
+                        for (uint32_t r0 = 0; r0 < R; r0 += nr)
+                            qd->mm[vec](w + r0 * rb, rb, xq + t0 * xs, xs, nb, y + t0 * R + r0, R,
+                                        R - r0 < nr ? R - r0 : nr, T - t0 < nt ? T - t0 : nt);
+                    assert_memory_equal(y, y0, R * T * 4);
+                }
+    }
+    free(src);
+    free(wd);
+    free(xd);
+    free(w);
+    free(xq);
+    free(gq);
+    free(y0);
+    free(y);
+}
+
 int main(void)
 {
     if (ggml_load())
@@ -697,6 +831,7 @@ int main(void)
         cmocka_unit_test(test_dequant_and_dot_match_ggml),
         cmocka_unit_test(test_dot_vs_llama_cpp_integer_dot),
         cmocka_unit_test(test_threads_and_isa),
+        cmocka_unit_test(test_qdot),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     dlclose(G.cpu);
