@@ -62,7 +62,7 @@ static arch_model models[] = {
 #define N_MODELS (sizeof models / sizeof models[0])
 static char other_qwen35[4200]; /* qwen35-tiny with other weights (--seed 7) */
 /* qwen35-tiny-q in Q4_K (every matrix: rows of 256), on the integer path of the CPU backend */
-static arch_model q4k = {"qwen35", "qwen35-tiny-q", 1, ""};
+static arch_model q4k = {"qwen35-q4k", "qwen35-tiny-q", 1, ""}; /* arch: the name of its stores */
 
 static int setup(void **state)
 {
