@@ -14,7 +14,9 @@
  * 2. A slot or park entry marked busy belongs to one worker; nobody else reads or changes the
  *    slot's state or the entry's image until it is released. A park entry taken by SAVE or PARK
  *    stays in the pool, busy; one taken into a slot leaves the pool while the slot is bound to
- *    its id, busy: a session in use is always findable, and busy, in one place.
+ *    its id, busy: a session in use is always findable, and busy, in one place. An entry in the
+ *    pool that is not busy belongs to no worker: one that puts it there (park_slot, a give-back)
+ *    reads nothing of it after releasing mu, since another request may take it and free it.
  * 3. ram_bytes is the sum of the bytes of the park entries whose image is in RAM. After a park,
  *    entries are spilled oldest first until ram_bytes <= ram_limit (an entry being used is
  *    skipped; a spill that fails leaves the entry in RAM and is logged).
@@ -412,6 +414,10 @@ static int park_slot(st_conv *cv, int j, const char *id, int unbind, const char 
     p->img = img;
     p->bytes = st_image_bytes(img);
     p->tokens = st_image_n_tokens(img);
+    /* once p is in the pool and mu is released, p is no longer ours: another request may take
+     * it back into a slot and free it (while spill_excess below waits for the store, say), so
+     * nothing of p is read after the unlock */
+    uint64_t img_bytes = p->bytes;
     pthread_mutex_lock(&cv->mu);
     park_append_locked(cv, p);
     cv->slots[j].victim[0] = '\0';
@@ -423,16 +429,16 @@ static int park_slot(st_conv *cv, int j, const char *id, int unbind, const char 
     st_slot_reset(s);
     spill_excess(cv);
     pthread_mutex_lock(&cv->mu);
-    pentry *q = park_find_locked(cv, id);
+    pentry *q = park_find_locked(cv, id); /* NULL when taken back into a slot meanwhile */
     int on_disk = q && !q->img;
     if (bytes)
-        *bytes = q ? q->bytes : 0;
+        *bytes = q ? q->bytes : img_bytes;
     pthread_mutex_unlock(&cv->mu);
     if (on_disk)
         cv->m->parks_disk++;
     else
         cv->m->parks_ram++;
-    cv->m->park_bytes += p->bytes;
+    cv->m->park_bytes += img_bytes;
     if (where)
         *where = on_disk ? "disk" : "ram";
     return 0;

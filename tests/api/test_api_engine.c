@@ -7,10 +7,13 @@
  *     survive kill -9, RAM-parked ones survive a graceful stop (SIGTERM);
  *   - 32 concurrent clients with their own conversations: completions, SAVE, RESTORE, nothing
  *     lost and no cross-talk, /healthz answering throughout;
- *   - llama.cpp's /slots actions, DELETE of a live session, the memory guard on SAVE and park.
+ *   - llama.cpp's /slots actions, DELETE of a live session, the memory guard on SAVE and park;
+ *   - a PARK whose conversation is taken back into a slot while the park still spills older
+ *     images to the store is answered (the server once read the freed park entry there).
  * The engine runs on the cpu backend, or on the one named by the first argument: `cuda` is the
  * ctest test_api_engine_gpu (label gpu), every case above on the CUDA backend.
  */
+#include <lmdb.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <time.h>
@@ -501,6 +504,84 @@ static void test_one_session_many_requests(void **state)
     assert_int_equal(st_hc_server_stop(&s, SIGTERM), 0);
 }
 
+/* A PARK puts its conversation into the RAM pool, releases the pool's lock, and then spills
+ * older images to the store while the pool is over its ceiling. From the release on, another
+ * request may take the conversation back into a slot, which frees its park entry: the PARK must
+ * not read that entry afterwards. It did (park_slot added the entry's bytes to a metric): under
+ * ASan the server aborted there and every connection in flight was closed without an answer,
+ * which test_concurrent_conversations' clients read as "status 0". Here the window is held open
+ * without any timing: the test holds the store's LMDB write lock (a second writer process, as
+ * statectl would be), so the spill waits in the store while a completion takes the conversation
+ * from RAM into a free slot; only then is the lock let go. */
+static void test_park_taken_while_spilling(void **state)
+{
+    (void)state;
+    const char *store = "parkrace-store";
+    /* 1 MiB of RAM parking; a 1,900-token conversation of the tiny model parks in ~270 KB, so
+     * three fit and a fourth is over the ceiling */
+    static const char *const args[] = {"--slots", "2", "--conversation-cache-mib", "1", NULL};
+    st_hc_server s;
+    assert_int_equal(start(&s, store, args), 0);
+    char prompt[1901], body[2048];
+    memset(prompt, 'a', sizeof prompt - 1);
+    prompt[sizeof prompt - 1] = '\0';
+    static const char *const ids[] = {"old-1", "old-2", "old-3", "racer"};
+    json_int_t pooled = 0, one = 0;
+    for (int i = 0; i < 4; i++) {
+        st_at_completion_body(body, sizeof body, ids[i], prompt, 1, false);
+        json_decref(st_at_call(s.port, "POST", "/v1/completions", body, 200));
+        if (i < 3) { /* into the pool, in RAM: its slot is free again */
+            char path[64];
+            snprintf(path, sizeof path, "/v1/sessions/%s/park", ids[i]);
+            json_t *pk = st_at_call(s.port, "POST", path, NULL, 200);
+            assert_string_equal(json_string_value(json_object_get(pk, "where")), "ram");
+            one = json_integer_value(json_object_get(pk, "bytes"));
+            pooled += one;
+            json_decref(pk);
+        }
+    }
+    /* the premise: racer's image (as large as the others) takes the pool over its ceiling */
+    if (!(pooled <= (1 << 20) && pooled + one > (1 << 20)))
+        fail_msg("three parked images of %lld bytes each no longer take the 1 MiB pool to just under "
+                 "its ceiling: change the prompt length", (long long)one);
+    /* the store's write lock, held from here: every store write of the server waits for it */
+    char path[4400];
+    snprintf(path, sizeof path, "%s/%s", env.dir, store);
+    MDB_env *me = NULL;
+    MDB_txn *mt = NULL;
+    assert_int_equal(mdb_env_create(&me), 0);
+    assert_int_equal(mdb_env_set_maxdbs(me, 16), 0);
+    assert_int_equal(mdb_env_open(me, path, 0, 0644), 0);
+    assert_int_equal(mdb_txn_begin(me, NULL, 0, &mt), 0);
+    /* PARK racer: in the pool (over the ceiling), then the spill of old-1 waits for the lock */
+    st_at_bg park;
+    st_at_bg_start(&park, s.port, "POST", "/v1/sessions/racer/park", "");
+    for (;;) { /* racer is in the pool once GET says so (a bound for a broken server: ctest's) */
+        json_t *g = st_at_call(s.port, "GET", "/v1/sessions/racer", NULL, 200);
+        const char *where = json_string_value(json_object_get(json_object_get(g, "live"), "where"));
+        int in_ram = where && !strcmp(where, "ram");
+        json_decref(g);
+        if (in_ram)
+            break;
+        usleep(2000);
+    }
+    assert_int_equal(atomic_load(&park.done), 0); /* the spill still waits for the store */
+    /* a completion takes racer from RAM into the free slot (no store write): its entry is freed */
+    st_at_completion_body(body, sizeof body, "racer", " more", 2, false);
+    json_t *t = st_at_call(s.port, "POST", "/v1/completions", body, 200);
+    assert_string_equal(found(t), "ram");
+    json_decref(t);
+    mdb_txn_abort(mt);
+    mdb_env_close(me);
+    /* the PARK finishes: answered, not a closed connection */
+    json_t *pk = st_at_bg_join(&park, 200);
+    assert_string_equal(json_string_value(json_object_get(pk, "session")), "racer");
+    assert_true(json_integer_value(json_object_get(pk, "bytes")) > 0);
+    json_decref(pk);
+    assert_int_equal(st_at_metric(s.port, "strata_park_spills_total"), 1);
+    assert_int_equal(st_hc_server_stop(&s, SIGTERM), 0);
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1)
@@ -513,6 +594,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_slots_delete_and_guard),
         cmocka_unit_test(test_concurrent_conversations),
         cmocka_unit_test(test_one_session_many_requests),
+        cmocka_unit_test(test_park_taken_while_spilling),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
