@@ -11,6 +11,9 @@
  *    changes anything, so an error or an allocation failure leaves the state as it was.
  * 3. Nothing here knows an architecture: the forward pass and its workspace are the
  *    architecture's, the arithmetic is the operations'.
+ * 4. The bulk transfers (save, load) check every length and the pages before any task runs; the
+ *    tasks, one per state hash block on the engine's pool, copy (or code) their block and digest
+ *    it at its destination while it is in cache: one pass over the state, on every thread.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -27,6 +30,7 @@ typedef struct cpu_ctx {
     st_state_map *tm;
     uint32_t n_desc;
     st_ops_cpu *oc;
+    st_pool *pool;
     void *ws; /* the architecture's workspace */
 } cpu_ctx;
 
@@ -61,6 +65,7 @@ static int cpu_create(st_engine *e, void **out)
     c->n_ctx = e->o.n_ctx;
     c->page_size = e->o.page_size;
     c->kv_dtype = e->o.kv_dtype;
+    c->pool = e->pool;
     c->descs = calloc(ST_STATE_LAYOUT_MAX(m->hp.n_layer), sizeof *c->descs);
     c->tm = calloc(ST_STATE_LAYOUT_MAX(m->hp.n_layer), sizeof *c->tm);
     if (!c->descs || !c->tm) {
@@ -195,6 +200,206 @@ static int cpu_kv_write(void *bctx, void *st, uint32_t ti, uint64_t row0, uint64
     return cpu_kv_io(bctx, st, ti, row0, nrows, (void *)src, 1);
 }
 
+/* ---- bulk transfers (st_backend.save / .load) -------------------------------------------- */
+#define WIDEN_SLICE 4096u /* fp32 elements widened on the stack per digest update */
+
+typedef struct bulk_job {
+    cpu_ctx *c;
+    cpu_state *s;
+    uint8_t **img;      /* per tensor: its bytes in the image (K/V rows, or the checkpoint's) */
+    uint64_t *bytes;    /* per tensor: bytes hashed (fp32 bytes for a coded f32 tensor) */
+    uint64_t *first;    /* [n_desc + 1]: each tensor's first block */
+    uint32_t codec;
+    int load;
+    uint64_t *digests;
+    int err;            /* first error of a task (atomics) */
+} bulk_job;
+
+/* The digest of n fp32 values held in codec at src, widened (exact), as st_store.h defines it. */
+static int widened_digest(uint32_t codec, const uint8_t *src, uint64_t n, uint64_t *out)
+{
+    st_checksum_state cs = {0};
+    float buf[WIDEN_SLICE];
+    size_t es = st_codec_elem_size(codec);
+    int rc;
+    if ((rc = st_checksum_init(&cs)))
+        return rc;
+    for (uint64_t i = 0; i < n; i += WIDEN_SLICE) {
+        uint64_t k = n - i < WIDEN_SLICE ? n - i : WIDEN_SLICE;
+        if ((rc = st_codec_convert(ST_CODEC_FP32, buf, codec, src + i * es, (size_t)k, NULL, 0)))
+            break;
+        st_checksum_update(&cs, buf, (size_t)k * 4);
+    }
+    *out = st_checksum_final(&cs);
+    st_checksum_free(&cs);
+    return rc;
+}
+
+static void bulk_task(void *ctx, uint32_t task, uint32_t thread)
+{
+    (void)thread;
+    bulk_job *j = ctx;
+    const cpu_ctx *c = j->c;
+    uint32_t lo = 0, hi = c->n_desc;
+    int rc = 0;
+    /* the last tensor whose first block is <= task: it holds this block (an empty one never) */
+    while (hi - lo > 1) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (j->first[mid] <= task)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    uint32_t ti = lo;
+    const st_state_map *t = &c->tm[ti];
+    uint64_t off = (task - j->first[ti]) * ST_STATE_HASH_BLOCK;
+    uint64_t len = j->bytes[ti] - off < ST_STATE_HASH_BLOCK ? j->bytes[ti] - off
+                                                             : ST_STATE_HASH_BLOCK;
+    uint64_t *dg = &j->digests[task];
+    if (t->what == ST_SW_POS) {
+        *dg = st_checksum(j->img[ti], 8); /* checked (load) or written (save) by cpu_bulk */
+    } else if (c->descs[ti].role == ST_ROLE_KV) {
+        st_checksum_state cs = {0};
+        if (!(rc = st_checksum_init(&cs)))
+            rc = st_kvmem_copy(j->s->kv, t->slot, t->what, off, len, j->img[ti] + off, j->load,
+                               &cs);
+        *dg = st_checksum_final(&cs);
+        st_checksum_free(&cs);
+    } else {
+        uint8_t *live = (uint8_t *)(t->what == ST_SW_SSM ? st_recmem_ssm(j->s->rec, t->slot)
+                                                         : st_recmem_conv(j->s->rec, t->slot));
+        live += off;
+        if (j->codec == ST_CODEC_FP32) {
+            if (j->load)
+                memcpy(live, j->img[ti] + off, len);
+            else
+                memcpy(j->img[ti] + off, live, len);
+            *dg = st_checksum(j->load ? live : j->img[ti] + off, (size_t)len);
+        } else {
+            uint8_t *coded = j->img[ti] + off / 4 * st_codec_elem_size(j->codec);
+            if (j->load) {
+                /* widened straight into the state, digested there */
+                rc = st_codec_convert(ST_CODEC_FP32, live, j->codec, coded, (size_t)(len / 4),
+                                      NULL, 0);
+                *dg = st_checksum(live, (size_t)len);
+            } else {
+                /* coded into the image, digested as a restore will widen it */
+                rc = st_codec_convert(j->codec, coded, ST_CODEC_FP32, live, (size_t)(len / 4),
+                                      NULL, 0);
+                if (!rc)
+                    rc = widened_digest(j->codec, coded, len / 4, dg);
+            }
+        }
+    }
+    if (rc) {
+        int none = 0;
+        __atomic_compare_exchange_n(&j->err, &none, rc, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+    }
+}
+
+/* Both directions: check the image against the state's tensors, then run the blocks. */
+static int cpu_bulk(cpu_ctx *c, cpu_state *s, st_image *img, const st_image *cimg, uint32_t ci,
+                    uint64_t n, uint64_t *digests)
+{
+    int load = img == NULL;
+    const st_image *im = load ? cimg : img;
+    uint64_t pos;
+    uint32_t codec;
+    int rc = st_image_checkpoint_info(im, ci, &pos, &codec);
+    if (rc)
+        return rc;
+    if ((codec != ST_CODEC_FP32 && codec != ST_CODEC_BF16) || n > c->n_ctx || pos != n ||
+        st_image_n_tokens(im) != n || (!load && (uint64_t)s->pos != n))
+        return st_error_set(ST_EINVAL, "cpu backend: %s of %llu tokens (state at %lld) with a "
+                            "checkpoint at %llu in codec %s", load ? "load" : "save",
+                            (unsigned long long)n, (long long)s->pos, (unsigned long long)pos,
+                            st_codec_name(codec));
+    int bad = load ? ST_ECORRUPT : ST_EINVAL;
+    bulk_job j = {c, s, NULL, NULL, NULL, codec, load, digests, 0};
+    j.img = calloc(c->n_desc, sizeof *j.img);
+    j.bytes = calloc(c->n_desc, sizeof *j.bytes);
+    j.first = calloc(c->n_desc + 1, sizeof *j.first);
+    if (!j.img || !j.bytes || !j.first) {
+        rc = st_error_set(ENOMEM, "cpu backend: bulk transfer");
+        goto done;
+    }
+    if (load && (rc = st_kvmem_reserve(s->kv, 0, n)))
+        goto done;
+    uint64_t total = 0, moved = 0;
+    uint32_t pos_ti = UINT32_MAX;
+    for (uint32_t ti = 0; ti < c->n_desc; ti++) {
+        const st_tensor_desc *d = &c->descs[ti];
+        uint64_t len = 0, want;
+        if (d->role == ST_ROLE_KV) {
+            j.img[ti] = load ? (uint8_t *)st_image_kv_const(cimg, ti, &len)
+                             : (uint8_t *)st_image_kv(img, ti, &len);
+            want = n * st_tensor_row_bytes(d);
+            j.bytes[ti] = want;
+        } else {
+            j.img[ti] = load ? (uint8_t *)st_image_checkpoint_tensor_const(cimg, ci, ti, &len)
+                             : (uint8_t *)st_image_checkpoint_tensor(img, ci, ti, &len);
+            want = st_tensor_stored_bytes(d, codec);
+            if (c->tm[ti].what == ST_SW_POS)
+                pos_ti = ti;
+            j.bytes[ti] = c->tm[ti].what == ST_SW_POS ? 8 : st_tensor_elems(d) * 4;
+        }
+        if ((want && !j.img[ti]) || len != want) {
+            rc = st_error_set(bad, "cpu backend: %s tensor %s: %llu bytes in the image, expected "
+                              "%llu", d->role == ST_ROLE_KV ? "K/V" : "live state", d->name,
+                              (unsigned long long)len, (unsigned long long)want);
+            goto done;
+        }
+        j.first[ti] = total;
+        total += st_state_hash_blocks(j.bytes[ti]);
+        moved += want;
+    }
+    j.first[c->n_desc] = total;
+    if (total > UINT32_MAX) {
+        rc = st_error_set(ST_ETOOBIG, "cpu backend: %llu blocks", (unsigned long long)total);
+        goto done;
+    }
+    int64_t p = s->pos;
+    if (pos_ti == UINT32_MAX) {
+        rc = st_error_set(ST_EINVAL, "cpu backend: no position tensor");
+        goto done;
+    }
+    if (load) {
+        memcpy(&p, j.img[pos_ti], 8);
+        if (p < 0 || (uint64_t)p != pos) {
+            rc = st_error_set(ST_ECORRUPT, "restore: live state at %llu holds position %lld",
+                              (unsigned long long)pos, (long long)p);
+            goto done;
+        }
+    } else {
+        memcpy(j.img[pos_ti], &p, 8);
+    }
+    st_pool_run(c->pool, (uint32_t)total, bulk_task, &j, moved);
+    if (j.err) {
+        rc = st_error_set(j.err, "cpu backend: %s: %s", load ? "load" : "save",
+                          j.err == ST_EINVAL ? "a K/V page is missing" : st_strerror(j.err));
+        goto done;
+    }
+    if (load)
+        s->pos = p;
+done:
+    free(j.img);
+    free(j.bytes);
+    free(j.first);
+    return rc;
+}
+
+static int cpu_save(void *bctx, void *st, st_image *img, uint32_t ci, uint64_t n,
+                    uint64_t *digests)
+{
+    return cpu_bulk(bctx, st, img, NULL, ci, n, digests);
+}
+
+static int cpu_load(void *bctx, void *st, const st_image *img, uint32_t ci, uint64_t n,
+                    uint64_t *digests)
+{
+    return cpu_bulk(bctx, st, NULL, img, ci, n, digests);
+}
+
 /* ---- the forward pass ------------------------------------------------------------------- */
 static int cpu_forward(void *bctx, void *stp, const uint32_t *tokens, uint32_t n, uint64_t pos0,
                        float *logits)
@@ -238,4 +443,6 @@ const st_backend st_backend_cpu = {
     .running_write = cpu_running_write,
     .kv_read = cpu_kv_read,
     .kv_write = cpu_kv_write,
+    .save = cpu_save,
+    .load = cpu_load,
 };

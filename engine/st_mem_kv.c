@@ -153,3 +153,37 @@ int st_kvmem_io(st_kvmem *kv, uint32_t slot, uint32_t what, uint64_t row0, uint6
     }
     return 0;
 }
+
+int st_kvmem_copy(st_kvmem *kv, uint32_t slot, uint32_t what, uint64_t off, uint64_t len,
+                  void *buf, int write, st_checksum_state *cs)
+{
+    int t;
+    switch (what) {
+    case ST_SW_K: t = KV_K; break;
+    case ST_SW_V: t = KV_V; break;
+    case ST_SW_KS: t = KV_KS; break;
+    case ST_SW_VS: t = KV_VS; break;
+    default: return ST_EINVAL;
+    }
+    if (slot >= kv->n_layer || !kv->l[slot].tab[t])
+        return ST_EINVAL;
+    uint8_t **pages = kv->l[slot].tab[t];
+    uint64_t pb = (uint64_t)kv->page_size * kv->l[slot].rb[t];
+    if (off > (uint64_t)kv->n_ctx * kv->l[slot].rb[t] ||
+        len > (uint64_t)kv->n_ctx * kv->l[slot].rb[t] - off)
+        return ST_EINVAL;
+    uint8_t *b = buf;
+    while (len) {
+        uint64_t p = off / pb, in = off % pb, k = pb - in < len ? pb - in : len;
+        if (!pages[p])
+            return ST_EINVAL;
+        uint8_t *dst = write ? pages[p] + in : b;
+        memcpy(dst, write ? b : pages[p] + in, k);
+        if (cs)
+            st_checksum_update(cs, dst, k);
+        b += k;
+        off += k;
+        len -= k;
+    }
+    return 0;
+}
