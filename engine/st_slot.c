@@ -594,9 +594,109 @@ int st_slot_state_hash(const st_slot *s, uint32_t codec, uint64_t *out)
     return rc;
 }
 
+/* ---- checkpoint copies ---------------------------------------------------------------------- */
+#define CONV_BLOCK ((uint64_t)1 << 18) /* elements converted per task */
+
+/* n elements of f32 state from src in codec scodec to dst in codec dcodec (one of them fp32). */
+typedef struct conv_piece {
+    void *dst;
+    const void *src;
+    uint32_t dcodec, scodec;
+    uint64_t n;
+} conv_piece;
+
+typedef struct conv_run {
+    const conv_piece *pc;
+    const uint64_t *first; /* [np + 1]: each piece's first block */
+    uint32_t np;
+    int err;
+} conv_run;
+
+static void conv_task(void *ctx, uint32_t task, uint32_t thread)
+{
+    (void)thread;
+    conv_run *r = ctx;
+    uint32_t lo = 0, hi = r->np;
+    while (hi - lo > 1) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (r->first[mid] <= task)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    const conv_piece *c = &r->pc[lo];
+    uint64_t e0 = (task - r->first[lo]) * CONV_BLOCK, k = c->n - e0 < CONV_BLOCK ? c->n - e0 : CONV_BLOCK;
+    int rc = st_codec_convert(c->dcodec, (uint8_t *)c->dst + e0 * st_codec_elem_size(c->dcodec),
+                              c->scodec, (const uint8_t *)c->src + e0 * st_codec_elem_size(c->scodec),
+                              (size_t)k, NULL, 0);
+    if (rc) {
+        int none = 0;
+        __atomic_compare_exchange_n(&r->err, &none, rc, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+    }
+}
+
+/* The pieces, cut in blocks, on the engine's pool (a checkpoint is copied on every thread). */
+static int pool_convert(st_engine *e, const conv_piece *pc, uint32_t np)
+{
+    uint64_t *first = malloc(((size_t)np + 1) * sizeof *first), total = 0, bytes = 0;
+    if (!first)
+        return st_error_set(ENOMEM, "checkpoint copy");
+    for (uint32_t i = 0; i < np; i++) {
+        first[i] = total;
+        total += (pc[i].n + CONV_BLOCK - 1) / CONV_BLOCK;
+        bytes += pc[i].n * 4;
+    }
+    first[np] = total;
+    conv_run r = {pc, first, np, 0};
+    if (total > UINT32_MAX)
+        r.err = ST_ETOOBIG;
+    else
+        st_pool_run(e->pool, (uint32_t)total, conv_task, &r, bytes);
+    free(first);
+    if (r.err)
+        return st_error_set(r.err, "checkpoint copy: %s", st_strerror(r.err));
+    return 0;
+}
+
 /* ---- snapshot --------------------------------------------------------------------------------- */
-static int add_ckpt(st_engine *e, st_image *img, uint64_t pos, const st_slot_ckpt *ck, void *bst,
-                    uint32_t codec, void *scratch)
+/* A checkpoint the slot holds (fp32) into the image, stored in codec. */
+static int add_held_ckpt(st_engine *e, st_image *img, uint64_t pos, const st_slot_ckpt *ck,
+                         uint32_t codec)
+{
+    const st_geometry *g = &e->geom;
+    conv_piece *pc = calloc(g->n_tensors ? g->n_tensors : 1, sizeof *pc);
+    uint32_t ci, np = 0;
+    int rc;
+    if (!pc)
+        return st_error_set(ENOMEM, "snapshot: checkpoint");
+    if ((rc = st_image_checkpoint_add_unzeroed(img, pos, codec, &ci)))
+        goto done;
+    for (uint32_t ti = 0; ti < g->n_tensors; ti++) {
+        const st_tensor_desc *d = &g->tensors[ti];
+        uint64_t b = st_engine_running_bytes(e, ti), len = 0;
+        if (!b)
+            continue;
+        void *dst = st_image_checkpoint_tensor(img, ci, ti, &len);
+        if (!dst || len != st_tensor_stored_bytes(d, codec)) {
+            rc = st_error_set(ST_EINVAL, "snapshot: checkpoint tensor %s: %llu bytes, expected "
+                              "%llu", d->name, (unsigned long long)len,
+                              (unsigned long long)st_tensor_stored_bytes(d, codec));
+            goto done;
+        }
+        if (d->dtype == ST_DTYPE_F32)
+            pc[np++] = (conv_piece){dst, ck->t[ti], codec, ST_CODEC_FP32, b / 4};
+        else
+            memcpy(dst, ck->t[ti], b);
+    }
+    rc = pool_convert(e, pc, np);
+done:
+    free(pc);
+    return rc;
+}
+
+/* The live state of bst into the image, stored in codec (backends without bulk transfers). */
+static int add_live_ckpt(st_engine *e, st_image *img, uint64_t pos, void *bst, uint32_t codec,
+                         void *scratch)
 {
     uint32_t ci;
     int rc = st_image_checkpoint_add(img, pos, ST_CODEC_FP32, &ci);
@@ -611,9 +711,7 @@ static int add_ckpt(st_engine *e, st_image *img, uint64_t pos, const st_slot_ckp
             return st_error_set(ST_EINVAL, "snapshot: checkpoint tensor %s: %llu bytes, expected "
                                 "%llu", e->geom.tensors[ti].name, (unsigned long long)len,
                                 (unsigned long long)b);
-        if (ck)
-            memcpy(dst, ck->t[ti], b);
-        else if ((rc = e->be->running_read(e->bctx, bst, ti, dst, b)))
+        if ((rc = e->be->running_read(e->bctx, bst, ti, dst, b)))
             return rc;
     }
     if (codec != ST_CODEC_FP32)
@@ -675,7 +773,7 @@ int st_slot_snapshot(st_slot *s, int mode, uint32_t codec, st_image **out)
     if (mode == ST_SNAPSHOT_SESSION && end > 0)
         first = end - 1;
     for (uint32_t i = first; i < end; i++)
-        if ((rc = add_ckpt(e, img, s->ck[i].e.position, &s->ck[i], NULL, codec, scratch)))
+        if ((rc = add_held_ckpt(e, img, s->ck[i].e.position, &s->ck[i], codec)))
             goto done;
     if (bulk) {
         /* the live state in one pass of the backend, which writes every running tensor */
@@ -683,7 +781,7 @@ int st_slot_snapshot(st_slot *s, int mode, uint32_t codec, st_image **out)
         if ((rc = st_image_checkpoint_add_unzeroed(img, s->n_tokens, codec, &ci)) ||
             (rc = e->be->save(e->bctx, s->st, img, ci, s->n_tokens, dg + d0)))
             goto done;
-    } else if ((rc = add_ckpt(e, img, s->n_tokens, NULL, s->st, codec, scratch))) {
+    } else if ((rc = add_live_ckpt(e, img, s->n_tokens, s->st, codec, scratch))) {
         goto done;
     }
     /* the hash of the state as stored (in codec) and as a restore will widen it: the bulk
@@ -705,39 +803,48 @@ done:
 }
 
 /* ---- restore ---------------------------------------------------------------------------------- */
-/* Checkpoint ci of img, widened to f32, into per-tensor buffers (dst[ti] of running bytes). */
-static int load_ckpt(st_engine *e, const st_image *img, uint32_t ci, uint8_t **dst, void *scratch)
+/* Checkpoint ci of img, widened to f32, into per-tensor buffers (dst[ti] of running bytes), on
+ * the engine's pool. */
+static int load_ckpt(st_engine *e, const st_image *img, uint32_t ci, uint8_t **dst)
 {
     uint64_t pos;
-    uint32_t codec;
+    uint32_t codec, np = 0;
     int rc = st_image_checkpoint_info(img, ci, &pos, &codec);
     if (rc)
         return rc;
+    conv_piece *pc = calloc(e->geom.n_tensors ? e->geom.n_tensors : 1, sizeof *pc);
+    if (!pc)
+        return st_error_set(ENOMEM, "restore: checkpoint");
     for (uint32_t ti = 0; ti < e->geom.n_tensors; ti++) {
         const st_tensor_desc *d = &e->geom.tensors[ti];
         uint64_t b = st_engine_running_bytes(e, ti), len = 0;
         if (!b)
             continue;
         const void *src = st_image_checkpoint_tensor_const(img, ci, ti, &len);
-        if (!src || len != st_tensor_stored_bytes(d, codec))
-            return st_error_set(ST_ECORRUPT, "restore: checkpoint %u tensor %s: %llu bytes", ci,
-                                d->name, (unsigned long long)len);
-        if (d->dtype == ST_DTYPE_F32) {
-            if ((rc = st_codec_convert(ST_CODEC_FP32, dst[ti], codec, src, b / 4, scratch,
-                                       SCRATCH_BYTES)))
-                return rc;
-        } else {
-            memcpy(dst[ti], src, b);
+        if (!src || len != st_tensor_stored_bytes(d, codec)) {
+            rc = st_error_set(ST_ECORRUPT, "restore: checkpoint %u tensor %s: %llu bytes", ci,
+                              d->name, (unsigned long long)len);
+            goto done;
         }
+        if (d->dtype == ST_DTYPE_F32) {
+            pc[np++] = (conv_piece){dst[ti], src, ST_CODEC_FP32, codec, b / 4};
+            continue;
+        }
+        memcpy(dst[ti], src, b);
         if (!strcmp(d->name, "pos")) {
             int64_t p;
             memcpy(&p, dst[ti], 8);
-            if (p < 0 || (uint64_t)p != pos)
-                return st_error_set(ST_ECORRUPT, "restore: checkpoint %u at %llu holds position "
-                                    "%lld", ci, (unsigned long long)pos, (long long)p);
+            if (p < 0 || (uint64_t)p != pos) {
+                rc = st_error_set(ST_ECORRUPT, "restore: checkpoint %u at %llu holds position "
+                                  "%lld", ci, (unsigned long long)pos, (long long)p);
+                goto done;
+            }
         }
     }
-    return 0;
+    rc = pool_convert(e, pc, np);
+done:
+    free(pc);
+    return rc;
 }
 
 /* Checkpoint ci of img straight into a backend state: f32 tensors stored in another codec are
@@ -899,7 +1006,7 @@ int st_slot_restore(st_slot *s, const st_image *img)
         if ((rc = ck_alloc(e, &chain[n_chain])))
             goto done;
         n_chain++;
-        if ((rc = load_ckpt(e, img, skip + i, chain[n_chain - 1].t, scratch)))
+        if ((rc = load_ckpt(e, img, skip + i, chain[n_chain - 1].t)))
             goto done;
         chain[n_chain - 1].e.position = pos;
     }
