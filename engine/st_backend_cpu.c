@@ -73,6 +73,12 @@ static int cpu_create(st_engine *e, void **out)
         return st_error_set(ENOMEM, "cpu backend");
     }
     c->n_desc = st_state_layout(&m->mem, c->n_ctx, c->kv_dtype, c->descs, c->tm);
+    uint64_t block = 0;
+    for (uint32_t ti = 0; ti < c->n_desc; ti++)
+        if (c->descs[ti].role == ST_ROLE_RUNNING)
+            block += st_tensor_stored_bytes(&c->descs[ti], ST_CODEC_FP32) + 64;
+    block = (block + ((uint64_t)2 << 20) - 1) & ~(((uint64_t)2 << 20) - 1);
+    st_image_cache_reserve((size_t)(2 * block));
     /* the longest row of a weight with an integer path (st_qdot_get) */
     uint64_t qcols = 0;
     const st_gguf *g = st_model_gguf(m);
@@ -388,6 +394,14 @@ done:
     return rc;
 }
 
+/* Snapshot images use the image buffer cache (st_mem.c); cpu_create raises its ceiling to two
+ * fp32 checkpoint blocks of this model (a session image's live state and resume checkpoint). */
+static const st_image_allocator *cpu_image_allocator(void *bctx)
+{
+    (void)bctx;
+    return st_image_cache_hook();
+}
+
 static int cpu_save(void *bctx, void *st, st_image *img, uint32_t ci, uint64_t n,
                     uint64_t *digests)
 {
@@ -445,4 +459,5 @@ const st_backend st_backend_cpu = {
     .kv_write = cpu_kv_write,
     .save = cpu_save,
     .load = cpu_load,
+    .image_allocator = cpu_image_allocator,
 };

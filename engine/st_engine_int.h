@@ -183,6 +183,12 @@ float st_bf16_to_f32(uint16_t h);
  * Zeroed; large sizes backed by transparent huge pages where the kernel allows. Release with
  * free(). */
 void *st_big_alloc(size_t n);
+/* The process-wide image buffer cache (st_mem.c): an allocation hook for images whose freed large
+ * buffers are kept, up to a ceiling, for the next image of the same length. reserve raises the
+ * ceiling to bytes (never lowers it); held: the bytes kept now. */
+const st_image_allocator *st_image_cache_hook(void);
+void st_image_cache_reserve(size_t bytes);
+size_t st_image_cache_held(void);
 
 /* ---- thread pool (st_pool.c) --------------------------------------------------------------- */
 typedef struct st_pool st_pool;
