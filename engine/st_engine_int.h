@@ -252,9 +252,9 @@ typedef struct st_backend {
     int (*kv_read)(void *bctx, void *st, uint32_t ti, uint64_t row0, uint64_t nrows, void *dst);
     int (*kv_write)(void *bctx, void *st, uint32_t ti, uint64_t row0, uint64_t nrows,
                     const void *src);
-    /* Optional bulk transfers (NULL: the slot code uses the per-tensor functions above). A
-     * backend whose state lives in another memory (the CUDA backend) moves the whole state in
-     * one pipelined pass. The slot code combines the state hash from the digests these return
+    /* Optional bulk transfers (NULL: the slot code uses the per-tensor functions above). The
+     * whole live state in one pass: the CUDA backend's pipelined through pinned buffers, the CPU
+     * backend's in state-hash blocks on the engine's pool, each digested at its destination. The slot code combines the state hash from the digests these return
      * and the tokens' (after a save, before a load's swap). Only used with checkpoint codecs
      * fp32 and bf16.
      * save: the live state into img: K/V rows [0, n) into its K/V buffers (n is its n_tokens)

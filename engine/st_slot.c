@@ -16,9 +16,9 @@
  *    state hash), and only then swaps them in; the old ones are freed after the swap.
  * 6. The state hash (defined in statestore/st_store.h) covers the tokens, the K/V rows and the
  *    running state as the slot holds it after a restore: f32 tensors as the fp32 values widened
- *    from the stored codec. A snapshot hashes the finished image (what a restore will widen); a
- *    restore hashes the fresh backend state read back (the bulk path: the image's bytes it
- *    sent). Block digests run on the pool, so the value never depends on the thread count.
+ *    from the stored codec. A snapshot hashes the state as stored (what a restore will widen); a
+ *    restore hashes the fresh backend state (the bulk path: where each block arrived; else read
+ *    back). Block digests run on the pool, so the value never depends on the thread count.
  */
 #include <errno.h>
 #include <math.h>

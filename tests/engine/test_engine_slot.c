@@ -18,7 +18,7 @@
 #include "st_migrate.h"
 
 static char g_dir[4096];
-static char g_model[4200], g_other[4200];
+static char g_model[4200], g_other[4200], g_big[4200];
 
 typedef struct rig {
     st_model *m;
@@ -449,10 +449,144 @@ static void test_cache_limits(void **state)
     rig_close(&r);
 }
 
+/* A running state of 4 MB per checkpoint, 1.3 MB per DeltaNet matrix: the bulk transfers cut
+ * each into several hash blocks, and snapshot images take their checkpoint blocks (2 MiB and
+ * more) from the image buffer cache. */
+static void big_state(st_model_hparams *hp)
+{
+    hp->ssm_heads = 4;
+    hp->ssm_dk = 128;
+    hp->ssm_dv = 640;
+}
+
+static void flip(void *p, uint64_t at)
+{
+    ((uint8_t *)p)[at] ^= 0x10;
+}
+
+/* Restore img into r (holding another conversation): refused as corrupt, r unchanged. */
+static void refused(rig *r, const st_image *img, const obs *before)
+{
+    assert_int_equal(st_slot_restore(r->s, img), ST_ECORRUPT);
+    same(r->s, before);
+}
+
+/* The one-pass restore verifies what arrived: a bit flipped in any K/V tensor (first, middle and
+ * last byte) or any running tensor of the live checkpoint of a PARK image, fp32 and bf16, is
+ * refused and leaves the slot as it was; the untouched image restores and continues as the
+ * original does. */
+static void test_bulk_bit_flips(void **state)
+{
+    (void)state;
+    uint32_t toks[256], other[256], a[8], b[8];
+    uint64_t n = et_tokens(toks, "Every byte of this state is checked where it lands.");
+    uint64_t on = et_tokens(other, "the conversation the slot holds meanwhile");
+    st_engine_opts o = opts(2);
+    uint32_t codecs[2] = {ST_CODEC_FP32, ST_CODEC_BF16};
+    for (int c = 0; c < 2; c++) {
+        rig r, t;
+        rig_open(&r, g_big, &o);
+        rig_open(&t, g_big, &o);
+        assert_int_equal(st_slot_eval(r.s, toks, n, 0, NULL), 0);
+        gen(r.s, 3, a, 0.0f);
+        assert_int_equal(st_slot_eval(t.s, other, on, 0, NULL), 0);
+        obs before;
+        observe(t.s, &before);
+        st_image *img = NULL;
+        assert_int_equal(st_slot_snapshot(r.s, ST_SNAPSHOT_PARK, codecs[c], &img), 0);
+        const st_geometry *g = st_image_geometry(img);
+        uint32_t last = st_image_n_checkpoints(img) - 1;
+        uint32_t n_flipped = 0;
+        for (uint32_t ti = 0; ti < g->n_tensors; ti++) {
+            uint64_t len = 0;
+            uint8_t *p = g->tensors[ti].role == ST_ROLE_KV
+                             ? st_image_kv(img, ti, &len)
+                             : st_image_checkpoint_tensor(img, last, ti, &len);
+            assert_true(len > 0);
+            uint64_t at[3] = {0, len / 2, len - 1};
+            for (int k = 0; k < 3; k++) {
+                flip(p, at[k]);
+                refused(&t, img, &before);
+                flip(p, at[k]);
+                n_flipped++;
+            }
+        }
+        assert_true(n_flipped >= 3 * 9);
+        /* the control: the image as made restores, hashes to its record and continues */
+        assert_int_equal(st_slot_restore(t.s, img), 0);
+        uint64_t h = 0;
+        assert_int_equal(st_slot_state_hash(t.s, ST_CODEC_FP32, &h), 0);
+        assert_true(h == st_image_state_hash(img));
+        gen(r.s, 8, a, 0.0f);
+        gen(t.s, 8, b, 0.0f);
+        assert_memory_equal(a, b, sizeof a);
+        st_image_free(img);
+        rig_close(&r);
+        rig_close(&t);
+    }
+}
+
+/* An image made in reused buffers of the image buffer cache (which still hold another
+ * conversation's state) has exactly the bytes of one made in fresh memory: every byte a file or
+ * the store takes from it is written by the snapshot. */
+static void test_image_cache_reuse(void **state)
+{
+    (void)state;
+    uint32_t ta[256], tb[256], x[4];
+    uint64_t na = et_tokens(ta, "conversation A, parked and freed, its buffers kept");
+    uint64_t nb = et_tokens(tb, "conversation B, snapshotted before and after");
+    st_engine_opts o = opts(2);
+    uint32_t codecs[2] = {ST_CODEC_FP32, ST_CODEC_BF16};
+    int modes[2] = {ST_SNAPSHOT_PARK, ST_SNAPSHOT_SESSION};
+    rig r;
+    st_slot *sb = NULL;
+    rig_open(&r, g_big, &o);
+    assert_int_equal(st_slot_new(r.e, &sb), 0);
+    assert_int_equal(st_slot_eval(r.s, ta, na, 0, NULL), 0);
+    gen(r.s, 4, x, 0.0f);
+    assert_int_equal(st_slot_eval(sb, tb, nb, 0, NULL), 0);
+    gen(sb, 2, x, 0.0f);
+    for (int c = 0; c < 2; c++)
+        for (int m = 0; m < 2; m++) {
+            st_image *b1 = NULL, *a1 = NULL, *b2 = NULL;
+            uint8_t *f1 = NULL, *f2 = NULL;
+            size_t l1 = 0, l2 = 0;
+            assert_int_equal(st_slot_snapshot(sb, modes[m], codecs[c], &b1), 0);
+            assert_int_equal(st_file_write_mem(b1, NULL, &f1, &l1), 0);
+            st_image_free(b1);
+            /* A's image of the same shape, every checkpoint byte overwritten with a pattern;
+             * freed, its blocks wait in the cache */
+            assert_int_equal(st_slot_snapshot(r.s, modes[m], codecs[c], &a1), 0);
+            const st_geometry *g = st_image_geometry(a1);
+            for (uint32_t ci = 0; ci < st_image_n_checkpoints(a1); ci++)
+                for (uint32_t ti = 0; ti < g->n_tensors; ti++) {
+                    uint64_t len = 0;
+                    void *p = g->tensors[ti].role == ST_ROLE_RUNNING
+                                  ? st_image_checkpoint_tensor(a1, ci, ti, &len) : NULL;
+                    if (p)
+                        memset(p, 0xa5, len);
+                }
+            st_image_free(a1);
+            assert_int_equal(st_slot_snapshot(sb, modes[m], codecs[c], &b2), 0);
+            assert_int_equal(st_file_write_mem(b2, NULL, &f2, &l2), 0);
+            assert_int_equal(l1, l2);
+            assert_memory_equal(f1, f2, l1);
+            uint64_t h = 0;
+            assert_int_equal(st_image_state_hash_compute(b2, NULL, NULL, &h), 0);
+            assert_true(h == st_image_state_hash(b2));
+            st_image_free(b2);
+            free(f1);
+            free(f2);
+        }
+    st_slot_free(sb);
+    rig_close(&r);
+}
+
 static int setup(void **state)
 {
     st_test_tmpdir(g_dir, sizeof g_dir, "engine_slot");
     et_model(g_model, sizeof g_model, g_dir, "tiny.gguf", 1, NULL);
+    et_model(g_big, sizeof g_big, g_dir, "big-state.gguf", 3, big_state);
     et_model(g_other, sizeof g_other, g_dir, "other.gguf", 2, NULL);
     return 0;
 }
@@ -677,6 +811,8 @@ int main(void)
         cmocka_unit_test(test_state_hash_codecs),
         cmocka_unit_test(test_state_hash_threads),
         cmocka_unit_test(test_kv_only_cut),
+        cmocka_unit_test(test_bulk_bit_flips),
+        cmocka_unit_test(test_image_cache_reuse),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
