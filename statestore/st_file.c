@@ -58,7 +58,7 @@
 #define ST_CFLAG_ZSTD 1u
 #define ST_CFLAG_SHUFFLE 2u
 #define ST_IO_CHUNK (1u << 20)
-#define ST_WB_CHUNK (32ull << 20) /* start writeback after this many new bytes */
+#define ST_WB_CHUNK (4ull << 20) /* start writeback after this many new bytes */
 #define ST_WB_ALIGN 4096ull /* writeback hints cover whole pages */
 #define ST_HASH_ASYNC_MIN (4u << 20) /* hash pieces at least this large on a helper thread */
 #define ST_DECODED_DEFAULT (32ull << 30)
