@@ -15,9 +15,11 @@
  * this against bench/bench_llama.mjs on the same file and tokens): prefill of the tokens, decode
  * of N greedy tokens, then PARK to RAM, a session file SAVE (durable) and LOAD (verified), and a
  * store SAVE and RESTORE (verified), fp32 and bf16, with the default conversation cache and with
- * it off; best of R for each; one JSON line on stdout.
+ * it off, and the disk's own figures for the session file's bytes (one write + fsync + rename +
+ * directory fsync, and the write alone); best of R for each; one JSON line on stdout.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <ftw.h>
 #include <immintrin.h>
 #include <pthread.h>
@@ -400,10 +402,49 @@ static void side_eval(rig *r, const uint32_t *tok, uint64_t n, uint32_t n_gen, i
     }
 }
 
+/* What the disk allows for a session file's bytes: the same bytes written by one write() into a
+ * new file with st_file_replace (temp file, fsync, rename, directory fsync: the durability of a
+ * SAVE), and written into the page cache alone (no fsync: llama.cpp's saveStateToFile). */
+static void disk_peer(const char *path, side_fig *durable, side_fig *cached)
+{
+    char peer[4300];
+    FILE *f = fopen(path, "rb");
+    struct stat sb;
+    if (!f || fstat(fileno(f), &sb))
+        die("disk peer: session file", errno);
+    size_t n = (size_t)sb.st_size;
+    uint8_t *buf = malloc(n ? n : 1);
+    if (!buf || fread(buf, 1, n, f) != n)
+        die("disk peer: read", errno ? errno : EIO);
+    fclose(f);
+    snprintf(peer, sizeof peer, "%s.peer", path);
+    double t = now_s();
+    int rc = st_file_replace(peer, buf, n);
+    if (rc)
+        die("disk peer: durable write", rc);
+    fig_min(durable, (now_s() - t) * 1e3, n);
+    unlink(peer);
+    t = now_s();
+    int fd = open(peer, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    size_t done = 0;
+    while (fd >= 0 && done < n) {
+        ssize_t w = write(fd, buf + done, n - done);
+        if (w <= 0)
+            break;
+        done += (size_t)w;
+    }
+    if (fd < 0 || done != n || close(fd))
+        die("disk peer: write", errno ? errno : EIO);
+    fig_min(cached, (now_s() - t) * 1e3, n);
+    unlink(peer);
+    free(buf);
+}
+
 /* PARK / session file / store, SAVE and RESTORE, of the slot's conversation in one codec. */
 static void side_state(rig *r, const char *dir, uint32_t codec, int runs, const char *tag)
 {
     side_fig park = {0}, unpark = {0}, fsave = {0}, fload = {0}, ssave = {0}, sload = {0};
+    side_fig pdur = {0}, pwrite = {0};
     uint64_t n_tok = st_slot_n_tokens(r->s);
     char path[4200], sdir[4200];
     int rc;
@@ -437,6 +478,7 @@ static void side_state(rig *r, const char *dir, uint32_t codec, int runs, const 
         fig_min(&fload, (now_s() - t) * 1e3, (uint64_t)sb.st_size);
         st_image_free(back);
         back = NULL;
+        disk_peer(path, &pdur, &pwrite);
         unlink(path);
         /* the store: a new one each run (a second put of the same state would store nothing) */
         snprintf(sdir, sizeof sdir, "%s/strata-store", dir);
@@ -470,7 +512,9 @@ static void side_state(rig *r, const char *dir, uint32_t codec, int runs, const 
     fig_json("file_save", &fsave, 1);
     fig_json("file_load", &fload, 1);
     fig_json("store_save", &ssave, 1);
-    fig_json("store_load", &sload, 0);
+    fig_json("store_load", &sload, 1);
+    fig_json("disk_durable", &pdur, 1);
+    fig_json("disk_write", &pwrite, 0);
     printf("}");
 }
 
