@@ -111,17 +111,24 @@ void st_kvmem_view(const st_kvmem *kv, uint32_t slot, st_kv_view *v)
     v->srow = L->rb[KV_KS];
 }
 
+/* The K/V tensor index of a state tensor kind, or -1 when the kind is not K/V. */
+static int kv_kind(uint32_t what)
+{
+    switch (what) {
+    case ST_SW_K: return KV_K;
+    case ST_SW_V: return KV_V;
+    case ST_SW_KS: return KV_KS;
+    case ST_SW_VS: return KV_VS;
+    default: return -1;
+    }
+}
+
 int st_kvmem_io(st_kvmem *kv, uint32_t slot, uint32_t what, uint64_t row0, uint64_t nrows,
                 void *buf, int write)
 {
-    int t;
-    switch (what) {
-    case ST_SW_K: t = KV_K; break;
-    case ST_SW_V: t = KV_V; break;
-    case ST_SW_KS: t = KV_KS; break;
-    case ST_SW_VS: t = KV_VS; break;
-    default: return st_error_set(ST_EINVAL, "K/V memory: tensor kind %u is not K/V", what);
-    }
+    int t = kv_kind(what);
+    if (t < 0)
+        return st_error_set(ST_EINVAL, "K/V memory: tensor kind %u is not K/V", what);
     if (slot >= kv->n_layer || !kv->l[slot].tab[t])
         return st_error_set(ST_EINVAL, "K/V memory: no such tensor (layer %u, kind %u)", slot,
                             what);
@@ -157,14 +164,10 @@ int st_kvmem_io(st_kvmem *kv, uint32_t slot, uint32_t what, uint64_t row0, uint6
 int st_kvmem_copy(st_kvmem *kv, uint32_t slot, uint32_t what, uint64_t off, uint64_t len,
                   void *buf, int write, st_checksum_state *cs)
 {
-    int t;
-    switch (what) {
-    case ST_SW_K: t = KV_K; break;
-    case ST_SW_V: t = KV_V; break;
-    case ST_SW_KS: t = KV_KS; break;
-    case ST_SW_VS: t = KV_VS; break;
-    default: return ST_EINVAL;
-    }
+    /* runs on the engine's pool: the caller reports the code (errors are per thread) */
+    int t = kv_kind(what);
+    if (t < 0)
+        return ST_EINVAL;
     if (slot >= kv->n_layer || !kv->l[slot].tab[t])
         return ST_EINVAL;
     uint8_t **pages = kv->l[slot].tab[t];
