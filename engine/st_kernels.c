@@ -413,62 +413,93 @@ VEC static float dot_vec(const float *a, const float *b, uint32_t n)
  * which is S_t = alpha_t S (I - beta_t k_t k_t^T) + beta_t v_t k_t^T, o_t = S_t q_t. The sum u of
  * token t + 1 is accumulated in the same pass that updates M for token t (the same operations in
  * the same order), so M is read and written once per token. Columns are independent: M may be
- * a block of dv columns of a wider matrix whose rows are ldm floats apart. */
+ * a block of dv columns of a wider matrix whose rows are ldm floats apart. The vector form runs
+ * every token over a block of DN_NV x 8 columns before the next block (the same operations on
+ * each element, in the same order): the block of M (dk rows of 64 bytes) stays in L1 over all T
+ * tokens, and u, delta and out of the block live in registers. */
 #define DN_ARGS                                                                                  \
     float *M, size_t ldm, uint32_t dk, uint32_t dv, uint32_t T, const float *q, const float *kk, \
         const float *v, size_t xs, const float *alpha, const float *beta, size_t as, float *out, \
         size_t os, float *u
-VEC static void delta_scan_vec(DN_ARGS)
+#define DN_NV 2
+VEC_INLINE void delta_block_vec(float *M, size_t ldm, uint32_t dk, uint32_t T, const float *q,
+                                const float *kk, const float *v, size_t xs, const float *alpha,
+                                const float *beta, size_t as, float *out, size_t os,
+                                const int nv)
 {
-    uint32_t n8 = dv & ~7u, j;
-    float *d = u + dv;
-    for (j = 0; j < dv; j++)
-        u[j] = 0.0f;
+    __m256 u[DN_NV], d[DN_NV], o[DN_NV];
+    for (int l = 0; l < nv; l++)
+        u[l] = _mm256_setzero_ps();
     for (uint32_t i = 0; i < dk; i++) {
         const float *m = M + (size_t)i * ldm;
         __m256 ki = _mm256_set1_ps(kk[i]);
-        for (j = 0; j < n8; j += 8)
-            _mm256_storeu_ps(u + j, _mm256_fmadd_ps(_mm256_loadu_ps(m + j), ki, _mm256_loadu_ps(u + j)));
-        for (; j < dv; j++)
-            u[j] = fmaf(m[j], kk[i], u[j]);
+        for (int l = 0; l < nv; l++)
+            u[l] = _mm256_fmadd_ps(_mm256_loadu_ps(m + 8 * l), ki, u[l]);
     }
     for (uint32_t t = 0; t < T; t++) {
         const float *qt = q + t * xs, *kt = kk + t * xs, *vt = v + t * xs;
         const float *kn = t + 1 < T ? kk + (t + 1) * xs : NULL;
-        float a = alpha[t * as], b = beta[t * as], *o = out + t * os;
-        __m256 av = _mm256_set1_ps(a), bv = _mm256_set1_ps(b);
-        for (j = 0; j < n8; j += 8) {
-            _mm256_storeu_ps(d + j, _mm256_mul_ps(bv, _mm256_sub_ps(_mm256_loadu_ps(vt + j),
-                                                                    _mm256_mul_ps(av, _mm256_loadu_ps(u + j)))));
-            _mm256_storeu_ps(o + j, _mm256_setzero_ps());
-            _mm256_storeu_ps(u + j, _mm256_setzero_ps());
+        __m256 av = _mm256_set1_ps(alpha[t * as]), bv = _mm256_set1_ps(beta[t * as]);
+        for (int l = 0; l < nv; l++) {
+            d[l] = _mm256_mul_ps(bv, _mm256_sub_ps(_mm256_loadu_ps(vt + 8 * l),
+                                                   _mm256_mul_ps(av, u[l])));
+            o[l] = _mm256_setzero_ps();
+            u[l] = _mm256_setzero_ps();
         }
-        for (; j < dv; j++) {
+        if (kn)
+            for (uint32_t i = 0; i < dk; i++) {
+                float *m = M + (size_t)i * ldm;
+                __m256 ki = _mm256_set1_ps(kt[i]), qi = _mm256_set1_ps(qt[i]),
+                       kni = _mm256_set1_ps(kn[i]);
+                for (int l = 0; l < nv; l++) {
+                    __m256 mv = _mm256_fmadd_ps(ki, d[l],
+                                                _mm256_mul_ps(av, _mm256_loadu_ps(m + 8 * l)));
+                    _mm256_storeu_ps(m + 8 * l, mv);
+                    o[l] = _mm256_fmadd_ps(mv, qi, o[l]);
+                    u[l] = _mm256_fmadd_ps(mv, kni, u[l]);
+                }
+            }
+        else
+            for (uint32_t i = 0; i < dk; i++) {
+                float *m = M + (size_t)i * ldm;
+                __m256 ki = _mm256_set1_ps(kt[i]), qi = _mm256_set1_ps(qt[i]);
+                for (int l = 0; l < nv; l++) {
+                    __m256 mv = _mm256_fmadd_ps(ki, d[l],
+                                                _mm256_mul_ps(av, _mm256_loadu_ps(m + 8 * l)));
+                    _mm256_storeu_ps(m + 8 * l, mv);
+                    o[l] = _mm256_fmadd_ps(mv, qi, o[l]);
+                }
+            }
+        float *ot = out + t * os;
+        for (int l = 0; l < nv; l++)
+            _mm256_storeu_ps(ot + 8 * l, o[l]);
+    }
+}
+
+/* Columns [j0, j1) in the scalar order (the tail of the vector form, and the reference). */
+static void delta_cols_scalar(float *M, size_t ldm, uint32_t dk, uint32_t j0, uint32_t j1,
+                              uint32_t T, const float *q, const float *kk, const float *v,
+                              size_t xs, const float *alpha, const float *beta, size_t as,
+                              float *out, size_t os, float *u)
+{
+    float *d = u + j1;
+    for (uint32_t j = j0; j < j1; j++)
+        u[j] = 0.0f;
+    for (uint32_t i = 0; i < dk; i++)
+        for (uint32_t j = j0; j < j1; j++)
+            u[j] = fmaf(M[(size_t)i * ldm + j], kk[i], u[j]);
+    for (uint32_t t = 0; t < T; t++) {
+        const float *qt = q + t * xs, *kt = kk + t * xs, *vt = v + t * xs;
+        const float *kn = t + 1 < T ? kk + (t + 1) * xs : NULL;
+        float a = alpha[t * as], b = beta[t * as], *o = out + t * os;
+        for (uint32_t j = j0; j < j1; j++) {
             d[j] = b * (vt[j] - a * u[j]);
             o[j] = 0.0f;
             u[j] = 0.0f;
         }
         for (uint32_t i = 0; i < dk; i++) {
             float *m = M + (size_t)i * ldm;
-            __m256 ki = _mm256_set1_ps(kt[i]), qi = _mm256_set1_ps(qt[i]);
-            if (kn) {
-                __m256 kni = _mm256_set1_ps(kn[i]);
-                for (j = 0; j < n8; j += 8) {
-                    __m256 mv = _mm256_fmadd_ps(ki, _mm256_loadu_ps(d + j),
-                                                _mm256_mul_ps(av, _mm256_loadu_ps(m + j)));
-                    _mm256_storeu_ps(m + j, mv);
-                    _mm256_storeu_ps(o + j, _mm256_fmadd_ps(mv, qi, _mm256_loadu_ps(o + j)));
-                    _mm256_storeu_ps(u + j, _mm256_fmadd_ps(mv, kni, _mm256_loadu_ps(u + j)));
-                }
-            } else {
-                for (j = 0; j < n8; j += 8) {
-                    __m256 mv = _mm256_fmadd_ps(ki, _mm256_loadu_ps(d + j),
-                                                _mm256_mul_ps(av, _mm256_loadu_ps(m + j)));
-                    _mm256_storeu_ps(m + j, mv);
-                    _mm256_storeu_ps(o + j, _mm256_fmadd_ps(mv, qi, _mm256_loadu_ps(o + j)));
-                }
-            }
-            for (; j < dv; j++) {
+            for (uint32_t j = j0; j < j1; j++) {
                 m[j] = fmaf(kt[i], d[j], a * m[j]);
                 o[j] = fmaf(m[j], qt[i], o[j]);
                 if (kn)
@@ -478,33 +509,20 @@ VEC static void delta_scan_vec(DN_ARGS)
     }
 }
 
+VEC static void delta_scan_vec(DN_ARGS)
+{
+    uint32_t j = 0;
+    for (; j + 8 * DN_NV <= dv; j += 8 * DN_NV)
+        delta_block_vec(M + j, ldm, dk, T, q, kk, v + j, xs, alpha, beta, as, out + j, os, DN_NV);
+    for (; j + 8 <= dv; j += 8)
+        delta_block_vec(M + j, ldm, dk, T, q, kk, v + j, xs, alpha, beta, as, out + j, os, 1);
+    if (j < dv)
+        delta_cols_scalar(M, ldm, dk, j, dv, T, q, kk, v, xs, alpha, beta, as, out, os, u);
+}
+
 static void delta_scan_scalar(DN_ARGS)
 {
-    float *d = u + dv;
-    for (uint32_t j = 0; j < dv; j++)
-        u[j] = 0.0f;
-    for (uint32_t i = 0; i < dk; i++)
-        for (uint32_t j = 0; j < dv; j++)
-            u[j] = fmaf(M[(size_t)i * ldm + j], kk[i], u[j]);
-    for (uint32_t t = 0; t < T; t++) {
-        const float *qt = q + t * xs, *kt = kk + t * xs, *vt = v + t * xs;
-        const float *kn = t + 1 < T ? kk + (t + 1) * xs : NULL;
-        float a = alpha[t * as], b = beta[t * as], *o = out + t * os;
-        for (uint32_t j = 0; j < dv; j++) {
-            d[j] = b * (vt[j] - a * u[j]);
-            o[j] = 0.0f;
-            u[j] = 0.0f;
-        }
-        for (uint32_t i = 0; i < dk; i++) {
-            float *m = M + (size_t)i * ldm;
-            for (uint32_t j = 0; j < dv; j++) {
-                m[j] = fmaf(kt[i], d[j], a * m[j]);
-                o[j] = fmaf(m[j], qt[i], o[j]);
-                if (kn)
-                    u[j] = fmaf(m[j], kn[i], u[j]);
-            }
-        }
-    }
+    delta_cols_scalar(M, ldm, dk, 0, dv, T, q, kk, v, xs, alpha, beta, as, out, os, u);
 }
 
 /* ---- attention: weighted sum of values ------------------------------------------------ */

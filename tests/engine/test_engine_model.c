@@ -385,6 +385,34 @@ static void test_deltanet_scan_chunking(void **state)
     }
 }
 
+/* Several tokens over 16-, 8- and 1-column blocks (dv = 27 of a row of 40): the vector kernel
+ * (column blocks in registers, every token over one block before the next) gives the scalar
+ * reference's bits, for M, the outputs and the untouched columns beyond dv. */
+static void test_deltanet_scan_blocks(void **state)
+{
+    enum { DK = 9, DV = 27, LDM = 40, T = 5, XS = 100 };
+    float x[T * XS], al[T], be[T], Ms[DK * LDM], Mv[DK * LDM], os[T * DV], ov[T * DV];
+    float scr[2 * DV];
+    if (!st_kern_cpu_has_avx2())
+        skip();
+    for (uint32_t i = 0; i < T * XS; i++)
+        x[i] = (float)sin(i * 0.29) * 0.45f;
+    for (uint32_t t = 0; t < T; t++) {
+        al[t] = 0.6f + 0.07f * (float)t;
+        be[t] = 0.2f + 0.15f * (float)t;
+    }
+    for (uint32_t i = 0; i < DK * LDM; i++)
+        Ms[i] = Mv[i] = (float)cos(i * 0.13) * 0.2f;
+    st_kern ks = {0, 0}, kv = {1, 0};
+    st_kern_delta_scan(&ks, Ms, LDM, DK, DV, T, x, x + 10, x + 20, XS, al, be, 1, os, DV, scr);
+    st_kern_delta_scan(&kv, Mv, LDM, DK, DV, T, x, x + 10, x + 20, XS, al, be, 1, ov, DV, scr);
+    assert_memory_equal(Ms, Mv, sizeof Ms);
+    assert_memory_equal(os, ov, sizeof os);
+    for (uint32_t i = 0; i < DK; i++)
+        for (uint32_t j = DV; j < LDM; j++)
+            assert_true(Ms[i * LDM + j] == (float)cos((i * LDM + j) * 0.13) * 0.2f);
+}
+
 /* The CPU delta-rule operation with fewer key heads than value heads (Hk = 2, Hv = 6, as
  * Qwen3.5 files have): value head h reads key head h mod Hk, and equals the kernel run on that
  * head alone; the grouped mapping h / (Hv / Hk) (a wrong one for the tiled layout) must differ. */
@@ -594,6 +622,7 @@ int main(void)
         cmocka_unit_test(test_cuda_check),
         cmocka_unit_test(test_deltanet_formula),
         cmocka_unit_test(test_deltanet_scan_chunking),
+        cmocka_unit_test(test_deltanet_scan_blocks),
         cmocka_unit_test(test_ops_delta_rule_heads),
         cmocka_unit_test(test_fingerprint),
         cmocka_unit_test(test_presets),
