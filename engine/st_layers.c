@@ -75,13 +75,11 @@ void st_layer_attention(const st_fwd *f, uint32_t il, const float *xn, float *ou
         op->rmsnorm_heads(f->oc, ws->qkv, ld, nh, hd, L->q_norm, f->m->hp.rms_eps, T);
         op->rmsnorm_heads(f->oc, ws->qkv + qa, ld, nkv, hd, L->k_norm, f->m->hp.rms_eps, T);
     }
-    if (ws->neox) {
-        op->rope_neox(f->oc, ws->qkv, ld, nh, hd, f->pos0, ws->rope_freq, T);
-        op->rope_neox(f->oc, ws->qkv + qa, ld, nkv, hd, f->pos0, ws->rope_freq, T);
-    } else {
-        op->rope_norm(f->oc, ws->qkv, ld, nh, hd, f->pos0, ws->rope_freq, T);
-        op->rope_norm(f->oc, ws->qkv + qa, ld, nkv, hd, f->pos0, ws->rope_freq, T);
-    }
+    /* q's heads and k's heads are adjacent in a token's row: one rotation over nh + nkv heads */
+    if (ws->neox)
+        op->rope_neox(f->oc, ws->qkv, ld, nh + nkv, hd, hd, f->pos0, ws->rope_freq, T);
+    else
+        op->rope_norm(f->oc, ws->qkv, ld, nh + nkv, hd, hd, f->pos0, ws->rope_freq, T);
     op->kv_store(f->oc, &kv, ws->qkv + qa, ws->qkv + qa + kva, ld, f->pos0, T);
     op->attention(f->oc, &kv, ws->qkv, ld, ws->o, qa, nh, f->pos0, T);
     const st_mm o = {&L->wo, out, E};
@@ -130,12 +128,9 @@ void st_layer_gated_attention(const st_fwd *f, uint32_t il, const float *xn, flo
     op->matmul(f->oc, xn, E, T, ws->mm, n);
     op->rmsnorm_heads(f->oc, ws->q, qa, nh, hd, L->q_norm, eps, T);
     op->rmsnorm_heads(f->oc, ws->kv, 2 * kva, nkv, hd, L->k_norm, eps, T);
-    /* partial RoPE: each head's first n_rot dimensions as a head of its own */
-    for (uint32_t h = 0; h < nh; h++)
-        op->rope_neox(f->oc, ws->q + (size_t)h * hd, qa, 1, ws->n_rot, f->pos0, ws->rope_freq, T);
-    for (uint32_t h = 0; h < nkv; h++)
-        op->rope_neox(f->oc, ws->kv + (size_t)h * hd, 2 * kva, 1, ws->n_rot, f->pos0,
-                      ws->rope_freq, T);
+    /* partial RoPE: the first n_rot dimensions of every head */
+    op->rope_neox(f->oc, ws->q, qa, nh, hd, ws->n_rot, f->pos0, ws->rope_freq, T);
+    op->rope_neox(f->oc, ws->kv, 2 * kva, nkv, hd, ws->n_rot, f->pos0, ws->rope_freq, T);
     st_kv_view kv;
     st_kvmem_view(f->kv, ml->slot, &kv);
     op->kv_store(f->oc, &kv, ws->kv, ws->kv + kva, 2 * kva, f->pos0, T);

@@ -398,58 +398,69 @@ static void cpu_delta_rule(void *ocp, const st_dn_args *a)
 /* ---- RoPE and the K/V store, per token --------------------------------------------------- */
 typedef struct rope_job {
     float *x;
-    uint32_t ld, heads, hd;
+    uint32_t ld, heads, hd, n_rot;
     uint64_t pos0;
     const double *freq;
 } rope_job;
 
+/* The cosines and sines of token t's angles (pos0 + t) * freq[i], i < n_rot / 2, computed once
+ * for all of its heads (angle, cosine and sine in double, then rounded to float). */
+#define ROPE_MAX_PAIRS 2048 /* head_dim <= 4096 (the architectures' checks) */
+static void rope_angles(const rope_job *j, uint32_t t, float *cs, float *sn)
+{
+    uint64_t pos = j->pos0 + t;
+    for (uint32_t i = 0; i < j->n_rot / 2; i++) {
+        double a = (double)pos * j->freq[i];
+        cs[i] = (float)cos(a);
+        sn[i] = (float)sin(a);
+    }
+}
+
 static void rope_task(void *ctx, uint32_t t, uint32_t thread)
 {
     rope_job *j = ctx;
-    uint64_t pos = j->pos0 + t;
+    float cs[ROPE_MAX_PAIRS], sn[ROPE_MAX_PAIRS];
+    rope_angles(j, t, cs, sn);
     for (uint32_t h = 0; h < j->heads; h++) {
         float *v = j->x + (size_t)t * j->ld + (size_t)h * j->hd;
-        for (uint32_t i = 0; i < j->hd / 2; i++) {
-            double a = (double)pos * j->freq[i];
-            float cs = (float)cos(a), sn = (float)sin(a);
+        for (uint32_t i = 0; i < j->n_rot / 2; i++) {
             float x0 = v[2 * i], x1 = v[2 * i + 1];
-            v[2 * i] = x0 * cs - x1 * sn;
-            v[2 * i + 1] = x0 * sn + x1 * cs;
+            v[2 * i] = x0 * cs[i] - x1 * sn[i];
+            v[2 * i + 1] = x0 * sn[i] + x1 * cs[i];
         }
     }
 }
 
 static void cpu_rope_norm(void *ocp, float *x, uint32_t ld, uint32_t heads, uint32_t hd,
-                          uint64_t pos0, const double *freq, uint32_t T)
+                          uint32_t n_rot, uint64_t pos0, const double *freq, uint32_t T)
 {
     st_ops_cpu *oc = ocp;
-    rope_job j = {x, ld, heads, hd, pos0, freq};
-    st_pool_run(oc->pool, T, rope_task, &j, 20ull * T * heads * hd);
+    rope_job j = {x, ld, heads, hd, n_rot, pos0, freq};
+    st_pool_run(oc->pool, T, rope_task, &j, 20ull * T * heads * n_rot);
 }
 
 static void rope_neox_task(void *ctx, uint32_t t, uint32_t thread)
 {
     rope_job *j = ctx;
-    uint64_t pos = j->pos0 + t;
-    uint32_t half = j->hd / 2;
+    float cs[ROPE_MAX_PAIRS], sn[ROPE_MAX_PAIRS];
+    uint32_t half = j->n_rot / 2;
+    rope_angles(j, t, cs, sn);
     for (uint32_t h = 0; h < j->heads; h++) {
         float *v = j->x + (size_t)t * j->ld + (size_t)h * j->hd;
         for (uint32_t i = 0; i < half; i++) {
-            double a = (double)pos * j->freq[i];
-            float cs = (float)cos(a), sn = (float)sin(a);
             float x0 = v[i], x1 = v[i + half];
-            v[i] = x0 * cs - x1 * sn;
-            v[i + half] = x0 * sn + x1 * cs;
+            v[i] = x0 * cs[i] - x1 * sn[i];
+            v[i + half] = x0 * sn[i] + x1 * cs[i];
         }
     }
 }
 
 static void cpu_rope_neox(void *ocp, float *x, uint32_t ld, uint32_t heads, uint32_t hd,
-                          uint64_t pos0, const double *freq, uint32_t T)
+                          uint32_t n_rot, uint64_t pos0, const double *freq, uint32_t T)
 {
     st_ops_cpu *oc = ocp;
-    rope_job j = {x, ld, heads, hd, pos0, freq};
-    st_pool_run(oc->pool, T, rope_neox_task, &j, 20ull * T * heads * hd);
+    rope_job j = {x, ld, heads, hd, n_rot, pos0, freq};
+    st_pool_run(oc->pool, T, rope_neox_task, &j, 20ull * T * heads * n_rot);
 }
 
 static void rmsnorm_heads_task(void *ctx, uint32_t t, uint32_t thread)

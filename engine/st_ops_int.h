@@ -76,13 +76,14 @@ typedef struct st_ops {
     void (*dn_gates)(void *oc, float *a, float *b, uint32_t ld, const float *ssm_a,
                      const float *dt_bias, uint32_t H, uint32_t T);
     void (*delta_rule)(void *oc, const st_dn_args *a);
-    /* RoPE, NORM pairing: per token and head of hd at x + t * ld + h * hd, the pairs
-     * (x[2i], x[2i+1]) rotated by (pos0 + t) * freq[i] (angle, cosine and sine in double). */
+    /* RoPE, NORM pairing: per token and head at x + t * ld + h * hd, the pairs (x[2i], x[2i+1])
+     * of its first n_rot dimensions (i < n_rot / 2; the rest unchanged) rotated by
+     * (pos0 + t) * freq[i] (angle, cosine and sine in double). */
     void (*rope_norm)(void *oc, float *x, uint32_t ld, uint32_t heads, uint32_t hd,
-                      uint64_t pos0, const double *freq, uint32_t T);
-    /* RoPE, NEOX pairing: as rope_norm, the pairs (x[i], x[i + hd / 2]) for i < hd / 2. */
+                      uint32_t n_rot, uint64_t pos0, const double *freq, uint32_t T);
+    /* RoPE, NEOX pairing: as rope_norm, the pairs (x[i], x[i + n_rot / 2]) for i < n_rot / 2. */
     void (*rope_neox)(void *oc, float *x, uint32_t ld, uint32_t heads, uint32_t hd,
-                      uint64_t pos0, const double *freq, uint32_t T);
+                      uint32_t n_rot, uint64_t pos0, const double *freq, uint32_t T);
     /* Per token and head of hd at x + t * ld + h * hd: x = x / sqrt(mean(x^2) + eps) * w (w of
      * hd, shared by the heads). */
     void (*rmsnorm_heads)(void *oc, float *x, uint32_t ld, uint32_t heads, uint32_t hd,
