@@ -50,8 +50,11 @@ void st_engine_free(st_engine *e)
 {
     if (!e)
         return;
-    if (e->be && e->bctx)
+    if (e->be && e->bctx) {
+        st_slot_spares_free(e);
         e->be->destroy(e->bctx);
+    }
+    free(e->spare_ck);
     st_pool_free(e->pool);
     free(e->hstage);
     pthread_mutex_destroy(&e->lock);
@@ -133,6 +136,10 @@ int st_engine_new(const st_model *m, const st_engine_opts *o, st_engine **out)
     e->geom.tensors = descs;
     if ((rc = st_geometry_check(&e->geom)))
         goto fail;
+    if (!(e->spare_ck = calloc(e->o.prompt_cache ? e->o.prompt_cache : 1, sizeof *e->spare_ck))) {
+        rc = st_error_set(ENOMEM, "engine");
+        goto fail;
+    }
     *out = e;
     return 0;
 fail:

@@ -259,8 +259,10 @@ typedef struct st_backend {
      * fp32 and bf16.
      * save: the live state into img: K/V rows [0, n) into its K/V buffers (n is its n_tokens)
      *       and the running tensors into checkpoint ci, in that checkpoint's codec.
-     * load: K/V rows [0, n) and checkpoint ci of img into st (new and reset); the position
-     *       tensor must hold the checkpoint's position (ST_ECORRUPT otherwise).
+     * load: K/V rows [0, n) and checkpoint ci of img into st (new and reset, or a state that
+     *       held another conversation: load writes every running tensor, the position and the
+     *       rows, which is all a state is read for); the position tensor must hold the
+     *       checkpoint's position (ST_ECORRUPT otherwise).
      * digests (not NULL): also the state hash's block digests of segments 1.. (the geometry
      *       tensors, st_store.h): of the state as saved (bf16 as a restore widens it), or of
      *       the state as loaded into st; the CUDA backend computes them on the device. */
@@ -292,6 +294,13 @@ struct st_engine {
      * does not fault in fresh memory each time; used under lock. */
     uint8_t *hstage;
     uint64_t hstage_cap;
+    /* The spares (st_slot.c, used under lock): the backend state and the checkpoints a restore
+     * replaced, kept for the next restore (and checkpoint) to write into, so that it writes
+     * mapped memory instead of faulting in and zeroing fresh pages. At most one backend state
+     * and prompt_cache checkpoints: one slot's memory. */
+    void *spare_st;
+    uint8_t ***spare_ck; /* [prompt_cache]: each a checkpoint's per-tensor buffers */
+    uint32_t n_spare_ck;
 };
 
 /* A conversation-cache checkpoint: host copies of every running tensor. */
@@ -313,6 +322,9 @@ struct st_slot {
     st_cancel_fn cancel; /* st_slot_set_cancel */
     void *cancel_arg;
 };
+
+/* Free the engine's spares (st_engine_free, before the backend goes). */
+void st_slot_spares_free(st_engine *e);
 
 /* Running-state bytes of geometry tensor ti (0 for K/V). */
 uint64_t st_engine_running_bytes(const st_engine *e, uint32_t ti);

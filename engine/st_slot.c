@@ -12,8 +12,11 @@
  * 4. A prompt is read in chunks whose ends are the multiples of ubatch, the end of a system
  *    prompt that gets a root checkpoint, and the prompt's end. A read that resumes at a
  *    checkpoint starts at one of these points, so it is cut exactly as a full read would be.
- * 5. Restore builds a complete new backend state and checkpoint chain, verifies them (positions,
- *    state hash), and only then swaps them in; the old ones are freed after the swap.
+ * 5. Restore builds a complete backend state and checkpoint chain apart from the slot's, verifies
+ *    them (positions, state hash), and only then swaps them in. It writes them into the engine's
+ *    spares (the state and checkpoints the last restore replaced) when it has them: every byte a
+ *    restored slot reads is written by the restore, so reused memory leaves nothing behind. After
+ *    the swap the old ones become the spares (a state that failed to load is freed).
  * 6. The state hash (defined in statestore/st_store.h) covers the tokens, the K/V rows and the
  *    running state as the slot holds it after a restore: f32 tensors as the fp32 values widened
  *    from the stored codec. A snapshot hashes the state as stored (what a restore will widen); a
@@ -40,9 +43,40 @@ static void ck_free(const st_engine *e, st_slot_ckpt *ck)
     ck->t = NULL;
 }
 
-static int ck_alloc(const st_engine *e, st_slot_ckpt *ck)
+/* A checkpoint's buffers to the engine's spares (kept for the next ck_alloc), or freed when
+ * prompt_cache of them are kept already. */
+static void ck_spare(st_engine *e, st_slot_ckpt *ck)
+{
+    if (!ck->t)
+        return;
+    if (e->n_spare_ck < e->o.prompt_cache) {
+        e->spare_ck[e->n_spare_ck++] = ck->t;
+        ck->t = NULL;
+        return;
+    }
+    ck_free(e, ck);
+}
+
+void st_slot_spares_free(st_engine *e)
+{
+    if (e->spare_st)
+        e->be->state_free(e->bctx, e->spare_st);
+    e->spare_st = NULL;
+    while (e->n_spare_ck) {
+        st_slot_ckpt ck = {.t = e->spare_ck[--e->n_spare_ck]};
+        ck_free(e, &ck);
+    }
+}
+
+/* A checkpoint's buffers: a spare's (every byte is overwritten by its callers, ckpt_take and
+ * load_ckpt), else new ones. */
+static int ck_alloc(st_engine *e, st_slot_ckpt *ck)
 {
     memset(ck, 0, sizeof *ck);
+    if (e->n_spare_ck) {
+        ck->t = e->spare_ck[--e->n_spare_ck];
+        return 0;
+    }
     ck->t = calloc(e->geom.n_tensors, sizeof *ck->t);
     if (!ck->t)
         return st_error_set(ENOMEM, "checkpoint");
@@ -62,6 +96,14 @@ static void chain_free(const st_engine *e, st_slot_ckpt *ck, uint32_t n)
 {
     for (uint32_t i = 0; i < n; i++)
         ck_free(e, &ck[i]);
+    free(ck);
+}
+
+/* A chain's checkpoints to the spares (the rest freed), and the chain. */
+static void chain_spare(st_engine *e, st_slot_ckpt *ck, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++)
+        ck_spare(e, &ck[i]);
     free(ck);
 }
 
@@ -957,9 +999,17 @@ int st_slot_restore(st_slot *s, const st_image *img)
     if (!(scratch = malloc(SCRATCH_BYTES)))
         return st_error_set(ENOMEM, "restore: scratch");
     pthread_mutex_lock(&e->lock);
-    if ((rc = be->state_new(e->bctx, &ns)))
-        goto done;
-    be->state_reset(e->bctx, ns);
+    /* the state a restore replaced, kept by the engine, else a new one; either way every running
+     * tensor, the position and K/V rows [0, n) are written below, and nothing beyond them is read
+     * (rows past the position may hold another conversation's bytes: st_mem_kv.c) */
+    if (e->spare_st) {
+        ns = e->spare_st;
+        e->spare_st = NULL;
+    } else {
+        if ((rc = be->state_new(e->bctx, &ns)))
+            goto done;
+        be->state_reset(e->bctx, ns);
+    }
     uint64_t live_pos = 0;
     uint32_t live_codec = 0;
     st_image_checkpoint_info(img, nck - 1, &live_pos, &live_codec);
@@ -1022,11 +1072,14 @@ int st_slot_restore(st_slot *s, const st_image *img)
                           (unsigned long long)h);
         goto done;
     }
-    /* swap */
-    be->state_free(e->bctx, s->st);
+    /* swap; the old state and checkpoints become the engine's spares */
+    if (e->spare_st)
+        be->state_free(e->bctx, s->st);
+    else
+        e->spare_st = s->st;
     s->st = ns;
     ns = NULL;
-    chain_free(e, s->ck, s->n_ck);
+    chain_spare(e, s->ck, s->n_ck);
     s->ck = chain;
     s->n_ck = n_chain;
     chain = NULL;
@@ -1038,11 +1091,13 @@ int st_slot_restore(st_slot *s, const st_image *img)
     memcpy(s->logits, logits, (size_t)nl * sizeof *logits);
     s->has_logits = 1;
 done:
-    pthread_mutex_unlock(&e->lock);
+    /* a state that failed to load is not kept (a backend may hold an error in it); checkpoint
+     * buffers are plain memory, every byte of which their next use overwrites */
     if (ns)
         be->state_free(e->bctx, ns);
     if (chain)
-        chain_free(e, chain, n_chain);
+        chain_spare(e, chain, n_chain);
+    pthread_mutex_unlock(&e->lock);
     free(scratch);
     free(dg);
     return rc;

@@ -582,6 +582,103 @@ static void test_image_cache_reuse(void **state)
     rig_close(&r);
 }
 
+/* The bytes of a PARK snapshot of s as a file holds them (the caller frees *f). */
+static void park_bytes(st_slot *s, uint32_t codec, uint8_t **f, size_t *len)
+{
+    st_image *img = NULL;
+    assert_int_equal(st_slot_snapshot(s, ST_SNAPSHOT_PARK, codec, &img), 0);
+    assert_int_equal(st_file_write_mem(img, NULL, f, len), 0);
+    st_image_free(img);
+}
+
+/* A restore writes into the engine's spares (the backend state and checkpoints the previous
+ * restore replaced, here holding a longer conversation with more checkpoints): the slot it
+ * leaves is bit for bit the slot a restore into a new engine leaves (its PARK image, its logits,
+ * what it generates next), in each codec (fp32 and bf16 through the bulk load, f16 through the
+ * per-tensor one); a bit flipped in the live state is still refused and changes nothing. The
+ * second restore into r is the one that takes the spares (the first made them). */
+static void test_restore_into_spares(void **state)
+{
+    (void)state;
+    uint32_t tl[512], ts[256], a[8], b[8];
+    uint64_t nl = et_tokens(tl, "A long conversation that fills many K/V rows and takes several "
+                                "checkpoints of its running state on the way, so that the "
+                                "state it leaves behind holds rows and values a shorter one "
+                                "does not write.");
+    uint64_t ns = et_tokens(ts, "a short one");
+    st_engine_opts o = opts(2);
+    o.ubatch = 16;
+    o.prompt_cache_every = 16;
+    uint32_t codecs[3] = {ST_CODEC_FP32, ST_CODEC_BF16, ST_CODEC_F16};
+    for (int c = 0; c < 3; c++) {
+        rig r, f, m;
+        rig_open(&r, g_big, &o);
+        rig_open(&f, g_big, &o);
+        rig_open(&m, g_big, &o);
+        /* the short conversation's image, made elsewhere */
+        assert_int_equal(st_slot_eval(m.s, ts, ns, 0, NULL), 0);
+        gen(m.s, 2, a, 0.0f);
+        st_image *img_s = NULL, *img_l = NULL;
+        assert_int_equal(st_slot_snapshot(m.s, ST_SNAPSHOT_PARK, codecs[c], &img_s), 0);
+        /* r: the long conversation, parked and restored (its state becomes the spare), then
+         * the short one restored into the spares */
+        assert_int_equal(st_slot_eval(r.s, tl, nl, 0, NULL), 0);
+        gen(r.s, 3, a, 0.0f);
+        assert_true(st_slot_n_checkpoints(r.s) > 2);
+        assert_int_equal(st_slot_snapshot(r.s, ST_SNAPSHOT_PARK, codecs[c], &img_l), 0);
+        assert_int_equal(st_slot_restore(r.s, img_l), 0);
+        assert_int_equal(st_slot_restore(r.s, img_s), 0);
+        /* f: the same image into a new engine's new state */
+        assert_int_equal(st_slot_restore(f.s, img_s), 0);
+        uint8_t *pr = NULL, *pf = NULL;
+        size_t lr = 0, lf = 0;
+        park_bytes(r.s, codecs[c], &pr, &lr);
+        park_bytes(f.s, codecs[c], &pf, &lf);
+        assert_int_equal(lr, lf);
+        assert_memory_equal(pr, pf, lr);
+        free(pr);
+        free(pf);
+        uint64_t hr = 0, hf = 0;
+        assert_int_equal(st_slot_state_hash(r.s, ST_CODEC_FP32, &hr), 0);
+        assert_int_equal(st_slot_state_hash(f.s, ST_CODEC_FP32, &hf), 0);
+        assert_true(hr == hf && hr == st_image_state_hash(img_s));
+        /* a flipped bit in the live state is refused, r unchanged; the spare is the long
+         * conversation's state again (the restore of img_s replaced r's) */
+        obs before;
+        observe(r.s, &before);
+        const st_geometry *g = st_image_geometry(img_s);
+        uint32_t last = st_image_n_checkpoints(img_s) - 1;
+        for (uint32_t ti = 0; ti < g->n_tensors; ti++) {
+            uint64_t len = 0;
+            uint8_t *p = g->tensors[ti].role == ST_ROLE_RUNNING
+                             ? st_image_checkpoint_tensor(img_s, last, ti, &len) : NULL;
+            if (!p || len < 8)
+                continue;
+            flip(p, len / 2);
+            refused(&r, img_s, &before);
+            flip(p, len / 2);
+        }
+        /* the long conversation back into the spares, then the short one once more */
+        assert_int_equal(st_slot_restore(r.s, img_l), 0);
+        assert_int_equal(st_slot_restore(r.s, img_s), 0);
+        uint32_t nvr = 0, nvf = 0;
+        const float *lgr = st_slot_logits(r.s, &nvr), *lgf = st_slot_logits(f.s, &nvf);
+        assert_int_equal(nvr, nvf);
+        assert_memory_equal(lgr, lgf, (size_t)nvr * sizeof *lgr);
+        gen(r.s, 8, a, 0.0f);
+        gen(f.s, 8, b, 0.0f);
+        assert_memory_equal(a, b, sizeof a);
+        lgr = st_slot_logits(r.s, &nvr);
+        lgf = st_slot_logits(f.s, &nvf);
+        assert_memory_equal(lgr, lgf, (size_t)nvr * sizeof *lgr);
+        st_image_free(img_s);
+        st_image_free(img_l);
+        rig_close(&r);
+        rig_close(&f);
+        rig_close(&m);
+    }
+}
+
 static int setup(void **state)
 {
     st_test_tmpdir(g_dir, sizeof g_dir, "engine_slot");
@@ -813,6 +910,7 @@ int main(void)
         cmocka_unit_test(test_kv_only_cut),
         cmocka_unit_test(test_bulk_bit_flips),
         cmocka_unit_test(test_image_cache_reuse),
+        cmocka_unit_test(test_restore_into_spares),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
