@@ -7,12 +7,14 @@
  *
  * The image buffer cache (st_image_cache_hook): the large buffers of the images the CPU backend's
  * snapshots fill (checkpoint blocks of 2 MiB and more) are kept when freed, up to a ceiling, and
- * handed to the next image that asks for the same length. A PARK, a SAVE or a RESTORE that
+ * handed to the next image that asks for as much. A PARK, a SAVE or a RESTORE that
  * follows another then writes memory that is already mapped instead of faulting in and clearing
  * fresh pages, which costs about as much as the copy itself. Invariants:
  * 1. The cache is process-wide and never freed: an image may outlive the engine that made it.
- * 2. It holds at most ceiling bytes in at most IMG_CACHE_MAX buffers; the ceiling only grows
- *    (st_image_cache_reserve), a buffer beyond it is unmapped when freed.
+ * 2. It holds at most ceiling bytes in at most IMG_CACHE_MAX buffers, oldest first; the ceiling
+ *    only grows (st_image_cache_reserve). A buffer freed into a full cache pushes out the oldest;
+ *    one longer than the ceiling is unmapped. A request takes the smallest buffer that holds it
+ *    and cuts off what it does not need (which stays held).
  * 3. Every function takes the lock: images are freed on any thread.
  */
 #include <pthread.h>
@@ -69,28 +71,52 @@ static void *img_map(size_t len)
     return a;
 }
 
+/* The smallest held buffer of at least len bytes; a longer one is cut, its tail staying held
+ * (a mapping can be unmapped piecewise, and lengths are multiples of 2 MiB, so both parts keep
+ * their huge pages). */
 static void *img_cache_alloc(void *ctx, size_t len)
 {
     (void)ctx;
+    void *p = NULL;
+    uint32_t best = IMG_CACHE_MAX;
     pthread_mutex_lock(&img_cache.lock);
     for (uint32_t i = 0; i < img_cache.n; i++)
-        if (img_cache.ent[i].len == len) {
-            void *p = img_cache.ent[i].p;
-            img_cache.ent[i] = img_cache.ent[--img_cache.n];
-            img_cache.held -= len;
-            pthread_mutex_unlock(&img_cache.lock);
-            return p;
+        if (img_cache.ent[i].len >= len &&
+            (best == IMG_CACHE_MAX || img_cache.ent[i].len < img_cache.ent[best].len))
+            best = i;
+    if (best < IMG_CACHE_MAX) {
+        p = img_cache.ent[best].p;
+        if (img_cache.ent[best].len > len) {
+            img_cache.ent[best].p = (uint8_t *)p + len;
+            img_cache.ent[best].len -= len;
+        } else {
+            memmove(&img_cache.ent[best], &img_cache.ent[best + 1],
+                    (img_cache.n - best - 1) * sizeof img_cache.ent[0]);
+            img_cache.n--;
         }
+        img_cache.held -= len;
+    }
     pthread_mutex_unlock(&img_cache.lock);
-    return img_map(len);
+    return p ? p : img_map(len);
 }
 
+/* Kept, the oldest held buffers unmapped to make room (the sizes asked for lately are the ones
+ * asked for next: a PARK in bf16 after one in fp32); unmapped when longer than the ceiling. */
 static void img_cache_free(void *ctx, void *p, size_t len)
 {
     (void)ctx;
+    void *gone[IMG_CACHE_MAX];
+    size_t gone_len[IMG_CACHE_MAX];
+    uint32_t n_gone = 0;
     pthread_mutex_lock(&img_cache.lock);
-    if (img_cache.n < IMG_CACHE_MAX && len <= img_cache.ceiling - img_cache.held &&
-        img_cache.held <= img_cache.ceiling) {
+    if (len <= img_cache.ceiling) {
+        while (img_cache.n &&
+               (img_cache.n == IMG_CACHE_MAX || img_cache.held + len > img_cache.ceiling)) {
+            gone[n_gone] = img_cache.ent[0].p;
+            gone_len[n_gone++] = img_cache.ent[0].len;
+            img_cache.held -= img_cache.ent[0].len;
+            memmove(&img_cache.ent[0], &img_cache.ent[1], --img_cache.n * sizeof img_cache.ent[0]);
+        }
         img_cache.ent[img_cache.n].p = p;
         img_cache.ent[img_cache.n].len = len;
         img_cache.n++;
@@ -98,6 +124,8 @@ static void img_cache_free(void *ctx, void *p, size_t len)
         p = NULL;
     }
     pthread_mutex_unlock(&img_cache.lock);
+    for (uint32_t i = 0; i < n_gone; i++)
+        munmap(gone[i], gone_len[i]);
     if (p)
         munmap(p, len);
 }
