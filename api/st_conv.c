@@ -1204,10 +1204,12 @@ void st_conv_slots_action(st_api_call *c)
         }
     } else {
         struct stat sb;
+        /* read into the engine's image buffers (what its snapshots used before) */
+        st_file_read_opts ro = {.alloc = st_engine_image_allocator(cv->engine)};
         if (stat(path, &sb) != 0) {
             rc = st_error_set(ST_ENOTFOUND, "no file %s in the slot save directory", fname);
         } else if (!(rc = st_memguard_admit(cv->guard, "slot restore", 2 * (uint64_t)sb.st_size)) &&
-                   !(rc = st_file_read(path, NULL, &img)) && !(rc = st_slot_restore(s, img))) {
+                   !(rc = st_file_read(path, &ro, &img)) && !(rc = st_slot_restore(s, img))) {
             pthread_mutex_lock(&cv->mu);
             if (!cv->slots[j].bound) {
                 random_id(cv->slots[j].id);

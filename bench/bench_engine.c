@@ -473,7 +473,8 @@ static void side_state(rig *r, const char *dir, uint32_t codec, int runs, const 
         fig_min(&fsave, ms, (uint64_t)sb.st_size);
         /* LOAD: read with every section checked, then the verified restore */
         t = now_s();
-        if ((rc = st_file_read(path, NULL, &back)) || (rc = st_slot_restore(r->s, back)))
+        st_file_read_opts ro = {.alloc = st_engine_image_allocator(r->e)};
+        if ((rc = st_file_read(path, &ro, &back)) || (rc = st_slot_restore(r->s, back)))
             die("session file load", rc);
         fig_min(&fload, (now_s() - t) * 1e3, (uint64_t)sb.st_size);
         st_image_free(back);

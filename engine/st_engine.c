@@ -152,6 +152,11 @@ const st_engine_opts *st_engine_opts_get(const st_engine *e)
     return &e->o;
 }
 
+const st_image_allocator *st_engine_image_allocator(const st_engine *e)
+{
+    return e->be->image_allocator ? e->be->image_allocator(e->bctx) : NULL;
+}
+
 const char *st_engine_isa(const st_engine *e)
 {
     return e->kern.vec ? "avx2+fma" : "scalar";

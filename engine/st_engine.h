@@ -298,6 +298,11 @@ int st_engine_new(const st_model *m, const st_engine_opts *o, st_engine **out);
 void st_engine_free(st_engine *e); /* accepts NULL; free its slots first */
 const st_engine_opts *st_engine_opts_get(const st_engine *e);
 const char *st_engine_isa(const st_engine *e); /* "avx2+fma" or "scalar" */
+/* The allocation hook of this engine's snapshot images (NULL: ordinary memory), valid for the
+ * life of the process: an image read with it (st_file_read_opts.alloc) restores into the engine
+ * from memory the engine's images used before (the CPU backend's image buffer cache, the CUDA
+ * backend's pinned pool) instead of fresh pages. */
+const st_image_allocator *st_engine_image_allocator(const st_engine *e);
 
 int st_slot_new(st_engine *e, st_slot **out);
 void st_slot_free(st_slot *s); /* accepts NULL */

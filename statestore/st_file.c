@@ -1070,6 +1070,7 @@ typedef struct st_reader {
     size_t tmp_cap;
     void (*progress)(void *, uint64_t, uint64_t);
     void *progress_arg;
+    const st_image_allocator *alloc; /* st_file_read_opts.alloc */
 } st_reader;
 
 static int st_sec_errv(int rc, const st_sec *sec, const char *fmt, va_list ap)
@@ -1301,7 +1302,7 @@ static int st_rd_geometry(st_reader *r, st_sec *sec)
         snprintf(d, sizeof d, "%s", st_errdetail());
         return st_sec_err(rc, sec, "%s", d);
     }
-    rc = st_image_create(&r->img, &g);
+    rc = st_image_create_with(&r->img, &g, r->alloc);
     free(t);
     if (rc)
         return rc;
@@ -1362,16 +1363,14 @@ static int st_rd_arch(st_reader *r, st_sec *sec, uint32_t *n)
 
 /* Append checkpoint (position, codec) to the image being read, with a zeroed block for its
  * tensors (zeroed so that alignment padding is zero, as in every image). */
+/* A checkpoint block whose tensors the caller reads in whole (its gaps are zeroed), from the
+ * image's allocation hook when it has one. */
 static int st_rd_ckpt_block(st_image *img, uint64_t position, uint32_t codec, uint8_t **data)
 {
     uint32_t ci;
-    uint64_t n = img->ckpt_bytes[codec];
-    int rc = st_image_ckpt_append_empty(img, position, codec, &ci);
+    int rc = st_image_checkpoint_add_unzeroed(img, position, codec, &ci);
     if (rc)
         return rc;
-    img->ckpt[ci].data = calloc(n ? (size_t)n : 1, 1);
-    if (!img->ckpt[ci].data)
-        return st_error_set(ENOMEM, "read: out of memory for %llu bytes", (unsigned long long)n);
     *data = img->ckpt[ci].data;
     return 0;
 }
@@ -1704,6 +1703,7 @@ static int st_rd_main(st_src src, const st_file_read_opts *opts, st_image **out)
     if (opts) {
         r.progress = opts->progress;
         r.progress_arg = opts->progress_arg;
+        r.alloc = opts->alloc;
     }
     rc = st_rd_run(&r);
     st_frame_ctx_free(r.fctx);

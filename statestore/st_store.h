@@ -250,6 +250,10 @@ int st_file_write_mem(const st_image *img, const st_file_write_opts *opts, uint8
 typedef struct st_file_read_opts {
     /* Cap on the bytes decompressed sections may declare in total (0: 32 GiB). */
     uint64_t max_decoded_bytes;
+    /* Optional (NULL: ordinary memory): the hook for the image's buffers of 2 MiB and more, as
+     * st_image_create_with takes it; e.g. st_engine_image_allocator(), whose buffers a restore
+     * into that engine reads without faulting in fresh pages. */
+    const st_image_allocator *alloc;
     void (*progress)(void *arg, uint64_t done, uint64_t total); /* optional */
     void *progress_arg;
 } st_file_read_opts;

@@ -604,7 +604,8 @@ int main(int argc, char **argv)
     uint64_t held = 0, system_end = 0;
     if (sess_in) {
         double tr = now_s();
-        if ((rc = st_file_read(sess_in, NULL, &img))) {
+        st_file_read_opts ro = {.alloc = st_engine_image_allocator(e)};
+        if ((rc = st_file_read(sess_in, &ro, &img))) {
             ret = fail("reading the session", rc);
             goto done;
         }

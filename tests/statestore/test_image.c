@@ -782,6 +782,83 @@ static void test_image_allocator(void **state)
     }
 }
 
+/* A session file read with an allocation hook (st_file_read_opts.alloc) takes its checkpoint
+ * blocks of 2 MiB and more from the hook, in memory that held other bytes, and yields the image
+ * read without one, byte for byte, uncompressed and compressed; a damaged file is refused and
+ * every buffer the hook made comes back. */
+static void test_file_read_allocator(void **state)
+{
+    (void)state;
+    st_geometry g;
+    st_tensor_desc t[3];
+    memset(&g, 0, sizeof g);
+    g.page_size = 16;
+    g.n_ctx = 96;
+    g.n_vocab = 8;
+    g.n_tensors = 3;
+    desc(&t[0], "k", ST_ROLE_KV, ST_DTYPE_F16, 2, 96, 64, 0);
+    desc(&t[1], "ssm", ST_ROLE_RUNNING, ST_DTYPE_F32, 1, 600000, 0, 0);
+    desc(&t[2], "pos", ST_ROLE_RUNNING, ST_DTYPE_I64, 1, 1, 0, 0);
+    g.tensors = t;
+    st_image *img = NULL;
+    uint32_t toks[40], ci = 0;
+    uint64_t len = 0;
+    float logits[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    for (uint32_t i = 0; i < 40; i++)
+        toks[i] = i * 3 + 1;
+    assert_int_equal(st_image_create(&img, &g), 0);
+    assert_int_equal(st_image_tokens_set(img, toks, 40), 0);
+    uint8_t *kv = st_image_kv(img, 0, &len);
+    for (uint64_t i = 0; i < len; i++)
+        kv[i] = (uint8_t)(i * 7 + 3);
+    for (uint64_t pos = 20; pos <= 40; pos += 20) {
+        assert_int_equal(st_image_checkpoint_add(img, pos, ST_CODEC_FP32, &ci), 0);
+        float *f = st_image_checkpoint_tensor(img, ci, 1, &len);
+        for (uint32_t i = 0; i < 600000; i++)
+            f[i] = (float)(i % 977) * 0.25f + (float)pos;
+        int64_t p = (int64_t)pos;
+        memcpy(st_image_checkpoint_tensor(img, ci, 2, &len), &p, 8);
+    }
+    assert_int_equal(st_image_logits_set(img, logits, 8), 0);
+    st_image_state_hash_set(img, 0x1234567890abcdefull);
+    for (int compress = 0; compress < 2; compress++) {
+        st_file_write_opts wo = {.compress = compress};
+        uint8_t *f0 = NULL, *f1 = NULL, *f2 = NULL;
+        size_t l0 = 0, l1 = 0, l2 = 0;
+        assert_int_equal(st_file_write_mem(img, &wo, &f0, &l0), 0);
+        counting cnt;
+        memset(&cnt, 0, sizeof cnt);
+        st_image_allocator a = {count_alloc, count_free, &cnt};
+        st_file_read_opts ro = {.alloc = &a};
+        st_image *plain = NULL, *hooked = NULL;
+        assert_int_equal(st_file_read_mem(f0, l0, NULL, &plain), 0);
+        assert_int_equal(st_file_read_mem(f0, l0, &ro, &hooked), 0);
+        assert_int_equal(cnt.allocs, 2); /* both checkpoint blocks (2.4 MB each) */
+        assert_int_equal(st_file_write_mem(plain, &wo, &f1, &l1), 0);
+        assert_int_equal(st_file_write_mem(hooked, &wo, &f2, &l2), 0);
+        assert_int_equal(l0, l1);
+        assert_int_equal(l1, l2);
+        assert_memory_equal(f0, f2, l0);
+        assert_memory_equal(f1, f2, l1);
+        st_image_free(hooked);
+        assert_int_equal(cnt.frees, 2);
+        /* the negative control: a byte of the second checkpoint flipped (the first's block is
+         * the hook's by then) */
+        f0[l0 * 3 / 4] ^= 0x01;
+        hooked = NULL;
+        assert_int_equal(st_file_read_mem(f0, l0, &ro, &hooked), ST_ECORRUPT);
+        assert_null(hooked);
+        assert_int_equal(cnt.allocs, cnt.frees);
+        for (int i = 0; i < 16; i++)
+            assert_null(cnt.live[i]);
+        st_image_free(plain);
+        free(f0);
+        free(f1);
+        free(f2);
+    }
+    st_image_free(img);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -790,7 +867,7 @@ int main(void)
         cmocka_unit_test(test_geometry_compare), cmocka_unit_test(test_image_build),
         cmocka_unit_test(test_image_clone),     cmocka_unit_test(test_image_recode), cmocka_unit_test(test_image_recode_rehash),
         cmocka_unit_test(test_checkpoint_alignment), cmocka_unit_test(test_image_minimal),
-        cmocka_unit_test(test_image_allocator),
+        cmocka_unit_test(test_image_allocator), cmocka_unit_test(test_file_read_allocator),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
