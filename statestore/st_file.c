@@ -641,6 +641,12 @@ static int st_w_checkpoint(st_writer *w, uint32_t ci)
     if (rc)
         return rc;
     rc = st_w_data(w, hdr, sizeof hdr, 0);
+    /* uncompressed, tensors that lie back to back in the block (no alignment padding between
+     * them: the usual case) go out as one run, which st_w_data writes straight from the block
+     * with its checksum computed meanwhile, instead of through the sink's buffer: the same bytes
+     * in the same order */
+    const uint8_t *run = NULL;
+    uint64_t run_len = 0;
     for (uint32_t i = 0; i < img->g.n_tensors && !rc; i++) {
         const st_tensor_desc *t = &img->tensors[i];
         const uint8_t *src;
@@ -653,7 +659,14 @@ static int st_w_checkpoint(st_writer *w, uint32_t ci)
         n = st_tensor_stored_bytes(t, c->codec);
         src = c->data + st_ckpt_offset(img, c->codec, i);
         if (!compressed) {
-            rc = st_w_data(w, src, n, 1);
+            if (run && run + run_len == src) {
+                run_len += n;
+                continue;
+            }
+            if (run)
+                rc = st_w_data(w, run, run_len, 1);
+            run = src;
+            run_len = n;
             continue;
         }
         if (n > SIZE_MAX / 2)
@@ -682,6 +695,8 @@ static int st_w_checkpoint(st_writer *w, uint32_t ci)
             rc = st_w_data(w, w->fbuf, flen, 0);
         st_w_progress(w, n, 0);
     }
+    if (!rc && run)
+        rc = st_w_data(w, run, run_len, 1);
     return rc ? rc : st_w_sec_close(w);
 }
 
