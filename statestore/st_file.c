@@ -523,7 +523,9 @@ static int st_w_data(st_writer *w, const void *p, uint64_t n, uint64_t raw)
 {
     const uint8_t *b = p;
     while (n > 0) {
-        size_t k = n > (64u << 20) ? (64u << 20) : (size_t)n;
+        /* pieces of ST_WB_CHUNK: a long run written straight from the image still starts
+         * writeback every ST_WB_CHUNK bytes (st_sink_writeback runs after each write) */
+        size_t k = n > ST_WB_CHUNK ? (size_t)ST_WB_CHUNK : (size_t)n;
         st_hash_job job = {&w->h, b, k};
         pthread_t th;
         int threaded = 0, rc;
