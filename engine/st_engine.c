@@ -119,6 +119,7 @@ int st_engine_new(const st_model *m, const st_engine_opts *o, st_engine **out)
     }
     e->kern.vec = !o->force_scalar && st_kern_cpu_has_avx2();
     e->kern.qdot = !o->quant_f32;
+    e->kern.v512 = e->kern.vec && st_kern_cpu_has_avx512vnni();
     if ((rc = st_pool_new(e->o.n_threads, &e->pool)))
         goto fail;
     if ((rc = e->be->create(e, &e->bctx)))
@@ -159,7 +160,7 @@ const st_image_allocator *st_engine_image_allocator(const st_engine *e)
 
 const char *st_engine_isa(const st_engine *e)
 {
-    return e->kern.vec ? "avx2+fma" : "scalar";
+    return e->kern.v512 ? "avx2+fma+avx512vnni" : e->kern.vec ? "avx2+fma" : "scalar";
 }
 
 uint64_t st_engine_running_bytes(const st_engine *e, uint32_t ti)

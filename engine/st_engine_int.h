@@ -146,9 +146,11 @@ struct st_model {
 typedef struct st_kern {
     int vec;  /* 1: AVX2+FMA+F16C */
     int qdot; /* 1: quantized weights with an integer path use it (st_wtype.h, st_qdot_get) */
+    int v512; /* 1 (with vec): the integer path's AVX-512 VNNI form (st_qdot.mm[2]) */
 } st_kern;
 
 int st_kern_cpu_has_avx2(void);
+int st_kern_cpu_has_avx512vnni(void);
 float st_kern_dot(const st_kern *k, const float *a, const float *b, uint32_t n);
 /* Y[t*ldy + r] = dot(W row r, X[t*ldx ...]) for r in [r0, r1), t in [t0, t1). */
 void st_kern_matmul(const st_kern *k, const st_wmat *w, const float *x, uint32_t ldx, float *y,

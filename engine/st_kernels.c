@@ -35,6 +35,16 @@ int st_kern_cpu_has_avx2(void)
     return st_codec_isa_best() >= ST_ISA_AVX2 && __builtin_cpu_supports("fma");
 }
 
+/* AVX-512 F, BW, VL, DQ and VNNI with the OS saving ZMM state (the compiler's runtime checks
+ * XCR0 for its avx512 features), on top of the AVX2 level: the integer path's third form. */
+int st_kern_cpu_has_avx512vnni(void)
+{
+    __builtin_cpu_init();
+    return st_kern_cpu_has_avx2() && __builtin_cpu_supports("avx512f") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni");
+}
+
 float st_f16_to_f32(uint16_t h)
 {
     uint32_t s = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, f;

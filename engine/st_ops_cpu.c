@@ -160,7 +160,7 @@ static void mm_task(void *ctx, uint32_t task, uint32_t thread)
     const st_qdot *qd = j->k->qdot ? st_qdot_get(w->type) : NULL;
     if (qd) {
         size_t ws = st_wmat_row_bytes(w), xs = j->xqs[qd->act - 1];
-        qd->mm[j->k->vec]((const uint8_t *)w->data + (size_t)r0 * ws, ws,
+        qd->mm[j->k->vec + j->k->v512]((const uint8_t *)w->data + (size_t)r0 * ws, ws,
                           j->xq[qd->act - 1] + (size_t)t0 * xs, xs, w->cols / qd->block,
                           j->mm[i].y + (size_t)t0 * j->mm[i].ldy + r0, j->mm[i].ldy, r1 - r0,
                           t1 - t0);

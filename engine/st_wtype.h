@@ -135,7 +135,7 @@ ST_WTYPE_DECLARE_VEC(iq4_xs)
  * quantizes it for the weight type (ARCHITECTURES.md section 3.7: Q8_0 for Q8_0 weights, Q8_K
  * for the K-quants), then each weight row is dotted with it in integers per block, the block
  * scales applied in f32 in a fixed order (st_wtype_qdot.c invariant 2). [0] scalar reference,
- * [1] AVX2, bit-identical; each output computed alone, so results depend neither on threads nor
+ * [1] AVX2, [2] AVX-512 VNNI (st_kern_cpu_has_avx512vnni), bit-identical; each output computed alone, so results depend neither on threads nor
  * on how rows and tokens are split. Weight types without an entry compute in f32 on their
  * dequantized values (contract 2). */
 #define ST_QACT_Q8_0 1 /* 32 values: f32 d (ggml's f16 d widened), 32 int8 (ggml's block_q8_0) */
@@ -152,7 +152,7 @@ typedef struct st_qdot {
     /* n values of x (a multiple of block) into n / block activation blocks at dst. One
      * function for every ISA level. */
     void (*quantize)(const float *x, void *dst, uint64_t n);
-    st_qdot_mm_fn mm[2];
+    st_qdot_mm_fn mm[3];
 } st_qdot;
 
 /* The integer path of weight type `wtype`, or NULL (the f32 path): Q8_0, Q4_K, Q6_K. */

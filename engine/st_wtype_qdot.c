@@ -388,6 +388,137 @@ QDOT_ENTRIES(q8_0)
 QDOT_ENTRIES(q4_K)
 QDOT_ENTRIES(q6_K)
 
+/* ---- AVX-512 VNNI ----------------------------------------------------------------------------
+ * A zmm holds the same block of two weight rows (rows 2p and 2p + 1 of a tile, one per 256-bit
+ * half) against one token's block broadcast to both halves, so each half is exactly the 8 lanes
+ * of invariant 2 for its (row, token) and no definition changes. A tile is 2 RP rows x NT
+ * tokens, its accumulators in registers: each weight block is decoded once for NT tokens and
+ * each activation block loaded once for 2 RP rows. */
+#define V512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
+#define V512_INLINE                                                                              \
+    static inline __attribute__((always_inline,                                                  \
+                                 target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
+
+/* the tile loops fully unrolled, so that the accumulators stay in registers */
+#define UNROLL _Pragma("GCC unroll 4")
+
+/* f32 rows of a tile: the two halves of v to y[0] and y[1] through the lane tree */
+V512_INLINE void store_pair(__m512 v, float *y0, float *y1)
+{
+    *y0 = hsum8(_mm512_castps512_ps256(v));
+    *y1 = hsum8(_mm512_extractf32x8_ps(v, 1));
+}
+
+V512_INLINE __m512 pair_ps(float a, float b)
+{
+    return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(a)), _mm256_set1_ps(b), 1);
+}
+
+V512_INLINE __m512i pair_256(const void *a, const void *b)
+{
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)a)),
+                              _mm256_loadu_si256((const __m256i *)b), 1);
+}
+
+/* Q8_0: vpdpbusd multiplies unsigned by signed bytes, so the weights are offset by 128
+ * (w ^ 0x80 = w + 128 in 0..255) and 128 * (the lane's sum of x) is subtracted, both exactly in
+ * the lane's int32: sum (w + 128) x - 128 sum x = sum w x (|.| < 2^17). */
+V512_INLINE void q8_0_v512(const uint8_t *w, size_t ws, const uint8_t *xq, size_t xs,
+                           uint32_t nb, float *y, uint32_t ldy, const int RP, const int NT)
+{
+    __m512 acc[4][4];
+    UNROLL
+    for (int p = 0; p < RP; p++)
+        UNROLL
+        for (int t = 0; t < NT; t++)
+            acc[p][t] = _mm512_setzero_ps();
+    const __m512i k80 = _mm512_set1_epi8((char)0x80), zero = _mm512_setzero_si512();
+    for (uint32_t b = 0; b < nb; b++) {
+        __m512i wu[4];
+        __m512 dw[4];
+        UNROLL
+        for (int p = 0; p < RP; p++) {
+            const uint8_t *w0 = w + (size_t)(2 * p) * ws + (size_t)b * 34, *w1 = w0 + ws;
+            wu[p] = _mm512_xor_si512(pair_256(w0 + 2, w1 + 2), k80);
+            dw[p] = pair_ps(f16s(rd16(w0)), f16s(rd16(w1)));
+        }
+        UNROLL
+        for (int t = 0; t < NT; t++) {
+            const qa8_0 *xb = (const qa8_0 *)(xq + (size_t)t * xs) + b;
+            __m512i xv = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)xb->q));
+            __m512i nbias = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, k80, xv));
+            __m512 dx = _mm512_set1_ps(xb->d);
+            UNROLL
+            for (int p = 0; p < RP; p++) {
+                __m512i s = _mm512_dpbusd_epi32(nbias, wu[p], xv);
+                acc[p][t] = _mm512_fmadd_ps(_mm512_mul_ps(dw[p], dx), _mm512_cvtepi32_ps(s),
+                                            acc[p][t]);
+            }
+        }
+    }
+    UNROLL
+    for (int p = 0; p < RP; p++)
+        UNROLL
+        for (int t = 0; t < NT; t++)
+            store_pair(acc[p][t], y + (size_t)t * ldy + 2 * p, y + (size_t)t * ldy + 2 * p + 1);
+}
+
+/* The tiles of an nr x nt product: RPxNT kernels for whole tiles, smaller ones at the edges
+ * (an odd last row goes through the AVX2 form, which gives the same bits). */
+#define V512_ENTRIES(NAME)                                                                       \
+    V512 static void NAME##_t44(const uint8_t *w, size_t ws, const uint8_t *xq, size_t xs,        \
+                                uint32_t nb, float *y, uint32_t ldy)                             \
+    {                                                                                            \
+        NAME##_v512(w, ws, xq, xs, nb, y, ldy, 4, 4);                                            \
+    }                                                                                            \
+    V512 static void NAME##_t14(const uint8_t *w, size_t ws, const uint8_t *xq, size_t xs,        \
+                                uint32_t nb, float *y, uint32_t ldy)                             \
+    {                                                                                            \
+        NAME##_v512(w, ws, xq, xs, nb, y, ldy, 1, 4);                                            \
+    }                                                                                            \
+    V512 static void NAME##_t41(const uint8_t *w, size_t ws, const uint8_t *xq, size_t xs,        \
+                                uint32_t nb, float *y, uint32_t ldy)                             \
+    {                                                                                            \
+        NAME##_v512(w, ws, xq, xs, nb, y, ldy, 4, 1);                                            \
+    }                                                                                            \
+    V512 static void NAME##_t11(const uint8_t *w, size_t ws, const uint8_t *xq, size_t xs,        \
+                                uint32_t nb, float *y, uint32_t ldy)                             \
+    {                                                                                            \
+        NAME##_v512(w, ws, xq, xs, nb, y, ldy, 1, 1);                                            \
+    }                                                                                            \
+    V512 static void NAME##_mm_v512(const void *wv, size_t ws, const void *xv, size_t xs,         \
+                                    uint32_t nb, float *y, uint32_t ldy, uint32_t nr, uint32_t nt) \
+    {                                                                                            \
+        const uint8_t *w = wv, *x = xv;                                                          \
+        uint32_t t = 0;                                                                          \
+        for (; t + 4 <= nt; t += 4) {                                                            \
+            uint32_t r = 0;                                                                      \
+            for (; r + 8 <= nr; r += 8)                                                          \
+                NAME##_t44(w + (size_t)r * ws, ws, x + (size_t)t * xs, xs, nb,                   \
+                           y + (size_t)t * ldy + r, ldy);                                        \
+            for (; r + 2 <= nr; r += 2)                                                          \
+                NAME##_t14(w + (size_t)r * ws, ws, x + (size_t)t * xs, xs, nb,                   \
+                           y + (size_t)t * ldy + r, ldy);                                        \
+            if (r < nr)                                                                          \
+                NAME##_vec4(w + (size_t)r * ws, x + (size_t)t * xs, xs, nb,                      \
+                            y + (size_t)t * ldy + r, ldy);                                       \
+        }                                                                                        \
+        for (; t < nt; t++) {                                                                    \
+            uint32_t r = 0;                                                                      \
+            for (; r + 8 <= nr; r += 8)                                                          \
+                NAME##_t41(w + (size_t)r * ws, ws, x + (size_t)t * xs, xs, nb,                   \
+                           y + (size_t)t * ldy + r, ldy);                                        \
+            for (; r + 2 <= nr; r += 2)                                                          \
+                NAME##_t11(w + (size_t)r * ws, ws, x + (size_t)t * xs, xs, nb,                   \
+                           y + (size_t)t * ldy + r, ldy);                                        \
+            if (r < nr)                                                                          \
+                NAME##_vec1(w + (size_t)r * ws, x + (size_t)t * xs, xs, nb,                      \
+                            y + (size_t)t * ldy + r, ldy);                                       \
+        }                                                                                        \
+    }
+
+V512_ENTRIES(q8_0)
+
 /* The negative control of the llama.cpp comparison (tests/ref/test_quant_ref.mjs): every block
  * scale of n quantized activation values multiplied by 127/128, as if d were max/128. */
 void st_qdot_wrong_scale(const st_qdot *qd, void *xq, uint64_t n)
@@ -404,9 +535,9 @@ void st_qdot_wrong_scale(const st_qdot *qd, void *xq, uint64_t n)
 }
 
 /* ---- the table ------------------------------------------------------------------------------ */
-static const st_qdot k_q8_0 = {ST_QACT_Q8_0, 32, 36, qact_q8_0, {q8_0_mm_scalar, q8_0_mm_vec}};
-static const st_qdot k_q4_K = {ST_QACT_Q8_K, 256, 292, qact_q8_K, {q4_K_mm_scalar, q4_K_mm_vec}};
-static const st_qdot k_q6_K = {ST_QACT_Q8_K, 256, 292, qact_q8_K, {q6_K_mm_scalar, q6_K_mm_vec}};
+static const st_qdot k_q8_0 = {ST_QACT_Q8_0, 32, 36, qact_q8_0, {q8_0_mm_scalar, q8_0_mm_vec, q8_0_mm_v512}};
+static const st_qdot k_q4_K = {ST_QACT_Q8_K, 256, 292, qact_q8_K, {q4_K_mm_scalar, q4_K_mm_vec, q4_K_mm_vec}};
+static const st_qdot k_q6_K = {ST_QACT_Q8_K, 256, 292, qact_q8_K, {q6_K_mm_scalar, q6_K_mm_vec, q6_K_mm_vec}};
 
 const st_qdot *st_qdot_get(uint32_t wtype)
 {

@@ -341,7 +341,7 @@ static void test_deltanet_formula(void **state)
             Sn[j][i] = a * acc + (double)b * v[j] * k[i];
         }
     memcpy(Mv, M, sizeof M);
-    st_kern ks = {0, 0}, kv = {st_kern_cpu_has_avx2(), 0};
+    st_kern ks = {0, 0, 0}, kv = {st_kern_cpu_has_avx2(), 0, 0};
     st_kern_delta_scan(&ks, M, dv, dk, dv, 1, q, k, v, 0, &a, &b, 0, out, 0, scr);
     st_kern_delta_scan(&kv, Mv, dv, dk, dv, 1, q, k, v, 0, &a, &b, 0, outv, 0, scr);
     assert_memory_equal(M, Mv, sizeof M);
@@ -365,7 +365,7 @@ static void test_deltanet_scan_chunking(void **state)
     for (uint32_t i = 0; i < sizeof x / sizeof x[0]; i++)
         x[i] = (float)sin(i * 0.37) * 0.5f;
     for (int vec = 0; vec < 2; vec++) {
-        st_kern k = {vec && st_kern_cpu_has_avx2(), 0};
+        st_kern k = {vec && st_kern_cpu_has_avx2(), 0, 0};
         for (uint32_t i = 0; i < dk * dv; i++)
             M1[i] = M2[i] = (float)cos(i * 0.11) * 0.1f;
         st_kern_delta_scan(&k, M1, dv, dk, dv, T, x, x + 16, x + 32, xs, al, be, 1, o1, dv, scr);
@@ -431,7 +431,7 @@ static void test_ops_delta_rule_heads(void **state)
     st_mem_spec ms = {.n_layer = 1, .n_rec = 1, .layer = &ml};
     st_pool *pool = NULL;
     st_ops_cpu *oc = NULL;
-    st_kern k = {st_kern_cpu_has_avx2(), 0};
+    st_kern k = {st_kern_cpu_has_avx2(), 0, 0};
     assert_int_equal(st_pool_new(3, &pool), 0);
     assert_int_equal(st_ops_cpu_new(&k, pool, &ms, 64, 1, 0, &oc), 0);
     for (int grouped = 0; grouped < 2; grouped++) {

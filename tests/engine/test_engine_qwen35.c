@@ -59,7 +59,7 @@ static void logits_white_box(const char *model, const char *tokens, int wrong, c
     st_kvmem *kv = NULL;
     st_recmem *rec = NULL;
     void *ws = NULL;
-    st_kern kern = {st_kern_cpu_has_avx2(), 0};
+    st_kern kern = {st_kern_cpu_has_avx2(), 0, 0};
     st_ops ops = st_ops_cpu_table;
     g_delta_rule = ops.delta_rule;
     if (wrong)

@@ -276,7 +276,7 @@ static void wrong_quantize(const st_wtype *t, const float *src, uint8_t *dst, ui
 
 static float canon_dot(const float *w, const float *x, uint64_t n)
 {
-    st_kern k = {0, 0};
+    st_kern k = {0, 0, 0};
     return st_kern_dot(&k, w, x, (uint32_t)n);
 }
 
@@ -691,13 +691,13 @@ static void test_threads_and_isa(void **state)
 
 /* The integer path: quantized activations against ggml's, products against llama.cpp's vec_dot
  * on the same bytes (within 1e-5 of sum |w x| of the dequantized values: f32 reordering), and
- * scalar == AVX2 bit for bit for every tiling of 11 rows x 9 tokens. */
+ * scalar == AVX2 == AVX-512 VNNI bit for bit for every tiling of 19 rows x 9 tokens. */
 static void test_qdot(void **state)
 {
     (void)state;
     static const uint32_t types[] = {ST_GGML_Q8_0, ST_GGML_Q4_K, ST_GGML_Q6_K};
     static const int xkinds[] = {0, 1, 2, 3, 4, 7, 8, 9, 10, 11, 12, 13, 14};
-    enum { R = 11, T = 9 };
+    enum { R = 19, T = 9 };
     const uint64_t n = 1024;
     float *src = malloc(n * 4), *wd = malloc(R * n * 4), *xd = malloc(n * 4);
     uint8_t *w = malloc(R * n * 4), *xq = malloc(T * n * 2), *gq = malloc(n * 2);
@@ -794,12 +794,16 @@ static void test_qdot(void **state)
         /* the negative control: scales 127/128 of llama.cpp's move the products (all but those
          * of f16-subnormal scales, which 127/128 may leave as they are) */
         assert_true(sizable > 0 && caught >= sizable * 8 / 10);
-        /* scalar reference == AVX2, for every tiling */
+        /* scalar reference == AVX2 == AVX-512 VNNI, for every split into calls: row counts
+         * below, at and past the AVX-512 tile (8 rows x 4 tokens) and its pairs of rows, an odd
+         * last row, token counts that are and are not multiples of 4 */
+        static const uint32_t nrs[] = {1, 2, 3, 7, 8, 9, 10, 16, R};
         const uint32_t nb = (uint32_t)(n / qd->block);
+        const uint32_t levels = have_vec() ? (st_kern_cpu_has_avx512vnni() ? 3 : 2) : 1;
         qd->mm[0](w, rb, xq, xs, nb, y0, R, R, T);
-        for (uint32_t vec = 0; vec <= (uint32_t)have_vec(); vec++)
-            for (uint32_t nr = 1; nr <= R; nr += 3)
-                for (uint32_t nt = 1; nt <= T; nt++) {
+        for (uint32_t vec = 0; vec < levels; vec++)
+            for (size_t ri = 0; ri < sizeof nrs / sizeof nrs[0]; ri++)
+                for (uint32_t nt = 1, nr = nrs[ri]; nt <= T; nt++) {
                     memset(y, 0, R * T * 4);
                     for (uint32_t t0 = 0; t0 < T; t0 += nt)
                         for (uint32_t r0 = 0; r0 < R; r0 += nr)
@@ -824,6 +828,9 @@ int main(void)
         return 1;
     if (!have_vec())
         fprintf(stderr, "test_engine_wtype: no AVX2 here: the scalar kernels only\n");
+    else if (!st_kern_cpu_has_avx512vnni())
+        fprintf(stderr, "test_engine_wtype: no AVX-512 VNNI here: the integer path's AVX-512 "
+                "form is not checked\n");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_table),
         cmocka_unit_test(test_f16_conversions),
