@@ -400,7 +400,7 @@ QDOT_ENTRIES(q6_K)
                                  target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 
 /* the tile loops fully unrolled, so that the accumulators stay in registers */
-#define UNROLL _Pragma("GCC unroll 4")
+#define UNROLL _Pragma("GCC unroll 8")
 
 /* f32 rows of a tile: the two halves of v to y[0] and y[1] through the lane tree */
 V512_INLINE void store_pair(__m512 v, float *y0, float *y1)
@@ -463,13 +463,185 @@ V512_INLINE void q8_0_v512(const uint8_t *w, size_t ws, const uint8_t *xq, size_
             store_pair(acc[p][t], y + (size_t)t * ldy + 2 * p, y + (size_t)t * ldy + 2 * p + 1);
 }
 
+/* q4k_scales on 32-bit words: the bytes of out[0..1] are sc[0..7], of out[2..3] mn[0..7] */
+static inline void q4k_scales32(const uint8_t *s12, uint32_t out[4])
+{
+    uint32_t u[3];
+    memcpy(u, s12, 12);
+    const uint32_t k6 = 0x3f3f3f3f, k4 = 0x0f0f0f0f, k2 = 0x03030303;
+    out[0] = u[0] & k6;
+    out[1] = (u[2] & k4) | (((u[0] >> 6) & k2) << 4);
+    out[2] = u[1] & k6;
+    out[3] = ((u[2] >> 4) & k4) | (((u[1] >> 6) & k2) << 4);
+}
+
+/* Q4_K: the nibbles are unsigned, so vpmaddubsw (u8 x s8, |.| <= 2 * 15 * 127: never saturates)
+ * gives pairs, and vpdpwssd multiplies them by the sub-block scale (both rows' scales, one per
+ * half) and adds them into the lane: the same integers as the AVX2 form's maddubs + madd. */
+V512_INLINE void q4_K_v512(const uint8_t *w, size_t ws, const uint8_t *xq, size_t xs,
+                           uint32_t nb, float *y, uint32_t ldy, const int RP, const int NT)
+{
+    __m512 acc[2][4], accm[2][4];
+    UNROLL
+    for (int p = 0; p < RP; p++)
+        UNROLL
+        for (int t = 0; t < NT; t++)
+            acc[p][t] = accm[p][t] = _mm512_setzero_ps();
+    const __m512i m4 = _mm512_set1_epi8(0xF);
+    /* vpermw indices: scale j of row 0 in the low half, of row 1 (word 8 + j) in the high */
+    const __m512i hi8 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(8), 1);
+    for (uint32_t b = 0; b < nb; b++) {
+        __m512i q[2][8], s[2][8], mdup[2];
+        __m512 dw[2], dmw[2];
+        UNROLL
+        for (int p = 0; p < RP; p++) {
+            const uint8_t *w0 = w + (size_t)(2 * p) * ws + (size_t)b * 144, *w1 = w0 + ws;
+            uint32_t u0[4], u1[4];
+            q4k_scales32(w0 + 4, u0);
+            q4k_scales32(w1 + 4, u1);
+            __m512i scv = _mm512_cvtepu8_epi16(
+                _mm256_zextsi128_si256(_mm_set_epi32((int)u1[1], (int)u1[0], (int)u0[1], (int)u0[0])));
+            UNROLL
+            for (int j = 0; j < 8; j++)
+                s[p][j] = _mm512_permutexvar_epi16(_mm512_add_epi16(hi8, _mm512_set1_epi16((short)j)),
+                                                   scv);
+            __m128i m0 = _mm_set_epi32(0, 0, (int)u0[3], (int)u0[2]),
+                    m1 = _mm_set_epi32(0, 0, (int)u1[3], (int)u1[2]);
+            mdup[p] = _mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m0, m0))),
+                _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m1, m1)), 1);
+            UNROLL
+            for (int g = 0; g < 4; g++) {
+                __m512i v = pair_256(w0 + 16 + 32 * g, w1 + 16 + 32 * g);
+                q[p][2 * g] = _mm512_and_si512(v, m4);
+                q[p][2 * g + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+            }
+            dw[p] = pair_ps(f16s(rd16(w0)), f16s(rd16(w1)));
+            dmw[p] = pair_ps(f16s(rd16(w0 + 2)), f16s(rd16(w1 + 2)));
+        }
+        UNROLL
+        for (int t = 0; t < NT; t++) {
+            const qa8_K *xb = (const qa8_K *)(xq + (size_t)t * xs) + b;
+            __m512i sum[2];
+            UNROLL
+            for (int p = 0; p < RP; p++)
+                sum[p] = _mm512_setzero_si512();
+            UNROLL
+            for (int c = 0; c < 8; c++) {
+                __m512i xv = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(xb->q + 32 * c)));
+                UNROLL
+                for (int p = 0; p < RP; p++)
+                    sum[p] = _mm512_dpwssd_epi32(sum[p], _mm512_maddubs_epi16(q[p][c], xv), s[p][c]);
+            }
+            __m512i bs = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)xb->bsums));
+            __m512 xd = _mm512_set1_ps(xb->d);
+            UNROLL
+            for (int p = 0; p < RP; p++) {
+                acc[p][t] = _mm512_fmadd_ps(_mm512_mul_ps(xd, dw[p]), _mm512_cvtepi32_ps(sum[p]),
+                                            acc[p][t]);
+                accm[p][t] = _mm512_fmadd_ps(_mm512_mul_ps(xd, dmw[p]),
+                                             _mm512_cvtepi32_ps(_mm512_madd_epi16(mdup[p], bs)),
+                                             accm[p][t]);
+            }
+        }
+    }
+    UNROLL
+    for (int p = 0; p < RP; p++)
+        UNROLL
+        for (int t = 0; t < NT; t++) {
+            float *yt = y + (size_t)t * ldy + 2 * p;
+            yt[0] = hsum8(_mm512_castps512_ps256(acc[p][t])) -
+                    hsum8(_mm512_castps512_ps256(accm[p][t]));
+            yt[1] = hsum8(_mm512_extractf32x8_ps(acc[p][t], 1)) -
+                    hsum8(_mm512_extractf32x8_ps(accm[p][t], 1));
+        }
+}
+
+/* Q6_K: the 6-bit values unsigned (0..63) through vpmaddubsw, less 32 x the activation pairs
+ * (one vpmaddubsw per token and chunk, shared by the rows), as the AVX2 form does; then the
+ * sub-block scales (16 values each: two per 32-value chunk) by vpdpwssd. */
+V512_INLINE void q6_K_v512(const uint8_t *w, size_t ws, const uint8_t *xq, size_t xs,
+                           uint32_t nb, float *y, uint32_t ldy, const int RP, const int NT)
+{
+    __m512 acc[2][4];
+    UNROLL
+    for (int p = 0; p < RP; p++)
+        UNROLL
+        for (int t = 0; t < NT; t++)
+            acc[p][t] = _mm512_setzero_ps();
+    const __m512i m4 = _mm512_set1_epi8(0xF), m3 = _mm512_set1_epi8(0x03),
+                  mc = _mm512_set1_epi8(0x0C), m30 = _mm512_set1_epi8(0x30),
+                  mc0 = _mm512_set1_epi8((char)0xC0), k32 = _mm512_set1_epi8(32);
+    /* vpermw indices of chunk a / 2: words a, a + 1 of row 0, then 16 + a, 17 + a of row 1 */
+    const __m512i base = _mm512_inserti64x4(
+        _mm512_castsi256_si512(_mm256_set_m128i(_mm_set1_epi16(1), _mm_setzero_si128())),
+        _mm256_set_m128i(_mm_set1_epi16(17), _mm_set1_epi16(16)), 1);
+    for (uint32_t b = 0; b < nb; b++) {
+        __m512i q[2][8], s[2][8];
+        __m512 dw[2];
+        UNROLL
+        for (int p = 0; p < RP; p++) {
+            const uint8_t *w0 = w + (size_t)(2 * p) * ws + (size_t)b * 210, *w1 = w0 + ws;
+            __m512i scv = _mm512_cvtepi8_epi16(
+                _mm256_set_m128i(_mm_loadu_si128((const __m128i *)(w1 + 192)),
+                                 _mm_loadu_si128((const __m128i *)(w0 + 192))));
+            UNROLL
+            for (int h = 0; h < 2; h++) {
+                __m512i L0 = pair_256(w0 + 64 * h, w1 + 64 * h);
+                __m512i L1 = pair_256(w0 + 64 * h + 32, w1 + 64 * h + 32);
+                __m512i H = pair_256(w0 + 128 + 32 * h, w1 + 128 + 32 * h);
+                q[p][4 * h + 0] = _mm512_or_si512(_mm512_and_si512(L0, m4),
+                                                  _mm512_slli_epi16(_mm512_and_si512(H, m3), 4));
+                q[p][4 * h + 1] = _mm512_or_si512(_mm512_and_si512(L1, m4),
+                                                  _mm512_slli_epi16(_mm512_and_si512(H, mc), 2));
+                q[p][4 * h + 2] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(L0, 4), m4),
+                                                  _mm512_and_si512(H, m30));
+                q[p][4 * h + 3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(L1, 4), m4),
+                                                  _mm512_srli_epi16(_mm512_and_si512(H, mc0), 2));
+                UNROLL
+                for (int k = 0; k < 4; k++)
+                    s[p][4 * h + k] = _mm512_permutexvar_epi16(
+                        _mm512_add_epi16(base, _mm512_set1_epi16((short)(8 * h + 2 * k))), scv);
+            }
+            dw[p] = pair_ps(f16s(rd16(w0 + 208)), f16s(rd16(w1 + 208)));
+        }
+        UNROLL
+        for (int t = 0; t < NT; t++) {
+            const qa8_K *xb = (const qa8_K *)(xq + (size_t)t * xs) + b;
+            __m512i sum[2];
+            UNROLL
+            for (int p = 0; p < RP; p++)
+                sum[p] = _mm512_setzero_si512();
+            UNROLL
+            for (int c = 0; c < 8; c++) {
+                __m512i xv = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(xb->q + 32 * c)));
+                __m512i cx = _mm512_maddubs_epi16(k32, xv);
+                UNROLL
+                for (int p = 0; p < RP; p++)
+                    sum[p] = _mm512_dpwssd_epi32(
+                        sum[p], _mm512_sub_epi16(_mm512_maddubs_epi16(q[p][c], xv), cx), s[p][c]);
+            }
+            __m512 xd = _mm512_set1_ps(xb->d);
+            UNROLL
+            for (int p = 0; p < RP; p++)
+                acc[p][t] = _mm512_fmadd_ps(_mm512_mul_ps(xd, dw[p]), _mm512_cvtepi32_ps(sum[p]),
+                                            acc[p][t]);
+        }
+    }
+    UNROLL
+    for (int p = 0; p < RP; p++)
+        UNROLL
+        for (int t = 0; t < NT; t++)
+            store_pair(acc[p][t], y + (size_t)t * ldy + 2 * p, y + (size_t)t * ldy + 2 * p + 1);
+}
+
 /* The tiles of an nr x nt product: RPxNT kernels for whole tiles, smaller ones at the edges
  * (an odd last row goes through the AVX2 form, which gives the same bits). */
-#define V512_ENTRIES(NAME)                                                                       \
+#define V512_ENTRIES(NAME, RPB)                                                                     \
     V512 static void NAME##_t44(const uint8_t *w, size_t ws, const uint8_t *xq, size_t xs,        \
                                 uint32_t nb, float *y, uint32_t ldy)                             \
     {                                                                                            \
-        NAME##_v512(w, ws, xq, xs, nb, y, ldy, 4, 4);                                            \
+        NAME##_v512(w, ws, xq, xs, nb, y, ldy, RPB, 4);                                            \
     }                                                                                            \
     V512 static void NAME##_t14(const uint8_t *w, size_t ws, const uint8_t *xq, size_t xs,        \
                                 uint32_t nb, float *y, uint32_t ldy)                             \
@@ -479,7 +651,7 @@ V512_INLINE void q8_0_v512(const uint8_t *w, size_t ws, const uint8_t *xq, size_
     V512 static void NAME##_t41(const uint8_t *w, size_t ws, const uint8_t *xq, size_t xs,        \
                                 uint32_t nb, float *y, uint32_t ldy)                             \
     {                                                                                            \
-        NAME##_v512(w, ws, xq, xs, nb, y, ldy, 4, 1);                                            \
+        NAME##_v512(w, ws, xq, xs, nb, y, ldy, RPB, 1);                                            \
     }                                                                                            \
     V512 static void NAME##_t11(const uint8_t *w, size_t ws, const uint8_t *xq, size_t xs,        \
                                 uint32_t nb, float *y, uint32_t ldy)                             \
@@ -493,7 +665,7 @@ V512_INLINE void q8_0_v512(const uint8_t *w, size_t ws, const uint8_t *xq, size_
         uint32_t t = 0;                                                                          \
         for (; t + 4 <= nt; t += 4) {                                                            \
             uint32_t r = 0;                                                                      \
-            for (; r + 8 <= nr; r += 8)                                                          \
+            for (; r + 2 * RPB <= nr; r += 2 * RPB)                                                          \
                 NAME##_t44(w + (size_t)r * ws, ws, x + (size_t)t * xs, xs, nb,                   \
                            y + (size_t)t * ldy + r, ldy);                                        \
             for (; r + 2 <= nr; r += 2)                                                          \
@@ -505,7 +677,7 @@ V512_INLINE void q8_0_v512(const uint8_t *w, size_t ws, const uint8_t *xq, size_
         }                                                                                        \
         for (; t < nt; t++) {                                                                    \
             uint32_t r = 0;                                                                      \
-            for (; r + 8 <= nr; r += 8)                                                          \
+            for (; r + 2 * RPB <= nr; r += 2 * RPB)                                                          \
                 NAME##_t41(w + (size_t)r * ws, ws, x + (size_t)t * xs, xs, nb,                   \
                            y + (size_t)t * ldy + r, ldy);                                        \
             for (; r + 2 <= nr; r += 2)                                                          \
@@ -517,7 +689,9 @@ V512_INLINE void q8_0_v512(const uint8_t *w, size_t ws, const uint8_t *xq, size_
         }                                                                                        \
     }
 
-V512_ENTRIES(q8_0)
+V512_ENTRIES(q8_0, 4)
+V512_ENTRIES(q4_K, 1)
+V512_ENTRIES(q6_K, 1)
 
 /* The negative control of the llama.cpp comparison (tests/ref/test_quant_ref.mjs): every block
  * scale of n quantized activation values multiplied by 127/128, as if d were max/128. */
@@ -536,8 +710,8 @@ void st_qdot_wrong_scale(const st_qdot *qd, void *xq, uint64_t n)
 
 /* ---- the table ------------------------------------------------------------------------------ */
 static const st_qdot k_q8_0 = {ST_QACT_Q8_0, 32, 36, qact_q8_0, {q8_0_mm_scalar, q8_0_mm_vec, q8_0_mm_v512}};
-static const st_qdot k_q4_K = {ST_QACT_Q8_K, 256, 292, qact_q8_K, {q4_K_mm_scalar, q4_K_mm_vec, q4_K_mm_vec}};
-static const st_qdot k_q6_K = {ST_QACT_Q8_K, 256, 292, qact_q8_K, {q6_K_mm_scalar, q6_K_mm_vec, q6_K_mm_vec}};
+static const st_qdot k_q4_K = {ST_QACT_Q8_K, 256, 292, qact_q8_K, {q4_K_mm_scalar, q4_K_mm_vec, q4_K_mm_v512}};
+static const st_qdot k_q6_K = {ST_QACT_Q8_K, 256, 292, qact_q8_K, {q6_K_mm_scalar, q6_K_mm_vec, q6_K_mm_v512}};
 
 const st_qdot *st_qdot_get(uint32_t wtype)
 {
