@@ -25,6 +25,7 @@ void st_engine_opts_default(st_engine_opts *o)
     o->prompt_cache_every = 0;
     o->prompt_cache_root = 0;
     o->force_scalar = 0;
+    o->no_avx512 = 0;
     o->quant_f32 = 0;
 }
 
@@ -119,7 +120,7 @@ int st_engine_new(const st_model *m, const st_engine_opts *o, st_engine **out)
     }
     e->kern.vec = !o->force_scalar && st_kern_cpu_has_avx2();
     e->kern.qdot = !o->quant_f32;
-    e->kern.v512 = e->kern.vec && st_kern_cpu_has_avx512vnni();
+    e->kern.v512 = e->kern.vec && !o->no_avx512 && st_kern_cpu_has_avx512vnni();
     if ((rc = st_pool_new(e->o.n_threads, &e->pool)))
         goto fail;
     if ((rc = e->be->create(e, &e->bctx)))

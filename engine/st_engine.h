@@ -285,6 +285,8 @@ typedef struct st_engine_opts {
     uint32_t prompt_cache_every; /* checkpoint every N prompt tokens, rounded up to chunks (0 off) */
     uint32_t prompt_cache_root;  /* checkpoint at the end of a system prompt >= N tokens (0 off) */
     int force_scalar;          /* 1: never use the vector kernels (results are identical) */
+    int no_avx512;             /* 1: the vector kernels stop at AVX2 (the integer path's AVX-512
+                                * VNNI form unused; results are identical) */
     int quant_f32;             /* 1: quantized weights computed in f32 on their dequantized
                                 * values (the logits of the file's F32 twin); 0: the integer
                                 * path, activations quantized as llama.cpp does, for the types
