@@ -1,8 +1,8 @@
 /*
  * st_wtype_qdot.c - the integer path for quantized weights: activation rows quantized as
  * llama.cpp's CPU backend quantizes them (ARCHITECTURES.md section 3.7), and dot products of
- * weight blocks with those rows in integers, a scalar reference and an AVX2 form (st_wtype.h,
- * "The integer path").
+ * weight blocks with those rows in integers, a scalar reference, an AVX2 form and an AVX-512
+ * VNNI form (st_wtype.h, "The integer path").
  *
  * Invariants:
  * 1. An activation row is quantized by one function for every ISA level (it is O(n) against
@@ -15,9 +15,13 @@
  *    st_kernels.c. Types with minima (Q4_K) keep 8 more lanes, one per sub-block j,
  *    accm[j] = fmaf(Dmin_b, (float)(min_j * bsum_j), accm[j]), and subtract their tree.
  * 3. Integer sums cannot overflow (bounds at each kernel), so the scalar code may sum in any
- *    order; the float operations are the same in both forms, one rounding each (this file is
+ *    order; the float operations are the same in every form, one rounding each (this file is
  *    compiled with -ffp-contract=off). Results are therefore bit-identical across ISA levels,
  *    and, each output being computed alone, across thread counts and tilings.
+ * 4. The AVX-512 form keeps each (row, token)'s 8 lanes in one 256-bit half of a zmm (two rows
+ *    per zmm, the token's block broadcast to both halves), so it needs no other definition; its
+ *    byte products (vpdpbusd, vpmaddubsw) never saturate for these ranges (bounds at each
+ *    kernel), so its integer lanes are those of the AVX2 form.
  */
 #include <math.h>
 #include <string.h>
@@ -500,11 +504,12 @@ V512_INLINE void q4_K_v512(const uint8_t *w, size_t ws, const uint8_t *xq, size_
             q4k_scales32(w0 + 4, u0);
             q4k_scales32(w1 + 4, u1);
             __m512i scv = _mm512_cvtepu8_epi16(
-                _mm256_zextsi128_si256(_mm_set_epi32((int)u1[1], (int)u1[0], (int)u0[1], (int)u0[0])));
+                _mm256_zextsi128_si256(
+                    _mm_set_epi32((int)u1[1], (int)u1[0], (int)u0[1], (int)u0[0])));
             UNROLL
             for (int j = 0; j < 8; j++)
-                s[p][j] = _mm512_permutexvar_epi16(_mm512_add_epi16(hi8, _mm512_set1_epi16((short)j)),
-                                                   scv);
+                s[p][j] = _mm512_permutexvar_epi16(
+                    _mm512_add_epi16(hi8, _mm512_set1_epi16((short)j)), scv);
             __m128i m0 = _mm_set_epi32(0, 0, (int)u0[3], (int)u0[2]),
                     m1 = _mm_set_epi32(0, 0, (int)u1[3], (int)u1[2]);
             mdup[p] = _mm512_inserti64x4(
@@ -528,10 +533,12 @@ V512_INLINE void q4_K_v512(const uint8_t *w, size_t ws, const uint8_t *xq, size_
                 sum[p] = _mm512_setzero_si512();
             UNROLL
             for (int c = 0; c < 8; c++) {
-                __m512i xv = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(xb->q + 32 * c)));
+                __m512i xv = _mm512_broadcast_i64x4(
+                    _mm256_loadu_si256((const __m256i *)(xb->q + 32 * c)));
                 UNROLL
                 for (int p = 0; p < RP; p++)
-                    sum[p] = _mm512_dpwssd_epi32(sum[p], _mm512_maddubs_epi16(q[p][c], xv), s[p][c]);
+                    sum[p] = _mm512_dpwssd_epi32(sum[p], _mm512_maddubs_epi16(q[p][c], xv),
+                                                 s[p][c]);
             }
             __m512i bs = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)xb->bsums));
             __m512 xd = _mm512_set1_ps(xb->d);
@@ -614,7 +621,8 @@ V512_INLINE void q6_K_v512(const uint8_t *w, size_t ws, const uint8_t *xq, size_
                 sum[p] = _mm512_setzero_si512();
             UNROLL
             for (int c = 0; c < 8; c++) {
-                __m512i xv = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(xb->q + 32 * c)));
+                __m512i xv = _mm512_broadcast_i64x4(
+                    _mm256_loadu_si256((const __m256i *)(xb->q + 32 * c)));
                 __m512i cx = _mm512_maddubs_epi16(k32, xv);
                 UNROLL
                 for (int p = 0; p < RP; p++)
@@ -637,56 +645,56 @@ V512_INLINE void q6_K_v512(const uint8_t *w, size_t ws, const uint8_t *xq, size_
 
 /* The tiles of an nr x nt product: RPxNT kernels for whole tiles, smaller ones at the edges
  * (an odd last row goes through the AVX2 form, which gives the same bits). */
-#define V512_ENTRIES(NAME, RPB)                                                                     \
-    V512 static void NAME##_t44(const uint8_t *w, size_t ws, const uint8_t *xq, size_t xs,        \
-                                uint32_t nb, float *y, uint32_t ldy)                             \
-    {                                                                                            \
+#define V512_ENTRIES(NAME, RPB)                                                                    \
+    V512 static void NAME##_t44(const uint8_t *w, size_t ws, const uint8_t *xq, size_t xs,         \
+                                uint32_t nb, float *y, uint32_t ldy)                               \
+    {                                                                                              \
         NAME##_v512(w, ws, xq, xs, nb, y, ldy, RPB, 4);                                            \
-    }                                                                                            \
-    V512 static void NAME##_t14(const uint8_t *w, size_t ws, const uint8_t *xq, size_t xs,        \
-                                uint32_t nb, float *y, uint32_t ldy)                             \
-    {                                                                                            \
-        NAME##_v512(w, ws, xq, xs, nb, y, ldy, 1, 4);                                            \
-    }                                                                                            \
-    V512 static void NAME##_t41(const uint8_t *w, size_t ws, const uint8_t *xq, size_t xs,        \
-                                uint32_t nb, float *y, uint32_t ldy)                             \
-    {                                                                                            \
+    }                                                                                              \
+    V512 static void NAME##_t14(const uint8_t *w, size_t ws, const uint8_t *xq, size_t xs,         \
+                                uint32_t nb, float *y, uint32_t ldy)                               \
+    {                                                                                              \
+        NAME##_v512(w, ws, xq, xs, nb, y, ldy, 1, 4);                                              \
+    }                                                                                              \
+    V512 static void NAME##_t41(const uint8_t *w, size_t ws, const uint8_t *xq, size_t xs,         \
+                                uint32_t nb, float *y, uint32_t ldy)                               \
+    {                                                                                              \
         NAME##_v512(w, ws, xq, xs, nb, y, ldy, RPB, 1);                                            \
-    }                                                                                            \
-    V512 static void NAME##_t11(const uint8_t *w, size_t ws, const uint8_t *xq, size_t xs,        \
-                                uint32_t nb, float *y, uint32_t ldy)                             \
-    {                                                                                            \
-        NAME##_v512(w, ws, xq, xs, nb, y, ldy, 1, 1);                                            \
-    }                                                                                            \
-    V512 static void NAME##_mm_v512(const void *wv, size_t ws, const void *xv, size_t xs,         \
+    }                                                                                              \
+    V512 static void NAME##_t11(const uint8_t *w, size_t ws, const uint8_t *xq, size_t xs,         \
+                                uint32_t nb, float *y, uint32_t ldy)                               \
+    {                                                                                              \
+        NAME##_v512(w, ws, xq, xs, nb, y, ldy, 1, 1);                                              \
+    }                                                                                              \
+    V512 static void NAME##_mm_v512(const void *wv, size_t ws, const void *xv, size_t xs,          \
                                     uint32_t nb, float *y, uint32_t ldy, uint32_t nr, uint32_t nt) \
-    {                                                                                            \
-        const uint8_t *w = wv, *x = xv;                                                          \
-        uint32_t t = 0;                                                                          \
-        for (; t + 4 <= nt; t += 4) {                                                            \
-            uint32_t r = 0;                                                                      \
-            for (; r + 2 * RPB <= nr; r += 2 * RPB)                                                          \
-                NAME##_t44(w + (size_t)r * ws, ws, x + (size_t)t * xs, xs, nb,                   \
-                           y + (size_t)t * ldy + r, ldy);                                        \
-            for (; r + 2 <= nr; r += 2)                                                          \
-                NAME##_t14(w + (size_t)r * ws, ws, x + (size_t)t * xs, xs, nb,                   \
-                           y + (size_t)t * ldy + r, ldy);                                        \
-            if (r < nr)                                                                          \
-                NAME##_vec4(w + (size_t)r * ws, x + (size_t)t * xs, xs, nb,                      \
-                            y + (size_t)t * ldy + r, ldy);                                       \
-        }                                                                                        \
-        for (; t < nt; t++) {                                                                    \
-            uint32_t r = 0;                                                                      \
-            for (; r + 2 * RPB <= nr; r += 2 * RPB)                                                          \
-                NAME##_t41(w + (size_t)r * ws, ws, x + (size_t)t * xs, xs, nb,                   \
-                           y + (size_t)t * ldy + r, ldy);                                        \
-            for (; r + 2 <= nr; r += 2)                                                          \
-                NAME##_t11(w + (size_t)r * ws, ws, x + (size_t)t * xs, xs, nb,                   \
-                           y + (size_t)t * ldy + r, ldy);                                        \
-            if (r < nr)                                                                          \
-                NAME##_vec1(w + (size_t)r * ws, x + (size_t)t * xs, xs, nb,                      \
-                            y + (size_t)t * ldy + r, ldy);                                       \
-        }                                                                                        \
+    {                                                                                              \
+        const uint8_t *w = wv, *x = xv;                                                            \
+        uint32_t t = 0;                                                                            \
+        for (; t + 4 <= nt; t += 4) {                                                              \
+            uint32_t r = 0;                                                                        \
+            for (; r + 2 * RPB <= nr; r += 2 * RPB)                                                \
+                NAME##_t44(w + (size_t)r * ws, ws, x + (size_t)t * xs, xs, nb,                     \
+                           y + (size_t)t * ldy + r, ldy);                                          \
+            for (; r + 2 <= nr; r += 2)                                                            \
+                NAME##_t14(w + (size_t)r * ws, ws, x + (size_t)t * xs, xs, nb,                     \
+                           y + (size_t)t * ldy + r, ldy);                                          \
+            if (r < nr)                                                                            \
+                NAME##_vec4(w + (size_t)r * ws, x + (size_t)t * xs, xs, nb,                        \
+                            y + (size_t)t * ldy + r, ldy);                                         \
+        }                                                                                          \
+        for (; t < nt; t++) {                                                                      \
+            uint32_t r = 0;                                                                        \
+            for (; r + 2 * RPB <= nr; r += 2 * RPB)                                                \
+                NAME##_t41(w + (size_t)r * ws, ws, x + (size_t)t * xs, xs, nb,                     \
+                           y + (size_t)t * ldy + r, ldy);                                          \
+            for (; r + 2 <= nr; r += 2)                                                            \
+                NAME##_t11(w + (size_t)r * ws, ws, x + (size_t)t * xs, xs, nb,                     \
+                           y + (size_t)t * ldy + r, ldy);                                          \
+            if (r < nr)                                                                            \
+                NAME##_vec1(w + (size_t)r * ws, x + (size_t)t * xs, xs, nb,                        \
+                            y + (size_t)t * ldy + r, ldy);                                         \
+        }                                                                                          \
     }
 
 V512_ENTRIES(q8_0, 4)
@@ -709,9 +717,12 @@ void st_qdot_wrong_scale(const st_qdot *qd, void *xq, uint64_t n)
 }
 
 /* ---- the table ------------------------------------------------------------------------------ */
-static const st_qdot k_q8_0 = {ST_QACT_Q8_0, 32, 36, qact_q8_0, {q8_0_mm_scalar, q8_0_mm_vec, q8_0_mm_v512}};
-static const st_qdot k_q4_K = {ST_QACT_Q8_K, 256, 292, qact_q8_K, {q4_K_mm_scalar, q4_K_mm_vec, q4_K_mm_v512}};
-static const st_qdot k_q6_K = {ST_QACT_Q8_K, 256, 292, qact_q8_K, {q6_K_mm_scalar, q6_K_mm_vec, q6_K_mm_v512}};
+static const st_qdot k_q8_0 = {ST_QACT_Q8_0, 32, 36, qact_q8_0,
+                               {q8_0_mm_scalar, q8_0_mm_vec, q8_0_mm_v512}};
+static const st_qdot k_q4_K = {ST_QACT_Q8_K, 256, 292, qact_q8_K,
+                               {q4_K_mm_scalar, q4_K_mm_vec, q4_K_mm_v512}};
+static const st_qdot k_q6_K = {ST_QACT_Q8_K, 256, 292, qact_q8_K,
+                               {q6_K_mm_scalar, q6_K_mm_vec, q6_K_mm_v512}};
 
 const st_qdot *st_qdot_get(uint32_t wtype)
 {
