@@ -406,7 +406,7 @@ static void test_deltanet_scan_blocks(void **state)
     }
     for (uint32_t i = 0; i < DK * LDM; i++)
         Ms[i] = Mv[i] = (float)cos(i * 0.13) * 0.2f;
-    st_kern ks = {0, 0}, kv = {1, 0};
+    st_kern ks = {0, 0, 0}, kv = {1, 0, 0};
     st_kern_delta_scan(&ks, Ms, LDM, DK, DV, T, x, x + 10, x + 20, XS, al, be, 1, os, DV, scr);
     st_kern_delta_scan(&kv, Mv, LDM, DK, DV, T, x, x + 10, x + 20, XS, al, be, 1, ov, DV, scr);
     assert_memory_equal(Ms, Mv, sizeof Ms);
