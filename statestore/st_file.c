@@ -18,6 +18,12 @@
  *    input is checksummed whole (every section) before parsing starts.
  * 4. The image under construction belongs to the reader until the last check passes; on any error
  *    it is freed and *out stays NULL.
+ * 5. Speed without weakening 3: a file of at least ST_RD_ASYNC_MIN bytes is hashed on a helper
+ *    thread while the reader thread reads the next piece (ST_RD_PIECE) into its place in the
+ *    image. Pieces are hashed in the order they are read, into the section's own state, and the
+ *    reader waits for the helper to finish a section's bytes before it computes the checksum,
+ *    views bytes through its own buffer, begins the next section or frees anything; only the
+ *    reader thread touches the file. The helper is stopped and joined before the image is freed.
  *
  * Invariants of the writer:
  * 1. The output is a function of the image and the options only: no time, no uninitialised byte.
@@ -62,6 +68,9 @@
 #define ST_WB_ALIGN 4096ull /* writeback hints cover whole pages */
 #define ST_HASH_ASYNC_MIN (4u << 20) /* hash pieces at least this large on a helper thread */
 #define ST_DECODED_DEFAULT (32ull << 30)
+#define ST_RD_PIECE (512u << 10) /* a file is read in pieces of this size, hashed as they arrive */
+#define ST_RD_ASYNC_MIN (8u << 20) /* files at least this large are hashed on a helper thread */
+#define ST_RD_QUEUE 16u /* pieces read ahead of the helper at most */
 
 /* A fuzzing build (FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION, tests/fuzz/) lets the reader go on
  * past checksum mismatches so the fuzzer reaches the structure checks behind them. Checksums are
@@ -1088,7 +1097,126 @@ typedef struct st_reader {
     void (*progress)(void *, uint64_t, uint64_t);
     void *progress_arg;
     const st_image_allocator *alloc; /* st_file_read_opts.alloc */
+    struct st_rd_hasher *hasher;     /* file input of ST_RD_ASYNC_MIN bytes or more, else NULL */
 } st_reader;
+
+/* The helper thread that hashes a file's pieces while the reader reads the next (invariant 5).
+ * Jobs [tail, head) of the ring are queued; the helper owns their states until it has done them. */
+typedef struct st_rd_hasher {
+    pthread_t th;
+    pthread_mutex_t mu;
+    pthread_cond_t work; /* reader -> helper: a job queued, or stop */
+    pthread_cond_t done; /* helper -> reader: a job done */
+    struct {
+        st_checksum_state *h;
+        const uint8_t *p;
+        size_t n;
+    } q[ST_RD_QUEUE];
+    uint32_t head, tail;
+    int stop;
+} st_rd_hasher;
+
+static void *st_rd_hasher_run(void *arg)
+{
+    st_rd_hasher *hs = arg;
+    pthread_mutex_lock(&hs->mu);
+    for (;;) {
+        while (hs->head == hs->tail && !hs->stop)
+            pthread_cond_wait(&hs->work, &hs->mu);
+        if (hs->head == hs->tail)
+            break;
+        uint32_t j = hs->tail % ST_RD_QUEUE;
+        pthread_mutex_unlock(&hs->mu);
+        st_checksum_update(hs->q[j].h, hs->q[j].p, hs->q[j].n);
+        pthread_mutex_lock(&hs->mu);
+        hs->tail++;
+        pthread_cond_signal(&hs->done);
+    }
+    pthread_mutex_unlock(&hs->mu);
+    return NULL;
+}
+
+/* A helper for r, or none (hashing stays on the reader thread) when threads are short. */
+static void st_rd_hasher_start(st_reader *r)
+{
+    st_rd_hasher *hs = calloc(1, sizeof *hs);
+    if (!hs)
+        return;
+    if (pthread_mutex_init(&hs->mu, NULL)) {
+        free(hs);
+        return;
+    }
+    if (pthread_cond_init(&hs->work, NULL)) {
+        pthread_mutex_destroy(&hs->mu);
+        free(hs);
+        return;
+    }
+    if (pthread_cond_init(&hs->done, NULL)) {
+        pthread_cond_destroy(&hs->work);
+        pthread_mutex_destroy(&hs->mu);
+        free(hs);
+        return;
+    }
+    if (pthread_create(&hs->th, NULL, st_rd_hasher_run, hs)) {
+        pthread_cond_destroy(&hs->done);
+        pthread_cond_destroy(&hs->work);
+        pthread_mutex_destroy(&hs->mu);
+        free(hs);
+        return;
+    }
+    r->hasher = hs;
+}
+
+/* Hash n bytes at p into h: queued for the helper (p must stay valid and unchanged until the
+ * next st_rd_sync), else now. */
+static void st_rd_hash(st_reader *r, st_checksum_state *h, const uint8_t *p, size_t n)
+{
+    st_rd_hasher *hs = r->hasher;
+    if (!hs) {
+        st_checksum_update(h, p, n);
+        return;
+    }
+    pthread_mutex_lock(&hs->mu);
+    while (hs->head - hs->tail == ST_RD_QUEUE)
+        pthread_cond_wait(&hs->done, &hs->mu);
+    uint32_t j = hs->head % ST_RD_QUEUE;
+    hs->q[j].h = h;
+    hs->q[j].p = p;
+    hs->q[j].n = n;
+    hs->head++;
+    pthread_cond_signal(&hs->work);
+    pthread_mutex_unlock(&hs->mu);
+}
+
+/* Wait until every queued piece is hashed: the states are the reader's again. */
+static void st_rd_sync(st_reader *r)
+{
+    st_rd_hasher *hs = r->hasher;
+    if (!hs)
+        return;
+    pthread_mutex_lock(&hs->mu);
+    while (hs->head != hs->tail)
+        pthread_cond_wait(&hs->done, &hs->mu);
+    pthread_mutex_unlock(&hs->mu);
+}
+
+/* Finish the queued pieces, stop the helper and join it. */
+static void st_rd_hasher_stop(st_reader *r)
+{
+    st_rd_hasher *hs = r->hasher;
+    if (!hs)
+        return;
+    pthread_mutex_lock(&hs->mu);
+    hs->stop = 1;
+    pthread_cond_signal(&hs->work);
+    pthread_mutex_unlock(&hs->mu);
+    pthread_join(hs->th, NULL);
+    pthread_cond_destroy(&hs->done);
+    pthread_cond_destroy(&hs->work);
+    pthread_mutex_destroy(&hs->mu);
+    free(hs);
+    r->hasher = NULL;
+}
 
 static int st_sec_errv(int rc, const st_sec *sec, const char *fmt, va_list ap)
 {
@@ -1147,12 +1275,14 @@ static int st_sec_view(st_reader *r, st_sec *sec, size_t n, const uint8_t **p, c
         rc = st_rd_view(r, sec->off + ST_SEC_HDR_LEN + sec->done, n, p);
     if (rc)
         return rc;
+    st_rd_sync(r);
     st_checksum_update(&sec->h, *p, n);
     sec->done += n;
     return 0;
 }
 
-/* Consume n payload bytes into dst (hashed), in pieces so progress can be reported. */
+/* Consume n payload bytes into dst (hashed), in pieces that are hashed while the next is read
+ * (invariant 5; dst stays unchanged until the section ends) and after which progress is reported. */
 static int st_sec_read(st_reader *r, st_sec *sec, void *dst, uint64_t n, const char *what)
 {
     uint8_t *d = dst;
@@ -1160,11 +1290,11 @@ static int st_sec_read(st_reader *r, st_sec *sec, void *dst, uint64_t n, const c
     if (rc)
         return rc;
     while (n > 0) {
-        size_t k = n > (64u << 20) ? (64u << 20) : (size_t)n;
+        size_t k = n > ST_RD_PIECE ? ST_RD_PIECE : (size_t)n;
         rc = st_src_read(&r->src, d, k, sec->off + ST_SEC_HDR_LEN + sec->done);
         if (rc)
             return rc;
-        st_checksum_update(&sec->h, d, k);
+        st_rd_hash(r, &sec->h, d, k);
         sec->done += k;
         d += k;
         n -= k;
@@ -1179,6 +1309,7 @@ static int st_sec_rest_ok(st_reader *r, st_sec *sec, int *ok)
 {
     uint8_t *chunk = NULL;
     *ok = 0;
+    st_rd_sync(r);
     if (!r->src.mem) {
         chunk = malloc(ST_IO_CHUNK);
         if (!chunk)
@@ -1227,6 +1358,7 @@ static int st_sec_begin(st_reader *r, st_sec *sec, uint32_t type, uint32_t index
     uint64_t remain;
     int rc;
 
+    st_rd_sync(r);
     memset(sec, 0, sizeof *sec);
     sec->type = type;
     sec->index = index;
@@ -1279,6 +1411,7 @@ static int st_sec_end(st_reader *r, st_sec *sec)
     if (sec->done != sec->length)
         return st_sec_err(ST_ECORRUPT, sec, "length %llu, but its content ends after %llu bytes",
                           (unsigned long long)sec->length, (unsigned long long)sec->done);
+    st_rd_sync(r);
     sum = st_checksum_final(&sec->h);
     st_checksum_free(&sec->h);
     if (!ST_SUM_OK(sum, sec->checksum))
@@ -1705,6 +1838,7 @@ static int st_rd_run(st_reader *r)
     if (rc)
         rc = st_error_set(ST_ECORRUPT, "image check: %s", st_errdetail());
 done:
+    st_rd_sync(r);
     st_checksum_free(&sec.h);
     return rc;
 }
@@ -1722,7 +1856,10 @@ static int st_rd_main(st_src src, const st_file_read_opts *opts, st_image **out)
         r.progress_arg = opts->progress_arg;
         r.alloc = opts->alloc;
     }
+    if (!src.mem && src.len >= ST_RD_ASYNC_MIN)
+        st_rd_hasher_start(&r);
     rc = st_rd_run(&r);
+    st_rd_hasher_stop(&r);
     st_frame_ctx_free(r.fctx);
     free(r.tmp);
     if (rc) {

@@ -319,6 +319,64 @@ static void on_progress(void *arg, uint64_t done, uint64_t total)
     p->total = total;
 }
 
+/* A file large enough to be hashed on the reader's helper thread while the next piece is read
+ * (st_file.c, reader invariant 5), damaged at the first, a middle and the last byte of its last
+ * checkpoint's payload and in a late K/V section: every damage is refused as the checksum
+ * mismatch of that section, *out stays NULL, and the intact file still reads back equal. */
+static void test_large_damage(void **state)
+{
+    st_synth_opts so = {.seed = 22, .n_layers = 4, .heads = 4, .head_dim = 256, .n_tokens = 3000,
+                        .n_checkpoints = 3};
+    st_image *img = NULL, *back = NULL;
+    uint64_t ck_off = 0, ck_len = 0, kv_off = 0, kv_len = 0, off = 64;
+    char path[1200];
+    size_t len = 0;
+    (void)state;
+
+    assert_int_equal(st_image_synthesize(&so, &img), 0);
+    snprintf(path, sizeof path, "%s/large-damage.stsf", tmpdir);
+    assert_int_equal(st_file_write(img, path, NULL), 0);
+    unsigned char *b = st_test_slurp(path, &len);
+    assert_non_null(b);
+    assert_true(len > (8u << 20)); /* ST_RD_ASYNC_MIN */
+    for (uint32_t s = 0; s < get_u32(b + 20); s++) {
+        uint32_t type = get_u32(b + off);
+        if (type == ST_SECTION_CHECKPOINT) {
+            ck_off = off;
+            ck_len = get_u64(b + off + 8);
+        } else if (type == ST_SECTION_KV) {
+            kv_off = off;
+            kv_len = get_u64(b + off + 8);
+        }
+        off += 32 + get_u64(b + off + 8);
+    }
+    assert_int_equal(off, len);
+    assert_true(ck_len > (2u << 20) && kv_len > 0); /* pieces of ST_RD_PIECE */
+    const uint64_t at[] = {ck_off + 32, ck_off + 32 + ck_len / 2 + 7, ck_off + 32 + ck_len - 1,
+                           kv_off + 32 + kv_len - 1};
+    for (size_t i = 0; i < sizeof at / sizeof at[0]; i++) {
+        b[at[i]] ^= 0x10;
+        assert_int_equal(st_file_replace(path, b, len), 0);
+        back = (st_image *)b; /* must come back NULL */
+        assert_int_equal(st_file_read(path, NULL, &back), ST_ECORRUPT);
+        assert_null(back);
+        assert_non_null(strstr(st_errdetail(), "checksum mismatch"));
+        assert_non_null(strstr(st_errdetail(), i < 3 ? "section CHECKPOINT[2]" : "section KV["));
+        b[at[i]] ^= 0x10;
+    }
+    struct prog pr = {.monotonic = 1};
+    st_file_read_opts ro = {.progress = on_progress, .progress_arg = &pr};
+    assert_int_equal(st_file_replace(path, b, len), 0);
+    assert_int_equal(st_file_read(path, &ro, &back), 0);
+    assert_int_equal(st_test_image_equal(img, back), 0);
+    assert_true(pr.monotonic);
+    assert_int_equal(pr.last_done, len);
+    st_image_free(back);
+    unlink(path);
+    free(b);
+    st_image_free(img);
+}
+
 static void test_progress(void **state)
 {
     st_image *a = NULL, *back = NULL;
@@ -1002,6 +1060,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_roundtrips),    cmocka_unit_test(test_versions_lossy),
         cmocka_unit_test(test_deterministic), cmocka_unit_test(test_progress),
+        cmocka_unit_test(test_large_damage),
         cmocka_unit_test(test_atomic_write),  cmocka_unit_test(test_reader_errors),
         cmocka_unit_test(test_inspect),       cmocka_unit_test(test_large_roundtrips),
         cmocka_unit_test(test_read_memory_bound), cmocka_unit_test(test_arch_section),
