@@ -86,6 +86,12 @@ int st_codec_parse(const char *name, st_codec_id *out);
 void st_codec_bf16_encode(uint16_t *dst, const float *src, size_t n);
 void st_codec_bf16_decode(float *dst, const uint16_t *src, size_t n);
 void st_codec_f16_encode(uint16_t *dst, const float *src, size_t n);
+/* The bf16 encode of the snapshot direction: dst as st_codec_bf16_encode writes it, in streaming
+ * (non-temporal) stores where dst's alignment allows, for coded bytes not read again soon; and,
+ * when wide is not NULL, wide[i] = the fp32 value dst[i] widens to (exactly what
+ * st_codec_bf16_decode gives), for a digest of the widened values taken while they are in cache.
+ * dst, wide and src must not overlap. */
+void st_codec_bf16_encode_stream(uint16_t *dst, float *wide, const float *src, size_t n);
 void st_codec_f16_decode(float *dst, const uint16_t *src, size_t n);
 
 /* Instruction-set levels. st_codec_isa() says which one the dispatching functions use;

@@ -17,6 +17,9 @@
  *    elements at any offset of a file buffer.
  * 5. The dispatch level is one atomic int, chosen on first use (the best this CPU supports) or
  *    forced by st_codec_isa_set(); every call reads it once, so a concurrent change is harmless.
+ * 6. st_codec_bf16_encode_stream writes the same codes as st_codec_bf16_encode (its scalar
+ *    reference is the same rounding); its streaming stores are fenced (sfence) before it returns,
+ *    so whatever orders the return before another thread's read (a pool's barrier) orders them.
  */
 #include <cpuid.h>
 #include <immintrin.h>
@@ -120,6 +123,19 @@ static void st_bf16_encode_scalar(void *dst, const void *src, size_t n)
         st_store16(d + 2 * i, st_bf16_from_bits(st_load32(s + 4 * i)));
 }
 
+/* The reference of st_codec_bf16_encode_stream: the encode above, and each code widened. */
+static void st_bf16_encode_stream_scalar(void *dst, void *wide, const void *src, size_t n)
+{
+    unsigned char *d = dst, *w = wide;
+    const unsigned char *s = src;
+    for (size_t i = 0; i < n; i++) {
+        uint16_t h = st_bf16_from_bits(st_load32(s + 4 * i));
+        st_store16(d + 2 * i, h);
+        if (w)
+            st_store32(w + 4 * i, (uint32_t)h << 16);
+    }
+}
+
 static void st_bf16_decode_scalar(void *dst, const void *src, size_t n)
 {
     unsigned char *d = dst;
@@ -192,6 +208,56 @@ ST_AVX2 static void st_bf16_encode_avx2(void *dst, const void *src, size_t n)
         st_bf16_encode16_avx2(out, in);
         memcpy(d + 2 * i, out, 2 * (n - i));
     }
+}
+
+/* k <= 16 elements through zero-padded stack buffers and the vector step (heads and tails). */
+ST_AVX2 static void st_bf16_stream_part_avx2(unsigned char *d, unsigned char *w,
+                                             const unsigned char *s, size_t k)
+{
+    unsigned char in[64] = {0}, out[32], wo[64];
+    memcpy(in, s, 4 * k);
+    __m256i r0 = st_bf16_round8_avx2(_mm256_loadu_si256((const __m256i *)in));
+    __m256i r1 = st_bf16_round8_avx2(_mm256_loadu_si256((const __m256i *)(in + 32)));
+    _mm256_storeu_si256((__m256i *)out, _mm256_permute4x64_epi64(_mm256_packus_epi32(r0, r1), 0xd8));
+    memcpy(d, out, 2 * k);
+    if (w) {
+        _mm256_storeu_si256((__m256i *)wo, _mm256_slli_epi32(r0, 16));
+        _mm256_storeu_si256((__m256i *)(wo + 32), _mm256_slli_epi32(r1, 16));
+        memcpy(w, wo, 4 * k);
+    }
+}
+
+/* Streaming stores need dst 32-byte aligned: the elements before that go through the part step
+ * (a dst at an odd address never gets there and is written with ordinary stores). */
+ST_AVX2 static void st_bf16_encode_stream_avx2(void *dst, void *wide, const void *src, size_t n)
+{
+    unsigned char *d = dst, *w = wide;
+    const unsigned char *s = src;
+    size_t i = 0;
+    int nt = ((uintptr_t)d & 1u) == 0;
+    while (nt && i < n && ((uintptr_t)(d + 2 * i) & 31u)) {
+        size_t k = (32u - ((uintptr_t)(d + 2 * i) & 31u)) / 2u;
+        k = k < n - i ? k : n - i;
+        st_bf16_stream_part_avx2(d + 2 * i, w ? w + 4 * i : NULL, s + 4 * i, k);
+        i += k;
+    }
+    for (; i + 16 <= n; i += 16) {
+        __m256i r0 = st_bf16_round8_avx2(_mm256_loadu_si256((const __m256i *)(s + 4 * i)));
+        __m256i r1 = st_bf16_round8_avx2(_mm256_loadu_si256((const __m256i *)(s + 4 * i + 32)));
+        __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(r0, r1), 0xd8);
+        if (nt)
+            _mm256_stream_si256((__m256i *)(d + 2 * i), p);
+        else
+            _mm256_storeu_si256((__m256i *)(d + 2 * i), p);
+        if (w) {
+            _mm256_storeu_si256((__m256i *)(w + 4 * i), _mm256_slli_epi32(r0, 16));
+            _mm256_storeu_si256((__m256i *)(w + 4 * i + 32), _mm256_slli_epi32(r1, 16));
+        }
+    }
+    if (i < n)
+        st_bf16_stream_part_avx2(d + 2 * i, w ? w + 4 * i : NULL, s + 4 * i, n - i);
+    if (nt)
+        _mm_sfence();
 }
 
 ST_AVX2 static inline void st_bf16_decode16_avx2(unsigned char *d, const unsigned char *s)
@@ -302,6 +368,70 @@ ST_AVX512 static void st_bf16_encode_avx512(void *dst, const void *src, size_t n
     }
 }
 
+/* The rounded codes of 16 elements in 32-bit lanes (st_bf16_round16_avx512 before narrowing). */
+ST_AVX512 static inline __m512i st_bf16_round16w_avx512(__m512i u)
+{
+    const __m512i one = _mm512_set1_epi32(1);
+    const __m512i bias = _mm512_set1_epi32(0x7fff);
+    const __m512i absmask = _mm512_set1_epi32(0x7fffffff);
+    const __m512i inf = _mm512_set1_epi32(0x7f800000);
+    const __m512i quiet = _mm512_set1_epi32(0x0040);
+
+    __m512i hi = _mm512_srli_epi32(u, 16);
+    __m512i r = _mm512_srli_epi32(
+        _mm512_add_epi32(_mm512_add_epi32(u, bias), _mm512_and_si512(hi, one)), 16);
+    __mmask16 isnan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, absmask), inf);
+    return _mm512_mask_or_epi32(r, isnan, hi, quiet);
+}
+
+/* k <= 16 elements with masked loads and stores (heads and tails). */
+ST_AVX512 static inline void st_bf16_stream_part_avx512(unsigned char *d, unsigned char *w,
+                                                        const unsigned char *s, size_t k)
+{
+    __mmask16 m = k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << k) - 1u);
+    __m512i r = st_bf16_round16w_avx512(_mm512_maskz_loadu_epi32(m, s));
+    _mm256_mask_storeu_epi16(d, m, _mm512_cvtepi32_epi16(r));
+    if (w)
+        _mm512_mask_storeu_epi32(w, m, _mm512_slli_epi32(r, 16));
+}
+
+/* Streaming stores need dst 64-byte aligned: the elements before that go through the part step
+ * (a dst at an odd address never gets there and is written with ordinary stores). */
+ST_AVX512 static void st_bf16_encode_stream_avx512(void *dst, void *wide, const void *src,
+                                                   size_t n)
+{
+    unsigned char *d = dst, *w = wide;
+    const unsigned char *s = src;
+    size_t i = 0;
+    int nt = ((uintptr_t)d & 1u) == 0;
+    while (nt && i < n && ((uintptr_t)(d + 2 * i) & 63u)) {
+        size_t k = (64u - ((uintptr_t)(d + 2 * i) & 63u)) / 2u;
+        k = k < 16 ? k : 16;
+        k = k < n - i ? k : n - i;
+        st_bf16_stream_part_avx512(d + 2 * i, w ? w + 4 * i : NULL, s + 4 * i, k);
+        i += k;
+    }
+    for (; i + 32 <= n; i += 32) {
+        __m512i r0 = st_bf16_round16w_avx512(_mm512_loadu_si512(s + 4 * i));
+        __m512i r1 = st_bf16_round16w_avx512(_mm512_loadu_si512(s + 4 * i + 64));
+        __m512i p = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(r0)),
+                                       _mm512_cvtepi32_epi16(r1), 1);
+        if (nt)
+            _mm512_stream_si512((void *)(d + 2 * i), p);
+        else
+            _mm512_storeu_si512(d + 2 * i, p);
+        if (w) {
+            _mm512_storeu_si512(w + 4 * i, _mm512_slli_epi32(r0, 16));
+            _mm512_storeu_si512(w + 4 * i + 64, _mm512_slli_epi32(r1, 16));
+        }
+    }
+    for (; i < n; i += 16)
+        st_bf16_stream_part_avx512(d + 2 * i, w ? w + 4 * i : NULL, s + 4 * i,
+                                   n - i < 16 ? n - i : 16);
+    if (nt)
+        _mm_sfence();
+}
+
 ST_AVX512 static void st_bf16_decode_avx512(void *dst, const void *src, size_t n)
 {
     unsigned char *d = dst;
@@ -359,21 +489,23 @@ ST_AVX512 static void st_f16_decode_avx512(void *dst, const void *src, size_t n)
 /* ---- dispatch ------------------------------------------------------------------------------ */
 
 typedef void (*st_elem_fn)(void *dst, const void *src, size_t n);
+typedef void (*st_elem_stream_fn)(void *dst, void *wide, const void *src, size_t n);
 
 typedef struct st_elem_impl {
     st_elem_fn bf16_encode;
     st_elem_fn bf16_decode;
     st_elem_fn f16_encode;
     st_elem_fn f16_decode;
+    st_elem_stream_fn bf16_encode_stream;
 } st_elem_impl;
 
 static const st_elem_impl st_elem_impls[] = {
     [ST_ISA_SCALAR] = {st_bf16_encode_scalar, st_bf16_decode_scalar, st_f16_encode_scalar,
-                       st_f16_decode_scalar},
+                       st_f16_decode_scalar, st_bf16_encode_stream_scalar},
     [ST_ISA_AVX2] = {st_bf16_encode_avx2, st_bf16_decode_avx2, st_f16_encode_avx2,
-                     st_f16_decode_avx2},
+                     st_f16_decode_avx2, st_bf16_encode_stream_avx2},
     [ST_ISA_AVX512] = {st_bf16_encode_avx512, st_bf16_decode_avx512, st_f16_encode_avx512,
-                       st_f16_decode_avx512},
+                       st_f16_decode_avx512, st_bf16_encode_stream_avx512},
 };
 
 static atomic_int st_isa_current = -1;
@@ -441,6 +573,11 @@ static const st_elem_impl *st_elem_current(void)
 void st_codec_bf16_encode(uint16_t *dst, const float *src, size_t n)
 {
     st_elem_current()->bf16_encode(dst, src, n);
+}
+
+void st_codec_bf16_encode_stream(uint16_t *dst, float *wide, const float *src, size_t n)
+{
+    st_elem_current()->bf16_encode_stream(dst, wide, src, n);
 }
 
 void st_codec_bf16_decode(float *dst, const uint16_t *src, size_t n)

@@ -237,6 +237,71 @@ static void test_tails_and_offsets(void **state)
     set_isa(st_codec_isa_best());
 }
 
+/* st_codec_bf16_encode_stream at every ISA level against the scalar st_codec_bf16_encode and
+ * st_codec_bf16_decode: random inputs, then every length 0..160 at every byte offset of dst in a
+ * 64-byte line (odd ones too: no streaming there), src at byte offsets 0..4, wide on or off,
+ * with guards around dst and wide that must stay untouched. */
+static void test_encode_stream(void **state)
+{
+    enum { MAXN = 160, PAD = 80 };
+    float *in = random_inputs(N_RANDOM);
+    uint16_t *want = malloc(N_RANDOM * sizeof *want), *got = malloc(N_RANDOM * sizeof *got);
+    float *wwant = malloc(N_RANDOM * sizeof *wwant), *wgot = malloc(N_RANDOM * sizeof *wgot);
+    unsigned char *db = aligned_alloc(64, 2 * MAXN + 2 * PAD), *wb = aligned_alloc(64, 4 * MAXN + 2 * PAD);
+    unsigned char *sb = malloc(4 * MAXN + 8);
+    assert_true(want && got && wwant && wgot && db && wb && sb);
+    set_isa(ST_ISA_SCALAR);
+    st_codec_bf16_encode(want, in, N_RANDOM);
+    st_codec_bf16_decode(wwant, want, N_RANDOM);
+    for (int level = ST_ISA_SCALAR; level <= (int)st_codec_isa_best(); level++) {
+        set_isa(level);
+        memset(got, 0xa5, N_RANDOM * sizeof *got);
+        memset(wgot, 0xa5, N_RANDOM * sizeof *wgot);
+        st_codec_bf16_encode_stream(got, wgot, in, N_RANDOM);
+        expect_same16(got, want, in, N_RANDOM, st_codec_isa_name(level));
+        expect_same32(wgot, wwant, want, N_RANDOM, st_codec_isa_name(level));
+        for (size_t n = 0; n <= MAXN; n++) {
+            for (size_t dof = 0; dof < 66; dof++) {
+                size_t so = dof % 5, wof = dof % 3 * 4 + (dof & 1);
+                int with_wide = dof % 4 != 3;
+                memcpy(sb + so, in + n, 4 * n);
+                memset(db, 0xa5, 2 * MAXN + 2 * PAD);
+                memset(wb, 0xa5, 4 * MAXN + 2 * PAD);
+                st_codec_bf16_encode_stream((uint16_t *)(void *)(db + PAD + dof),
+                                            with_wide ? (float *)(void *)(wb + PAD + wof) : NULL,
+                                            (const float *)(const void *)(sb + so), n);
+                for (size_t i = 0; i < n; i++) {
+                    uint16_t h;
+                    uint32_t u;
+                    memcpy(&h, db + PAD + dof + 2 * i, 2);
+                    memcpy(&u, wb + PAD + wof + 4 * i, 4);
+                    if (h != want[n + i] || (with_wide && u != f2u(wwant[n + i])))
+                        fail_msg("%s stream n=%zu dst+%zu element %zu input 0x%08x: got 0x%04x "
+                                 "0x%08x, reference 0x%04x 0x%08x", st_codec_isa_name(level), n,
+                                 dof, i, f2u(in[n + i]), h, u, want[n + i], f2u(wwant[n + i]));
+                }
+                for (size_t i = 0; i < 2 * MAXN + 2 * PAD; i++)
+                    if ((i < PAD + dof || i >= PAD + dof + 2 * n) && db[i] != 0xa5)
+                        fail_msg("%s stream n=%zu: wrote outside dst at %zu",
+                                 st_codec_isa_name(level), n, i);
+                for (size_t i = 0; i < 4 * MAXN + 2 * PAD; i++)
+                    if ((!with_wide || i < PAD + wof || i >= PAD + wof + 4 * n) && wb[i] != 0xa5)
+                        fail_msg("%s stream n=%zu: wrote outside wide at %zu",
+                                 st_codec_isa_name(level), n, i);
+            }
+        }
+    }
+    free(in);
+    free(want);
+    free(got);
+    free(wwant);
+    free(wgot);
+    free(db);
+    free(wb);
+    free(sb);
+    set_isa(st_codec_isa_best());
+}
+
 /* ---- the scalar reference against an independent model ------------------------------------ */
 
 /* Round |x| to a binary format of p significant bits, minimum exponent emin, largest finite
@@ -516,6 +581,7 @@ int main(void)
         cmocka_unit_test(test_decode_all_encodings),
         cmocka_unit_test(test_encode_random),
         cmocka_unit_test(test_tails_and_offsets),
+        cmocka_unit_test(test_encode_stream),
         cmocka_unit_test(test_scalar_against_model),
         cmocka_unit_test(test_convert_pairs),
         cmocka_unit_test(test_convert_errors),
