@@ -13,7 +13,9 @@
  *    architecture's, the arithmetic is the operations'.
  * 4. The bulk transfers (save, load) check every length and the pages before any task runs; the
  *    tasks, one per state hash block on the engine's pool, copy (or code) their block and digest
- *    it at its destination while it is in cache: one pass over the state, on every thread.
+ *    it at its destination while it is in cache (a save in bf16: the widened values the encode
+ *    leaves on the stack, its codes streamed to the image): one pass over the state, on every
+ *    thread.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -207,7 +209,7 @@ static int cpu_kv_write(void *bctx, void *st, uint32_t ti, uint64_t row0, uint64
 }
 
 /* ---- bulk transfers (st_backend.save / .load) -------------------------------------------- */
-#define WIDEN_SLICE 4096u /* fp32 elements widened on the stack per digest update */
+#define WIDEN_SLICE 4096u /* bf16 elements coded per digest update, widened on the stack */
 
 typedef struct bulk_job {
     cpu_ctx *c;
@@ -220,26 +222,6 @@ typedef struct bulk_job {
     uint64_t *digests;
     int err;            /* first error of a task (atomics) */
 } bulk_job;
-
-/* The digest of n fp32 values held in codec at src, widened (exact), as st_store.h defines it. */
-static int widened_digest(uint32_t codec, const uint8_t *src, uint64_t n, uint64_t *out)
-{
-    st_checksum_state cs = {0};
-    float buf[WIDEN_SLICE];
-    size_t es = st_codec_elem_size(codec);
-    int rc;
-    if ((rc = st_checksum_init(&cs)))
-        return rc;
-    for (uint64_t i = 0; i < n; i += WIDEN_SLICE) {
-        uint64_t k = n - i < WIDEN_SLICE ? n - i : WIDEN_SLICE;
-        if ((rc = st_codec_convert(ST_CODEC_FP32, buf, codec, src + i * es, (size_t)k, NULL, 0)))
-            break;
-        st_checksum_update(&cs, buf, (size_t)k * 4);
-    }
-    *out = st_checksum_final(&cs);
-    st_checksum_free(&cs);
-    return rc;
-}
 
 static void bulk_task(void *ctx, uint32_t task, uint32_t thread)
 {
@@ -289,11 +271,22 @@ static void bulk_task(void *ctx, uint32_t task, uint32_t thread)
                                       NULL, 0);
                 *dg = st_checksum(live, (size_t)len);
             } else {
-                /* coded into the image, digested as a restore will widen it */
-                rc = st_codec_convert(j->codec, coded, ST_CODEC_FP32, live, (size_t)(len / 4),
-                                      NULL, 0);
-                if (!rc)
-                    rc = widened_digest(j->codec, coded, len / 4, dg);
+                /* coded into the image (streaming stores: a snapshot's bytes are not read
+                 * soon), digested as a restore will widen it from the widened values the
+                 * encode leaves on the stack: one pass over the live state */
+                st_checksum_state cs = {0};
+                float buf[WIDEN_SLICE];
+                if (!(rc = st_checksum_init(&cs))) {
+                    for (uint64_t i = 0; i < len / 4; i += WIDEN_SLICE) {
+                        uint64_t k = len / 4 - i < WIDEN_SLICE ? len / 4 - i : WIDEN_SLICE;
+                        st_codec_bf16_encode_stream((uint16_t *)(void *)(coded + 2 * i), buf,
+                                                    (const float *)(const void *)(live + 4 * i),
+                                                    (size_t)k);
+                        st_checksum_update(&cs, buf, (size_t)k * 4);
+                    }
+                }
+                *dg = st_checksum_final(&cs);
+                st_checksum_free(&cs);
             }
         }
     }

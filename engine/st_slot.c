@@ -668,6 +668,12 @@ static void conv_task(void *ctx, uint32_t task, uint32_t thread)
     }
     const conv_piece *c = &r->pc[lo];
     uint64_t e0 = (task - r->first[lo]) * CONV_BLOCK, k = c->n - e0 < CONV_BLOCK ? c->n - e0 : CONV_BLOCK;
+    if (c->dcodec == ST_CODEC_BF16 && c->scodec == ST_CODEC_FP32) {
+        /* a snapshot's checkpoint: streamed to the image, which is not read again soon */
+        st_codec_bf16_encode_stream((uint16_t *)c->dst + e0, NULL, (const float *)c->src + e0,
+                                    (size_t)k);
+        return;
+    }
     int rc = st_codec_convert(c->dcodec, (uint8_t *)c->dst + e0 * st_codec_elem_size(c->dcodec),
                               c->scodec, (const uint8_t *)c->src + e0 * st_codec_elem_size(c->scodec),
                               (size_t)k, NULL, 0);
