@@ -5,6 +5,7 @@
  *
  *   bench_engine [--quick] [--threads N] [--dir DIR]
  *   bench_engine --model FILE --tokens-file F [--n-gen N] [--threads N] [--runs R] [--dir DIR]
+ *                [--eval-runs E]
  *
  * Every figure is printed with a ratio to a limit measured in the same run: the machine's
  * memcpy bandwidth (decode streams the weights once per token) and its fused-multiply-add peak
@@ -16,7 +17,8 @@
  * of N greedy tokens, then PARK to RAM, a session file SAVE (durable) and LOAD (verified), and a
  * store SAVE and RESTORE (verified), fp32 and bf16, with the default conversation cache and with
  * it off, and the disk's own figures for the session file's bytes (one write + fsync + rename +
- * directory fsync, and the write alone); best of R for each; one JSON line on stdout.
+ * directory fsync, and the write alone); best of R for each (the prompt read and decoded E
+ * times, default R: bench_vs_llama --state-only passes 1); one JSON line on stdout.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -520,7 +522,7 @@ static void side_state(rig *r, const char *dir, uint32_t codec, int runs, const 
 }
 
 static int side_main(const char *model, const char *tokens_file, uint32_t n_gen, uint32_t threads,
-                     int runs, const char *dir)
+                     int runs, int eval_runs, const char *dir)
 {
     uint64_t n;
     uint32_t *tok = read_tokens(tokens_file, &n);
@@ -532,7 +534,7 @@ static int side_main(const char *model, const char *tokens_file, uint32_t n_gen,
     rig r;
     rig_open(&r, model, &o);
     double tp, td;
-    side_eval(&r, tok, n, n_gen, runs, &tp, &td);
+    side_eval(&r, tok, n, n_gen, eval_runs, &tp, &td);
     printf("{\"engine\":\"strata\",\"threads\":%u,\"n_prompt\":%llu,\"n_gen\":%u,\"n_ctx\":%u,"
            "\"isa\":\"%s\",\"rss_base_mb\":%.1f,\"prefill_tps\":%.3f,\"decode_tps\":%.3f,"
            "\"rss_mb\":%.1f,",
@@ -560,7 +562,7 @@ static int side_main(const char *model, const char *tokens_file, uint32_t n_gen,
 
 int main(int argc, char **argv)
 {
-    int quick = 0, runs = 3;
+    int quick = 0, runs = 3, eval_runs = 0;
     uint32_t threads = 0, n_gen = 32;
     const char *model = NULL, *tokens_file = NULL;
     const char *dir = getenv("TMPDIR");
@@ -581,10 +583,12 @@ int main(int argc, char **argv)
             n_gen = (uint32_t)atoi(argv[++i]);
         else if (!strcmp(argv[i], "--runs") && i + 1 < argc)
             runs = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--eval-runs") && i + 1 < argc)
+            eval_runs = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: bench_engine [--quick] [--threads N] [--dir DIR]\n"
                             "       bench_engine --model FILE --tokens-file F [--n-gen N (32)] "
-                            "[--threads N] [--runs R (3)] [--dir DIR]\n");
+                            "[--threads N] [--runs R (3)] [--dir DIR] [--eval-runs E (R)]\n");
             return 2;
         }
     }
@@ -593,11 +597,14 @@ int main(int argc, char **argv)
         threads = n > 0 ? (uint32_t)n : 1;
     }
     if (model || tokens_file) {
-        if (!model || !tokens_file || runs < 1 || n_gen < 1) {
-            fprintf(stderr, "bench_engine: --model needs --tokens-file, --runs >= 1, --n-gen >= 1\n");
+        if (!eval_runs)
+            eval_runs = runs;
+        if (!model || !tokens_file || runs < 1 || n_gen < 1 || eval_runs < 1) {
+            fprintf(stderr, "bench_engine: --model needs --tokens-file, --runs >= 1, --n-gen >= 1, "
+                            "--eval-runs >= 1\n");
             return 2;
         }
-        return side_main(model, tokens_file, n_gen, threads, runs, dir);
+        return side_main(model, tokens_file, n_gen, threads, runs, eval_runs, dir);
     }
     double mem = memcpy_gbs();
     double peak = fma_peak(threads);

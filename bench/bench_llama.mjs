@@ -3,11 +3,13 @@
 // JSON line with the figures bench_vs_llama.mjs sets side by side (docs/BENCHMARKS.md).
 //
 //   node bench/bench_llama.mjs -m MODEL --tokens-file F --n-gen N --threads T --runs R --dir DIR
+//        [--eval-runs E (R)]
 //
 // Per run: a cleared sequence reads the prompt (one batch; the first token sampled, greedy) and
 // then generates N tokens one at a time (each fed back and read: N forward passes). Then the
 // sequence's state is saved with saveStateToFile (no fsync: what node-llama-cpp does) and
-// loaded again with loadStateFromFile (unverified: llama.cpp trusts the file) R times each.
+// loaded again with loadStateFromFile (unverified: llama.cpp trusts the file) R times each (the
+// prompt is read E times; bench_vs_llama --state-only passes 1).
 // Best of R for every figure. Resident memory (VmRSS of this process) before the model is
 // loaded and after the runs. Exit 0 on success, 1 on failure (message on stderr).
 import fs from "node:fs";
@@ -21,7 +23,7 @@ const {getLlama, LlamaLogLevel} = await import(require.resolve("node-llama-cpp")
 
 function usage(msg) {
     process.stderr.write(`bench_llama: ${msg}\nusage: node bench_llama.mjs -m MODEL --tokens-file F ` +
-        "--n-gen N --threads T --runs R --dir DIR\n");
+        "--n-gen N --threads T --runs R --dir DIR [--eval-runs E]\n");
     process.exit(2);
 }
 
@@ -34,11 +36,13 @@ for (let i = 2; i < process.argv.length; i += 2) {
     else if (k === "--n-gen") a.nGen = Number(v);
     else if (k === "--threads") a.threads = Number(v);
     else if (k === "--runs") a.runs = Number(v);
+    else if (k === "--eval-runs") a.evalRuns = Number(v);
     else if (k === "--dir") a.dir = v;
     else usage(`unknown option ${k}`);
 }
 if (!a.model || !a.tokensFile || !a.dir) usage("-m, --tokens-file and --dir are needed");
-for (const k of ["nGen", "threads", "runs"])
+a.evalRuns ??= a.runs;
+for (const k of ["nGen", "threads", "runs", "evalRuns"])
     if (!Number.isInteger(a[k]) || a[k] < 1) usage(`${k} needs a positive integer`);
 
 function rssMb(field = "VmRSS") {
@@ -62,7 +66,7 @@ try {
     const out = {engine: "llama.cpp", threads: a.threads, n_prompt: tokens.length, n_gen: a.nGen,
                  n_ctx: ctx.contextSize, flash_attention: ctx.flashAttention, rss_base_mb: rssBase};
     let bestPrefill = Infinity, bestDecode = Infinity;
-    for (let r = 0; r < a.runs; r++) {
+    for (let r = 0; r < a.evalRuns; r++) {
         await seq.clearHistory();
         const gen = seq.evaluate(tokens, {temperature: 0});
         let t = performance.now();

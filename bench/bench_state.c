@@ -5,6 +5,7 @@
  *
  *   bench_state --model FILE --tokens-file F [--n-gen N (32)] [--threads N (2)] [--runs R (10)]
  *               [--dir DIR ($TMPDIR or /tmp)] [--cache-off] [--only park|file]
+ *               [--codec fp32|bf16 (both)]
  *
  * The prompt is read once and N tokens decoded (the conversation of bench_engine --model); then
  * each path runs R times; best and median of each in ms, one line per path.
@@ -134,7 +135,7 @@ static void paths(st_slot *s, const st_file_read_opts *ro, uint32_t codec, int r
 
 int main(int argc, char **argv)
 {
-    const char *model = NULL, *tokens_file = NULL, *only = NULL;
+    const char *model = NULL, *tokens_file = NULL, *only = NULL, *codec = NULL;
     const char *dir = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
     uint32_t n_gen = 32, threads = 2;
     int runs = 10, cache_off = 0, rc;
@@ -153,19 +154,22 @@ int main(int argc, char **argv)
             dir = argv[++i];
         else if (!strcmp(argv[i], "--only") && i + 1 < argc)
             only = argv[++i];
+        else if (!strcmp(argv[i], "--codec") && i + 1 < argc)
+            codec = argv[++i];
         else if (!strcmp(argv[i], "--cache-off"))
             cache_off = 1;
         else {
             fprintf(stderr, "usage: bench_state --model FILE --tokens-file F [--n-gen N (32)] "
                             "[--threads N (2)] [--runs R (10)] [--dir DIR] [--cache-off] "
-                            "[--only park|file]\n");
+                            "[--only park|file] [--codec fp32|bf16]\n");
             return 2;
         }
     }
     if (!model || !tokens_file || runs < 1 || threads < 1 ||
-        (only && strcmp(only, "park") && strcmp(only, "file"))) {
+        (only && strcmp(only, "park") && strcmp(only, "file")) ||
+        (codec && strcmp(codec, "fp32") && strcmp(codec, "bf16"))) {
         fprintf(stderr, "bench_state: --model and --tokens-file needed, --runs >= 1, --only "
-                        "park|file\n");
+                        "park|file, --codec fp32|bf16\n");
         return 2;
     }
     uint64_t n;
@@ -194,8 +198,10 @@ int main(int argc, char **argv)
            cache_off ? ", conversation cache off" : "");
     /* a LOAD reads into the engine's image buffers, as the server's does */
     st_file_read_opts ro = {.alloc = st_engine_image_allocator(e)};
-    paths(s, &ro, ST_CODEC_FP32, runs, dir, only);
-    paths(s, &ro, ST_CODEC_BF16, runs, dir, only);
+    if (!codec || !strcmp(codec, "fp32"))
+        paths(s, &ro, ST_CODEC_FP32, runs, dir, only);
+    if (!codec || !strcmp(codec, "bf16"))
+        paths(s, &ro, ST_CODEC_BF16, runs, dir, only);
     st_slot_free(s);
     st_engine_free(e);
     st_model_free(m);

@@ -3,6 +3,7 @@
 //
 //   node bench/bench_vs_llama.mjs [--build DIR (build)] [--dir SCRATCH] [--models LIST]
 //        [--threads 1,2] [--runs R (3)] [--n-prompt N (512)] [--n-gen N (32)] [--quick] [--smoke]
+//        [--state-only]
 //
 // LIST: comma-separated PRESET:TYPE, each written by strata-mkmodel (seeded weights, --arch
 // taken from the preset) into SCRATCH (default $TMPDIR or /tmp, a folder of its own, removed
@@ -12,8 +13,11 @@
 // the same token file; each engine is reported at its best thread count per figure. --quick:
 // one run of each instead of R. --smoke: tiny presets, 32 prompt tokens, 4 decoded, 1 run, 1
 // thread (the ctest bench_vs_llama_smoke: that the harness runs and prints its table; its
-// figures mean nothing). Exit 1 when a side fails on a file it should run; a model Strata
-// refuses (a weight type it does not load) is reported as refused and the run goes on.
+// figures mean nothing). --state-only: the state rows alone, quickly: each side reads the prompt
+// and decodes once, at the largest of --threads only (the best on this VM), then runs the state
+// paths R times; no prefill / decode rows. Exit 1 when a side fails on a file it should run; a
+// model Strata refuses (a weight type it does not load) is reported as refused and the run goes
+// on.
 import {execFileSync, spawnSync} from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
@@ -24,7 +28,7 @@ const here = path.dirname(new URL(import.meta.url).pathname);
 function usage(msg) {
     process.stderr.write(`bench_vs_llama: ${msg}\nusage: node bench/bench_vs_llama.mjs [--build DIR] ` +
         "[--dir SCRATCH] [--models PRESET:TYPE,...] [--threads 1,2] [--runs R] [--n-prompt N] " +
-        "[--n-gen N] [--quick] [--smoke]\n");
+        "[--n-gen N] [--quick] [--smoke] [--state-only]\n");
     process.exit(2);
 }
 
@@ -33,6 +37,7 @@ const a = {build: "build", dir: process.env.TMPDIR || "/tmp", threads: "1,2", ru
 for (let i = 2; i < process.argv.length; i++) {
     const k = process.argv[i];
     if (k === "--quick") { a.runs = 1; continue; }
+    if (k === "--state-only") { a.stateOnly = true; continue; }
     if (k === "--smoke") {
         Object.assign(a, {runs: 1, nPrompt: 32, nGen: 4, threads: "1", models: "qwen35-tiny:F32,tiny:Q8_0"});
         continue;
@@ -50,8 +55,9 @@ for (let i = 2; i < process.argv.length; i++) {
 }
 for (const k of ["runs", "nPrompt", "nGen"])
     if (!Number.isInteger(a[k]) || a[k] < 1) usage(`${k} needs a positive integer`);
-const threads = a.threads.split(",").map(Number);
+let threads = a.threads.split(",").map(Number);
 if (!threads.length || threads.some((t) => !Number.isInteger(t) || t < 1)) usage("--threads: positive integers");
+if (a.stateOnly) threads = [Math.max(...threads)];
 const models = a.models.split(",").map((m) => {
     const [preset, type] = m.split(":");
     if (!preset || !type) usage(`model "${m}" is not PRESET:TYPE`);
@@ -74,7 +80,8 @@ const load = () => os.loadavg().map((x) => x.toFixed(2)).join(" ");
 const freeGB = () => { const s = fs.statfsSync(scratch); return s.bavail * s.bsize / 1e9; };
 const cpu = (os.cpus()[0]?.model ?? "?").trim();
 console.log(`bench_vs_llama: ${os.cpus().length} CPUs (${cpu}), ${(os.totalmem() / 2 ** 30).toFixed(1)} GiB; ` +
-    `prompt ${a.nPrompt} tokens, ${a.nGen} decoded, best of ${a.runs} runs, threads ${threads.join(" and ")}; ` +
+    `prompt ${a.nPrompt} tokens, ${a.nGen} decoded, best of ${a.runs} runs, threads ${threads.join(" and ")}` +
+    `${a.stateOnly ? " (--state-only: the prompt read once, the state rows alone)" : ""}; ` +
     `load average ${load()}`);
 
 function side(cmd, args) {
@@ -179,7 +186,7 @@ for (const m of models) {
     let refused = null;
     for (const t of threads) {
         const common = ["--tokens-file", tf, "--n-gen", String(a.nGen), "--threads", String(t),
-                        "--runs", String(a.runs), "--dir", scratch];
+                        "--runs", String(a.runs), "--dir", scratch, ...(a.stateOnly ? ["--eval-runs", "1"] : [])];
         if (!refused) {
             const r = side(benchBin, ["--model", file, ...common]);
             if (r.ok) st.push(r.ok);
@@ -193,7 +200,7 @@ for (const m of models) {
     console.log(`\n${m.preset} ${m.type} (--arch ${m.arch}): ${fileMB.toFixed(1)} MB file (tensors: ${types}); ` +
         `context ${a.nPrompt + a.nGen}; load average ${loadBefore} before, ${load()} after`);
     if (refused) console.log(`  strata: refused the file: ${refused}`);
-    for (const r of [...st, ...ll])
+    for (const r of a.stateOnly ? [] : [...st, ...ll])
         console.log(`  ${pad(r.engine, 9)} ${r.threads} thread${r.threads > 1 ? "s" : " "}: prefill ` +
             `${r.prefill_tps.toFixed(1)} tok/s, decode ${r.decode_tps.toFixed(2)} tok/s, resident ` +
             `${r.rss_mb.toFixed(0)} MB (before loading ${r.rss_base_mb.toFixed(0)} MB, peak ${r.hwm_mb.toFixed(0)} MB)` +
@@ -211,8 +218,8 @@ for (const m of models) {
     row("figure", "strata", "llama.cpp", "ratio", "target", "");
     const rate = (runs, k) => bestRate(runs, (r) => r[k]);
     const rateCell = (b) => (b ? `${b.v.toFixed(2)} (${b.t}T)` : "-");
-    for (const [k, name, target] of [["prefill_tps", `prefill tok/s, ${a.nPrompt} tokens`, 0.8],
-                                     ["decode_tps", "decode tok/s", 1.0]]) {
+    for (const [k, name, target] of a.stateOnly ? [] : [["prefill_tps", `prefill tok/s, ${a.nPrompt} tokens`, 0.8],
+                                                         ["decode_tps", "decode tok/s", 1.0]]) {
         const s = rate(st, k), l = rate(ll, k);
         const x = s && l ? s.v / l.v : NaN;
         row(name, rateCell(s), rateCell(l), fx(x), `>= ${target}x`, s ? met(x >= target) : "");
@@ -259,6 +266,12 @@ for (const m of models) {
     };
     stateRows((r) => r, "");
     stateRows((r) => r.cache_off, ", cache off");
+    // what the default session file holds: the current state (the file of the same conversation
+    // with the cache off) and the resume checkpoint a follow-up that diverges restores from
+    const fon = bestTime(st, (r) => r.bf16?.file_save), foff = bestTime(st, (r) => r.cache_off?.bf16?.file_save);
+    if (fon && foff)
+        row("session file bytes bf16: state + checkpoint", `${fmtMB(foff.f.bytes)} + ${fmtMB(fon.f.bytes - foff.f.bytes)} MB`,
+            `${fmtMB(lsave.f.bytes)} MB`, `${fx(foff.f.bytes / lsave.f.bytes)} + ${fx((fon.f.bytes - foff.f.bytes) / lsave.f.bytes)}`, "", "");
     const rs = st.length ? Math.max(...st.map((r) => r.rss_mb)) : NaN;
     const rl = Math.max(...ll.map((r) => r.rss_mb)), bl = Math.min(...ll.map((r) => r.rss_base_mb));
     row("resident memory after decode, MB", Number.isFinite(rs) ? rs.toFixed(0) : "-",
