@@ -3,7 +3,8 @@
  * to memcpy measured in the same run.
  *
  * Element codecs: for every ISA level this CPU has, bf16 and f16 encode (fp32 -> 16 bit) and
- * decode (16 bit -> fp32) over --size-mib MiB of fp32 (default 1024). The figure is GB/s of fp32
+ * decode (16 bit -> fp32), and the snapshot direction's bf16 encode in streaming stores ("bf16
+ * stream", st_codec_bf16_encode_stream), over --size-mib MiB of fp32 (default 1024). The figure is GB/s of fp32
  * data processed (10^9 bytes of fp32 read by an encode or written by a decode, per second), and
  * "x memcpy" is the time memcpy takes to copy the same fp32 byte count divided by the codec's
  * time. The memcpy is sampled before every timed run all through the benchmark and its best time
@@ -83,6 +84,10 @@ static void run_bf16_encode(void *dst, const void *src, size_t n)
 {
     st_codec_bf16_encode(dst, src, n);
 }
+static void run_bf16_stream(void *dst, const void *src, size_t n)
+{
+    st_codec_bf16_encode_stream(dst, NULL, src, n);
+}
 static void run_bf16_decode(void *dst, const void *src, size_t n)
 {
     st_codec_bf16_decode(dst, src, n);
@@ -142,15 +147,17 @@ static int bench_elements(size_t bytes)
         {"bf16 decode", run_bf16_decode, 0},
         {"f16 encode", run_f16_encode, 1},
         {"f16 decode", run_f16_decode, 0},
+        {"bf16 stream", run_bf16_stream, 1},
     };
-    double t[ST_ISA_AVX512 + 1][4];
-    uint64_t ref_sum[4] = {0};
+    enum { N_OPS = sizeof ops / sizeof ops[0] };
+    double t[ST_ISA_AVX512 + 1][N_OPS];
+    uint64_t ref_sum[N_OPS] = {0};
     int same = 1;
     int best_level = (int)st_codec_isa_best();
     for (int level = ST_ISA_SCALAR; level <= best_level; level++) {
         if (st_codec_isa_set((st_codec_isa_level)level) != 0)
             return 1;
-        for (size_t o = 0; o < 4; o++) {
+        for (size_t o = 0; o < N_OPS; o++) {
             uint64_t sum;
             if (ops[o].encode) {
                 t[level][o] = best_time(&lim, ops[o].fn, half, src, n);
@@ -168,15 +175,17 @@ static int bench_elements(size_t bytes)
         }
     }
     st_codec_isa_set(st_codec_isa_best());
+    if (ref_sum[N_OPS - 1] != ref_sum[0]) /* the streaming encode writes the encode's codes */
+        same = 0;
 
     printf("Element codecs: %zu MiB of fp32 (%zu values), best of %d; GB/s = 10^9 bytes of fp32 "
            "per second\n", bytes >> 20, n, RUNS);
     printf("memcpy of the same fp32 bytes: %.2f GB/s (the limit: best of %d copies made between "
            "the runs; x memcpy = memcpy time / op time)\n\n", (double)(n * 4) / lim.best / 1e9,
-           RUNS * 4 * (best_level + 1));
+           RUNS * N_OPS * (best_level + 1));
     printf("%-12s %-8s %10s %10s\n", "op", "isa", "GB/s fp32", "x memcpy");
     for (int level = ST_ISA_SCALAR; level <= best_level; level++)
-        for (size_t o = 0; o < 4; o++)
+        for (size_t o = 0; o < N_OPS; o++)
             printf("%-12s %-8s %10.2f %10.2f\n", ops[o].name,
                    st_codec_isa_name((st_codec_isa_level)level),
                    (double)(n * 4) / t[level][o] / 1e9, lim.best / t[level][o]);

@@ -5,10 +5,12 @@
  *
  *   bench_state --model FILE --tokens-file F [--n-gen N (32)] [--threads N (2)] [--runs R (10)]
  *               [--dir DIR ($TMPDIR or /tmp)] [--cache-off] [--only park|file]
- *               [--codec fp32|bf16 (both)]
+ *               [--codec fp32|bf16 (both)] [--compress L (0: none)]
  *
  * The prompt is read once and N tokens decoded (the conversation of bench_engine --model); then
- * each path runs R times; best and median of each in ms, one line per path.
+ * each path runs R times; best and median of each in ms, one line per path. --compress L: the
+ * session file's checkpoints as shuffled zstd frames of level L (st_file_write_opts.compress),
+ * to weigh their size against their SAVE cost.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -73,8 +75,8 @@ static uint32_t *read_tokens(const char *path, uint64_t *n)
     return t;
 }
 
-static void paths(st_slot *s, const st_file_read_opts *ro, uint32_t codec, int runs,
-                  const char *dir, const char *only)
+static void paths(st_slot *s, const st_file_read_opts *ro, const st_file_write_opts *wo,
+                  uint32_t codec, int runs, const char *dir, const char *only)
 {
     double *a = calloc((size_t)runs, sizeof *a), *b = calloc((size_t)runs, sizeof *b);
     char path[4200];
@@ -109,7 +111,7 @@ static void paths(st_slot *s, const st_file_read_opts *ro, uint32_t codec, int r
             st_image *img = NULL, *back = NULL;
             double t = now_ms();
             if ((rc = st_slot_snapshot(s, ST_SNAPSHOT_SESSION, codec, &img)) ||
-                (rc = st_file_write(img, path, NULL)))
+                (rc = st_file_write(img, path, wo)))
                 die("save", rc);
             a[k] = now_ms() - t;
             st_image_free(img);
@@ -124,9 +126,9 @@ static void paths(st_slot *s, const st_file_read_opts *ro, uint32_t codec, int r
             st_image_free(back);
             unlink(path);
         }
-        snprintf(name, sizeof name, "session SAVE %s (durable)", cn);
+        snprintf(name, sizeof name, "session SAVE %s%s (durable)", cn, wo ? " zstd" : "");
         report(name, a, runs, fb);
-        snprintf(name, sizeof name, "session LOAD %s (verified)", cn);
+        snprintf(name, sizeof name, "session LOAD %s%s (verified)", cn, wo ? " zstd" : "");
         report(name, b, runs, fb);
     }
     free(a);
@@ -138,7 +140,7 @@ int main(int argc, char **argv)
     const char *model = NULL, *tokens_file = NULL, *only = NULL, *codec = NULL;
     const char *dir = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
     uint32_t n_gen = 32, threads = 2;
-    int runs = 10, cache_off = 0, rc;
+    int runs = 10, cache_off = 0, level = 0, rc;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--model") && i + 1 < argc)
             model = argv[++i];
@@ -154,6 +156,8 @@ int main(int argc, char **argv)
             dir = argv[++i];
         else if (!strcmp(argv[i], "--only") && i + 1 < argc)
             only = argv[++i];
+        else if (!strcmp(argv[i], "--compress") && i + 1 < argc)
+            level = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--codec") && i + 1 < argc)
             codec = argv[++i];
         else if (!strcmp(argv[i], "--cache-off"))
@@ -161,15 +165,15 @@ int main(int argc, char **argv)
         else {
             fprintf(stderr, "usage: bench_state --model FILE --tokens-file F [--n-gen N (32)] "
                             "[--threads N (2)] [--runs R (10)] [--dir DIR] [--cache-off] "
-                            "[--only park|file] [--codec fp32|bf16]\n");
+                            "[--only park|file] [--codec fp32|bf16] [--compress L]\n");
             return 2;
         }
     }
     if (!model || !tokens_file || runs < 1 || threads < 1 ||
         (only && strcmp(only, "park") && strcmp(only, "file")) ||
-        (codec && strcmp(codec, "fp32") && strcmp(codec, "bf16"))) {
+        (codec && strcmp(codec, "fp32") && strcmp(codec, "bf16")) || level < 0 || level > 19) {
         fprintf(stderr, "bench_state: --model and --tokens-file needed, --runs >= 1, --only "
-                        "park|file, --codec fp32|bf16\n");
+                        "park|file, --codec fp32|bf16, --compress 0..19\n");
         return 2;
     }
     uint64_t n;
@@ -198,10 +202,11 @@ int main(int argc, char **argv)
            cache_off ? ", conversation cache off" : "");
     /* a LOAD reads into the engine's image buffers, as the server's does */
     st_file_read_opts ro = {.alloc = st_engine_image_allocator(e)};
+    st_file_write_opts wopts = {.compress = level, .shuffle = 1}, *wo = level ? &wopts : NULL;
     if (!codec || !strcmp(codec, "fp32"))
-        paths(s, &ro, ST_CODEC_FP32, runs, dir, only);
+        paths(s, &ro, wo, ST_CODEC_FP32, runs, dir, only);
     if (!codec || !strcmp(codec, "bf16"))
-        paths(s, &ro, ST_CODEC_BF16, runs, dir, only);
+        paths(s, &ro, wo, ST_CODEC_BF16, runs, dir, only);
     st_slot_free(s);
     st_engine_free(e);
     st_model_free(m);
