@@ -243,11 +243,12 @@ static void test_tails_and_offsets(void **state)
  * with guards around dst and wide that must stay untouched. */
 static void test_encode_stream(void **state)
 {
-    enum { MAXN = 160, PAD = 80 };
+    enum { MAXN = 160, PAD = 96 }; /* 2 * MAXN + 2 * PAD and 4 * MAXN + 2 * PAD: multiples of 64 */
     float *in = random_inputs(N_RANDOM);
     uint16_t *want = malloc(N_RANDOM * sizeof *want), *got = malloc(N_RANDOM * sizeof *got);
     float *wwant = malloc(N_RANDOM * sizeof *wwant), *wgot = malloc(N_RANDOM * sizeof *wgot);
-    unsigned char *db = aligned_alloc(64, 2 * MAXN + 2 * PAD), *wb = aligned_alloc(64, 4 * MAXN + 2 * PAD);
+    unsigned char *db = aligned_alloc(64, 2 * MAXN + 2 * PAD);
+    unsigned char *wb = aligned_alloc(64, 4 * MAXN + 2 * PAD);
     unsigned char *sb = malloc(4 * MAXN + 8);
     assert_true(want && got && wwant && wgot && db && wb && sb);
     set_isa(ST_ISA_SCALAR);
