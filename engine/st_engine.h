@@ -388,6 +388,38 @@ int64_t st_cache_victim(const st_cache_entry *e, size_t n, size_t k);
 /* Index of the deepest entry with position <= pos, or -1. */
 int64_t st_cache_mount_point(const st_cache_entry *e, size_t n, uint64_t pos);
 
+/* ---- chat templates (st_jinja_parse.c, st_jinja_eval.c) --------------------------------
+ * A Jinja interpreter for the chat templates models ship (tokenizer.chat_template), rendering
+ * byte for byte what @huggingface/jinja 0.5.11 renders (docs/MODELS.md, "Chat templates"):
+ * its defaults (lstrip_blocks and trim_blocks on, one trailing newline of the template
+ * dropped), its filters, tests and methods, its printing of none / true / 1.0 and its tojson.
+ * Values come from a jansson json_t; a real with an integral value is an integer, as in
+ * JavaScript. A parsed template is immutable and may be rendered from several threads. */
+typedef struct st_jinja st_jinja;
+struct json_t; /* jansson */
+
+/* Bounds of one render; exceeding any is ST_ETOOBIG naming the bound. */
+typedef struct st_jinja_limits {
+    uint64_t max_iterations; /* loop iterations in all, the items a loop filters included */
+    uint32_t max_depth;      /* macro calls and caller() blocks nested */
+    size_t max_output;       /* bytes of the output and of any string built on the way */
+    size_t max_memory;       /* bytes of working memory of one render */
+} st_jinja_limits;
+/* 1,000,000 iterations, depth 64, 16 MiB output, 256 MiB memory. */
+void st_jinja_limits_default(st_jinja_limits *l);
+
+/* Parse src (len bytes, at most 4 MiB). A syntax error is ST_EINVAL with the detail
+ * "line L, column C: what" (column in bytes, both from 1; the position in src as given, before
+ * the preprocessing) and, when line / col are not NULL, L and C in them (0 on other errors). */
+int st_jinja_parse(const char *src, size_t len, st_jinja **out, uint32_t *line, uint32_t *col);
+void st_jinja_free(st_jinja *t); /* accepts NULL */
+/* Render with the top-level keys of the object vars as variables (NULL: none). *out is
+ * malloc'd, NUL-terminated, *out_len bytes; the caller frees it. A runtime error is ST_EINVAL
+ * "line L, column C: what"; raise_exception(msg) is ST_EINVAL "raise_exception: msg". lim NULL:
+ * the defaults. */
+int st_jinja_render(const st_jinja *t, const struct json_t *vars, const st_jinja_limits *lim,
+                    char **out, size_t *out_len);
+
 #ifdef __cplusplus
 }
 #endif
