@@ -388,7 +388,7 @@ int64_t st_cache_victim(const st_cache_entry *e, size_t n, size_t k);
 /* Index of the deepest entry with position <= pos, or -1. */
 int64_t st_cache_mount_point(const st_cache_entry *e, size_t n, uint64_t pos);
 
-/* ---- chat templates (st_jinja_parse.c, st_jinja_eval.c) --------------------------------
+/* ---- chat templates (st_jinja_parse.c, st_jinja_eval.c, st_chat.c) -------------------------
  * A Jinja interpreter for the chat templates models ship (tokenizer.chat_template), rendering
  * byte for byte what @huggingface/jinja 0.5.11 renders (docs/MODELS.md, "Chat templates"):
  * its defaults (lstrip_blocks and trim_blocks on, one trailing newline of the template
@@ -419,6 +419,23 @@ void st_jinja_free(st_jinja *t); /* accepts NULL */
  * the defaults. */
 int st_jinja_render(const st_jinja *t, const struct json_t *vars, const st_jinja_limits *lim,
                     char **out, size_t *out_len);
+
+/* A model's chat template: tokenizer.chat_template parsed, with bos_token / eos_token (the
+ * texts of tokenizer.ggml.bos_token_id / eos_token_id, when the file has them). */
+typedef struct st_chat_template st_chat_template;
+/* ST_ENOTFOUND when the file has no tokenizer.chat_template; a template that does not parse is
+ * ST_EINVAL "tokenizer.chat_template: line L, column C: what". */
+int st_chat_template_load(const st_gguf *g, st_chat_template **out);
+/* ChatML (<|im_start|>ROLE\nCONTENT<|im_end|>\n per message, <|im_start|>assistant\n with
+ * add_generation_prompt), the fallback for a model without a usable template; g may be NULL
+ * (no bos / eos). */
+int st_chat_template_chatml(const st_gguf *g, st_chat_template **out);
+void st_chat_template_free(st_chat_template *ct); /* accepts NULL */
+/* Render a conversation {"messages": [...], "tools": [...], "add_generation_prompt": bool,
+ * "enable_thinking": bool, ...}: its keys become variables, bos_token / eos_token added unless
+ * given. Output as st_jinja_render. */
+int st_chat_template_render(const st_chat_template *ct, const struct json_t *conversation,
+                            char **out, size_t *out_len);
 
 #ifdef __cplusplus
 }

@@ -5,12 +5,14 @@
  *   strata info -m MODEL
  *   strata logits -m MODEL --tokens 1,2,3 [--tokens-file F] [--kv-dtype f16|f32|i8] -o FILE
  *   strata quantize IN OUT TYPE
+ *   strata chat-template -m MODEL --conversation FILE.json
  *
  * stdout carries only the generated text (or token ids with --tokens); logs and timings go to
  * stderr. With --session-in the prompt continues the restored conversation (after a turn
  * separator); --session-out saves the conversation after generation.
  */
 #include <errno.h>
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +36,7 @@ static void usage(FILE *f)
             "       strata info -m MODEL   (a split model: its first part)\n"
             "       strata logits -m MODEL (--tokens 1,2,3 | --tokens-file F) -o FILE [options]\n"
             "       strata quantize IN OUT TYPE\n"
+            "       strata chat-template -m MODEL --conversation FILE.json\n"
             "options of generate:\n"
             "  --temp T                 0 (default) is greedy\n"
             "  --seed S                 sampling seed (default 1)\n"
@@ -146,6 +149,77 @@ static int cmd_quantize(int argc, char **argv)
             (unsigned long long)qs.n_copied, (double)qs.bytes_in / 1048576.0,
             (double)qs.bytes_out / 1048576.0, now_s() - t0);
     return 0;
+}
+
+static void chat_template_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: strata chat-template -m MODEL --conversation FILE.json\n"
+            "Prints the prompt MODEL's chat template (tokenizer.chat_template) renders for the\n"
+            "conversation in FILE: {\"messages\": [...], \"tools\": [...],\n"
+            "\"add_generation_prompt\": true, \"enable_thinking\": false} (all but messages\n"
+            "optional; every key becomes a template variable). bos_token and eos_token are the\n"
+            "vocabulary's (tokenizer.ggml.bos_token_id / eos_token_id) unless FILE gives them.\n"
+            "stdout carries the rendered prompt exactly, nothing else. A model without a template\n"
+            "is rendered as ChatML, saying so on stderr; a template that does not parse is an\n"
+            "error naming its line and column (exit 1).\n");
+}
+
+static int cmd_chat_template(int argc, char **argv)
+{
+    const char *model = NULL, *conv = NULL;
+    for (int i = 2; i < argc; i++) {
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            chat_template_usage(stdout);
+            return 0;
+        }
+    }
+    for (int i = 2; i < argc; i++) {
+        if (i + 1 < argc && !strcmp(argv[i], "-m"))
+            model = argv[++i];
+        else if (i + 1 < argc && !strcmp(argv[i], "--conversation"))
+            conv = argv[++i];
+        else {
+            fprintf(stderr, "strata chat-template: unknown or incomplete argument %s\n", argv[i]);
+            chat_template_usage(stderr);
+            return 2;
+        }
+    }
+    if (!model || !conv) {
+        chat_template_usage(stderr);
+        return 2;
+    }
+    json_error_t je;
+    json_t *c = json_load_file(conv, 0, &je);
+    if (!c) {
+        fprintf(stderr, "strata chat-template: %s: line %d, column %d: %s\n", conv, je.line,
+                je.column, je.text);
+        return 1;
+    }
+    st_gguf *g = NULL;
+    st_chat_template *ct = NULL;
+    char *out = NULL;
+    size_t len = 0;
+    int rc = st_gguf_open(model, &g);
+    if (!rc) {
+        rc = st_chat_template_load(g, &ct);
+        if (rc == ST_ENOTFOUND) {
+            fprintf(stderr, "strata chat-template: %s has no tokenizer.chat_template: ChatML\n",
+                    model);
+            rc = st_chat_template_chatml(g, &ct);
+        }
+    }
+    if (!rc)
+        rc = st_chat_template_render(ct, c, &out, &len);
+    if (!rc && fwrite(out, 1, len, stdout) != len)
+        rc = errno ? errno : EIO;
+    if (rc)
+        fprintf(stderr, "strata chat-template: %s: %s\n", st_strerror(rc), st_errdetail());
+    free(out);
+    st_chat_template_free(ct);
+    st_gguf_close(g);
+    json_decref(c);
+    return rc ? 1 : 0;
 }
 
 /* The MTP blocks the engine skips: blk.n_layer .. blk.n_layer + n_nextn - 1, their tensors and
@@ -438,6 +512,8 @@ int main(int argc, char **argv)
     const char *cmd = argv[1];
     if (!strcmp(cmd, "quantize"))
         return cmd_quantize(argc, argv);
+    if (!strcmp(cmd, "chat-template"))
+        return cmd_chat_template(argc, argv);
     if (strcmp(cmd, "generate") && strcmp(cmd, "info") && strcmp(cmd, "logits")) {
         fprintf(stderr, "strata: unknown command %s\n", cmd);
         usage(stderr);

@@ -1,7 +1,9 @@
 /*
  * test_engine_jinja.c - the chat-template interpreter's error paths and bounds (parse errors
  * with line and column, loop / recursion / output / memory bounds, raise_exception's message,
- * break outside a loop) and a few renders whose bytes @huggingface/jinja 0.5.11 gave.
+ * break outside a loop), a few renders whose bytes @huggingface/jinja 0.5.11 gave, and a model's
+ * template from a GGUF (bos / eos from the vocabulary, a bad template at load, ChatML).
+ * test_chat_template_ref compares whole real templates with the reference.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -15,6 +17,7 @@
 #include <jansson.h>
 
 #include "st_engine.h"
+#include "st_test_util.h"
 
 /* Render src with vars (a JSON text, or NULL) under lim (NULL: defaults); returns the rc and,
  * on success, the output in *out (caller frees). */
@@ -189,6 +192,73 @@ static void test_reference_renders(void **state)
                   "{\"x\": {\"a\": 1}}", "Thanks|false|true");
 }
 
+static char *write_model(const char *dir, const char *name, const char *tmpl)
+{
+    static char path[512];
+    snprintf(path, sizeof path, "%s/%s.gguf", dir, name);
+    st_gguf_writer *w = NULL;
+    const char *toks[] = {"<|begin_of_text|>", "hello", "<|eot_id|>"};
+    assert_int_equal(st_gguf_writer_new(&w, 0), 0);
+    assert_int_equal(st_gguf_writer_set_str(w, "general.architecture", "llama"), 0);
+    assert_int_equal(st_gguf_writer_set_str_arr(w, "tokenizer.ggml.tokens", toks, 3), 0);
+    assert_int_equal(st_gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", 0), 0);
+    assert_int_equal(st_gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", 2), 0);
+    if (tmpl)
+        assert_int_equal(st_gguf_writer_set_str(w, "tokenizer.chat_template", tmpl), 0);
+    assert_int_equal(st_gguf_writer_write(w, path), 0);
+    st_gguf_writer_free(w);
+    return path;
+}
+
+static void test_model_template(void **state)
+{
+    (void)state;
+    char dir[512];
+    st_test_tmpdir(dir, sizeof dir, "test_engine_jinja");
+    json_error_t je;
+    json_t *conv = json_loads("{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
+                              "\"add_generation_prompt\": true}", 0, &je);
+    assert_non_null(conv);
+    st_gguf *g = NULL;
+    st_chat_template *ct = NULL;
+    char *out = NULL;
+
+    assert_int_equal(st_gguf_open(write_model(dir, "ok", "{{ bos_token }}{% for m in messages %}"
+                                              "{{ m.content }}{{ eos_token }}{% endfor %}"), &g), 0);
+    assert_int_equal(st_chat_template_load(g, &ct), 0);
+    assert_int_equal(st_chat_template_render(ct, conv, &out, NULL), 0);
+    assert_string_equal(out, "<|begin_of_text|>hi<|eot_id|>");
+    free(out);
+    /* the conversation's own bos_token wins */
+    json_t *c2 = json_deep_copy(conv);
+    json_object_set_new(c2, "bos_token", json_string("[BOS]"));
+    assert_int_equal(st_chat_template_render(ct, c2, &out, NULL), 0);
+    assert_string_equal(out, "[BOS]hi<|eot_id|>");
+    free(out);
+    json_decref(c2);
+    st_chat_template_free(ct);
+    st_gguf_close(g);
+
+    assert_int_equal(st_gguf_open(write_model(dir, "bad", "{% for m in messages %}\n{{ m.x }"),
+                                  &g), 0);
+    assert_int_equal(st_chat_template_load(g, &ct), ST_EINVAL);
+    assert_null(ct);
+    assert_non_null(strstr(st_errdetail(), "tokenizer.chat_template: line 2, column 8"));
+    /* the fallback */
+    assert_int_equal(st_chat_template_chatml(g, &ct), 0);
+    assert_int_equal(st_chat_template_render(ct, conv, &out, NULL), 0);
+    assert_string_equal(out, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+    free(out);
+    st_chat_template_free(ct);
+    st_gguf_close(g);
+
+    assert_int_equal(st_gguf_open(write_model(dir, "none", NULL), &g), 0);
+    assert_int_equal(st_chat_template_load(g, &ct), ST_ENOTFOUND);
+    st_gguf_close(g);
+    json_decref(conv);
+    st_test_rmdir(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -196,6 +266,7 @@ int main(void)
         cmocka_unit_test(test_bounds),
         cmocka_unit_test(test_runtime_errors),
         cmocka_unit_test(test_reference_renders),
+        cmocka_unit_test(test_model_template),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
