@@ -1501,38 +1501,53 @@ static int bind_args(R *r, const st_jnode *at, jfn *f, st_jnode *const *params, 
     return 0;
 }
 
+/* range(start, stop, step = 1) as the reference's JavaScript runs it on numbers: an undefined
+ * argument is an absent one, the loop adds step in doubles. */
 static jv *js_range(R *r, const st_jnode *at, const jargs *a)
 {
-    int64_t v[3] = {0, 0, 1};
-    if (a->npos < 1 || a->npos > 3)
-        return fail(r, at, ST_EINVAL, "range() takes 1 to 3 arguments");
-    for (uint32_t i = 0; i < a->npos; i++) {
-        if (a->pos[i]->t != V_INT)
-            return fail(r, at, ST_EINVAL, "range() arguments must be integers");
+    const jv *p[3] = {UNDEF, UNDEF, UNDEF};
+    for (uint32_t i = 0; i < a->npos && i < 3; i++) {
+        p[i] = a->pos[i];
+        if (p[i]->t != V_UNDEF && !is_num(p[i]) && p[i]->t != V_BOOL)
+            return fail(r, at, ST_EINVAL, "range() arguments must be numbers, got %s",
+                        type_names[p[i]->t]);
     }
-    if (a->npos == 1) {
-        v[1] = a->pos[0]->u.i;
-    } else {
-        v[0] = a->pos[0]->u.i;
-        v[1] = a->pos[1]->u.i;
-        if (a->npos == 3)
-            v[2] = a->pos[2]->u.i;
+    int have_start = p[0]->t != V_UNDEF;
+    double start = num_of(p[0]), stop = num_of(p[1]), step = p[2]->t == V_UNDEF ? 1 : num_of(p[2]);
+    if (p[1]->t == V_UNDEF) {
+        stop = start;
+        have_start = 1;
+        start = 0;
+        if (p[0]->t == V_UNDEF)
+            stop = NAN;
     }
-    if (v[2] == 0)
+    if (step == 0 || isnan(step))
         return fail(r, at, ST_EINVAL, "range() step must not be zero");
-    uint64_t n = 0;
-    if (v[2] > 0 && v[1] > v[0])
-        n = ((uint64_t)(v[1] - v[0]) + (uint64_t)v[2] - 1) / (uint64_t)v[2];
-    else if (v[2] < 0 && v[1] < v[0])
-        n = ((uint64_t)(v[0] - v[1]) + (uint64_t)(-v[2]) - 1) / (uint64_t)(-v[2]);
-    if (count_iter(r, at, n))
-        return NULL;
-    jv *out = mk_arr(r, V_ARRAY, (uint32_t)n);
-    if (!out)
-        return NULL;
-    for (uint64_t i = 0; i < n; i++)
-        if (!(out->u.a.v[i] = mk_int(r, v[0] + (int64_t)i * v[2])))
+    jv **items = NULL;
+    uint32_t n = 0, cap = 0;
+    for (double x = start; have_start && (step > 0 ? x < stop : x > stop); x += step) {
+        if (count_iter(r, at, 1))
             return NULL;
+        if (n == cap) {
+            uint32_t nc = cap ? cap * 2 : 16;
+            jv **ni = ralloc(r, nc * sizeof *ni);
+            if (!ni)
+                return NULL;
+            if (n)
+                memcpy(ni, items, n * sizeof *ni);
+            items = ni;
+            cap = nc;
+        }
+        /* the first item is start itself (true stays true), then sums */
+        items[n] = n == 0 && p[1]->t != V_UNDEF && p[0]->t == V_BOOL ? (jv *)p[0]
+                   : x == floor(x) && fabs(x) < 9007199254740992.0   ? mk_int(r, (int64_t)x)
+                                                                     : mk_float(r, x);
+        if (!items[n++])
+            return NULL;
+    }
+    jv *out = mk_arr(r, V_ARRAY, n);
+    if (out && n)
+        memcpy(out->u.a.v, items, n * sizeof *items);
     return out;
 }
 
