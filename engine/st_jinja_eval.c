@@ -441,10 +441,8 @@ static void float_str(double d, char *out, size_t cap)
         return;
     }
     if (isfinite(d) && d == floor(d) && fabs(d) < 1e21) {
-        js_number(d, out, cap);
-        size_t l = strlen(out);
-        if (l + 3 <= cap)
-            memcpy(out + l, ".0", 3);
+        /* toFixed(1): the double's exact decimal value, not the shortest round trip */
+        snprintf(out, cap, "%.1f", d);
         return;
     }
     js_number(d, out, cap);
@@ -2320,11 +2318,7 @@ static int64_t *slice_indices(R *r, int64_t len, const jv *s0, const jv *s1, con
 {
     int64_t step = s2->t == V_INT ? s2->u.i : 1;
     int64_t start, stop;
-    if (step == 0) {
-        fail(r, NULL, ST_EINVAL, "slice step cannot be zero");
-        return NULL;
-    }
-    if (step > 0) {
+    if (step >= 0) { /* a step of 0 selects nothing, as the reference's loop runs */
         start = s0->t == V_INT ? s0->u.i : 0;
         stop = s1->t == V_INT ? s1->u.i : len;
         start = start < 0 ? (len + start > 0 ? len + start : 0) : (start < len ? start : len);
@@ -2340,7 +2334,7 @@ static int64_t *slice_indices(R *r, int64_t len, const jv *s0, const jv *s1, con
     int64_t *idx = ralloc(r, (size_t)(len + 1) * sizeof *idx);
     if (!idx)
         return NULL;
-    for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step)
+    for (int64_t i = start; step && (step > 0 ? i < stop : i > stop); i += step)
         idx[n++] = i;
     *count = n;
     return idx;
