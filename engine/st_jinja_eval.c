@@ -433,6 +433,15 @@ static void js_number(double d, char *out, size_t cap)
 #undef PUT
 }
 
+/* An IntegerValue as JavaScript prints it: beyond 2^53 it is a double's shortest digits. */
+static void int_str(int64_t i, char *out, size_t cap)
+{
+    if (i > (int64_t)1 << 53 || i < -((int64_t)1 << 53))
+        js_number((double)i, out, cap);
+    else
+        snprintf(out, cap, "%lld", (long long)i);
+}
+
 /* FloatValue.toString: an integral value with ".0" (toFixed(1)), -0 as "-0.0". */
 static void float_str(double d, char *out, size_t cap)
 {
@@ -566,7 +575,7 @@ static int to_json(R *r, jbuf *b, const jv *v, const jsonopt *o, int depth, int 
     case V_UNDEF: return buf_str(r, b, undef_null ? "null" : "undefined");
     case V_BOOL: return buf_str(r, b, v->u.b ? "true" : "false");
     case V_INT:
-        snprintf(nb, sizeof nb, "%lld", (long long)v->u.i);
+        int_str(v->u.i, nb, sizeof nb);
         return buf_str(r, b, nb);
     case V_FLOAT:
         if (!isfinite(v->u.f))
@@ -640,7 +649,7 @@ static int tpl_str(R *r, jbuf *b, const jv *v, const st_jnode *at)
     case V_NULL: return buf_str(r, b, "null");
     case V_BOOL: return buf_str(r, b, v->u.b ? "true" : "false");
     case V_INT:
-        snprintf(nb, sizeof nb, "%lld", (long long)v->u.i);
+        int_str(v->u.i, nb, sizeof nb);
         return buf_str(r, b, nb);
     case V_FLOAT:
         float_str(v->u.f, nb, sizeof nb);
@@ -2815,7 +2824,15 @@ static jv *from_json(R *r, const json_t *j, int depth)
     case JSON_NULL: return NUL;
     case JSON_TRUE: return BOOL(1);
     case JSON_FALSE: return BOOL(0);
-    case JSON_INTEGER: return mk_int(r, json_integer_value(j));
+    case JSON_INTEGER: {
+        /* JavaScript holds numbers as doubles: beyond 2^53 an integer is the nearest one */
+        json_int_t v = json_integer_value(j);
+        if (v > (json_int_t)1 << 53 || v < -((json_int_t)1 << 53)) {
+            double d = (double)v;
+            return d >= 9223372036854775808.0 ? mk_float(r, d) : mk_int(r, (int64_t)d);
+        }
+        return mk_int(r, v);
+    }
     case JSON_REAL: {
         double d = json_real_value(j);
         /* JavaScript has one number type: an integral value is an IntegerValue */

@@ -199,7 +199,8 @@ function check(label, t, model, conv, refVars, strataConv) {
 function checkOnce(label, t, model, conv, refVars, strataConv) {
     const ref = reference(t.src, refVars);
     const convFile = path.join(dir, `${label.replace(/[^\w.-]/g, "_")}.json`);
-    fs.writeFileSync(convFile, JSON.stringify(strataConv ?? conv));
+    fs.writeFileSync(convFile, typeof strataConv === "string" ? strataConv
+                                                              : JSON.stringify(strataConv ?? conv));
     const r = strata(model.file, convFile);
     if (!ref.ok) {
         if (r.status === 0)
@@ -258,6 +259,20 @@ for (const f of fs.readdirSync(corpus).sort()) {
     }
 }
 process.stderr.write(`test_chat_template: ${corners} corner templates agree\n`);
+{
+    // numbers as JavaScript holds them: integers beyond 2^53 are the nearest double (the JSON
+    // text goes to strata as written)
+    const raw = '{"messages": [], "a": 9007199254740993, "b": -9007199254740995, ' +
+                '"c": [123456789012345678, 2.50, 1e2, -0.0], "d": 1152921504606846977}';
+    const t = {name: "corner-numbers-raw", src: "{{ a }}|{{ b }}|{{ c | tojson }}|{{ c }}|" +
+               "{{ a + 1 }}|{{ d }}|{{ d | tojson }}|{{ c[3] }}|{{ c[2] is integer }}"};
+    const model = modelFor(t, t.src, "");
+    const err = check(t.name, t, model, null, JSON.parse(raw), raw);
+    if (err) {
+        failures++;
+        process.stderr.write(`FAIL ${err}\n`);
+    }
+}
 
 // ---- negative controls: each must be caught ----------------------------------------------
 const qwen = templates.find((t) => t.name === "Qwen3.5-4B.jinja");
