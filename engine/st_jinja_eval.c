@@ -655,7 +655,18 @@ static int tpl_str(R *r, jbuf *b, const jv *v, const st_jnode *at)
         float_str(v->u.f, nb, sizeof nb);
         return buf_str(r, b, nb);
     case V_STR: return buf_add(r, b, v->u.s.s, v->u.s.n);
-    case V_FUNC: return buf_str(r, b, "function");
+    case V_FUNC: {
+        /* String(fn) is a function's JavaScript source: that of the reference's wrapper around
+         * its globals (raise_exception, range, strftime_now) is known; others print "function" */
+        int k = v->u.fn->kind;
+        static const char wrapper[] =
+            "(args, _scope) => {\n"
+            "        const result = input(...args.map((x) => x.value)) ?? null;\n"
+            "        return convertToRuntimeValues(result);\n"
+            "      }";
+        return buf_str(r, b, k == FN_RAISE || k == FN_RANGE || k == FN_STRFTIME ? wrapper
+                                                                                : "function");
+    }
     default: {
         jsonopt o;
         json_defaults(&o);
