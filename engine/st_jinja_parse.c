@@ -271,7 +271,8 @@ typedef struct {
     char err[256];
 } jparse;
 
-static int perr(jparse *P, uint32_t pos, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int perr(jparse *P, uint32_t pos, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 static int perr(jparse *P, uint32_t pos, const char *fmt, ...)
 {
     if (P->rc)

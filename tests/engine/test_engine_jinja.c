@@ -148,7 +148,8 @@ static void test_runtime_errors(void **state)
     assert_string_equal(st_errdetail(), "raise_exception: No messages provided.");
     assert_null(out);
     assert_int_equal(render("a\n{{ none + 1 }}", NULL, NULL, &out), ST_EINVAL);
-    assert_string_equal(st_errdetail(), "line 2, column 9: Cannot perform operation on null values");
+    assert_string_equal(st_errdetail(),
+                        "line 2, column 9: Cannot perform operation on null values");
     assert_int_equal(render("{{ x | trim }}", "{\"x\": 1}", NULL, &out), ST_EINVAL);
     assert_non_null(strstr(st_errdetail(), "Unknown NumericValue filter: trim"));
     assert_int_equal(render("{{ x | trim }}", "{\"x\": [1]}", NULL, &out), ST_EINVAL);
@@ -223,8 +224,9 @@ static void test_model_template(void **state)
     st_chat_template *ct = NULL;
     char *out = NULL;
 
-    assert_int_equal(st_gguf_open(write_model(dir, "ok", "{{ bos_token }}{% for m in messages %}"
-                                              "{{ m.content }}{{ eos_token }}{% endfor %}"), &g), 0);
+    const char *tmpl = "{{ bos_token }}{% for m in messages %}{{ m.content }}{{ eos_token }}"
+                       "{% endfor %}";
+    assert_int_equal(st_gguf_open(write_model(dir, "ok", tmpl), &g), 0);
     assert_int_equal(st_chat_template_load(g, &ct), 0);
     assert_int_equal(st_chat_template_render(ct, conv, &out, NULL), 0);
     assert_string_equal(out, "<|begin_of_text|>hi<|eot_id|>");

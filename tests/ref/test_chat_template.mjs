@@ -54,8 +54,9 @@ const git = (args) => {
     return r.stdout;
 };
 git(["clone", "-q", "--no-checkout", bundle, clone]);
-for (const f of ["Qwen3.5-4B.jinja", "Qwen-Qwen3-0.6B.jinja", "meta-llama-Llama-3.1-8B-Instruct.jinja",
-                 "meta-llama-Llama-3.2-3B-Instruct.jinja", "meta-llama-Llama-3.3-70B-Instruct.jinja"])
+for (const f of ["Qwen3.5-4B.jinja", "Qwen-Qwen3-0.6B.jinja",
+                 "meta-llama-Llama-3.1-8B-Instruct.jinja", "meta-llama-Llama-3.2-3B-Instruct.jinja",
+                 "meta-llama-Llama-3.3-70B-Instruct.jinja"])
     templates.push({name: f, src: git(["-C", clone, "show", `HEAD:models/templates/${f}`])});
 
 // ---- a GGUF holding only the keys `strata chat-template` reads ----------------------------
@@ -134,8 +135,8 @@ const conversations = {
         {role: "system", content: "You can call tools."},
         {role: "user", content: "Weather in Zürich?"},
         {role: "assistant", content: "",
-         tool_calls: [{type: "function", function: {name: "get_weather",
-                                                     arguments: {city: "Zürich", days: 2, metric: true}}}]},
+         tool_calls: [{type: "function", function: {
+             name: "get_weather", arguments: {city: "Zürich", days: 2, metric: true}}}]},
         {role: "tool", content: "{\"temp\": 21.5, \"sky\": \"clear\"}"},
         {role: "assistant", content: "It is 21.5 °C and clear."},
         {role: "user", content: "And tomorrow?"}], add_generation_prompt: true},
@@ -143,9 +144,10 @@ const conversations = {
         {role: "user", content: "Weather in Paris and news about it"},
         {role: "assistant", content: "Let me check.", reasoning_content: "Two tools needed.",
          tool_calls: [
-            {type: "function", function: {name: "get_weather", arguments: {city: "Paris", days: 1.0}}},
-            {type: "function", function: {name: "search",
-                                          arguments: {q: "Paris news", filters: ["today", "fr"], nested: {a: [1, 2.5, false]}}}}]},
+            {type: "function",
+             function: {name: "get_weather", arguments: {city: "Paris", days: 1.0}}},
+            {type: "function", function: {name: "search", arguments: {
+                q: "Paris news", filters: ["today", "fr"], nested: {a: [1, 2.5, false]}}}}]},
         {role: "tool", content: "sunny"},
         {role: "tool", content: "<tool_response>nested</tool_response>"}],
                             add_generation_prompt: true, enable_thinking: false},
@@ -169,7 +171,8 @@ const conversations = {
 };
 
 function strata(model, convFile) {
-    return spawnSync(path.join(bin, "strata"), ["chat-template", "-m", model, "--conversation", convFile],
+    return spawnSync(path.join(bin, "strata"),
+                     ["chat-template", "-m", model, "--conversation", convFile],
                      {encoding: "buffer", maxBuffer: 1 << 26});
 }
 function reference(src, vars) {
@@ -238,7 +241,8 @@ for (const t of templates) {
     }
 }
 process.stderr.write(`test_chat_template: ${templates.length} templates x ` +
-                     `${Object.keys(conversations).length} conversations: ${identical} identical, ` +
+                     `${Object.keys(conversations).length} conversations: ` +
+                     `${identical} identical, ` +
                      `${refusedBoth} refused by both, ${failures} failures\n`);
 
 // ---- the interpreter's corners: the fuzz seeds (tests/fuzz/corpus/jinja), one set of values --
