@@ -314,6 +314,7 @@ void st_conv_restore(st_api_call *c);
 void st_conv_park(st_api_call *c);
 void st_conv_slots_action(st_api_call *c);
 void st_conv_slots_list(st_api_call *c);
+void st_conv_apply_template(st_api_call *c);
 /* Where a session lives now: "slot", "ram", "disk" or NULL; *tokens when live. */
 const char *st_conv_where(st_conv *cv, const char *id, uint64_t *tokens);
 /* DELETE of a session's live state (slot, pool, spilled image), in two steps so that no request

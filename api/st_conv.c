@@ -100,6 +100,7 @@ struct st_conv {
     const st_memguard *guard;
     st_model *model;
     st_engine *engine;
+    st_chat_template *chat; /* the model's, or ChatML when it has none or it does not parse */
     uint32_t n_vocab, n_ctx;
     uint32_t n_slots;
     cslot *slots;
@@ -1466,6 +1467,62 @@ static int load_spilled(st_conv *cv)
     return 0;
 }
 
+
+/* The model's chat template, parsed once at load; without one, or when it does not parse (the
+ * error names its line and column), ChatML, saying so on stderr. */
+static int chat_load(st_conv *cv)
+{
+    const st_gguf *g = st_model_gguf(cv->model);
+    int rc = st_chat_template_load(g, &cv->chat);
+    if (!rc)
+        return 0;
+    if (rc != ST_ENOTFOUND && rc != ST_EINVAL)
+        return rc;
+    fprintf(stderr, "strata-server: %s: the chat template is ChatML\n",
+            rc == ST_ENOTFOUND ? "the model has no tokenizer.chat_template" : st_errdetail());
+    return st_chat_template_chatml(g, &cv->chat);
+}
+
+/* POST /apply-template (llama.cpp's): the body of a chat request ({"messages": [...], "tools",
+ * "add_generation_prompt" (default true), "chat_template_kwargs": {...}, any other key a
+ * template variable) rendered by the model's chat template: {"prompt": "..."}. */
+void st_conv_apply_template(st_api_call *c)
+{
+    st_conv *cv = st_api_conv(c->srv);
+    if (!json_is_array(json_object_get(c->body, "messages"))) {
+        st_api_call_error(c, 400, "invalid_field", "\"messages\" must be an array");
+        return;
+    }
+    json_t *kw = json_object_get(c->body, "chat_template_kwargs");
+    if (kw && !json_is_object(kw)) {
+        st_api_call_error(c, 400, "invalid_field", "\"chat_template_kwargs\" must be an object");
+        return;
+    }
+    json_t *vars = json_copy(c->body); /* shallow: the values are shared */
+    if (!vars || (!json_object_get(vars, "add_generation_prompt") &&
+                  json_object_set_new(vars, "add_generation_prompt", json_true())) ||
+        (kw && (json_object_del(vars, "chat_template_kwargs") || json_object_update(vars, kw)))) {
+        json_decref(vars);
+        st_api_call_error(c, 500, "internal", "no memory");
+        return;
+    }
+    char *out = NULL;
+    size_t len = 0;
+    int rc = st_chat_template_render(cv->chat, vars, &out, &len);
+    json_decref(vars);
+    if (rc) {
+        st_api_call_error(c, 500, "template_error", "the chat template: %s", st_errdetail());
+        return;
+    }
+    c->reply = json_pack("{s:s%}", "prompt", out, len);
+    free(out);
+    if (!c->reply) {
+        st_api_call_error(c, 500, "internal", "no memory");
+        return;
+    }
+    c->status = 200;
+}
+
 int st_conv_new(st_api_server *srv, st_conv **out)
 {
     const st_api_config *cfg = st_api_cfg(srv);
@@ -1493,6 +1550,8 @@ int st_conv_new(st_api_server *srv, st_conv **out)
         rc = st_error_set(rc, "loading the model %s: %s", cfg->model_path, d[0] ? d : st_strerror(rc));
         goto fail;
     }
+    if ((rc = chat_load(cv)))
+        goto fail;
     st_engine_opts eo;
     st_engine_opts_default(&eo);
     eo.backend = cfg->backend;
@@ -1558,6 +1617,7 @@ void st_conv_free(st_conv *cv)
             st_slot_free(cv->slots[i].slot);
     free(cv->slots);
     st_engine_free(cv->engine);
+    st_chat_template_free(cv->chat);
     st_model_free(cv->model);
     pthread_mutex_destroy(&cv->mu);
     pthread_cond_destroy(&cv->freed);
