@@ -6,7 +6,8 @@
 // template x every conversation: identical bytes, or both refuse (raise_exception and the like).
 // Negative controls that must fail: a conversation altered on the strata side only, and a
 // template with one filter altered (trim dropped) on the strata side only. A template that does
-// not parse is reported with its line and column. The fuzz seeds of tests/fuzz/corpus/jinja
+// not parse is reported with its line and column; a model without one is rendered as ChatML,
+// saying so. The fuzz seeds of tests/fuzz/corpus/jinja
 // (each a corner of the language: printing, numbers, tojson options, loops, macros, filters,
 // tests, whitespace control) are held against the reference too.
 //
@@ -323,6 +324,23 @@ const qwen = templates.find((t) => t.name === "Qwen3.5-4B.jinja");
     if (r.status !== 1 || r.stdout.length || !/line 3, column 5/.test(msg)) {
         failures++;
         process.stderr.write(`FAIL a bad template: exit ${r.status}, stderr ${msg}\n`);
+    }
+}
+
+// ---- a model without a template: ChatML, saying so on stderr -------------------------------
+{
+    const file = path.join(dir, "no-template.gguf");
+    gguf(file, [["general.architecture", 8, "qwen3"], ["tokenizer.ggml.model", 8, "gpt2"],
+                ["tokenizer.ggml.tokens", 9, VOCAB]]);
+    const convFile = path.join(dir, "no-template.json");
+    fs.writeFileSync(convFile, JSON.stringify(conversations["system-user"]));
+    const r = strata(file, convFile);
+    const want = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n" +
+                 "<|im_start|>user\nHello!<|im_end|>\n<|im_start|>assistant\n";
+    if (r.status !== 0 || r.stdout.toString() !== want || !/ChatML/.test(r.stderr.toString())) {
+        failures++;
+        process.stderr.write(`FAIL no template: exit ${r.status}, stdout ` +
+                             `${JSON.stringify(r.stdout.toString())}, stderr ${r.stderr}\n`);
     }
 }
 
