@@ -1661,7 +1661,7 @@ static st_route route_table[] = {
     {ST_HTTP_DELETE, "/v1/uploads/{uid}", BODY_NONE, 0, 0, 0, h_upload_delete, 0},
     {ST_HTTP_GET, "/slots", BODY_NONE, 0, 1, 0, ENGINE_FN(st_conv_slots_list), 0},
     {ST_HTTP_POST, "/slots/{n}", BODY_JSON, 0, 1, 0, ENGINE_FN(st_conv_slots_action), 0},
-    {ST_HTTP_POST, "/apply-template", BODY_JSON, 0, 1, 0, ENGINE_FN(st_conv_apply_template), 0},
+    {ST_HTTP_POST, "/apply-template", BODY_COMPLETION, 0, 1, 0, ENGINE_FN(st_conv_apply_template), 0},
 };
 
 static const st_route *routes_table(size_t *n)

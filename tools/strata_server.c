@@ -59,7 +59,7 @@ static void usage(FILE *f)
             "  --max-header-bytes N          request line + headers, >= 256 (default 16384) -> 431\n"
             "  --max-headers N               header lines (default 64) -> 431\n"
             "  --max-json-kib N              JSON bodies of save/restore/park/commit/slots (default 64) -> 413\n"
-            "  --max-completion-kib N        completion bodies (default 4096) -> 413\n"
+            "  --max-completion-kib N        completion, apply-template bodies (default 4096) -> 413\n"
             "  --max-part-mib N              one upload part (default 16) -> 413\n"
             "  --max-upload-mib N            one whole upload (default 65536) -> 413\n"
             "  --body-budget-mib N           request body bytes held at once (default 256) -> 503;\n"

@@ -3,8 +3,10 @@
  * {"prompt": ...} out) on the real strata-server on loopback: the model's own chat template,
  * parsed at load; ChatML, saying so, for a model without one and for one whose template does not
  * parse (the log names its line and column); a template error is 500 with the detail, and the
- * server keeps serving; a body without messages is 400.
+ * server keeps serving; a body without messages is 400; a long conversation fits (the limit is
+ * --max-completion-kib's).
  */
+#include <stdlib.h>
 #include <string.h>
 
 #include "st_api_test.h"
@@ -110,6 +112,20 @@ static void test_model_template(void **state)
     json_decref(st_at_call(s.port, "POST", "/apply-template",
                            "{\"messages\":[],\"chat_template_kwargs\":1}", 400));
     prompt_is(s.port, "{\"messages\":[],\"add_generation_prompt\":false}", "");
+    /* a long conversation: the body limit is --max-completion-kib's, not --max-json-kib's */
+    size_t big = 100000;
+    char *long_body = malloc(big + 128), *want = malloc(big + 128);
+    assert_non_null(long_body);
+    assert_non_null(want);
+    int n = snprintf(long_body, big + 128, "{\"messages\":[{\"role\":\"user\",\"content\":\"");
+    memset(long_body + n, 'a', big);
+    snprintf(long_body + n + big, 128, "\"}],\"add_generation_prompt\":false}");
+    n = snprintf(want, big + 128, "<|im_start|>user\n");
+    memset(want + n, 'a', big);
+    snprintf(want + n + big, 128, "<|im_end|>\n");
+    prompt_is(s.port, long_body, want);
+    free(long_body);
+    free(want);
     assert_false(log_has(&e, "ChatML"));
     assert_int_equal(st_hc_server_stop(&s, SIGTERM), 0);
 }
