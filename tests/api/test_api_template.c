@@ -37,8 +37,8 @@ static void with_template(const char *path, const char *tmpl)
     assert_int_equal(st_gguf_writer_set_str(w, "tokenizer.chat_template", tmpl), 0);
     for (uint64_t i = 0; i < st_gguf_n_tensors(g); i++) {
         const st_gguf_tensor *t = st_gguf_tensor_at(g, i);
-        assert_int_equal(st_gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->dims, t->data),
-                         0);
+        assert_int_equal(
+            st_gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->dims, t->data), 0);
     }
     assert_int_equal(st_gguf_writer_write(w, path), 0);
     st_gguf_writer_free(w);
@@ -91,8 +91,10 @@ static void test_model_template(void **state)
               "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
               "<|im_start|>assistant\n");
     snprintf(body, sizeof body, "%s,\"add_generation_prompt\":false}", two_turns);
-    prompt_is(s.port, body, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n");
-    snprintf(body, sizeof body, "%s,\"chat_template_kwargs\":{\"enable_thinking\":false}}", two_turns);
+    prompt_is(s.port, body,
+              "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n");
+    snprintf(body, sizeof body, "%s,\"chat_template_kwargs\":{\"enable_thinking\":false}}",
+             two_turns);
     prompt_is(s.port, body,
               "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
               "<|im_start|>assistant\n<think>\n\n</think>\n\n");
@@ -143,7 +145,8 @@ static void test_no_template_chatml(void **state)
     start(&s, &e, env.model, "store-none", "none.log");
     snprintf(body, sizeof body, "%s}", two_turns);
     prompt_is(s.port, body, chatml_two_turns);
-    assert_true(log_has(&e, "the model has no tokenizer.chat_template: the chat template is ChatML"));
+    assert_true(
+        log_has(&e, "the model has no tokenizer.chat_template: the chat template is ChatML"));
     assert_int_equal(st_hc_server_stop(&s, SIGTERM), 0);
 }
 
