@@ -65,9 +65,11 @@ static void prompt_is(uint16_t port, const char *body, const char *want)
 
 static int log_has(const st_at_env *e, const char *what)
 {
-    size_t n;
-    unsigned char *b = st_test_slurp(e->logpath, &n);
-    int has = b && strstr((char *)b, what) != NULL;
+    size_t n = 0, w = strlen(what);
+    unsigned char *b = st_test_slurp(e->logpath, &n); /* not NUL-terminated */
+    int has = 0;
+    for (size_t i = 0; b && !has && i + w <= n; i++)
+        has = !memcmp(b + i, what, w);
     free(b);
     return has;
 }
