@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include <unicode/uchar.h>
+#include <unicode/unorm2.h>
 
 #include "st_engine.h"
 
@@ -68,6 +69,7 @@ struct st_vocab {
     st_vocab_pre pre;
     char pre_name[32];
     int add_bos, add_eos, ignore_merges, clean_spaces;
+    int nfc; /* tokenizer.strata.normalizer "nfc": the published tokenizer normalizes (Qwen) */
     uint32_t bos, eos, eot, eom, pad;
 };
 
@@ -555,6 +557,15 @@ int st_vocab_load(const st_gguf *g, st_vocab **out)
         goto fail;
     }
     v->ignore_merges = v->clean_spaces = v->add_bos = v->pre == ST_VOCAB_PRE_LLAMA3;
+    rc = st_gguf_get_str(g, "tokenizer.strata.normalizer", &s, &len);
+    if (rc && rc != ST_ENOTFOUND)
+        goto fail;
+    if (!rc && !(len == 3 && !memcmp(s, "nfc", 3))) {
+        rc = st_error_set(ST_EINVAL, "vocab: tokenizer.strata.normalizer '%.*s' is not supported "
+                          "(nfc)", (int)(len > 64 ? 64 : len), s);
+        goto fail;
+    }
+    v->nfc = !rc;
 
     arr_cur c;
     if ((rc = arr_open(g, "tokenizer.ggml.tokens", ST_GGUF_STRING, &c, &n))) {
@@ -723,6 +734,8 @@ typedef struct tok_ctx {
     uint8_t *fl;
     uint32_t *wl;
     size_t cp_cap;
+    uint16_t *u16; /* NFC: the fragment in UTF-16, then normalized */
+    size_t u16_cap;
     uint8_t *wb;  /* a word's UTF-8 */
     uint8_t *enc; /* its byte-level text */
     size_t w_cap, enc_cap;
@@ -934,6 +947,50 @@ static size_t split(st_vocab_pre pre, const uint32_t *cp, const uint8_t *fl, siz
     return nw;
 }
 
+/* NFC of cp[0..*n) in place (the buffers grow as normalizing may lengthen it), through ICU in
+ * UTF-16. Text below U+0300 is NFC already. */
+static int nfc_fragment(tok_ctx *t, size_t *n)
+{
+    size_t i = 0, m = 0;
+    while (i < *n && t->cp[i] < 0x300)
+        i++;
+    if (i == *n)
+        return 0;
+    int rc;
+    if ((rc = grow((void **)&t->u16, &t->u16_cap, 2 * *n * 4 + 16, sizeof *t->u16)))
+        return rc;
+    for (i = 0; i < *n; i++) {
+        uint32_t c = t->cp[i];
+        if (c >= 0x10000) {
+            t->u16[m++] = (uint16_t)(0xd800 + ((c - 0x10000) >> 10));
+            t->u16[m++] = (uint16_t)(0xdc00 + ((c - 0x10000) & 0x3ff));
+        } else {
+            t->u16[m++] = (uint16_t)c;
+        }
+    }
+    UErrorCode ue = U_ZERO_ERROR;
+    const UNormalizer2 *nz = unorm2_getNFCInstance(&ue);
+    size_t cap = t->u16_cap - m;
+    if (U_FAILURE(ue) || cap > INT32_MAX || m > INT32_MAX)
+        return st_error_set(ST_EINVAL, "tokenize: NFC: %s", u_errorName(ue));
+    int32_t k = unorm2_normalize(nz, t->u16, (int32_t)m, t->u16 + m, (int32_t)cap, &ue);
+    if (U_FAILURE(ue))
+        return st_error_set(ST_ETOOBIG, "tokenize: NFC of %zu code points: %s", *n,
+                            u_errorName(ue));
+    if ((rc = grow((void **)&t->cp, &t->cp_cap, (size_t)k, sizeof *t->cp)))
+        return rc;
+    const uint16_t *u = t->u16 + m;
+    size_t j = 0;
+    for (int32_t p = 0; p < k; p++) {
+        uint32_t c = u[p];
+        if (c >= 0xd800 && c < 0xdc00 && p + 1 < k && u[p + 1] >= 0xdc00 && u[p + 1] < 0xe000)
+            c = 0x10000 + ((c - 0xd800) << 10) + (u[++p] - 0xdc00);
+        t->cp[j++] = c;
+    }
+    *n = j;
+    return 0;
+}
+
 /* One fragment of raw text (no special token in it). */
 static int tok_text(tok_ctx *t, const uint8_t *s, size_t len)
 {
@@ -952,12 +1009,21 @@ static int tok_text(tok_ctx *t, const uint8_t *s, size_t len)
         return st_error_set(ENOMEM, "tokenize");
     t->wl = p;
     size_t n = 0;
-    for (size_t i = 0; i < len;) {
-        uint32_t c = utf8_next(s, len, &i);
-        t->cp[n] = c;
-        t->fl[n] = cp_flags(c);
-        n++;
+    for (size_t i = 0; i < len;)
+        t->cp[n++] = utf8_next(s, len, &i);
+    if (t->v->nfc && (rc = nfc_fragment(t, &n)))
+        return rc;
+    if (t->cp_cap > cap) { /* NFC lengthened it */
+        cap = t->cp_cap;
+        if (!(p = realloc(t->fl, cap)))
+            return st_error_set(ENOMEM, "tokenize");
+        t->fl = p;
+        if (!(p = realloc(t->wl, cap * sizeof *t->wl)))
+            return st_error_set(ENOMEM, "tokenize");
+        t->wl = p;
     }
+    for (size_t i = 0; i < n; i++)
+        t->fl[i] = cp_flags(t->cp[i]);
     size_t nw = split(t->v->pre, t->cp, t->fl, n, t->wl);
     size_t at = 0;
     for (size_t w = 0; w < nw; w++) {
@@ -1057,6 +1123,7 @@ done:
     free(t.cp);
     free(t.fl);
     free(t.wl);
+    free(t.u16);
     free(t.wb);
     free(t.enc);
     free(t.s);
