@@ -273,7 +273,9 @@ size_t st_detokenize(const uint32_t *ids, size_t n, char *dst, size_t cap);
  * Read from the tokenizer.ggml.* keys (tokens, token_type, merges, pre, the special ids,
  * add_bos_token / add_eos_token) with the pre-tokenizers qwen2, qwen35 and llama-bpe (aliases
  * llama3, llama-v3), as llama.cpp v0.4.0 tokenizes (ARCHITECTURES.md §5, docs/MODELS.md
- * "Tokenizer"). Another tokenizer model or pre-tokenizer is ST_EINVAL naming it; a file without
+ * "Tokenizer"); tokenizer.strata.normalizer = "nfc" (written by strata-mkmodel --vocab-from for a
+ * tokenizer.json that normalizes, as Qwen's does) normalizes each text fragment to NFC first.
+ * Another tokenizer model or pre-tokenizer is ST_EINVAL naming it; a file without
  * tokenizer.ggml.model is ST_ENOTFOUND (strata-hybrid's byte tokenizer above applies). A vocabulary
  * is immutable after loading, owns copies of its texts (the GGUF may be closed), and may be used
  * from any number of threads. */

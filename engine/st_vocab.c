@@ -13,7 +13,10 @@
  * 3. The vocabulary is immutable after st_vocab_load; tokenizing allocates its own scratch,
  *    proportional to the text (at most a few words per byte), so one vocabulary serves any
  *    number of threads.
- * 4. Unicode categories come from ICU (libicu, Unicode 15.0 in Debian 12), the whitespace set
+ * 4. With tokenizer.strata.normalizer = "nfc" each fragment between special tokens is
+ *    normalized to NFC (ICU) after decoding, as the published Qwen tokenizers do; llama.cpp
+ *    knows no such key and never normalizes, so a GGUF of its converter tokenizes as it does.
+ * 5. Unicode categories come from ICU (libicu, Unicode 15.0 in Debian 12), the whitespace set
  *    is llama.cpp's 25 code points. Text is decoded as llama.cpp decodes it: a byte that does not
  *    start a complete sequence becomes U+FFFD and the next byte is read; overlong forms and
  *    surrogates are read as the code points they spell and re-encoded canonically.
