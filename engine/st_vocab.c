@@ -175,32 +175,22 @@ static int byte_printable(uint32_t b)
     return (b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
 }
 
+/* The 68 other bytes, in increasing order, stand for U+0100 + n: 0x00..0x20 (n 0..32),
+ * 0x7F..0xA0 (n 33..66) and 0xAD (n 67). */
 static uint32_t byte_cp(uint32_t b)
 {
-    static uint32_t tab[256];
-    static int ready;
-    if (!__atomic_load_n(&ready, __ATOMIC_ACQUIRE)) {
-        uint32_t t[256], n = 0;
-        for (uint32_t c = 0; c < 256; c++)
-            t[c] = byte_printable(c) ? c : 256 + n++;
-        memcpy(tab, t, sizeof t);
-        __atomic_store_n(&ready, 1, __ATOMIC_RELEASE);
-    }
-    return tab[b];
+    if (byte_printable(b))
+        return b;
+    return 256 + (b <= 0x20 ? b : b <= 0xa0 ? 33 + (b - 0x7f) : 67);
 }
 
 /* The byte a byte-level code point stands for, or -1. */
 static int cp_byte(uint32_t c)
 {
-    if (c < 256 && byte_printable(c))
-        return (int)c;
-    if (c < 256 || c >= 256 + 68)
-        return -1;
+    if (c < 256)
+        return byte_printable(c) ? (int)c : -1;
     uint32_t n = c - 256;
-    for (uint32_t b = 0; b < 256; b++)
-        if (!byte_printable(b) && n-- == 0)
-            return (int)b;
-    return -1;
+    return n < 33 ? (int)n : n < 67 ? (int)(0x7f + n - 33) : n == 67 ? 0xad : -1;
 }
 
 /* ---- tables -------------------------------------------------------------------------------- */

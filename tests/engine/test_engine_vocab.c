@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <pthread.h>
 
 #include "engine_test.h"
 
@@ -288,6 +289,84 @@ static void test_special_tokens(void **st)
     st_vocab_free(v);
 }
 
+/* GPT-2's byte alphabet both ways: the token of each byte's character (counted here the way the
+ * table is defined) renders that byte. */
+static void test_byte_alphabet(void **st)
+{
+    (void)st;
+    st_vocab *v = open_named("llama-bpe");
+    uint32_t n = 0;
+    for (uint32_t b = 0; b < 256; b++) {
+        int self = (b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || b >= 0xae;
+        uint32_t cp = self ? b : 256 + n++;
+        char u[2] = {(char)cp, 0};
+        size_t ul = 1;
+        if (cp >= 0x80) {
+            u[0] = (char)(0xc0 | (cp >> 6));
+            u[1] = (char)(0x80 | (cp & 0x3f));
+            ul = 2;
+        }
+        uint32_t id = st_vocab_find(v, u, ul);
+        assert_int_not_equal(id, UINT32_MAX);
+        char out[8];
+        size_t k = 0;
+        assert_int_equal(st_vocab_token_piece(v, id, 0, out, sizeof out, &k), 0);
+        assert_int_equal(k, 1);
+        assert_int_equal((uint8_t)out[0], b);
+        /* and a byte string that is valid UTF-8 tokenizes to what renders it */
+        if (b < 0x80) {
+            size_t m = 0;
+            uint32_t *ids = tokenize(v, (const char *)&(char){(char)b}, 1, 0, 0, &m);
+            assert_int_equal(m, 1);
+            assert_int_equal(ids[0], id);
+            free(ids);
+        }
+    }
+    assert_int_equal(n, 68);
+    st_vocab_free(v);
+}
+
+/* One vocabulary, tokenized from two threads at once (st_engine.h: any number of threads), gives
+ * each the ids one thread gets. */
+typedef struct tok_job {
+    const st_vocab *v;
+    const char *s;
+    size_t len, n;
+    uint32_t *ids;
+} tok_job;
+
+static void *tok_thread(void *arg)
+{
+    tok_job *j = arg;
+    if (st_vocab_tokenize(j->v, j->s, j->len, 1, 1, NULL, 0, &j->n) == 0 &&
+        (j->ids = malloc((j->n + 1) * sizeof *j->ids)))
+        st_vocab_tokenize(j->v, j->s, j->len, 1, 1, j->ids, j->n, &j->n);
+    return NULL;
+}
+
+static void test_threads(void **st)
+{
+    (void)st;
+    st_vocab *v = open_named("qwen35");
+    const char *s = "<|im_start|>Déjà vu 12345 中文 🚀 re\xcc\x81sume\xcc\x81\n\tx\xff";
+    tok_job j[2] = {{v, s, strlen(s), 0, NULL}, {v, s, strlen(s), 0, NULL}};
+    pthread_t t[2];
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(pthread_create(&t[i], NULL, tok_thread, &j[i]), 0);
+    for (int i = 0; i < 2; i++)
+        pthread_join(t[i], NULL);
+    size_t n = 0;
+    uint32_t *ids = tokenize(v, s, strlen(s), 1, 1, &n);
+    for (int i = 0; i < 2; i++) {
+        assert_non_null(j[i].ids);
+        assert_int_equal(j[i].n, n);
+        assert_memory_equal(j[i].ids, ids, n * sizeof *ids);
+        free(j[i].ids);
+    }
+    free(ids);
+    st_vocab_free(v);
+}
+
 static int same_ids(const st_vocab *v, const char *x, size_t xl, const char *y, size_t yl)
 {
     size_t n = 0, m = 0;
@@ -478,6 +557,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_wrong_pre_fails),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_special_tokens),
+        cmocka_unit_test(test_byte_alphabet),
+        cmocka_unit_test(test_threads),
         cmocka_unit_test(test_invalid_utf8_and_random_bytes),
         cmocka_unit_test(test_stream_decoder),
         cmocka_unit_test(test_model_vocab),
