@@ -289,6 +289,76 @@ static void test_special_tokens(void **st)
     st_vocab_free(v);
 }
 
+/* A copy of NAME's vocabulary file with tokenizer.ggml.add_bos_token / add_eos_token set (in the
+ * scratch dir). */
+static st_vocab *with_add(const char *name, int add_bos, int add_eos, const char *dir)
+{
+    char p[1024], q[1024];
+    snprintf(p, sizeof p, "%s/ggml-vocab-%s.gguf", g_dir, name);
+    snprintf(q, sizeof q, "%s/%s-add-%d%d.gguf", dir, name, add_bos, add_eos);
+    st_gguf *g = NULL;
+    st_gguf_writer *w = NULL;
+    assert_int_equal(st_gguf_open(p, &g), 0);
+    assert_int_equal(st_gguf_writer_new(&w, st_gguf_alignment(g)), 0);
+    for (uint64_t i = 0; i < st_gguf_n_kv(g); i++) {
+        const char *k = st_gguf_kv_key(g, i);
+        if (strcmp(k, "general.alignment") && strcmp(k, "tokenizer.ggml.add_bos_token") &&
+            strcmp(k, "tokenizer.ggml.add_eos_token"))
+            assert_int_equal(st_gguf_writer_copy_kv(w, g, i), 0);
+    }
+    assert_int_equal(st_gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", add_bos), 0);
+    assert_int_equal(st_gguf_writer_set_bool(w, "tokenizer.ggml.add_eos_token", add_eos), 0);
+    assert_int_equal(st_gguf_writer_write(w, q), 0);
+    st_gguf_writer_free(w);
+    st_gguf_close(g);
+    st_vocab *v = NULL;
+    assert_int_equal(st_vocab_open(q, &v), 0);
+    return v;
+}
+
+/* The add_bos_token / add_eos_token keys override the pre-tokenizer's defaults (llama-bpe adds
+ * BOS, qwen2 nothing): with add_special the ids are framed by what they say, without it by
+ * nothing; detokenize's remove_special takes the frame off again. */
+static void test_add_special_keys(void **st)
+{
+    (void)st;
+    char dir[512], buf[64];
+    st_test_tmpdir(dir, sizeof dir, "vocab_add_keys");
+    const char *s = "Hello world";
+    size_t n0 = 0, n = 0, m = 0, dl = 0;
+    st_vocab *plain = open_named("qwen2");
+    uint32_t *base = tokenize(plain, s, strlen(s), 1, 0, &n0); /* qwen2: nothing added */
+    st_vocab *v = with_add("qwen2", 1, 1, dir);
+    assert_true(st_vocab_add_bos(v) && st_vocab_add_eos(v));
+    uint32_t bos = st_vocab_special(v, ST_VOCAB_BOS), eos = st_vocab_special(v, ST_VOCAB_EOS);
+    assert_int_not_equal(bos, UINT32_MAX);
+    assert_int_not_equal(eos, UINT32_MAX);
+    uint32_t *a = tokenize(v, s, strlen(s), 1, 0, &n);
+    assert_int_equal(n, n0 + 2);
+    assert_int_equal(a[0], bos);
+    assert_memory_equal(a + 1, base, n0 * sizeof *base);
+    assert_int_equal(a[n - 1], eos);
+    uint32_t *b = tokenize(v, s, strlen(s), 0, 0, &m);
+    assert_int_equal(m, n0);
+    assert_memory_equal(b, base, n0 * sizeof *base);
+    assert_int_equal(st_vocab_detokenize(v, a, n, 1, 1, buf, sizeof buf, &dl), 0);
+    assert_int_equal(dl, strlen(s));
+    assert_memory_equal(buf, s, dl);
+    free(a);
+    free(b);
+    free(base);
+    st_vocab_free(v);
+    st_vocab_free(plain);
+    /* llama-bpe told not to add BOS adds nothing */
+    v = with_add("llama-bpe", 0, 0, dir);
+    assert_false(st_vocab_add_bos(v));
+    a = tokenize(v, s, strlen(s), 1, 0, &n);
+    for (size_t i = 0; i < n; i++)
+        assert_int_not_equal(a[i], st_vocab_special(v, ST_VOCAB_BOS));
+    free(a);
+    st_vocab_free(v);
+}
+
 /* GPT-2's byte alphabet both ways: the token of each byte's character (counted here the way the
  * table is defined) renders that byte. */
 static void test_byte_alphabet(void **st)
@@ -520,6 +590,24 @@ static void test_cli(void **st)
     assert_int_equal(pclose(pp), 0);
     got[gl] = 0;
     assert_string_equal(got, want);
+    /* TEXT on the command line, without --parse-special: the control token is text */
+    const char *arg = "Hi 世界 42 <|im_start|>";
+    free(ids);
+    ids = tokenize(v, arg, strlen(arg), 0, 0, &n);
+    wl = 0;
+    for (size_t i = 0; i < n; i++)
+        wl += (size_t)snprintf(want + wl, sizeof want - wl, i ? " %u" : "%u", ids[i]);
+    snprintf(want + wl, sizeof want - wl, "\n");
+    snprintf(cmd, sizeof cmd, "%s/strata tokenize -m %s/ggml-vocab-qwen2.gguf '%s'", ST_BIN_DIR,
+             g_dir, arg);
+    pp = popen(cmd, "r");
+    assert_non_null(pp);
+    gl = fread(got, 1, sizeof got - 1, pp);
+    assert_int_equal(pclose(pp), 0);
+    got[gl] = 0;
+    assert_string_equal(got, want);
+    free(ids);
+    ids = tokenize(v, s, strlen(s), 0, 1, &n);
     /* detokenize: the exact text, no newline */
     int k = snprintf(cmd, sizeof cmd, "%s/strata detokenize -m %s/ggml-vocab-qwen2.gguf",
                      ST_BIN_DIR, g_dir);
@@ -561,6 +649,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_threads),
         cmocka_unit_test(test_invalid_utf8_and_random_bytes),
         cmocka_unit_test(test_stream_decoder),
+        cmocka_unit_test(test_add_special_keys),
         cmocka_unit_test(test_model_vocab),
         cmocka_unit_test(test_cli),
     };
