@@ -681,7 +681,8 @@ int st_vocab_load(const st_gguf *g, st_vocab **out)
     for (uint32_t i = 0; i < v->n_tokens; i++)
         if (v->attr[i] & (A_CONTROL | A_USER | A_UNKNOWN))
             v->special[v->n_special++] = i;
-    qsort_r(v->special, v->n_special, sizeof *v->special, cmp_special, v);
+    if (v->n_special) /* qsort_r takes no NULL base, even for 0 elements */
+        qsort_r(v->special, v->n_special, sizeof *v->special, cmp_special, v);
     *out = v;
     return 0;
 fail:
