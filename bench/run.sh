@@ -10,12 +10,16 @@ build=${1:-build}
 status=0
 for b in "$build"/bench/bench_*; do
   [ -x "$b" ] || continue
-  # bench_state takes a model file: a harness for profiles and A/B runs (docs/BENCHMARKS.md)
-  case "$(basename "$b")" in bench_gpu_*|bench_state) continue ;; esac
+  # bench_state takes a model file: a harness for profiles and A/B runs (docs/BENCHMARKS.md);
+  # bench_vocab a vocabulary and a text: bench_vocab.mjs below gives them
+  case "$(basename "$b")" in bench_gpu_*|bench_state|bench_vocab) continue ;; esac
   printf '\n===== %s\n' "$(basename "$b")"
   "$b" ${BENCH_ARGS:-} || { echo "$(basename "$b") failed" >&2; status=1; }
 done
 printf '\n===== bench_vs_llama\n'
 node "$(dirname "$0")/bench_vs_llama.mjs" --build "$build" ${BENCH_ARGS:-} ||
   { echo "bench_vs_llama failed" >&2; status=1; }
+printf '\n===== bench_vocab (one core)\n'
+taskset -c 0 node "$(dirname "$0")/bench_vocab.mjs" --build "$build" ${BENCH_ARGS:-} ||
+  { echo "bench_vocab failed" >&2; status=1; }
 exit $status

@@ -269,6 +269,89 @@ void st_fingerprint_hex(char *dst, const uint8_t *fp, size_t n);
 size_t st_tokenize(const char *text, size_t len, uint32_t *ids, size_t cap);
 size_t st_detokenize(const uint32_t *ids, size_t n, char *dst, size_t cap);
 
+/* ---- vocabulary: the byte-level BPE tokenizer of a GGUF (tokenizer.ggml.model = "gpt2") -----
+ * Read from the tokenizer.ggml.* keys (tokens, token_type, merges, pre, the special ids,
+ * add_bos_token / add_eos_token) with the pre-tokenizers qwen2, qwen35 and llama-bpe (aliases
+ * llama3, llama-v3), as llama.cpp v0.4.0 tokenizes (ARCHITECTURES.md §5, docs/MODELS.md
+ * "Tokenizer"); tokenizer.strata.normalizer = "nfc" (written by strata-mkmodel --vocab-from for a
+ * tokenizer.json that normalizes, as Qwen's does) normalizes each text fragment to NFC first.
+ * Another tokenizer model or pre-tokenizer is ST_EINVAL naming it; a file without
+ * tokenizer.ggml.model is ST_ENOTFOUND (strata-hybrid's byte tokenizer above applies). A vocabulary
+ * is immutable after loading, owns copies of its texts (the GGUF may be closed), and may be used
+ * from any number of threads. */
+typedef struct st_vocab st_vocab;
+typedef enum st_vocab_pre {
+    ST_VOCAB_PRE_NONE = 0,
+    ST_VOCAB_PRE_QWEN2,  /* Qwen2, Qwen3, Qwen3-Next: one digit per token */
+    ST_VOCAB_PRE_QWEN35, /* Qwen3.5: letter runs take combining marks */
+    ST_VOCAB_PRE_LLAMA3, /* Llama 3: digit runs of up to 3; ignore_merges; clean_spaces */
+} st_vocab_pre;
+/* Token attributes (token_type 1..6, plus the CONTROL llama.cpp forces on end-of-generation and
+ * FIM texts such as <|im_end|>, <|endoftext|>, <|eot_id|>). */
+#define ST_VOCAB_ATTR_NORMAL 0x01u
+#define ST_VOCAB_ATTR_UNKNOWN 0x02u
+#define ST_VOCAB_ATTR_CONTROL 0x04u
+#define ST_VOCAB_ATTR_USER_DEFINED 0x08u
+#define ST_VOCAB_ATTR_UNUSED 0x10u
+#define ST_VOCAB_ATTR_BYTE 0x20u
+typedef enum st_vocab_id { ST_VOCAB_BOS, ST_VOCAB_EOS, ST_VOCAB_EOT, ST_VOCAB_EOM,
+                           ST_VOCAB_PAD } st_vocab_id;
+int st_vocab_load(const st_gguf *g, st_vocab **out);
+/* The vocabulary alone of a GGUF file (no weights read: also llama.cpp's vocab-only files). */
+int st_vocab_open(const char *path, st_vocab **out);
+void st_vocab_free(st_vocab *v); /* accepts NULL */
+uint32_t st_vocab_n_tokens(const st_vocab *v);
+const char *st_vocab_pre_name(const st_vocab *v); /* "qwen2", "qwen35", "llama-bpe", ... */
+st_vocab_pre st_vocab_pre_get(const st_vocab *v);
+/* A special id, UINT32_MAX when the vocabulary has none (bos and eos default to 11, as in
+ * llama.cpp, when the file names none). */
+uint32_t st_vocab_special(const st_vocab *v, st_vocab_id which);
+int st_vocab_add_bos(const st_vocab *v);
+int st_vocab_add_eos(const st_vocab *v);
+/* End of generation: the eos / eot / eom ids, the texts llama.cpp stops on (<|im_end|>,
+ * <|endoftext|>, <|eot_id|>, <|eom_id|>, <|end_of_text|>, ...) and the FIM pad / repo / file
+ * separator tokens. *ids (may be NULL) gets the sorted set, borrowed from v. */
+int st_vocab_is_eog(const st_vocab *v, uint32_t id);
+uint32_t st_vocab_n_eog(const st_vocab *v, const uint32_t **ids);
+unsigned st_vocab_token_attr(const st_vocab *v, uint32_t id); /* 0 beyond the vocabulary */
+/* A token's text as the file holds it (byte-level encoded; borrowed), NULL beyond the vocabulary. */
+const char *st_vocab_token_text(const st_vocab *v, uint32_t id, size_t *len);
+/* The id whose text is exactly text[0..len), or UINT32_MAX. */
+uint32_t st_vocab_find(const st_vocab *v, const char *text, size_t len);
+/* Tokenize text[0..len) (any bytes: a byte that does not start a complete UTF-8 sequence reads
+ * as U+FFFD, as llama.cpp reads it). Special tokens (CONTROL and UNKNOWN when parse_special,
+ * USER_DEFINED always) are split out first, longest text first; add_special adds BOS / EOS where
+ * the vocabulary says so. Writes at most cap ids (ids may be NULL with cap 0); *n_out gets the
+ * count of all of them: call again with a larger buffer when it exceeds cap. Scratch memory is
+ * proportional to len. */
+int st_vocab_tokenize(const st_vocab *v, const char *text, size_t len, int add_special,
+                      int parse_special, uint32_t *ids, size_t cap, size_t *n_out);
+/* The bytes of one token (CONTROL / UNKNOWN only when special), *n their count; written when
+ * they fit in cap. ST_EINVAL beyond the vocabulary. */
+int st_vocab_token_piece(const st_vocab *v, uint32_t id, int special, char *dst, size_t cap,
+                         size_t *n);
+/* The text of ids (llama.cpp's llama_detokenize: remove_special drops a leading BOS / trailing
+ * EOS the vocabulary adds; unparse_special renders CONTROL tokens; llama-bpe cleans spaces
+ * before punctuation). Writes min(cap, *n_out) bytes, no NUL. */
+int st_vocab_detokenize(const st_vocab *v, const uint32_t *ids, size_t n, int remove_special,
+                        int unparse_special, char *dst, size_t cap, size_t *n_out);
+/* Streaming: each push writes the token's bytes after the ones held back, less a UTF-8 sequence
+ * still incomplete at the end, which it holds (at most 3 bytes) for the next push. cap must take
+ * the held bytes and the piece: ST_ETOOBIG otherwise, *n the bytes needed, nothing changed.
+ * flush writes what is held (an incomplete sequence at the end of the text) and returns its
+ * count (nothing written, held kept, when that exceeds cap). Zero-initialise the stream. */
+typedef struct st_vocab_stream {
+    uint8_t held[4];
+    uint32_t n_held;
+} st_vocab_stream;
+int st_vocab_stream_push(const st_vocab *v, st_vocab_stream *st, uint32_t id, int special,
+                         char *dst, size_t cap, size_t *n);
+size_t st_vocab_stream_flush(st_vocab_stream *st, char *dst, size_t cap);
+
+/* The vocabulary of a loaded model (borrowed; valid until st_model_free), NULL for a model of the
+ * byte tokenizer (strata-hybrid: st_tokenize / st_detokenize). */
+const st_vocab *st_model_vocab(const st_model *m);
+
 /* ---- engine and slots ---------------------------------------------------------------------- */
 typedef struct st_engine st_engine;
 typedef struct st_slot st_slot;

@@ -135,6 +135,7 @@ struct st_model {
     float *output_norm;
     float *rope_freqs; /* llama: head_dim / 2 factors dividing the RoPE angles; else NULL */
     st_layer *layers;
+    st_vocab *vocab; /* the GGUF's BPE vocabulary; NULL: strata-hybrid's byte tokenizer */
     uint8_t fp[ST_FINGERPRINT_LEN];
 };
 

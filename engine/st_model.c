@@ -401,8 +401,22 @@ void st_model_free(st_model *m)
     free(m->mem.layer);
     free(m->output_norm);
     free(m->rope_freqs);
+    st_vocab_free(m->vocab);
     st_gguf_close(m->gguf);
     free(m);
+}
+
+/* The vocabulary the file's tokenizer keys describe: none (the byte tokenizer) for
+ * strata-hybrid's "strata-bytes" or no tokenizer.ggml.model; st_vocab_load's refusal otherwise. */
+static int model_vocab(const st_gguf *g, st_vocab **out)
+{
+    const char *s;
+    uint64_t len;
+    *out = NULL;
+    int rc = st_gguf_get_str(g, "tokenizer.ggml.model", &s, &len);
+    if (rc == ST_ENOTFOUND || (!rc && len == 12 && !memcmp(s, "strata-bytes", 12)))
+        return 0;
+    return rc ? rc : st_vocab_load(g, out);
 }
 
 int st_model_load(const char *path, st_model **out)
@@ -416,6 +430,12 @@ int st_model_load(const char *path, st_model **out)
     if ((rc = st_gguf_open(path, &m->gguf)))
         goto fail;
     if ((rc = read_arch(m->gguf, &m->arch)) || (rc = m->arch->read(m->gguf, &m->hp))) {
+        char d[512];
+        snprintf(d, sizeof d, "%s", st_errdetail());
+        rc = st_error_set(rc, "%s: %s", path, d);
+        goto fail;
+    }
+    if ((rc = model_vocab(m->gguf, &m->vocab))) {
         char d[512];
         snprintf(d, sizeof d, "%s", st_errdetail());
         rc = st_error_set(rc, "%s: %s", path, d);
@@ -468,6 +488,11 @@ fail:
 const st_model_hparams *st_model_hparams_get(const st_model *m)
 {
     return &m->hp;
+}
+
+const st_vocab *st_model_vocab(const st_model *m)
+{
+    return m->vocab;
 }
 
 const char *st_model_arch(const st_model *m)

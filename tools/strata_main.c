@@ -6,6 +6,8 @@
  *   strata logits -m MODEL --tokens 1,2,3 [--tokens-file F] [--kv-dtype f16|f32|i8] -o FILE
  *   strata quantize IN OUT TYPE
  *   strata chat-template -m MODEL --conversation FILE.json
+ *   strata tokenize -m MODEL [--parse-special] [--file F | TEXT]   (strata_tokenize.c)
+ *   strata detokenize -m MODEL ID...
  *
  * stdout carries only the generated text (or token ids with --tokens); logs and timings go to
  * stderr. With --session-in the prompt continues the restored conversation (after a turn
@@ -21,6 +23,7 @@
 
 #include "st_engine.h"
 #include "st_store.h"
+#include "strata_tokenize.h"
 
 static double now_s(void)
 {
@@ -37,6 +40,8 @@ static void usage(FILE *f)
             "       strata logits -m MODEL (--tokens 1,2,3 | --tokens-file F) -o FILE [options]\n"
             "       strata quantize IN OUT TYPE\n"
             "       strata chat-template -m MODEL --conversation FILE.json\n"
+            "       strata tokenize -m MODEL [--parse-special] [--file F | TEXT]\n"
+            "       strata detokenize -m MODEL ID...   (strata tokenize --help)\n"
             "options of generate:\n"
             "  --temp T                 0 (default) is greedy\n"
             "  --seed S                 sampling seed (default 1)\n"
@@ -514,6 +519,10 @@ int main(int argc, char **argv)
         return cmd_quantize(argc, argv);
     if (!strcmp(cmd, "chat-template"))
         return cmd_chat_template(argc, argv);
+    if (!strcmp(cmd, "tokenize"))
+        return strata_cmd_tokenize(argc, argv);
+    if (!strcmp(cmd, "detokenize"))
+        return strata_cmd_detokenize(argc, argv);
     if (strcmp(cmd, "generate") && strcmp(cmd, "info") && strcmp(cmd, "logits")) {
         fprintf(stderr, "strata: unknown command %s\n", cmd);
         usage(stderr);

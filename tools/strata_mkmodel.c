@@ -3,7 +3,8 @@
  *
  *   strata-mkmodel [--arch strata-hybrid|llama|qwen3|qwen35|qwen35moe|qwen3next] --preset NAME
  *                  [--seed S] [geometry flags] [--wtype TYPE] [--f32-twin] [--nextn N]
- *                  [--split-max-tensors N] -o FILE
+ *                  [--split-max-tensors N] [--vocab-from tokenizer.json] -o FILE
+ *   strata-mkmodel --vocab-from tokenizer.json [--vocab-config F] [--pre NAME] -o FILE
  *
  * The weights come from a seeded generator: the model computes real state and restores exactly,
  * but the text it writes is not meaningful.
@@ -15,11 +16,14 @@
 #include <unistd.h>
 
 #include "st_engine.h"
+#include "strata_vocab_json.h"
 
 static void usage(FILE *f)
 {
     fprintf(f,
             "usage: strata-mkmodel [--arch A] --preset NAME [--seed S] [options] -o FILE\n"
+            "       strata-mkmodel --vocab-from tokenizer.json [--vocab-config F] [--pre NAME]\n"
+            "                      -o FILE   (a vocabulary-only GGUF)\n"
             "  --arch A          strata-hybrid (default), llama, qwen3, qwen35, qwen35moe,\n"
             "                    qwen3next\n"
             "  --preset NAME     strata-hybrid: tiny, small, bench\n"
@@ -49,6 +53,14 @@ static void usage(FILE *f)
             "  --split-max-tensors N  write a split model of at most N tensors per part\n"
             "                    (default: one file): FILE minus .gguf names the parts\n"
             "                    FILE-00001-of-0000K.gguf ... (llama.cpp's gguf-split layout)\n"
+            "  --vocab-from F    the vocabulary of a Hugging Face tokenizer.json (byte-level BPE),\n"
+            "                    converted as llama.cpp's convert_hf_to_gguf.py does (tokens,\n"
+            "                    types, merges, pre, special ids, chat template); with --preset\n"
+            "                    the model's vocabulary (--vocab becomes its size), without it a\n"
+            "                    vocabulary-only file (default: the preset's seeded vocabulary)\n"
+            "  --vocab-config F  its tokenizer_config.json (default: the one beside it, if any)\n"
+            "  --pre NAME        the pre-tokenizer, qwen2 | qwen35 | llama-bpe (default: told\n"
+            "                    from tokenizer.json's regex)\n"
             "TYPE: f32, f16, bf16 (written directly), or q8_0, q4_0, q4_1, q5_0, q5_1, q2_K,\n"
             "q3_K, q4_K, q5_K, q6_K, iq4_nl, iq4_xs (any case): the seeded f32 model quantized\n"
             "as `strata quantize` does.\n"
@@ -74,9 +86,95 @@ static int parse_u32(const char *flag, const char *v, uint32_t *out)
     return 0;
 }
 
+/* tokenizer_config.json beside a tokenizer.json, when there is one. */
+static int config_beside(const char *tok, char *dst, size_t cap)
+{
+    const char *sl = strrchr(tok, '/');
+    snprintf(dst, cap, "%.*stokenizer_config.json", sl ? (int)(sl - tok + 1) : 0, tok);
+    return access(dst, R_OK) == 0;
+}
+
+/* The GGUF at in with its tokenizer.* keys replaced by vw's: vw takes in's other keys and its
+ * tensors (borrowed from the mapping until the write) and writes out atomically. */
+static int with_vocab(const char *in, st_gguf_writer *vw, const char *out)
+{
+    st_gguf *g = NULL;
+    int rc = st_gguf_open(in, &g);
+    for (uint64_t i = 0; !rc && i < st_gguf_n_kv(g); i++) {
+        const char *k = st_gguf_kv_key(g, i);
+        if (strncmp(k, "tokenizer.", 10) && strcmp(k, "general.alignment"))
+            rc = st_gguf_writer_copy_kv(vw, g, i);
+    }
+    for (uint64_t i = 0; !rc && i < st_gguf_n_tensors(g); i++) {
+        const st_gguf_tensor *t = st_gguf_tensor_at(g, i);
+        rc = st_gguf_writer_add_tensor(vw, t->name, t->type, t->n_dims, t->dims, t->data);
+    }
+    if (!rc)
+        rc = st_gguf_writer_write(vw, out);
+    st_gguf_close(g);
+    return rc;
+}
+
+/* strata-mkmodel --vocab-from F [--vocab-config F] [--pre NAME] -o FILE: the vocabulary alone. */
+static int vocab_only(int argc, char **argv)
+{
+    const char *from = NULL, *cfg = NULL, *pre = NULL, *out = NULL;
+    char vcfg[4096], e[1024];
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!v) {
+            fprintf(stderr, "strata-mkmodel: unknown or incomplete option %s\n", a);
+            return 2;
+        }
+        if (!strcmp(a, "--vocab-from"))
+            from = v;
+        else if (!strcmp(a, "--vocab-config"))
+            cfg = v;
+        else if (!strcmp(a, "--pre"))
+            pre = v;
+        else if (!strcmp(a, "-o") || !strcmp(a, "--output"))
+            out = v;
+        else {
+            fprintf(stderr, "strata-mkmodel: %s needs --preset (a vocabulary-only file takes "
+                            "--vocab-from, --vocab-config, --pre, -o)\n", a);
+            return 2;
+        }
+        i++;
+    }
+    if (!out) {
+        fprintf(stderr, "strata-mkmodel: -o FILE is required\n");
+        return 2;
+    }
+    if (!cfg && config_beside(from, vcfg, sizeof vcfg))
+        cfg = vcfg;
+    st_gguf_writer *w = NULL;
+    uint32_t n = 0;
+    int rc = st_gguf_writer_new(&w, 0);
+    if (!rc && strata_vocab_json(from, cfg, pre, w, &n, &pre, e, sizeof e)) {
+        fprintf(stderr, "strata-mkmodel: --vocab-from: %s\n", e);
+        st_gguf_writer_free(w);
+        return 1;
+    }
+    /* llama.cpp loads a vocabulary-only file of an architecture it knows */
+    if (!rc)
+        rc = st_gguf_writer_set_str(w, "general.architecture",
+                                    !strcmp(pre, "llama-bpe") ? "llama"
+                                    : !strcmp(pre, "qwen35") ? "qwen35" : "qwen3");
+    if (!rc)
+        rc = st_gguf_writer_write(w, out);
+    st_gguf_writer_free(w);
+    if (rc) {
+        fprintf(stderr, "strata-mkmodel: %s: %s\n", st_strerror(rc), st_errdetail());
+        return 1;
+    }
+    fprintf(stderr, "strata-mkmodel: wrote %s: the vocabulary of %s, %u tokens\n", out, from, n);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *preset = NULL, *out = NULL, *name = NULL, *arch = NULL;
+    const char *vocab_from = NULL, *vocab_cfg = NULL, *pre = NULL;
     int twin = 0;
     uint64_t seed = 1;
     uint32_t qtype = ST_GGML_F32; /* --wtype of a quantized type: quantize the f32 model */
@@ -99,7 +197,11 @@ int main(int argc, char **argv)
             preset = argv[i + 1];
         if (!strcmp(argv[i], "--arch") && i + 1 < argc)
             arch = argv[i + 1];
+        if (!strcmp(argv[i], "--vocab-from") && i + 1 < argc)
+            vocab_from = argv[i + 1];
     }
+    if (!preset && vocab_from)
+        return vocab_only(argc, argv);
     if (!preset) {
         usage(stderr);
         return 2;
@@ -134,7 +236,11 @@ int main(int argc, char **argv)
             usage(stderr);
             return 2;
         }
-        if (!strcmp(a, "--preset") || !strcmp(a, "--arch")) {
+        if (!strcmp(a, "--preset") || !strcmp(a, "--arch") || !strcmp(a, "--vocab-from")) {
+        } else if (!strcmp(a, "--vocab-config")) {
+            vocab_cfg = v;
+        } else if (!strcmp(a, "--pre")) {
+            pre = v;
         } else if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
             out = v;
         } else if (!strcmp(a, "--name")) {
@@ -208,8 +314,30 @@ int main(int argc, char **argv)
         snprintf(tmp, sizeof tmp, "%s.f32.%d", out, (int)getpid());
         dst = tmp;
     }
-    int rc = twin ? st_model_write_seeded_f32_twin(&hp, seed, name, dst)
-                  : st_model_write_seeded(&hp, seed, name, dst);
+    /* --vocab-from: the seeded model of that vocabulary's size next to OUT, then its keys */
+    char vtmp[4096], vcfg[4096], e[1024];
+    const char *seeded = dst;
+    st_gguf_writer *vw = NULL;
+    if (vocab_from) {
+        if (!vocab_cfg && config_beside(vocab_from, vcfg, sizeof vcfg))
+            vocab_cfg = vcfg;
+        if (st_gguf_writer_new(&vw, 0) ||
+            strata_vocab_json(vocab_from, vocab_cfg, pre, vw, &hp.n_vocab, NULL, e, sizeof e)) {
+            fprintf(stderr, "strata-mkmodel: --vocab-from: %s\n", vw ? e : st_errdetail());
+            st_gguf_writer_free(vw);
+            return 1;
+        }
+        snprintf(vtmp, sizeof vtmp, "%s.seeded.%d", out, (int)getpid());
+        seeded = vtmp;
+    }
+    int rc = twin ? st_model_write_seeded_f32_twin(&hp, seed, name, seeded)
+                  : st_model_write_seeded(&hp, seed, name, seeded);
+    if (vocab_from) {
+        if (!rc)
+            rc = with_vocab(vtmp, vw, dst);
+        unlink(vtmp);
+        st_gguf_writer_free(vw);
+    }
     if (!rc && qtype != ST_GGML_F32) {
         st_quantize_opts qo = {mk_log, NULL, 0};
         rc = st_gguf_quantize(tmp, qdst, qtype, &qo, NULL);
