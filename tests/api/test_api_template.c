@@ -50,8 +50,10 @@ static void start(st_hc_server *s, st_at_env *e, const char *model, const char *
                   const char *log)
 {
     *e = env;
-    snprintf(e->model, sizeof e->model, "%s", model);
-    snprintf(e->logpath, sizeof e->logpath, "%s/%s", env.dir, log);
+    int n = snprintf(e->model, sizeof e->model, "%s", model);
+    assert_true(n > 0 && (size_t)n < sizeof e->model);
+    n = snprintf(e->logpath, sizeof e->logpath, "%s/%s", env.dir, log);
+    assert_true(n > 0 && (size_t)n < sizeof e->logpath);
     assert_int_equal(st_at_server_start(s, e, store, NULL, NULL), 0);
 }
 
