@@ -120,7 +120,7 @@ static int vocab_only(int argc, char **argv)
 {
     const char *from = NULL, *cfg = NULL, *pre = NULL, *out = NULL;
     char vcfg[4096], e[1024];
-    for (int i = 1; i < argc; i++) {
+    for (int i = 1; i < argc; i += 2) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) {
             fprintf(stderr, "strata-mkmodel: unknown or incomplete option %s\n", a);
@@ -139,7 +139,6 @@ static int vocab_only(int argc, char **argv)
                             "--vocab-from, --vocab-config, --pre, -o)\n", a);
             return 2;
         }
-        i++;
     }
     if (!out) {
         fprintf(stderr, "strata-mkmodel: -o FILE is required\n");
