@@ -306,10 +306,13 @@ struct st_engine {
     uint32_t n_spare_ck;
 };
 
-/* A conversation-cache checkpoint: host copies of every running tensor. */
+/* A conversation-cache checkpoint: host copies of every running tensor, and once a snapshot
+ * has stored it in bf16 (or it was restored from a bf16 image), that block, shared with the
+ * images that hold it (st_slot.c invariant 7). */
 typedef struct st_slot_ckpt {
     st_cache_entry e;
     uint8_t **t; /* per geometry tensor (NULL for K/V tensors) */
+    st_image_block *bf16;
 } st_slot_ckpt;
 
 struct st_slot {

@@ -22,6 +22,14 @@
  *    from the stored codec. A snapshot hashes the state as stored (what a restore will widen); a
  *    restore hashes the fresh backend state (the bulk path: where each block arrived; else read
  *    back). Block digests run on the pool, so the value never depends on the thread count.
+ * 7. A held checkpoint never changes after it is taken (or restored), so its bf16 block, once a
+ *    snapshot has coded it, is kept (ck.bf16, a reference shared with the images holding it) and
+ *    put by reference into every later bf16 snapshot instead of being coded again. It holds
+ *    exactly the codes st_codec_bf16 gives for ck.t: made by that encode, or taken from the bf16
+ *    image a restore widened ck.t from (bf16 -> f32 -> bf16 is the identity on every code the
+ *    encode writes; a signalling-NaN code, which it never writes, would be kept as read). It goes
+ *    with the checkpoint: dropped, cut, replaced by a restore, reset or freed (ck_free,
+ *    ck_spare); the images referencing it keep it until they are freed.
  */
 #include <errno.h>
 #include <math.h>
@@ -35,6 +43,8 @@
 
 static void ck_free(const st_engine *e, st_slot_ckpt *ck)
 {
+    st_image_block_unref(ck->bf16);
+    ck->bf16 = NULL;
     if (!ck->t)
         return;
     for (uint32_t ti = 0; ti < e->geom.n_tensors; ti++)
@@ -47,6 +57,8 @@ static void ck_free(const st_engine *e, st_slot_ckpt *ck)
  * prompt_cache of them are kept already. */
 static void ck_spare(st_engine *e, st_slot_ckpt *ck)
 {
+    st_image_block_unref(ck->bf16); /* the coded form of the values a spare will overwrite */
+    ck->bf16 = NULL;
     if (!ck->t)
         return;
     if (e->n_spare_ck < e->o.prompt_cache) {
@@ -707,14 +719,17 @@ static int pool_convert(st_engine *e, const conv_piece *pc, uint32_t np)
 }
 
 /* ---- snapshot --------------------------------------------------------------------------------- */
-/* A checkpoint the slot holds (fp32) into the image, stored in codec. */
-static int add_held_ckpt(st_engine *e, st_image *img, uint64_t pos, const st_slot_ckpt *ck,
+/* A checkpoint the slot holds (fp32) into the image, stored in codec; in bf16 by reference to
+ * its kept block, else coded (and the bf16 block kept: invariant 7). */
+static int add_held_ckpt(st_engine *e, st_image *img, uint64_t pos, st_slot_ckpt *ck,
                          uint32_t codec)
 {
     const st_geometry *g = &e->geom;
-    conv_piece *pc = calloc(g->n_tensors ? g->n_tensors : 1, sizeof *pc);
     uint32_t ci, np = 0;
     int rc;
+    if (codec == ST_CODEC_BF16 && ck->bf16)
+        return st_image_checkpoint_add_shared(img, pos, codec, ck->bf16, NULL);
+    conv_piece *pc = calloc(g->n_tensors ? g->n_tensors : 1, sizeof *pc);
     if (!pc)
         return st_error_set(ENOMEM, "snapshot: checkpoint");
     if ((rc = st_image_checkpoint_add_unzeroed(img, pos, codec, &ci)))
@@ -737,6 +752,8 @@ static int add_held_ckpt(st_engine *e, st_image *img, uint64_t pos, const st_slo
             memcpy(dst, ck->t[ti], b);
     }
     rc = pool_convert(e, pc, np);
+    if (!rc && codec == ST_CODEC_BF16)
+        ck->bf16 = st_image_checkpoint_share(img, ci); /* NULL (no memory): coded next time */
 done:
     free(pc);
     return rc;
@@ -1065,6 +1082,8 @@ int st_slot_restore(st_slot *s, const st_image *img)
         if ((rc = load_ckpt(e, img, skip + i, chain[n_chain - 1].t)))
             goto done;
         chain[n_chain - 1].e.position = pos;
+        if (codec == ST_CODEC_BF16) /* invariant 7; NULL (no memory): coded by the next PARK */
+            chain[n_chain - 1].bf16 = st_image_checkpoint_share(img, skip + i);
     }
     if (!bulk && (rc = state_hash(e, ns, tokens, n, ST_CODEC_FP32, &h)))
         goto done;

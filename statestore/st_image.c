@@ -471,6 +471,80 @@ static void st_buf_free(void *p)
         free(p);
 }
 
+/* ---- shared checkpoint blocks (st_store.h) ---- */
+struct st_image_block {
+    uint8_t *data; /* an image buffer, released through st_buf_free with the last reference */
+    uint64_t len;
+    uint32_t refs;
+};
+static pthread_mutex_t st_share_mu = PTHREAD_MUTEX_INITIALIZER; /* marking a block shared */
+
+void st_image_block_unref(st_image_block *b)
+{
+    if (!b || __atomic_sub_fetch(&b->refs, 1, __ATOMIC_ACQ_REL) != 0)
+        return;
+    st_buf_free(b->data);
+    free(b);
+}
+
+/* A checkpoint's block released: the image's reference, or the buffer it owns. */
+static void st_ckpt_release(st_ckpt *c)
+{
+    if (c->shared)
+        st_image_block_unref(c->shared);
+    else
+        st_buf_free(c->data);
+    c->data = NULL;
+    c->shared = NULL;
+}
+
+st_image_block *st_image_checkpoint_share(const st_image *img, uint32_t ci)
+{
+    if (!img || ci >= img->n_ckpt)
+        return NULL;
+    st_ckpt *c = &img->ckpt[ci]; /* the bytes stay; only who references them is recorded */
+    pthread_mutex_lock(&st_share_mu);
+    if (!c->shared) {
+        st_image_block *b = malloc(sizeof *b);
+        if (!b) {
+            pthread_mutex_unlock(&st_share_mu);
+            return NULL;
+        }
+        *b = (st_image_block){c->data, img->ckpt_bytes[c->codec], 1};
+        c->shared = b;
+    }
+    __atomic_add_fetch(&c->shared->refs, 1, __ATOMIC_RELAXED);
+    st_image_block *b = c->shared;
+    pthread_mutex_unlock(&st_share_mu);
+    return b;
+}
+
+/* Before a checkpoint's bytes are written in place: a block other holders reference is
+ * replaced by a private copy (0, or ENOMEM with the image unchanged). */
+static int st_ckpt_own(st_image *img, st_ckpt *c)
+{
+    if (!c->shared)
+        return 0;
+    pthread_mutex_lock(&st_share_mu);
+    st_image_block *b = c->shared;
+    if (__atomic_load_n(&b->refs, __ATOMIC_ACQUIRE) == 1) {
+        /* the last holder: the buffer is the image's own again */
+        c->shared = NULL;
+        pthread_mutex_unlock(&st_share_mu);
+        free(b);
+        return 0;
+    }
+    pthread_mutex_unlock(&st_share_mu);
+    uint8_t *nd = st_alloc(img, b->len, 0, NULL);
+    if (!nd)
+        return ENOMEM;
+    memcpy(nd, b->data, (size_t)b->len);
+    c->data = nd;
+    c->shared = NULL;
+    st_image_block_unref(b);
+    return 0;
+}
+
 /* Lay out a checkpoint block for each codec: running tensors in geometry order, each aligned to
  * its stored element size. The geometry was checked, so no sum here can overflow. */
 static void st_ckpt_layout(st_image *img)
@@ -497,7 +571,7 @@ void st_image_free(st_image *img)
     if (!img)
         return;
     for (uint32_t c = 0; c < img->n_ckpt; c++)
-        st_buf_free(img->ckpt[c].data);
+        st_ckpt_release(&img->ckpt[c]);
     free(img->ckpt);
     free(img->ckpt_off);
     if (img->kv)
@@ -721,6 +795,7 @@ int st_image_ckpt_append_empty(st_image *img, uint64_t position, uint32_t codec,
     c->position = position;
     c->codec = codec;
     c->data = NULL;
+    c->shared = NULL;
     if (index)
         *index = img->n_ckpt;
     img->n_ckpt++;
@@ -775,6 +850,29 @@ int st_image_checkpoint_add_unzeroed(st_image *img, uint64_t position, uint32_t 
     return st_ckpt_add(img, position, codec, index, 0);
 }
 
+int st_image_checkpoint_add_shared(st_image *img, uint64_t position, uint32_t codec,
+                                   st_image_block *b, uint32_t *index)
+{
+    uint32_t ci = 0;
+    int rc;
+    if (!img || !b)
+        return st_error_set(ST_EINVAL, "checkpoint add: NULL argument");
+    if ((rc = st_codec_check(codec)))
+        return rc;
+    if (b->len != img->ckpt_bytes[codec])
+        return st_error_set(ST_EINVAL, "checkpoint add: a shared block of %llu bytes, a %s "
+                            "checkpoint holds %llu", (unsigned long long)b->len,
+                            st_codec_name(codec), (unsigned long long)img->ckpt_bytes[codec]);
+    if ((rc = st_image_ckpt_append_empty(img, position, codec, &ci)))
+        return rc;
+    __atomic_add_fetch(&b->refs, 1, __ATOMIC_RELAXED);
+    img->ckpt[ci].data = b->data;
+    img->ckpt[ci].shared = b;
+    if (index)
+        *index = ci;
+    return 0;
+}
+
 uint32_t st_image_n_checkpoints(const st_image *img)
 {
     return img ? img->n_ckpt : 0;
@@ -794,6 +892,11 @@ int st_image_checkpoint_info(const st_image *img, uint32_t ci, uint64_t *positio
 
 void *st_image_checkpoint_tensor(st_image *img, uint32_t ci, uint32_t ti, uint64_t *len)
 {
+    if (img && ci < img->n_ckpt && st_ckpt_own(img, &img->ckpt[ci])) {
+        if (len)
+            *len = 0;
+        return NULL;
+    }
     return (void *)st_image_checkpoint_tensor_const(img, ci, ti, len);
 }
 
@@ -855,7 +958,7 @@ int st_image_checkpoint_recode(st_image *img, uint32_t ci, uint32_t codec, void 
         }
     }
     /* every conversion succeeded: the new block replaces the old one */
-    st_buf_free(c->data);
+    st_ckpt_release(c);
     c->data = nd;
     c->codec = codec;
     return 0;
@@ -865,7 +968,7 @@ int st_image_checkpoint_remove(st_image *img, uint32_t ci)
 {
     if (!img || ci >= img->n_ckpt)
         return st_error_set(ST_ENOTFOUND, "checkpoint %u: no such checkpoint", ci);
-    st_buf_free(img->ckpt[ci].data);
+    st_ckpt_release(&img->ckpt[ci]);
     memmove(&img->ckpt[ci], &img->ckpt[ci + 1], (img->n_ckpt - ci - 1) * sizeof *img->ckpt);
     img->n_ckpt--;
     return 0;

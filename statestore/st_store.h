@@ -154,6 +154,20 @@ int st_image_checkpoint_recode(st_image *img, uint32_t ci, uint32_t codec, void 
                                size_t scratch_cap);
 /* Remove checkpoint ci. */
 int st_image_checkpoint_remove(st_image *img, uint32_t ci);
+/* A checkpoint block shared by reference: the engine keeps a held conversation-cache
+ * checkpoint's bf16 form as one and puts it into every later snapshot instead of coding the
+ * checkpoint again. A shared block never changes: the mutable accessors of an image whose block
+ * another holder references (st_image_checkpoint_tensor, _recode) give the image a private copy
+ * first. References are atomic (any thread may drop one); the last one frees the buffer.
+ * share: a new reference to checkpoint ci's block (the image keeps its own), NULL when there is
+ * no such checkpoint or no memory; the image is only marked shared, its bytes stay as they are.
+ * add_shared: a checkpoint at position in codec whose block is b (the image takes a reference;
+ * b must be a block of this geometry in that codec, else ST_EINVAL). */
+typedef struct st_image_block st_image_block;
+st_image_block *st_image_checkpoint_share(const st_image *img, uint32_t ci);
+int st_image_checkpoint_add_shared(st_image *img, uint64_t position, uint32_t codec,
+                                   st_image_block *b, uint32_t *index);
+void st_image_block_unref(st_image_block *b); /* accepts NULL */
 
 /* Last-token logits: n_vocab floats, or none (n == 0). */
 int st_image_logits_set(st_image *img, const float *logits, uint32_t n);

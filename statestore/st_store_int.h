@@ -23,6 +23,7 @@ typedef struct st_ckpt {
     uint64_t position;
     uint32_t codec;
     uint8_t *data;
+    struct st_image_block *shared; /* NULL: data is the image's own; else data is shared->data */
 } st_ckpt;
 
 /* Invariants of a complete image (the reader builds one step by step and frees it on error):
@@ -33,7 +34,9 @@ typedef struct st_ckpt {
  * 3. ckpt[0..n_ckpt) have strictly increasing positions <= n_ctx and known codecs; ckpt[c].data
  *    holds ckpt_bytes[codec] bytes (at least 1). The layout of a codec's block is fixed by the
  *    geometry: running tensors in geometry order, each at an offset aligned to its stored element
- *    size (1, 2, 4 or 8 bytes; malloc's alignment covers 8), padding bytes zero.
+ *    size (1, 2, 4 or 8 bytes; malloc's alignment covers 8), padding bytes zero. A block with
+ *    ckpt[c].shared set may be referenced by other holders and is never written in place (a
+ *    mutable accessor replaces it with a private copy first).
  * 4. logits is NULL with n_logits 0, or holds n_vocab floats. */
 struct st_image {
     st_geometry g;

@@ -679,6 +679,133 @@ static void test_restore_into_spares(void **state)
     }
 }
 
+/* The first running tensor of checkpoint ci of img, where the image holds it. */
+static const void *ck_tensor(const st_image *img, uint32_t ci)
+{
+    const st_geometry *g = st_image_geometry(img);
+    for (uint32_t ti = 0; ti < g->n_tensors; ti++)
+        if (g->tensors[ti].role == ST_ROLE_RUNNING && g->tensors[ti].dtype == ST_DTYPE_F32)
+            return st_image_checkpoint_tensor_const(img, ci, ti, NULL);
+    return NULL;
+}
+
+/* A held checkpoint's bf16 block (st_slot.c invariant 7): kept once a snapshot has coded it and
+ * put by reference into every later bf16 PARK and SAVE, whose files are byte for byte those of an
+ * engine that codes it afresh; dropped with its checkpoint (a new checkpoint at the same position
+ * on another branch is coded again, not given the old block); adopted from a restored bf16
+ * image; a shared block written through an image is copied first (the slot's stays as it was);
+ * and a restore from such an image continues exactly as one from a freshly coded image. */
+static void test_held_bf16_block(void **state)
+{
+    (void)state;
+    uint32_t ta[256], tb[256], tc[300], x[8], y[8];
+    uint64_t na = et_tokens(ta, "Conversation A: its prompt's end is a held checkpoint.");
+    uint64_t nb = na; /* B: A with one token changed halfway */
+    memcpy(tb, ta, na * sizeof *ta);
+    tb[na / 2] = tb[na / 2] == 'q' ? 'z' : 'q';
+    st_engine_opts o = opts(2);
+    rig r, fa, fb;
+    rig_open(&r, g_big, &o);
+    rig_open(&fa, g_big, &o);
+    rig_open(&fb, g_big, &o);
+    assert_int_equal(st_slot_eval(r.s, ta, na, 0, NULL), 0);
+    gen(r.s, 4, x, 0.0f);
+    assert_int_equal(st_slot_n_checkpoints(r.s), 1);
+    assert_int_equal(st_slot_checkpoint_pos(r.s, 0), na);
+    /* the references: A and B, each parked once by an engine that never kept a block */
+    uint8_t *fa1 = NULL, *fb1 = NULL, *p = NULL;
+    size_t la1 = 0, lb1 = 0, lp = 0;
+    assert_int_equal(st_slot_eval(fa.s, ta, na, 0, NULL), 0);
+    gen(fa.s, 4, x, 0.0f);
+    park_bytes(fa.s, ST_CODEC_BF16, &fa1, &la1);
+    assert_int_equal(st_slot_eval(fb.s, tb, nb, 0, NULL), 0);
+    gen(fb.s, 4, x, 0.0f);
+    park_bytes(fb.s, ST_CODEC_BF16, &fb1, &lb1);
+    assert_int_equal(la1, lb1);
+    assert_memory_not_equal(fa1, fb1, la1); /* negative control: the comparisons below can fail */
+
+    /* coded by the first bf16 PARK, shared by the second and by a SAVE */
+    st_image *i1 = NULL, *i2 = NULL, *i3 = NULL;
+    assert_int_equal(st_slot_snapshot(r.s, ST_SNAPSHOT_PARK, ST_CODEC_BF16, &i1), 0);
+    assert_int_equal(st_slot_snapshot(r.s, ST_SNAPSHOT_PARK, ST_CODEC_BF16, &i2), 0);
+    assert_int_equal(st_slot_snapshot(r.s, ST_SNAPSHOT_SESSION, ST_CODEC_BF16, &i3), 0);
+    assert_ptr_equal(ck_tensor(i1, 0), ck_tensor(i2, 0));
+    assert_ptr_equal(ck_tensor(i1, 0), ck_tensor(i3, 0));
+    assert_ptr_not_equal(ck_tensor(i1, 1), ck_tensor(i2, 1)); /* the live state: coded each time */
+    assert_int_equal(st_file_write_mem(i2, NULL, &p, &lp), 0);
+    assert_int_equal(lp, la1);
+    assert_memory_equal(p, fa1, la1);
+    free(p);
+    /* an fp32 snapshot does not use it */
+    st_image *f32 = NULL;
+    assert_int_equal(st_slot_snapshot(r.s, ST_SNAPSHOT_PARK, ST_CODEC_FP32, &f32), 0);
+    assert_ptr_not_equal(ck_tensor(f32, 0), ck_tensor(i1, 0));
+    st_image_free(f32);
+    /* written through an image: that image gets its own copy, the slot's block is unchanged */
+    const st_geometry *g = st_image_geometry(i2);
+    for (uint32_t ti = 0; ti < g->n_tensors; ti++) {
+        uint64_t len = 0;
+        void *w = g->tensors[ti].role == ST_ROLE_RUNNING
+                      ? st_image_checkpoint_tensor(i2, 0, ti, &len) : NULL;
+        if (w)
+            memset(w, 0x5a, len);
+    }
+    assert_ptr_not_equal(ck_tensor(i1, 0), ck_tensor(i2, 0));
+    st_image_free(i2);
+    st_image_free(i3);
+    park_bytes(r.s, ST_CODEC_BF16, &p, &lp);
+    assert_memory_equal(p, fa1, la1);
+    free(p);
+
+    /* B over A: the checkpoint at the same position is a new one, coded afresh */
+    assert_int_equal(st_slot_eval(r.s, tb, nb, 0, NULL), 0);
+    gen(r.s, 4, x, 0.0f);
+    assert_int_equal(st_slot_n_checkpoints(r.s), 1);
+    assert_int_equal(st_slot_checkpoint_pos(r.s, 0), nb);
+    park_bytes(r.s, ST_CODEC_BF16, &p, &lp);
+    assert_int_equal(lp, lb1);
+    assert_memory_equal(p, fb1, lb1);
+    free(p);
+
+    /* A restored: its image's block is the held checkpoint's (the next PARK shares it and writes
+     * A's reference file), and a follow-up resuming from that checkpoint gives the bits of one
+     * restored from the reference image */
+    assert_int_equal(st_slot_restore(r.s, i1), 0);
+    st_image *i4 = NULL;
+    assert_int_equal(st_slot_snapshot(r.s, ST_SNAPSHOT_PARK, ST_CODEC_BF16, &i4), 0);
+    assert_ptr_equal(ck_tensor(i4, 0), ck_tensor(i1, 0));
+    st_image_free(i1); /* the slot and i4 hold the block now */
+    assert_int_equal(st_file_write_mem(i4, NULL, &p, &lp), 0);
+    assert_memory_equal(p, fa1, la1);
+    free(p);
+    st_image *ref = NULL;
+    assert_int_equal(st_file_read_mem(fa1, la1, NULL, &ref), 0);
+    assert_int_equal(st_slot_restore(fa.s, ref), 0);
+    st_image_free(ref);
+    memcpy(tc, ta, na * sizeof *ta);
+    uint64_t nc = na + et_tokens(tc + na, " and then it diverges.");
+    st_eval_stats es;
+    assert_int_equal(st_slot_restore(fb.s, i4), 0);
+    st_image_free(i4);
+    if (st_slot_tokens(fb.s)[na] == tc[na]) /* diverge right after the checkpoint */
+        tc[na] = tc[na] == 'x' ? 'y' : 'x';
+    assert_int_equal(st_slot_eval(fb.s, tc, nc, 0, &es), 0);
+    assert_int_equal(es.mounted_at, na);
+    assert_int_equal(st_slot_eval(fa.s, tc, nc, 0, &es), 0);
+    assert_int_equal(es.mounted_at, na);
+    uint32_t nv = 0;
+    assert_memory_equal(st_slot_logits(fa.s, &nv), st_slot_logits(fb.s, &nv),
+                        ST_VOCAB_BYTES * sizeof(float));
+    gen(fa.s, 8, x, 0.0f);
+    gen(fb.s, 8, y, 0.0f);
+    assert_memory_equal(x, y, sizeof x);
+    free(fa1);
+    free(fb1);
+    rig_close(&r);
+    rig_close(&fa);
+    rig_close(&fb);
+}
+
 static int setup(void **state)
 {
     st_test_tmpdir(g_dir, sizeof g_dir, "engine_slot");
@@ -911,6 +1038,7 @@ int main(void)
         cmocka_unit_test(test_bulk_bit_flips),
         cmocka_unit_test(test_image_cache_reuse),
         cmocka_unit_test(test_restore_into_spares),
+        cmocka_unit_test(test_held_bf16_block),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

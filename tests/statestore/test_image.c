@@ -345,6 +345,67 @@ static void test_image_clone(void **state)
     st_image_free(b);
 }
 
+/* Shared checkpoint blocks: a reference put into another image shares the bytes; a write through
+ * either image's mutable accessor gives that image a copy first, so every other holder keeps the
+ * bytes it had; a block of another codec's size is refused and changes nothing; removing, recoding
+ * or freeing an image drops only its reference (the last one frees: ASan / LSan). */
+static void test_image_shared_block(void **state)
+{
+    static const uint32_t codecs[3] = {ST_CODEC_F16, ST_CODEC_FP32, ST_CODEC_BF16};
+    static unsigned char scratch[ST_CODEC_SCRATCH_MIN];
+    st_image *a = NULL, *ref = NULL, *c = NULL, *d = NULL;
+    uint64_t pos0, pos1, len;
+    uint32_t codec0, codec1, ci = 99;
+    (void)state;
+
+    assert_int_equal(st_test_image_small(&a, 42, codecs), 0);
+    assert_int_equal(st_test_image_small(&ref, 42, codecs), 0);
+    assert_null(st_image_checkpoint_share(a, 3));
+    st_image_block *b0 = st_image_checkpoint_share(a, 0), *b1 = st_image_checkpoint_share(a, 1);
+    assert_non_null(b0);
+    assert_non_null(b1);
+    assert_int_equal(st_image_checkpoint_info(a, 0, &pos0, &codec0), 0);
+    assert_int_equal(st_image_checkpoint_info(a, 1, &pos1, &codec1), 0);
+    assert_int_equal(st_image_create(&c, st_image_geometry(a)), 0);
+    assert_int_equal(st_image_tokens_set(c, st_image_tokens(a), st_image_n_tokens(a)), 0);
+    /* an f16 block as an fp32 checkpoint: refused, nothing added */
+    assert_int_equal(st_image_checkpoint_add_shared(c, pos0, ST_CODEC_FP32, b0, &ci), ST_EINVAL);
+    assert_int_equal(st_image_n_checkpoints(c), 0);
+    assert_int_equal(st_image_checkpoint_add_shared(c, pos0, codec0, b0, &ci), 0);
+    assert_int_equal(ci, 0);
+    assert_int_equal(st_image_checkpoint_add_shared(c, pos1, codec1, b1, &ci), 0);
+    assert_ptr_equal(st_image_checkpoint_tensor_const(c, 0, 1, &len),
+                     st_image_checkpoint_tensor_const(a, 0, 1, &len));
+    /* written through c: c's own copy; a unchanged */
+    uint8_t *p = st_image_checkpoint_tensor(c, 0, 1, &len);
+    assert_non_null(p);
+    assert_ptr_not_equal(p, st_image_checkpoint_tensor_const(a, 0, 1, &len));
+    p[0] ^= 1;
+    assert_int_equal(st_test_image_equal(a, ref), 0);
+    /* written through a (b0 still referenced): a's own copy, and b0 keeps the old bytes */
+    p = st_image_checkpoint_tensor(a, 0, 1, &len);
+    p[0] ^= 1;
+    assert_int_equal(st_image_create(&d, st_image_geometry(a)), 0);
+    assert_int_equal(st_image_tokens_set(d, st_image_tokens(a), st_image_n_tokens(a)), 0);
+    assert_int_equal(st_image_checkpoint_add_shared(d, pos0, codec0, b0, NULL), 0);
+    assert_memory_equal(st_image_checkpoint_tensor_const(d, 0, 1, &len),
+                        st_image_checkpoint_tensor_const(ref, 0, 1, &len), (size_t)len);
+    assert_memory_not_equal(st_image_checkpoint_tensor_const(d, 0, 1, &len),
+                            st_image_checkpoint_tensor_const(a, 0, 1, &len), (size_t)len);
+    /* a recode and a removal drop the image's reference only; c still reads b1's bytes */
+    assert_int_equal(st_image_checkpoint_recode(a, 1, ST_CODEC_BF16, scratch, sizeof scratch), 0);
+    assert_int_equal(st_image_checkpoint_remove(d, 0), 0);
+    st_image_block_unref(b0);
+    st_image_block_unref(b1);
+    st_image_block_unref(NULL);
+    assert_memory_equal(st_image_checkpoint_tensor_const(c, 1, 1, &len),
+                        st_image_checkpoint_tensor_const(ref, 1, 1, &len), (size_t)len);
+    st_image_free(a);
+    st_image_free(c);
+    st_image_free(d);
+    st_image_free(ref);
+}
+
 static void test_image_recode(void **state)
 {
     static const uint32_t codecs[3] = {ST_CODEC_FP32, ST_CODEC_FP32, ST_CODEC_FP32};
@@ -868,6 +929,7 @@ int main(void)
         cmocka_unit_test(test_image_clone),     cmocka_unit_test(test_image_recode), cmocka_unit_test(test_image_recode_rehash),
         cmocka_unit_test(test_checkpoint_alignment), cmocka_unit_test(test_image_minimal),
         cmocka_unit_test(test_image_allocator), cmocka_unit_test(test_file_read_allocator),
+        cmocka_unit_test(test_image_shared_block),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
