@@ -92,11 +92,6 @@ void st_codec_f16_encode(uint16_t *dst, const float *src, size_t n);
  * st_codec_bf16_decode gives), for a digest of the widened values taken while they are in cache.
  * dst, wide and src must not overlap. */
 void st_codec_bf16_encode_stream(uint16_t *dst, float *wide, const float *src, size_t n);
-/* memcpy for the snapshot direction: the same bytes, written with streaming (non-temporal)
- * stores from dst's first 32-byte boundary on (the bytes before it and after the last whole
- * 32 bytes with ordinary ones), so the destination's lines are not read first; fenced before it
- * returns. dst and src must not overlap. */
-void st_codec_copy_stream(void *dst, const void *src, size_t n);
 void st_codec_f16_decode(float *dst, const uint16_t *src, size_t n);
 
 /* Instruction-set levels. st_codec_isa() says which one the dispatching functions use;

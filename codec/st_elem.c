@@ -432,38 +432,6 @@ ST_AVX512 static void st_bf16_encode_stream_avx512(void *dst, void *wide, const 
         _mm_sfence();
 }
 
-/* The stream copy needs nothing wider than AVX2 (it is bound by memory): AVX-512 uses it too. */
-ST_AVX2 static void st_copy_stream_avx2(void *dst, const void *src, size_t n)
-{
-    unsigned char *d = dst;
-    const unsigned char *s = src;
-    size_t head = (32u - ((uintptr_t)d & 31u)) & 31u, i = 0;
-    head = head < n ? head : n;
-    memcpy(d, s, head);
-    d += head;
-    s += head;
-    n -= head;
-    for (; i + 128 <= n; i += 128) {
-        __m256i a = _mm256_loadu_si256((const __m256i *)(s + i));
-        __m256i b = _mm256_loadu_si256((const __m256i *)(s + i + 32));
-        __m256i c = _mm256_loadu_si256((const __m256i *)(s + i + 64));
-        __m256i e = _mm256_loadu_si256((const __m256i *)(s + i + 96));
-        _mm256_stream_si256((__m256i *)(d + i), a);
-        _mm256_stream_si256((__m256i *)(d + i + 32), b);
-        _mm256_stream_si256((__m256i *)(d + i + 64), c);
-        _mm256_stream_si256((__m256i *)(d + i + 96), e);
-    }
-    for (; i + 32 <= n; i += 32)
-        _mm256_stream_si256((__m256i *)(d + i), _mm256_loadu_si256((const __m256i *)(s + i)));
-    memcpy(d + i, s + i, n - i);
-    _mm_sfence();
-}
-
-static void st_copy_scalar(void *dst, const void *src, size_t n)
-{
-    memcpy(dst, src, n);
-}
-
 ST_AVX512 static void st_bf16_decode_avx512(void *dst, const void *src, size_t n)
 {
     unsigned char *d = dst;
@@ -529,17 +497,15 @@ typedef struct st_elem_impl {
     st_elem_fn f16_encode;
     st_elem_fn f16_decode;
     st_elem_stream_fn bf16_encode_stream;
-    st_elem_fn copy_stream;
 } st_elem_impl;
 
 static const st_elem_impl st_elem_impls[] = {
     [ST_ISA_SCALAR] = {st_bf16_encode_scalar, st_bf16_decode_scalar, st_f16_encode_scalar,
-                       st_f16_decode_scalar, st_bf16_encode_stream_scalar, st_copy_scalar},
+                       st_f16_decode_scalar, st_bf16_encode_stream_scalar},
     [ST_ISA_AVX2] = {st_bf16_encode_avx2, st_bf16_decode_avx2, st_f16_encode_avx2,
-                     st_f16_decode_avx2, st_bf16_encode_stream_avx2, st_copy_stream_avx2},
+                     st_f16_decode_avx2, st_bf16_encode_stream_avx2},
     [ST_ISA_AVX512] = {st_bf16_encode_avx512, st_bf16_decode_avx512, st_f16_encode_avx512,
-                       st_f16_decode_avx512, st_bf16_encode_stream_avx512,
-                       st_copy_stream_avx2},
+                       st_f16_decode_avx512, st_bf16_encode_stream_avx512},
 };
 
 static atomic_int st_isa_current = -1;
@@ -612,11 +578,6 @@ void st_codec_bf16_encode(uint16_t *dst, const float *src, size_t n)
 void st_codec_bf16_encode_stream(uint16_t *dst, float *wide, const float *src, size_t n)
 {
     st_elem_current()->bf16_encode_stream(dst, wide, src, n);
-}
-
-void st_codec_copy_stream(void *dst, const void *src, size_t n)
-{
-    st_elem_current()->copy_stream(dst, src, n);
 }
 
 void st_codec_bf16_decode(float *dst, const uint16_t *src, size_t n)

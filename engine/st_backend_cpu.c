@@ -209,7 +209,6 @@ static int cpu_kv_write(void *bctx, void *st, uint32_t ti, uint64_t row0, uint64
 }
 
 /* ---- bulk transfers (st_backend.save / .load) -------------------------------------------- */
-#define COPY_SLICE ((uint64_t)32 << 10) /* fp32 bytes streamed per digest update */
 #define WIDEN_SLICE 4096u /* bf16 elements coded per digest update, widened on the stack */
 
 typedef struct bulk_job {
@@ -258,21 +257,12 @@ static void bulk_task(void *ctx, uint32_t task, uint32_t thread)
         uint8_t *live = (uint8_t *)(t->what == ST_SW_SSM ? st_recmem_ssm(j->s->rec, t->slot)
                                                          : st_recmem_conv(j->s->rec, t->slot));
         live += off;
-        if (j->codec == ST_CODEC_FP32 && j->load) {
-            memcpy(live, j->img[ti] + off, len);
-            *dg = st_checksum(live, (size_t)len);
-        } else if (j->codec == ST_CODEC_FP32) {
-            /* streamed into the image (not read again soon), digested from the live state's
-             * slice just read (the same bytes, in cache): one read of each byte */
-            st_checksum_state cs = {0};
-            if (!(rc = st_checksum_init(&cs)))
-                for (uint64_t i = 0; i < len; i += COPY_SLICE) {
-                    uint64_t k = len - i < COPY_SLICE ? len - i : COPY_SLICE;
-                    st_codec_copy_stream(j->img[ti] + off + i, live + i, (size_t)k);
-                    st_checksum_update(&cs, live + i, (size_t)k);
-                }
-            *dg = st_checksum_final(&cs);
-            st_checksum_free(&cs);
+        if (j->codec == ST_CODEC_FP32) {
+            if (j->load)
+                memcpy(live, j->img[ti] + off, len);
+            else
+                memcpy(j->img[ti] + off, live, len);
+            *dg = st_checksum(j->load ? live : j->img[ti] + off, (size_t)len);
         } else {
             uint8_t *coded = j->img[ti] + off / 4 * st_codec_elem_size(j->codec);
             if (j->load) {

@@ -105,8 +105,7 @@ void st_kvmem_view(const st_kvmem *kv, uint32_t slot, st_kv_view *v);
  * to or from buf; a read of a page never written is ST_EINVAL. */
 int st_kvmem_io(st_kvmem *kv, uint32_t slot, uint32_t what, uint64_t row0, uint64_t nrows,
                 void *buf, int write);
-/* Bytes [off, off + len) of a K/V tensor (its rows laid end to end) to buf (write 0, with streaming
- * stores: st_codec_copy_stream) or from buf
+/* Bytes [off, off + len) of a K/V tensor (its rows laid end to end) to buf (write 0) or from buf
  * (write 1); cs (not NULL): also the bytes as they now stand at the destination, in order. Every
  * page touched must exist (st_kvmem_reserve). No error detail is set: ST_EINVAL for another kind,
  * a range beyond n_ctx or a missing page (callers check before, on threads of the pool). */

@@ -180,16 +180,10 @@ int st_kvmem_copy(st_kvmem *kv, uint32_t slot, uint32_t what, uint64_t off, uint
         uint64_t p = off / pb, in = off % pb, k = pb - in < len ? pb - in : len;
         if (!pages[p])
             return ST_EINVAL;
-        if (write) {
-            memcpy(pages[p] + in, b, k);
-            if (cs)
-                st_checksum_update(cs, pages[p] + in, k);
-        } else {
-            /* a snapshot: streamed out, digested from the page just read (the same bytes) */
-            st_codec_copy_stream(b, pages[p] + in, k);
-            if (cs)
-                st_checksum_update(cs, pages[p] + in, k);
-        }
+        uint8_t *dst = write ? pages[p] + in : b;
+        memcpy(dst, write ? b : pages[p] + in, k);
+        if (cs)
+            st_checksum_update(cs, dst, k);
         b += k;
         off += k;
         len -= k;
