@@ -237,42 +237,6 @@ static void test_tails_and_offsets(void **state)
     set_isa(st_codec_isa_best());
 }
 
-/* st_codec_copy_stream at every ISA level: the bytes memcpy gives, for every length 0..600 (the
- * 128-byte loop, the 32-byte one and the tail) at every dst offset in a 64-byte line and src
- * offsets 0..6, nothing written outside dst; a byte changed in dst's copy is seen (control). */
-static void test_copy_stream(void **state)
-{
-    (void)state;
-    enum { MAXN = 600, PAD = 64 };
-    unsigned char *src = malloc(MAXN + 8), *db = aligned_alloc(64, MAXN + 3 * PAD);
-    assert_true(src && db);
-    for (size_t i = 0; i < MAXN + 8; i++)
-        src[i] = (unsigned char)(i * 131u + 7u);
-    for (int level = ST_ISA_SCALAR; level <= (int)st_codec_isa_best(); level++) {
-        set_isa(level);
-        for (size_t n = 0; n <= MAXN; n++)
-            for (size_t dof = 0; dof < 64; dof++) {
-                size_t so = dof % 7;
-                memset(db, 0xa5, MAXN + 3 * PAD);
-                st_codec_copy_stream(db + PAD + dof, src + so, n);
-                if (memcmp(db + PAD + dof, src + so, n))
-                    fail_msg("%s copy n=%zu dst+%zu src+%zu: other bytes",
-                             st_codec_isa_name(level), n, dof, so);
-                for (size_t i = 0; i < MAXN + 3 * PAD; i++)
-                    if ((i < PAD + dof || i >= PAD + dof + n) && db[i] != 0xa5)
-                        fail_msg("%s copy n=%zu: wrote outside dst at %zu",
-                                 st_codec_isa_name(level), n, i);
-                if (n == MAXN) {
-                    db[PAD + dof + n / 2] ^= 1;
-                    assert_int_not_equal(memcmp(db + PAD + dof, src + so, n), 0);
-                }
-            }
-    }
-    free(src);
-    free(db);
-    set_isa(st_codec_isa_best());
-}
-
 /* st_codec_bf16_encode_stream at every ISA level against the scalar st_codec_bf16_encode and
  * st_codec_bf16_decode: random inputs, then every length 0..160 at every byte offset of dst in a
  * 64-byte line (odd ones too: no streaming there), src at byte offsets 0..4, wide on or off,
@@ -619,7 +583,6 @@ int main(void)
         cmocka_unit_test(test_encode_random),
         cmocka_unit_test(test_tails_and_offsets),
         cmocka_unit_test(test_encode_stream),
-        cmocka_unit_test(test_copy_stream),
         cmocka_unit_test(test_scalar_against_model),
         cmocka_unit_test(test_convert_pairs),
         cmocka_unit_test(test_convert_errors),
