@@ -158,7 +158,9 @@ int st_image_checkpoint_remove(st_image *img, uint32_t ci);
  * checkpoint's bf16 form as one and puts it into every later snapshot instead of coding the
  * checkpoint again. A shared block never changes: the mutable accessors of an image whose block
  * another holder references (st_image_checkpoint_tensor, _recode) give the image a private copy
- * first. References are atomic (any thread may drop one); the last one frees the buffer.
+ * first, so a pointer it returned is for writing only until the block is next shared (a
+ * snapshot or restore may share a held checkpoint's block). References are atomic (any thread
+ * may drop one); the last one frees the buffer.
  * share: a new reference to checkpoint ci's block (the image keeps its own), NULL when there is
  * no such checkpoint or no memory; the image is only marked shared, its bytes stay as they are.
  * add_shared: a checkpoint at position in codec whose block is b (the image takes a reference;
