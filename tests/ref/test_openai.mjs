@@ -224,6 +224,35 @@ const e3 = await apiError(oa.chat.completions.create({ ...base, messages: [sys, 
 check("an unknown field: 400 in OpenAI's shape naming it", e3 && e3.status === 400 &&
   e3.param === "bogus_field", String(e3));
 
+// ---- a streaming client that goes away stops the generation ----
+async function metric(port, name) {
+  const t = await (await fetch(`http://127.0.0.1:${port}/metrics`)).text();
+  const m = new RegExp(`^${name} (\\d+)$`, "m").exec(t);
+  return m ? Number(m[1]) : NaN;
+}
+const cancelled0 = await metric(srv.port, "strata_completions_cancelled_total");
+const ac = new AbortController();
+const gone = await oa.chat.completions.create({ ...base, max_tokens: 2000, ignore_eos: true,
+  session: "gone", stream: true, messages: [sys, u1] }, { signal: ac.signal });
+try {
+  for await (const ch of gone) {
+    if (ch.choices.length && ch.choices[0].delta.content) ac.abort(); // the first text: leave
+  }
+} catch (e) {
+  check("gone: the client's stream was aborted", e.name === "APIUserAbortError" ||
+    e.name === "AbortError", String(e));
+}
+// the next request for the session waits until the stopped one released it: a native
+// completion of nothing reports what the conversation holds
+const held = (await post(srv.port, "/v1/completions",
+  JSON.stringify({ session: "gone", prompt: "", n_predict: 0 }))).json;
+check("gone: the generation stopped early and was counted cancelled",
+  await metric(srv.port, "strata_completions_cancelled_total") === cancelled0 + 1 &&
+  held.n_tokens > chat.usage.prompt_tokens && held.n_tokens < chat.usage.prompt_tokens + 2000,
+  JSON.stringify(held));
+control("the cancelled count vs before", await metric(srv.port,
+  "strata_completions_cancelled_total") === cancelled0);
+
 // ---- a stateless client: the whole history each turn, no session ----
 const a1 = await oa.chat.completions.create({ ...base, messages: [sys, u1] });
 const turn2 = [sys, u1, { role: "assistant", content: a1.choices[0].message.content },
