@@ -371,9 +371,10 @@ st_conv *st_api_conv(st_api_server *s);
  * prompt (the longest prefix it holds reused: st_slot_eval), then generates up to n_predict
  * tokens, handing each to g->token. The prompt is either g->whole, the whole conversation (the
  * OpenAI routes: a stateless client resends its history), or what g->build makes from the tokens
- * held (the native route appends). Without a session, anon_reuse picks the anonymous
- * conversation (an id the server made) in an idle slot that shares the longest prefix with
- * whole. 0, with the outputs set; -1 when the call's error was set or it was cancelled. */
+ * held (the native route appends). Without a session a new id is made ("c-" + 16 hex digits;
+ * with anon_reuse "oa-" + 16), or with anon_reuse the "oa-" conversation in an idle slot that
+ * shares the longest prefix with whole, at least half of what it holds, is continued. 0, with the outputs set; -1 when the call's error was set or it was cancelled. */
+#define ST_CONV_ANON_PREFIX "oa-" /* ids made for OpenAI requests without a session */
 typedef struct st_conv_gen {
     const char *session;
     const uint32_t *whole;

@@ -703,25 +703,27 @@ static void random_id(char *dst)
         snprintf(dst + 2 + 2 * i, 3, "%02x", r[i]);
 }
 
-/* Under mu: the anonymous conversation (an id the server made) in an idle slot sharing the
- * longest prefix with toks[0..n), copied into id; 0 when none shares a token. */
-static uint64_t anon_best_locked(st_conv *cv, const uint32_t *toks, uint64_t n, char *id)
+/* Under mu: the anonymous conversation of the OpenAI routes (an id the server made for a request
+ * without a session, ST_CONV_ANON_PREFIX) in an idle slot that shares the longest prefix with
+ * toks[0..n), at least half of what it holds (llama.cpp's slot similarity 0.5), copied into id.
+ * Native conversations ("c-") are never taken: their clients append to what they hold. */
+static void anon_best_locked(st_conv *cv, const uint32_t *toks, uint64_t n, char *id)
 {
     uint64_t best = 0;
+    size_t pl = strlen(ST_CONV_ANON_PREFIX);
     for (uint32_t i = 0; i < cv->n_slots; i++) {
         cslot *cs = &cv->slots[i];
-        if (!cs->bound || cs->busy || cs->victim[0] || strncmp(cs->id, "c-", 2))
+        if (!cs->bound || cs->busy || cs->victim[0] || strncmp(cs->id, ST_CONV_ANON_PREFIX, pl))
             continue;
         const uint32_t *held = st_slot_tokens(cs->slot);
         uint64_t nh = st_slot_n_tokens(cs->slot), k = 0;
         while (k < nh && k < n && held[k] == toks[k])
             k++;
-        if (k > best) {
+        if (k > best && 2 * k >= nh) {
             best = k;
             memcpy(id, cs->id, ST_API_ID_MAX + 1);
         }
     }
-    return best;
 }
 
 int st_conv_generate(st_api_call *c, st_conv_gen *g)
@@ -737,6 +739,9 @@ int st_conv_generate(st_api_call *c, st_conv_gen *g)
     } else {
         random_id(g->id);
         if (g->whole && g->anon_reuse) {
+            char r[ST_API_ID_MAX + 1];
+            snprintf(r, sizeof r, "%s%s", ST_CONV_ANON_PREFIX, g->id + 2); /* "c-" */
+            memcpy(g->id, r, sizeof r);
             pthread_mutex_lock(&cv->mu);
             anon_best_locked(cv, g->whole, g->n_whole, g->id);
             pthread_mutex_unlock(&cv->mu);

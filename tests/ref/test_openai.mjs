@@ -261,6 +261,16 @@ const a2 = await oa.chat.completions.create({ ...base, messages: turn2 });
 check("stateless: the second turn resumes from the conversation the server holds",
   a2.usage.prompt_tokens_details.cached_tokens > 0 && a2.timings.resumed_tokens > 0,
   JSON.stringify(a2.usage));
+check("stateless: the second turn continued the first's anonymous conversation",
+  a2.session === a1.session && a1.session.startsWith("oa-"), `${a1.session} ${a2.session}`);
+// a native conversation (appended to by its client) is never taken by a request without a
+// session, even when it shares the whole prompt
+const nat2 = (await post(srv.port, "/v1/completions", JSON.stringify({ tokens: ids, n_predict: 3 }))).json;
+const a3 = await oa.chat.completions.create({ ...base, messages: [sys, u1] });
+const nat3 = (await post(srv.port, "/v1/completions",
+  JSON.stringify({ session: nat2.session, prompt: "", n_predict: 0 }))).json;
+check("stateless: a native c- conversation is left as it was", a3.session !== nat2.session &&
+  nat3.n_tokens === ids.length + 3, JSON.stringify({ a3: a3.session, nat2, nat3 }));
 const fresh = await startServer("store-fresh");
 const a2f = await client(fresh.port).chat.completions.create({ ...base, messages: turn2 });
 check("stateless: the resumed answer is a fresh server's", a2f.choices[0].message.content ===
