@@ -535,6 +535,19 @@ static char *render_chat(st_api_call *c, size_t *len)
     return out;
 }
 
+/* A prompt's tokens: special tokens parsed, BOS first where the vocabulary adds one, but one BOS
+ * in all when the text begins with it (Llama 3's template writes bos_token itself; llama.cpp's
+ * chat path strips the template's). */
+static int prompt_tokens(st_conv *cv, const char *text, size_t len, uint32_t **toks, uint64_t *n)
+{
+    int rc = st_conv_tokenize(cv, text, len, 1, 1, toks, n);
+    const st_vocab *v = st_conv_vocab(cv);
+    if (!rc && v && st_vocab_add_bos(v) && *n >= 2 && (*toks)[0] == (*toks)[1] &&
+        (*toks)[0] == st_vocab_special(v, ST_VOCAB_BOS))
+        memmove(*toks, *toks + 1, (size_t)--*n * sizeof **toks);
+    return rc;
+}
+
 static void oa_run(st_api_call *c, oa_req *q)
 {
     st_conv *cv = st_api_conv(c->srv);
@@ -547,7 +560,7 @@ static void oa_run(st_api_call *c, oa_req *q)
     if (q->chat) {
         if (!(prompt = render_chat(c, &plen)))
             return;
-        rc = st_conv_tokenize(cv, prompt, plen, 1, 1, &toks, &n);
+        rc = prompt_tokens(cv, prompt, plen, &toks, &n);
     } else {
         json_t *p = json_object_get(c->body, "prompt");
         json_t *echo = json_object_get(c->body, "echo"), *bo = json_object_get(c->body, "best_of");
@@ -562,7 +575,7 @@ static void oa_run(st_api_call *c, oa_req *q)
         if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0)))
             p = json_array_get(p, 0);
         if (json_is_string(p)) {
-            rc = st_conv_tokenize(cv, json_string_value(p), json_string_length(p), 1, 1, &toks, &n);
+            rc = prompt_tokens(cv, json_string_value(p), json_string_length(p), &toks, &n);
         } else if (json_is_array(p) && json_array_size(p) > 0) { /* token ids */
             n = json_array_size(p);
             if (!(toks = malloc(n * sizeof *toks))) {
