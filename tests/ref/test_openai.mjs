@@ -179,6 +179,21 @@ check("completions: text_completion, the native route's text", cp.object === "te
 const cpo = await oa.completions.create({ model: "strata", prompt: "Once upon a tide", max_tokens: 10,
   temperature: 0 });
 control("completion of another prompt", cpo.choices[0].text === cp.choices[0].text);
+let cpStream = "", cpFinish = null;
+const { data: cpS, response: cpR } = await oa.completions.create({ model: "strata",
+  prompt: "Once upon a time", max_tokens: 10, temperature: 0, stream: true },
+  { headers: { "X-Strata-Session": "cp-stream" } }).withResponse();
+for await (const ch of cpS) {
+  for (const c of ch.choices) {
+    cpStream += c.text;
+    if (c.finish_reason) cpFinish = c.finish_reason;
+  }
+}
+check("completions: streamed text equals the non-streamed; the header names the session",
+  cpStream === cp.choices[0].text && cpFinish === "length" &&
+  cpR.headers.get("x-strata-session") === "cp-stream" &&
+  cpR.headers.get("content-type").startsWith("text/event-stream"), JSON.stringify(cpStream));
+control("streamed completion vs another prompt's", cpStream === cpo.choices[0].text);
 const nat = await post(srv.port, "/v1/completions", JSON.stringify({ prompt: "x", n_predict: 2,
   frequency_penalty: 0 }));
 check("the native shape keeps its strict rules", nat.status === 400 &&
