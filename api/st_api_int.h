@@ -16,6 +16,9 @@
 #include <jansson.h>
 
 #include "st_api.h"
+#ifdef ST_API_HAVE_ENGINE
+#include "st_engine.h"
+#endif
 
 /* ---- the HTTP/1.1 layer --------------------------------------------------------------------
  * Built on bufferevents rather than evhttp: libevent 2.1's evhttp answers its own limit
@@ -144,6 +147,14 @@ void st_http_reply_json(st_http_req *r, int status, json_t *body); /* steals bod
 void st_http_reply_none(st_http_req *r, int status);
 void st_http_reply_error(st_http_req *r, int status, const char *code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
+/* A streamed reply (Server-Sent Events): begin sends the head without a length (chunked on
+ * HTTP/1.1; HTTP/1.0: the close ends it), write sends the contents of data as one chunk, end the
+ * last chunk. The request stays with its handler until end (the connection is BUSY), so on_gone
+ * still reports a client that goes away; abort_status != 0 (499) closes the connection instead,
+ * with that status for on_done. Writes to a connection that failed are dropped. */
+void st_http_stream_begin(st_http_req *r, int status, const char *ctype);
+void st_http_stream_write(st_http_req *r, struct evbuffer *data);
+void st_http_stream_end(st_http_req *r, int abort_status);
 const char *st_http_reason(int status);
 /* {"error":{"code":code,"message":message}} as a malloc'd string. */
 char *st_http_error_body(const char *code, const char *message, size_t *len);
@@ -251,6 +262,14 @@ typedef struct st_api_call {
      * the worker. Lives with the call, which the loop frees only after the worker's done(). */
     _Atomic int cancelled;
     int no_reply;              /* st_api_call_cancel: end the request without a reply */
+    /* a streamed reply (st_api_call_stream): bytes the worker hands to the loop */
+    struct event *stream_ev;
+    struct evbuffer *stream_buf;
+    int stream_begun, stream_ended;
+    /* errors in OpenAI's shape {"error":{"message","type","param","code"}} (st_openai.c) */
+    int openai;
+    char err_param[40];        /* its "param" ("" : null) */
+    char session_hdr[ST_API_ID_MAX + 1]; /* the reply's X-Strata-Session ("": none) */
 } st_api_call;
 
 /* Whether the client of c went away (any thread). Long handlers that can stop early (completions)
@@ -263,6 +282,11 @@ void st_api_call_cancel(st_api_call *c);
 void st_api_call_fail(st_api_call *c, int rc, const char *what);
 void st_api_call_error(st_api_call *c, int status, const char *code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
+/* From the worker: send data as the next part of a streamed reply (200, text/event-stream),
+ * which the first call begins. Once begun, the call's reply and error are not sent: the stream
+ * ends when the handler returns (or the connection closes when it called st_api_call_cancel).
+ * 0, or ENOMEM. */
+int st_api_call_stream(st_api_call *c, const void *data, size_t len);
 /* Run fn on a worker, then reply from the loop with what it left in the call. */
 void st_api_call_submit(st_api_call *c, void (*fn)(st_api_call *c));
 
@@ -339,5 +363,57 @@ void st_conv_forget_abort(st_conv *cv, st_conv_hold *h);
 /* Live sessions not in the store (and those in it): appended to arr as {id, where, tokens}. */
 void st_conv_list_live(st_conv *cv, json_t *arr);
 st_conv *st_api_conv(st_api_server *s);
+
+#ifdef ST_API_HAVE_ENGINE
+/* ---- generation: the one path of every completion, native or OpenAI (st_conv.c) ------------
+ * The narrow interface the OpenAI layer (st_openai.c) uses. st_conv_generate takes the session's
+ * conversation (slot, park pool or store; a new id when g->session is NULL), makes it hold the
+ * prompt (the longest prefix it holds reused: st_slot_eval), then generates up to n_predict
+ * tokens, handing each to g->token. The prompt is either g->whole, the whole conversation (the
+ * OpenAI routes: a stateless client resends its history), or what g->build makes from the tokens
+ * held (the native route appends). Without a session a new id is made ("c-" + 16 hex digits;
+ * with anon_reuse "oa-" + 16), or with anon_reuse the "oa-" conversation in an idle slot that
+ * shares the longest prefix with whole, at least half of what it holds, is continued. 0, with the outputs set; -1 when the call's error was set or it was cancelled. */
+#define ST_CONV_ANON_PREFIX "oa-" /* ids made for OpenAI requests without a session */
+typedef struct st_conv_gen {
+    const char *session;
+    const uint32_t *whole;
+    uint64_t n_whole;
+    int anon_reuse;
+    /* the tokens to read (*toks malloc'd) from those held: 0, or -1 with the call's error set */
+    int (*build)(void *arg, const uint32_t *held, uint64_t n_held, uint32_t **toks, uint64_t *n,
+                 uint64_t *system_end);
+    /* each generated token, eog: it ends generation; 0 go on, 1 stop here (finish "stop"), -1
+     * error (the call's error set) */
+    int (*token)(void *arg, uint32_t tok, int eog);
+    void *arg;
+    uint64_t n_predict, seed;
+    st_sample_params sp;
+    int ignore_eos;
+    /* out */
+    char id[ST_API_ID_MAX + 1];
+    const char *found;  /* "slot", "ram", "disk", "store", "new" */
+    const char *stop;   /* "length", "eos", "stop" */
+    uint64_t n_held, n_prompt, n_tokens, n_gen, resumed, computed;
+    double prompt_ms, decode_ms;
+} st_conv_gen;
+int st_conv_generate(st_api_call *c, st_conv_gen *g);
+/* text in the model's tokens (bos: BOS first where the vocabulary adds one, always for the byte
+ * tokenizer; parse_special: special tokens' texts become those tokens); *out malloc'd. */
+int st_conv_tokenize(st_conv *cv, const char *text, size_t len, int bos, int parse_special,
+                     uint32_t **out, uint64_t *n);
+const st_vocab *st_conv_vocab(st_conv *cv); /* NULL: the byte tokenizer (strata-hybrid) */
+const st_chat_template *st_conv_chat(st_conv *cv);
+uint32_t st_conv_n_ctx(st_conv *cv);
+uint32_t st_conv_n_vocab(st_conv *cv);
+const char *st_conv_model_name(st_conv *cv); /* general.name, else the file's name */
+#endif
+
+/* ---- the OpenAI-compatible routes (st_openai.c; engine builds only) -------------------------
+ * POST /v1/chat/completions, POST /v1/completions (a body with "model" or "max_tokens" is
+ * OpenAI's shape, any other goes to st_conv_completion), GET /v1/models. */
+void st_openai_chat(st_api_call *c);
+void st_openai_completions(st_api_call *c);
+void st_openai_models(st_api_call *c);
 
 #endif /* ST_API_INT_H */

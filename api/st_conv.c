@@ -703,116 +703,96 @@ static void random_id(char *dst)
         snprintf(dst + 2 + 2 * i, 3, "%02x", r[i]);
 }
 
-void st_conv_completion(st_api_call *c)
+/* Under mu: the anonymous conversation of the OpenAI routes (an id the server made for a request
+ * without a session, ST_CONV_ANON_PREFIX) in an idle slot that shares the longest prefix with
+ * toks[0..n), at least half of what it holds (llama.cpp's slot similarity 0.5), copied into id.
+ * Native conversations ("c-") are never taken: their clients append to what they hold. */
+static void anon_best_locked(st_conv *cv, const uint32_t *toks, uint64_t n, char *id)
+{
+    uint64_t best = 0;
+    size_t pl = strlen(ST_CONV_ANON_PREFIX);
+    for (uint32_t i = 0; i < cv->n_slots; i++) {
+        cslot *cs = &cv->slots[i];
+        if (!cs->bound || cs->busy || cs->victim[0] || strncmp(cs->id, ST_CONV_ANON_PREFIX, pl))
+            continue;
+        const uint32_t *held = st_slot_tokens(cs->slot);
+        uint64_t nh = st_slot_n_tokens(cs->slot), k = 0;
+        while (k < nh && k < n && held[k] == toks[k])
+            k++;
+        if (k > best && 2 * k >= nh) {
+            best = k;
+            memcpy(id, cs->id, ST_API_ID_MAX + 1);
+        }
+    }
+}
+
+int st_conv_generate(st_api_call *c, st_conv_gen *g)
 {
     st_conv *cv = st_api_conv(c->srv);
-    const st_api_config *cfg = st_api_cfg(c->srv);
-    static const char *const keys[] = {"session", "prompt", "tokens", "system", "n_predict",
-                                       "temperature", "seed", "ignore_eos", NULL};
-    const char *sid = NULL, *prompt = NULL, *system = NULL;
-    uint64_t n_predict = 16, seed = 0;
-    double temp = 0.0;
-    int ignore_eos = 0;
-    if (st_api_json_only(c, keys) || st_api_json_opt_str(c, "session", &sid) ||
-        st_api_json_opt_str(c, "prompt", &prompt) || st_api_json_opt_str(c, "system", &system) ||
-        st_api_json_opt_u64(c, "n_predict", cfg->max_n_predict, &n_predict, NULL) ||
-        st_api_json_opt_double(c, "temperature", &temp, NULL) ||
-        st_api_json_opt_u64(c, "seed", UINT64_MAX >> 1, &seed, NULL) ||
-        st_api_json_opt_bool(c, "ignore_eos", &ignore_eos))
-        return;
-    json_t *jt = json_object_get(c->body, "tokens");
-    if (jt && !json_is_null(jt) && prompt) {
-        st_api_call_error(c, 400, "invalid_field", "give \"prompt\" or \"tokens\", not both");
-        return;
-    }
-    if (jt && !json_is_null(jt) && !json_is_array(jt)) {
-        st_api_call_error(c, 400, "invalid_field", "\"tokens\" must be an array of token ids");
-        return;
-    }
-    if (temp < 0 || temp > 100 || temp != temp) {
-        st_api_call_error(c, 400, "invalid_field", "\"temperature\" must be from 0 (greedy) to 100");
-        return;
-    }
-    char idbuf[ST_API_ID_MAX + 1];
-    if (sid) {
-        if (!st_api_id_valid(sid, strlen(sid))) {
-            st_api_call_error(c, 400, "invalid_id", "\"session\" is not a valid session id");
-            return;
-        }
-        snprintf(idbuf, sizeof idbuf, "%s", sid);
+    const st_vocab *vocab = st_model_vocab(cv->model);
+    g->found = "slot";
+    g->stop = "length";
+    g->n_gen = g->resumed = g->computed = 0;
+    g->prompt_ms = g->decode_ms = 0.0;
+    if (g->session) {
+        snprintf(g->id, sizeof g->id, "%s", g->session);
     } else {
-        random_id(idbuf);
-    }
-    size_t sys_len = system ? strlen(system) : 0, p_len = prompt ? strlen(prompt) : 0;
-    size_t n_in = jt && json_is_array(jt) ? json_array_size(jt) : 0;
-    if (sys_len + p_len + n_in + 2 > cv->n_ctx) {
-        st_api_call_error(c, 400, "context_full", "the prompt alone exceeds the context of %u tokens",
-                          cv->n_ctx);
-        return;
-    }
-    for (size_t i = 0; i < n_in; i++) {
-        json_t *t = json_array_get(jt, i);
-        if (!json_is_integer(t) || json_integer_value(t) < 0 || json_integer_value(t) >= cv->n_vocab) {
-            st_api_call_error(c, 400, "invalid_field", "tokens[%zu] is not a token id below %u", i,
-                              cv->n_vocab);
-            return;
+        random_id(g->id);
+        if (g->whole && g->anon_reuse) {
+            char r[ST_API_ID_MAX + 1];
+            snprintf(r, sizeof r, "%s%s", ST_CONV_ANON_PREFIX, g->id + 2); /* "c-" */
+            memcpy(g->id, r, sizeof r);
+            pthread_mutex_lock(&cv->mu);
+            anon_best_locked(cv, g->whole, g->n_whole, g->id);
+            pthread_mutex_unlock(&cv->mu);
         }
     }
-    int j = -1;
-    const char *source = "slot";
     if (st_api_call_cancelled(c)) { /* gone while queued for a worker: nothing runs */
         cv->m->completions_cancelled++;
         st_api_call_cancel(c);
-        return;
+        return -1;
     }
-    int rc = acquire(cv, idbuf, ACQ_LOAD, &j, NULL, &source, &c->cancelled);
+    int j = -1;
+    int rc = acquire(cv, g->id, ACQ_LOAD, &j, NULL, &g->found, &c->cancelled);
     if (rc == ECANCELED) { /* gone while waiting for the session: it never ran */
         cv->m->completions_cancelled++;
         st_api_call_cancel(c);
-        return;
+        return -1;
     }
     if (rc) {
         st_api_call_fail(c, rc, "completion");
-        return;
+        return -1;
     }
     st_slot *s = cv->slots[j].slot;
-    uint64_t held = st_slot_n_tokens(s);
-    uint64_t cap = held + 2 + sys_len + p_len + n_in;
-    uint32_t *toks = malloc(cap * sizeof *toks);
-    uint32_t *gen = malloc((n_predict ? n_predict : 1) * sizeof *gen);
-    char *bytes = malloc(n_predict + 1);
-    char *text = NULL;
-    if (!toks || !gen || !bytes) {
-        st_api_call_error(c, 503, "out_of_memory", "no memory");
+    uint64_t held = st_slot_n_tokens(s), n = 0, system_end = 0;
+    uint32_t *own = NULL;
+    const uint32_t *toks = g->whole;
+    int ret = -1;
+    g->n_held = held;
+    if (toks) {
+        n = g->n_whole;
+    } else {
+        if (g->build(g->arg, st_slot_tokens(s), held, &own, &n, &system_end))
+            goto done;
+        toks = own;
+    }
+    if (n == 0) {
+        st_api_call_error(c, 400, "invalid_field", "the prompt is empty");
         goto done;
     }
-    /* the conversation as `strata generate` builds it: what is held, then BOS (new) or a turn
-     * separator (continued), the system prompt and the prompt */
-    uint64_t n = held, system_end = 0;
-    if (held)
-        memcpy(toks, st_slot_tokens(s), held * sizeof *toks);
-    if (!held || sys_len || p_len || n_in)
-        toks[n++] = held ? ST_TOKEN_SEP : ST_TOKEN_BOS;
-    if (sys_len) {
-        n += st_tokenize(system, sys_len, toks + n, sys_len);
-        system_end = n;
-        if (p_len || n_in)
-            toks[n++] = ST_TOKEN_SEP;
-    }
-    n += st_tokenize(prompt ? prompt : "", p_len, toks + n, p_len);
-    for (size_t i = 0; i < n_in; i++)
-        toks[n++] = (uint32_t)json_integer_value(json_array_get(jt, i));
-    if (n + n_predict > cv->n_ctx) {
+    if (n + g->n_predict > cv->n_ctx) {
         st_api_call_error(c, 400, "context_full",
                           "the conversation would reach %llu tokens; the context holds %u",
-                          (unsigned long long)(n + n_predict), cv->n_ctx);
+                          (unsigned long long)(n + g->n_predict), cv->n_ctx);
         goto done;
     }
     double t0 = st_api_now_ms();
     st_eval_stats es = {0, 0, UINT64_MAX, 0};
     es.reused = held;
-    uint64_t n_out = 0, n_bytes = 0;
-    if (n > held || !st_slot_logits(s, NULL)) {
+    uint64_t shared = 0;
+    while (shared < held && shared < n && st_slot_tokens(s)[shared] == toks[shared])
+        shared++;
+    if (shared < held || n > held || !st_slot_logits(s, NULL)) {
         /* one read; the engine asks the call before each chunk whether the client is still
          * there (invariant 7), and a stop leaves the whole chunks read so far */
         if (st_api_call_cancelled(c))
@@ -828,40 +808,40 @@ void st_conv_completion(st_api_call *c)
         }
     }
     double t1 = st_api_now_ms();
-    const char *stop = "length";
-    for (uint64_t i = 0; i < n_predict; i++) {
+    g->n_prompt = n;
+    for (uint64_t i = 0; i < g->n_predict; i++) {
         uint32_t tok;
         /* between tokens: every token appended so far stays, with its logits (invariant 7) */
         if (st_api_call_cancelled(c))
             goto cancelled;
-        if ((rc = st_slot_sample(s, (float)temp, seed, &tok)) || (rc = st_slot_decode(s, tok))) {
+        if ((rc = st_slot_sample_with(s, &g->sp, g->seed, &tok)) || (rc = st_slot_decode(s, tok))) {
             st_api_call_fail(c, rc, "generating");
             goto done;
         }
-        gen[n_out++] = tok;
+        g->n_gen++;
         cv->m->tokens_generated++; /* counted as made: /metrics shows a completion advance */
-        if (tok < 256)
-            bytes[n_bytes++] = (char)tok;
-        if (tok == ST_TOKEN_EOS && !ignore_eos) {
-            stop = "eos";
+        int eog = vocab ? st_vocab_is_eog(vocab, tok) : tok == ST_TOKEN_EOS;
+        int r = g->token(g->arg, tok, eog);
+        if (r < 0)
+            goto done;
+        if (r > 0) {
+            g->stop = "stop";
+            break;
+        }
+        if (eog && !g->ignore_eos) {
+            g->stop = "eos";
             break;
         }
     }
     double t2 = st_api_now_ms();
-    text = utf8_clean((const unsigned char *)bytes, n_bytes);
-    json_t *jtoks = json_array();
-    for (uint64_t i = 0; i < n_out; i++)
-        json_array_append_new(jtoks, json_integer(gen[i]));
+    g->prompt_ms = t1 - t0;
+    g->decode_ms = t2 - t1;
+    g->resumed = es.reused;
+    g->computed = es.computed;
+    g->n_tokens = st_slot_n_tokens(s);
     cv->m->prompt_reused += es.reused;
     cv->m->prompt_computed += es.computed;
-    c->reply = json_pack("{s:s,s:s,s:o,s:s,s:s,s:I,s:I,s:{s:f,s:I,s:I,s:f,s:f}}", "session", idbuf,
-                         "text", text ? text : "", "tokens", jtoks, "stop", stop, "found", source,
-                         "n_prompt_tokens", (json_int_t)(n - held), "n_tokens",
-                         (json_int_t)st_slot_n_tokens(s), "timings", "prompt_ms", st_api_ms(t1 - t0),
-                         "resumed_tokens", (json_int_t)es.reused, "computed_tokens",
-                         (json_int_t)es.computed, "decode_ms", st_api_ms(t2 - t1), "tokens_per_s",
-                         st_api_ms(t2 > t1 ? (double)n_out * 1000.0 / (t2 - t1) : 0.0));
-    c->status = 200;
+    ret = 0;
     goto done;
 cancelled:
     cv->m->prompt_reused += es.reused;
@@ -869,11 +849,266 @@ cancelled:
     cv->m->completions_cancelled++;
     st_api_call_cancel(c);
 done:
-    free(toks);
-    free(gen);
-    free(bytes);
-    free(text);
+    free(own);
     slot_release(cv, j);
+    return ret;
+}
+
+const st_vocab *st_conv_vocab(st_conv *cv) { return st_model_vocab(cv->model); }
+const st_chat_template *st_conv_chat(st_conv *cv) { return cv->chat; }
+uint32_t st_conv_n_ctx(st_conv *cv) { return cv->n_ctx; }
+uint32_t st_conv_n_vocab(st_conv *cv) { return cv->n_vocab; }
+
+const char *st_conv_model_name(st_conv *cv)
+{
+    const char *name = NULL;
+    uint64_t len = 0;
+    if (!st_gguf_get_str(st_model_gguf(cv->model), "general.name", &name, &len) && len &&
+        !memchr(name, '\0', len) && strlen(name) == len)
+        return name;
+    const char *p = st_api_cfg(cv->srv)->model_path, *slash = strrchr(p, '/');
+    return slash ? slash + 1 : p;
+}
+
+/* The native completion: the body's prompt appended to what the session holds. */
+typedef struct native_gen {
+    st_api_call *c;
+    const st_vocab *vocab;
+    const char *prompt, *system;
+    json_t *jt;
+    size_t sys_len, p_len, n_in;
+    uint32_t *gen;          /* the generated ids */
+    uint64_t n_gen;
+    char *bytes;            /* their text */
+    size_t n_bytes, cap_bytes;
+    st_vocab_stream vs;
+} native_gen;
+
+int st_conv_tokenize(st_conv *cv, const char *text, size_t len, int bos, int parse_special,
+                     uint32_t **out, uint64_t *n)
+{
+    const st_vocab *v = st_model_vocab(cv->model);
+    *out = NULL;
+    *n = 0;
+    uint32_t bos_id = !v ? ST_TOKEN_BOS
+                      : st_vocab_add_bos(v) ? st_vocab_special(v, ST_VOCAB_BOS) : UINT32_MAX;
+    int add = bos && bos_id != UINT32_MAX;
+    size_t cap = len + 16, got = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        uint32_t *t = malloc(cap * sizeof *t);
+        if (!t)
+            return st_error_set(ENOMEM, "no memory to tokenize %zu bytes", len);
+        if (add)
+            t[0] = bos_id;
+        if (!v) {
+            got = st_tokenize(text, len, t + add, cap - (size_t)add);
+        } else {
+            int rc = st_vocab_tokenize(v, text, len, 0, parse_special, t + add, cap - (size_t)add, &got);
+            if (rc) {
+                free(t);
+                return rc;
+            }
+        }
+        if (got + (size_t)add <= cap) {
+            *out = t;
+            *n = got + (uint64_t)add;
+            return 0;
+        }
+        free(t);
+        cap = got + (size_t)add;
+    }
+    return st_error_set(ST_EINVAL, "tokenizing: the count changed between two passes");
+}
+
+/* the conversation as `strata generate` builds it: what is held, then BOS (new) or a turn
+ * separator (continued), the system prompt and the prompt; with the model's vocabulary, what is
+ * held, BOS on a new conversation when the vocabulary adds one, the system prompt and the prompt
+ * (no separators: the text carries the turns) */
+static int native_build(void *arg, const uint32_t *held, uint64_t n_held, uint32_t **out,
+                        uint64_t *out_n, uint64_t *system_end)
+{
+    native_gen *ng = arg;
+    st_conv *cv = st_api_conv(ng->c->srv);
+    uint32_t *sys = NULL, *pr = NULL;
+    uint64_t n_sys = 0, n_pr = 0;
+    int rc = 0;
+    if ((ng->sys_len && (rc = st_conv_tokenize(cv, ng->system, ng->sys_len, 0, 0, &sys, &n_sys))) ||
+        (rc = st_conv_tokenize(cv, ng->prompt ? ng->prompt : "", ng->p_len, 0, 0, &pr, &n_pr))) {
+        free(sys);
+        st_api_call_fail(ng->c, rc, "tokenizing");
+        return -1;
+    }
+    uint64_t cap = n_held + 3 + n_sys + n_pr + ng->n_in;
+    uint32_t *toks = malloc(cap * sizeof *toks);
+    if (!toks) {
+        free(sys);
+        free(pr);
+        st_api_call_error(ng->c, 503, "out_of_memory", "no memory");
+        return -1;
+    }
+    uint64_t n = n_held;
+    if (n_held)
+        memcpy(toks, held, n_held * sizeof *toks);
+    int more = ng->sys_len || ng->p_len || ng->n_in;
+    if (!ng->vocab) {
+        if (!n_held || more)
+            toks[n++] = n_held ? ST_TOKEN_SEP : ST_TOKEN_BOS;
+    } else if (!n_held && st_vocab_add_bos(ng->vocab) &&
+               st_vocab_special(ng->vocab, ST_VOCAB_BOS) != UINT32_MAX) {
+        toks[n++] = st_vocab_special(ng->vocab, ST_VOCAB_BOS);
+    }
+    if (ng->sys_len) {
+        memcpy(toks + n, sys, n_sys * sizeof *toks);
+        n += n_sys;
+        *system_end = n;
+        if ((ng->p_len || ng->n_in) && !ng->vocab)
+            toks[n++] = ST_TOKEN_SEP;
+    }
+    memcpy(toks + n, pr, n_pr * sizeof *toks);
+    n += n_pr;
+    for (size_t i = 0; i < ng->n_in; i++)
+        toks[n++] = (uint32_t)json_integer_value(json_array_get(ng->jt, i));
+    free(sys);
+    free(pr);
+    *out = toks;
+    *out_n = n;
+    return 0;
+}
+
+static int native_token(void *arg, uint32_t tok, int eog)
+{
+    native_gen *ng = arg;
+    (void)eog;
+    ng->gen[ng->n_gen++] = tok;
+    if (!ng->vocab) {
+        if (tok < 256)
+            ng->bytes[ng->n_bytes++] = (char)tok;
+        return 0;
+    }
+    for (;;) {
+        size_t need = 0;
+        int rc = st_vocab_stream_push(ng->vocab, &ng->vs, tok, 0, ng->bytes + ng->n_bytes,
+                                      ng->cap_bytes - ng->n_bytes, &need);
+        if (!rc) {
+            ng->n_bytes += need;
+            return 0;
+        }
+        if (rc != ST_ETOOBIG) {
+            st_api_call_fail(ng->c, rc, "detokenizing");
+            return -1;
+        }
+        size_t cap = (ng->n_bytes + need) * 2 + 64;
+        char *b = realloc(ng->bytes, cap);
+        if (!b) {
+            st_api_call_error(ng->c, 503, "out_of_memory", "no memory");
+            return -1;
+        }
+        ng->bytes = b;
+        ng->cap_bytes = cap;
+    }
+}
+
+void st_conv_completion(st_api_call *c)
+{
+    st_conv *cv = st_api_conv(c->srv);
+    const st_api_config *cfg = st_api_cfg(c->srv);
+    static const char *const keys[] = {"session", "prompt", "tokens", "system", "n_predict",
+                                       "temperature", "seed", "ignore_eos", "top_k", "top_p",
+                                       "min_p", NULL};
+    const char *sid = NULL;
+    uint64_t n_predict = 16, seed = 0, top_k = 0;
+    double temp = 0.0, top_p = 1.0, min_p = 0.0;
+    int ignore_eos = 0;
+    native_gen ng = {.c = c, .vocab = st_model_vocab(cv->model)};
+    if (st_api_json_only(c, keys) || st_api_json_opt_str(c, "session", &sid) ||
+        st_api_json_opt_str(c, "prompt", &ng.prompt) || st_api_json_opt_str(c, "system", &ng.system) ||
+        st_api_json_opt_u64(c, "n_predict", cfg->max_n_predict, &n_predict, NULL) ||
+        st_api_json_opt_double(c, "temperature", &temp, NULL) ||
+        st_api_json_opt_u64(c, "seed", UINT64_MAX >> 1, &seed, NULL) ||
+        st_api_json_opt_bool(c, "ignore_eos", &ignore_eos) ||
+        st_api_json_opt_u64(c, "top_k", UINT32_MAX, &top_k, NULL) ||
+        st_api_json_opt_double(c, "top_p", &top_p, NULL) ||
+        st_api_json_opt_double(c, "min_p", &min_p, NULL))
+        return;
+    json_t *jt = json_object_get(c->body, "tokens");
+    if (jt && !json_is_null(jt) && ng.prompt) {
+        st_api_call_error(c, 400, "invalid_field", "give \"prompt\" or \"tokens\", not both");
+        return;
+    }
+    if (jt && !json_is_null(jt) && !json_is_array(jt)) {
+        st_api_call_error(c, 400, "invalid_field", "\"tokens\" must be an array of token ids");
+        return;
+    }
+    if (temp < 0 || temp > 100 || temp != temp) {
+        st_api_call_error(c, 400, "invalid_field", "\"temperature\" must be from 0 (greedy) to 100");
+        return;
+    }
+    if (!(top_p > 0 && top_p <= 1) || !(min_p >= 0 && min_p <= 1)) {
+        st_api_call_error(c, 400, "invalid_field",
+                          "\"top_p\" must be in (0, 1] and \"min_p\" in [0, 1]");
+        return;
+    }
+    if (sid && !st_api_id_valid(sid, strlen(sid))) {
+        st_api_call_error(c, 400, "invalid_id", "\"session\" is not a valid session id");
+        return;
+    }
+    ng.jt = jt;
+    ng.sys_len = ng.system ? strlen(ng.system) : 0;
+    ng.p_len = ng.prompt ? strlen(ng.prompt) : 0;
+    ng.n_in = jt && json_is_array(jt) ? json_array_size(jt) : 0;
+    if (ng.sys_len + ng.p_len + ng.n_in + 2 > cv->n_ctx && !ng.vocab) {
+        st_api_call_error(c, 400, "context_full", "the prompt alone exceeds the context of %u tokens",
+                          cv->n_ctx);
+        return;
+    }
+    for (size_t i = 0; i < ng.n_in; i++) {
+        json_t *t = json_array_get(jt, i);
+        if (!json_is_integer(t) || json_integer_value(t) < 0 || json_integer_value(t) >= cv->n_vocab) {
+            st_api_call_error(c, 400, "invalid_field", "tokens[%zu] is not a token id below %u", i,
+                              cv->n_vocab);
+            return;
+        }
+    }
+    ng.cap_bytes = n_predict + 1;
+    ng.gen = malloc((n_predict ? n_predict : 1) * sizeof *ng.gen);
+    ng.bytes = malloc(ng.cap_bytes);
+    char *text = NULL;
+    if (!ng.gen || !ng.bytes) {
+        st_api_call_error(c, 503, "out_of_memory", "no memory");
+        goto done;
+    }
+    st_conv_gen g = {.session = sid, .build = native_build, .token = native_token, .arg = &ng,
+                     .n_predict = n_predict, .seed = seed, .ignore_eos = ignore_eos};
+    g.sp.temp = (float)temp;
+    g.sp.top_k = (uint32_t)top_k;
+    g.sp.top_p = (float)top_p;
+    g.sp.min_p = (float)min_p;
+    if (st_conv_generate(c, &g))
+        goto done;
+    if (ng.vocab) {
+        char tail[4];
+        size_t k = st_vocab_stream_flush(&ng.vs, tail, sizeof tail);
+        if (ng.n_bytes + k <= ng.cap_bytes) {
+            memcpy(ng.bytes + ng.n_bytes, tail, k);
+            ng.n_bytes += k;
+        }
+    }
+    text = utf8_clean((const unsigned char *)ng.bytes, ng.n_bytes);
+    json_t *jtoks = json_array();
+    for (uint64_t i = 0; i < ng.n_gen; i++)
+        json_array_append_new(jtoks, json_integer(ng.gen[i]));
+    c->reply = json_pack("{s:s,s:s,s:o,s:s,s:s,s:I,s:I,s:{s:f,s:I,s:I,s:f,s:f}}", "session", g.id,
+                         "text", text ? text : "", "tokens", jtoks, "stop", g.stop, "found", g.found,
+                         "n_prompt_tokens", (json_int_t)(g.n_prompt - g.n_held), "n_tokens",
+                         (json_int_t)g.n_tokens, "timings", "prompt_ms", st_api_ms(g.prompt_ms),
+                         "resumed_tokens", (json_int_t)g.resumed, "computed_tokens",
+                         (json_int_t)g.computed, "decode_ms", st_api_ms(g.decode_ms), "tokens_per_s",
+                         st_api_ms(g.decode_ms > 0 ? (double)g.n_gen * 1000.0 / g.decode_ms : 0.0));
+    c->status = 200;
+done:
+    free(ng.gen);
+    free(ng.bytes);
+    free(text);
 }
 
 /* Take the live conversation of id: its slot (busy; slot_release) or its park entry (busy, left

@@ -106,6 +106,8 @@ struct st_http_req {
     int keep_alive;
     int routed;          /* on_head was called */
     int replied;
+    int streaming;       /* a streamed reply was begun (st_http_stream_begin) */
+    int chunked;         /* ... framed by chunks (HTTP/1.1) rather than by the close */
     int status;
     uint64_t bytes_out;
     double t_head;
@@ -564,22 +566,31 @@ static void write_cb(struct bufferevent *bev, void *arg)
         reply_done(c);
 }
 
-/* Common head of every reply; the body follows, then reply_end. */
+/* Common head of every reply; the body follows, then reply_end. A streamed reply (r->streaming)
+ * has no Content-Length: chunks on HTTP/1.1, the close on HTTP/1.0. */
 static struct evbuffer *reply_begin(st_http_req *r, int status, const char *ctype, uint64_t len)
 {
     st_http_conn *c = r->conn;
     st_http *h = c->h;
     r->replied = 1;
     r->status = status;
-    int keep = r->keep_alive && !r->body_unread && !c->close_after && !h->stopping && status != 408;
+    int keep = r->keep_alive && !r->body_unread && !c->close_after && !h->stopping && status != 408 &&
+               (!r->streaming || r->minor >= 1);
     c->close_after = !keep;
     if (r->body_unread)
         c->linger_needed = 1;
     struct evbuffer *out = bufferevent_get_output(c->bev);
     size_t before = evbuffer_get_length(out);
-    evbuffer_add_printf(out, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %llu\r\n"
-                             "Cache-Control: no-store\r\n",
-                        status, st_http_reason(status), ctype, (unsigned long long)len);
+    if (r->streaming) {
+        r->chunked = r->minor >= 1;
+        evbuffer_add_printf(out, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\n%sCache-Control: no-store\r\n",
+                            status, st_http_reason(status), ctype,
+                            r->chunked ? "Transfer-Encoding: chunked\r\n" : "");
+    } else {
+        evbuffer_add_printf(out, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %llu\r\n"
+                                 "Cache-Control: no-store\r\n",
+                            status, st_http_reason(status), ctype, (unsigned long long)len);
+    }
     if (!keep)
         evbuffer_add_printf(out, "Connection: close\r\n");
     else if (r->minor == 0)
@@ -703,6 +714,56 @@ void st_http_reply_none(st_http_req *r, int status)
     r->replied = 1;
     r->status = status;
     reply_end(r); /* frees the connection: nothing was queued on it */
+}
+
+void st_http_stream_begin(st_http_req *r, int status, const char *ctype)
+{
+    if (reply_check(r))
+        return;
+    r->streaming = 1;
+    if (r->conn->dead) {
+        r->replied = 1;
+        r->status = status;
+        return;
+    }
+    reply_begin(r, status, ctype, 0);
+    bufferevent_enable(r->conn->bev, EV_WRITE);
+}
+
+void st_http_stream_write(st_http_req *r, struct evbuffer *data)
+{
+    size_t n = evbuffer_get_length(data);
+    if (!r->streaming || r->conn->dead || n == 0) {
+        evbuffer_drain(data, n);
+        return;
+    }
+    struct evbuffer *out = bufferevent_get_output(r->conn->bev);
+    if (r->chunked)
+        evbuffer_add_printf(out, "%zx\r\n", n);
+    evbuffer_add_buffer(out, data);
+    if (r->chunked)
+        evbuffer_add(out, "\r\n", 2);
+    r->bytes_out += n + (r->chunked ? 16 : 0);
+}
+
+void st_http_stream_end(st_http_req *r, int abort_status)
+{
+    st_http_conn *c = r->conn;
+    if (!r->streaming)
+        return;
+    if (abort_status) { /* the client went away: the connection goes, nothing more is sent */
+        c->close_after = 1;
+        c->dead = 1;
+        r->status = abort_status;
+    }
+    int dead = c->dead;
+    struct evbuffer *out = dead ? NULL : bufferevent_get_output(c->bev);
+    if (out && r->chunked)
+        evbuffer_add(out, "0\r\n\r\n", 5);
+    int empty = !out || evbuffer_get_length(out) == 0;
+    reply_end(r); /* frees a dead connection */
+    if (!dead && empty)
+        reply_done(c); /* nothing left to write: no write callback will come */
 }
 
 void st_http_reply_json(st_http_req *r, int status, json_t *body)

@@ -319,13 +319,77 @@ static void call_free(void *user, void *arg)
         close(c->file_fd);
     if (c->text)
         evbuffer_free(c->text);
+    if (c->stream_ev)
+        event_free(c->stream_ev);
+    if (c->stream_buf)
+        evbuffer_free(c->stream_buf);
     free(c);
+}
+
+/* On the loop: what the worker streamed so far goes out as a chunk (the first begins the reply). */
+static void stream_flush(st_api_call *c)
+{
+    if (c->stream_ended)
+        return;
+    if (!c->stream_begun) {
+        c->stream_begun = 1;
+        if (c->session_hdr[0])
+            st_http_header_add(c->req, "X-Strata-Session", c->session_hdr);
+        st_http_stream_begin(c->req, 200, "text/event-stream");
+    }
+    struct evbuffer *tmp = evbuffer_new();
+    if (tmp) {
+        evbuffer_remove_buffer(c->stream_buf, tmp, evbuffer_get_length(c->stream_buf));
+        st_http_stream_write(c->req, tmp);
+        evbuffer_free(tmp);
+    }
+}
+
+static void stream_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    stream_flush(arg);
+}
+
+int st_api_call_stream(st_api_call *c, const void *data, size_t len)
+{
+    if (!c->stream_buf) {
+        if (!(c->stream_buf = evbuffer_new()) || evbuffer_enable_locking(c->stream_buf, NULL) ||
+            !(c->stream_ev = event_new(c->srv->base, -1, 0, stream_cb, c)))
+            return st_error_set(ENOMEM, "no memory for a streamed reply");
+    }
+    if (evbuffer_add(c->stream_buf, data, len))
+        return st_error_set(ENOMEM, "no memory for a streamed reply");
+    event_active(c->stream_ev, 0, 0);
+    return 0;
+}
+
+/* An error in OpenAI's shape: {"error":{"message","type","param","code"}}. */
+static void reply_openai_error(st_api_call *c, int status)
+{
+    const char *type = status == 401 ? "authentication_error"
+                       : status == 404 ? "not_found_error"
+                       : status < 500 ? "invalid_request_error" : "server_error";
+    json_t *o = json_pack("{s:{s:s,s:s,s:o,s:s}}", "error", "message",
+                          c->err_msg ? c->err_msg : "no reply", "type", type, "param",
+                          c->err_param[0] ? json_string(c->err_param) : json_null(), "code",
+                          c->err_code[0] ? c->err_code : "internal");
+    st_http_reply_json(c->req, status, o);
 }
 
 /* Send what the handler left in c. c stays with the request (freed with it). */
 static void call_reply(st_api_call *c)
 {
     st_http_req *r = c->req;
+    if (c->stream_ev) {
+        stream_flush(c);
+        c->stream_ended = 1;
+        st_http_stream_end(r, c->no_reply ? c->status : 0);
+        return;
+    }
+    if (c->session_hdr[0] && !c->no_reply)
+        st_http_header_add(r, "X-Strata-Session", c->session_hdr);
     if (c->no_reply) {
         st_http_reply_none(r, c->status);
     } else if (c->text) {
@@ -340,6 +404,8 @@ static void call_reply(st_api_call *c)
     } else if (c->reply && c->status < 400) {
         st_http_reply_json(r, c->status ? c->status : 200, c->reply);
         c->reply = NULL;
+    } else if (c->openai) {
+        reply_openai_error(c, c->status ? c->status : 500);
     } else {
         st_http_reply_error(r, c->status ? c->status : 500, c->err_code[0] ? c->err_code : "internal",
                             "%s", c->err_msg ? c->err_msg : "no reply");
@@ -464,10 +530,40 @@ int st_api_json_opt_bool(st_api_call *c, const char *key, int *out)
     return 0;
 }
 
+/* Offset of the first byte of p[0..n) that does not belong to a well-formed UTF-8 sequence (RFC
+ * 3629: no overlong forms, no surrogates, at most U+10FFFF), or n. */
+static size_t utf8_invalid_at(const unsigned char *p, size_t n)
+{
+    size_t i = 0;
+    while (i < n) {
+        unsigned char c = p[i];
+        size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+        if (!len || i + len > n)
+            return i;
+        uint32_t cp = len == 1 ? c : len == 2 ? c & 0x1fu : len == 3 ? c & 0x0fu : c & 0x07u;
+        for (size_t t = 1; t < len; t++) {
+            if ((p[i + t] & 0xc0) != 0x80)
+                return i;
+            cp = (cp << 6) | (p[i + t] & 0x3fu);
+        }
+        if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) ||
+            cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+            return i;
+        i += len;
+    }
+    return n;
+}
+
 int st_api_body_parse(st_api_call *c, const char *p, size_t n)
 {
     if (!n)
         return 0;
+    size_t bad = utf8_invalid_at((const unsigned char *)p, n);
+    if (bad < n) {
+        st_api_call_error(c, 400, "invalid_json",
+                          "request body is not valid UTF-8: byte 0x%02x at byte offset %zu", (unsigned char)p[bad], bad);
+        return -1;
+    }
     json_error_t e;
     c->body = json_loadb(p, n, JSON_REJECT_DUPLICATES, &e);
     if (!c->body) {
@@ -775,6 +871,10 @@ static void parsed_run(st_api_call *c)
 {
     size_t nr = 0;
     const st_route *rt = routes_table(&nr);
+#ifdef ST_API_HAVE_ENGINE
+    /* the OpenAI routes answer in OpenAI's error shape from the body's parse on */
+    c->openai = rt[c->route].fn == st_openai_chat || rt[c->route].fn == st_openai_models;
+#endif
     if (rt[c->route].body == BODY_JSON || rt[c->route].body == BODY_COMPLETION) {
         if (call_parse_body(c))
             return;
@@ -1644,7 +1744,9 @@ static void h_upload_delete(st_api_call *c)
 static st_route route_table[] = {
     {ST_HTTP_GET, "/healthz", BODY_NONE, 1, 0, 1, h_healthz, 0},
     {ST_HTTP_GET, "/metrics", BODY_NONE, 1, 0, 0, h_metrics, 0},
-    {ST_HTTP_POST, "/v1/completions", BODY_COMPLETION, 0, 1, 0, ENGINE_FN(st_conv_completion), 0},
+    {ST_HTTP_POST, "/v1/completions", BODY_COMPLETION, 0, 1, 0, ENGINE_FN(st_openai_completions), 0},
+    {ST_HTTP_POST, "/v1/chat/completions", BODY_COMPLETION, 0, 1, 0, ENGINE_FN(st_openai_chat), 0},
+    {ST_HTTP_GET, "/v1/models", BODY_NONE, 0, 1, 0, ENGINE_FN(st_openai_models), 0},
     {ST_HTTP_GET, "/v1/sessions", BODY_NONE, 0, 0, 0, h_sessions_list, 0},
     {ST_HTTP_GET, "/v1/sessions/{id}", BODY_NONE, 0, 0, 0, h_session_get, 0},
     {ST_HTTP_DELETE, "/v1/sessions/{id}", BODY_NONE, 0, 0, 0, h_session_delete, 0},

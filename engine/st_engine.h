@@ -434,6 +434,18 @@ const float *st_slot_logits(const st_slot *s, uint32_t *n);
  * softmax at temp sampled with a generator keyed by (seed, position), so a conversation split
  * across processes samples the same tokens. */
 int st_slot_sample(const st_slot *s, float temp, uint64_t seed, uint32_t *token);
+/* Sampling with the usual filters (engine/st_sample.c): top_k (0: off), top_p (1: off) and
+ * min_p (0: off) keep candidates by the distribution at temperature 1 (llama.cpp's default
+ * order: top-k, top-p, min-p, then the temperature); the softmax at temp over those kept is
+ * sampled with st_slot_sample's generator keyed by (seed, position), so the choice is
+ * deterministic. The most likely token is always kept; temp <= 0 is greedy. Without a filter the
+ * token is st_slot_sample's. ST_EINVAL for top_p outside (0, 1] or min_p outside [0, 1]. */
+typedef struct st_sample_params {
+    float temp, top_p, min_p;
+    uint32_t top_k;
+} st_sample_params;
+int st_slot_sample_with(const st_slot *s, const st_sample_params *p, uint64_t seed,
+                        uint32_t *token);
 
 /* Conversation-cache checkpoints held (positions in increasing order). */
 uint32_t st_slot_n_checkpoints(const st_slot *s);
