@@ -4,13 +4,14 @@
  * -g`) and for A/B runs of two trees (the same source builds against either; docs/BENCHMARKS.md).
  *
  *   bench_state --model FILE --tokens-file F [--n-gen N (32)] [--threads N (2)] [--runs R (10)]
- *               [--dir DIR ($TMPDIR or /tmp)] [--cache-off] [--only park|file]
+ *               [--dir DIR ($TMPDIR or /tmp)] [--cache-off] [--only park|file|load]
  *               [--codec fp32|bf16 (both)] [--compress L (0: none)]
  *
  * The prompt is read once and N tokens decoded (the conversation of bench_engine --model); then
  * each path runs R times; best and median of each in ms, one line per path. --compress L: the
  * session file's checkpoints as shuffled zstd frames of level L (st_file_write_opts.compress),
- * to weigh their size against their SAVE cost.
+ * to weigh their size against their SAVE cost. --only load: the file written once, then R LOADs
+ * alone (a profile of the read and the restore).
  */
 #include <errno.h>
 #include <stdio.h>
@@ -131,6 +132,28 @@ static void paths(st_slot *s, const st_file_read_opts *ro, const st_file_write_o
         snprintf(name, sizeof name, "session LOAD %s%s (verified)", cn, wo ? " zstd" : "");
         report(name, b, runs, fb);
     }
+    if (only && !strcmp(only, "load")) {
+        /* the file written once, then LOADs alone (for a profile of the read and restore) */
+        st_image *img = NULL;
+        struct stat sb;
+        if ((rc = st_slot_snapshot(s, ST_SNAPSHOT_SESSION, codec, &img)) ||
+            (rc = st_file_write(img, path, wo)))
+            die("save", rc);
+        st_image_free(img);
+        if (stat(path, &sb))
+            die("stat", errno);
+        for (int k = 0; k < runs; k++) {
+            st_image *back = NULL;
+            double t = now_ms();
+            if ((rc = st_file_read(path, ro, &back)) || (rc = st_slot_restore(s, back)))
+                die("load", rc);
+            b[k] = now_ms() - t;
+            st_image_free(back);
+        }
+        unlink(path);
+        snprintf(name, sizeof name, "session LOAD %s%s (verified)", cn, wo ? " zstd" : "");
+        report(name, b, runs, (uint64_t)sb.st_size);
+    }
     free(a);
     free(b);
 }
@@ -165,15 +188,15 @@ int main(int argc, char **argv)
         else {
             fprintf(stderr, "usage: bench_state --model FILE --tokens-file F [--n-gen N (32)] "
                             "[--threads N (2)] [--runs R (10)] [--dir DIR] [--cache-off] "
-                            "[--only park|file] [--codec fp32|bf16] [--compress L]\n");
+                            "[--only park|file|load] [--codec fp32|bf16] [--compress L]\n");
             return 2;
         }
     }
     if (!model || !tokens_file || runs < 1 || threads < 1 ||
-        (only && strcmp(only, "park") && strcmp(only, "file")) ||
+        (only && strcmp(only, "park") && strcmp(only, "file") && strcmp(only, "load")) ||
         (codec && strcmp(codec, "fp32") && strcmp(codec, "bf16")) || level < 0 || level > 19) {
         fprintf(stderr, "bench_state: --model and --tokens-file needed, --runs >= 1, --only "
-                        "park|file, --codec fp32|bf16, --compress 0..19\n");
+                        "park|file|load, --codec fp32|bf16, --compress 0..19\n");
         return 2;
     }
     uint64_t n;

@@ -10,7 +10,8 @@
  *    is capped (st_file_read_opts.max_decoded_bytes). A checkpoint is one allocation (its tensors
  *    aligned within it, st_store_int.h), never one per tensor, so no file shape multiplies this.
  * 3. Sections are consumed strictly in order; each one is hashed while it is read and its
- *    checksum compared before the next begins. The geometry and a compressed checkpoint's frames
+ *    checksum compared before the next begins (or, for the sections of invariant 6, before any
+ *    error is reported or the image returned). The geometry and a compressed checkpoint's frames
  *    are checksummed before they are parsed, and every frame header of a checkpoint is checked
  *    before its memory is allocated and its frames decoded. When an error that damage could explain
  *    (an unknown codec) is found inside a section, the rest of the section is hashed first and a
@@ -21,9 +22,19 @@
  * 5. Speed without weakening 3: a file of at least ST_RD_ASYNC_MIN bytes is hashed on a helper
  *    thread while the reader thread reads the next piece (ST_RD_PIECE) into its place in the
  *    image. Pieces are hashed in the order they are read, into the section's own state, and the
- *    reader waits for the helper to finish a section's bytes before it computes the checksum,
- *    views bytes through its own buffer, begins the next section or frees anything; only the
- *    reader thread touches the file. The helper is stopped and joined before the image is freed.
+ *    reader waits for the helper to finish a section's bytes before it computes the checksum
+ *    itself, views bytes through its own buffer or frees anything; only the reader thread
+ *    touches the file. The helper is stopped and joined before the image is freed.
+ * 6. With the helper, a section whose payload goes into the image unparsed (the tokens, K/V
+ *    rows, a checkpoint's tensors, the logits) does not wait for its check: its final checksum
+ *    is queued behind its pieces, into a check slot of its own (at most ST_RD_FINS in use; when
+ *    none is free the reader waits for the helper), and the reader begins the next section.
+ *    Before the reader reports any error, returns the image or takes a slot, it waits for the
+ *    helper and compares; the earliest section that differs is the error (a checksum mismatch
+ *    naming it), whatever was found after it, so every file gets the error it got when each
+ *    section was compared before the next began. Nothing read from such a section is used
+ *    before the image is returned except a checkpoint's header fields, whose errors are
+ *    likewise replaced by an earlier mismatch.
  *
  * Invariants of the writer:
  * 1. The output is a function of the image and the options only: no time, no uninitialised byte.
@@ -71,6 +82,7 @@
 #define ST_RD_PIECE (512u << 10) /* a file is read in pieces of this size, hashed as they arrive */
 #define ST_RD_ASYNC_MIN (8u << 20) /* files at least this large are hashed on a helper thread */
 #define ST_RD_QUEUE 16u /* pieces read ahead of the helper at most */
+#define ST_RD_FINS 32u  /* sections whose checksum the helper may still be finishing, at most */
 
 /* A fuzzing build (FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION, tests/fuzz/) lets the reader go on
  * past checksum mismatches so the fuzzer reaches the structure checks behind them. Checksums are
@@ -1082,8 +1094,19 @@ typedef struct st_sec {
     uint64_t length; /* of the payload */
     uint64_t checksum;
     uint64_t done;   /* payload bytes consumed (and hashed) */
-    st_checksum_state h;
+    st_checksum_state *h; /* &own, or a check slot's state (invariant 6) */
+    st_checksum_state own;
+    struct st_rd_fin *fin; /* the check slot, or NULL */
 } st_sec;
+
+/* A section whose checksum the helper finishes (invariant 6): in use from st_sec_begin until
+ * st_rd_collect has compared it. */
+typedef struct st_rd_fin {
+    st_checksum_state h;
+    uint32_t type, index;
+    uint64_t off, checksum, sum;
+    int used;   /* 1: its section is being read; 2: its final checksum is queued or done */
+} st_rd_fin;
 
 typedef struct st_reader {
     st_src src;
@@ -1098,6 +1121,9 @@ typedef struct st_reader {
     void *progress_arg;
     const st_image_allocator *alloc; /* st_file_read_opts.alloc */
     struct st_rd_hasher *hasher;     /* file input of ST_RD_ASYNC_MIN bytes or more, else NULL */
+    st_rd_fin fin[ST_RD_FINS];       /* the check slots (invariant 6; with the helper only) */
+    st_rd_fin bad;                   /* the first section whose deferred check failed */
+    int has_bad;
 } st_reader;
 
 /* The helper thread that hashes a file's pieces while the reader reads the next (invariant 5).
@@ -1111,6 +1137,7 @@ typedef struct st_rd_hasher {
         st_checksum_state *h;
         const uint8_t *p;
         size_t n;
+        st_rd_fin *fin; /* a final checksum to compute instead (invariant 6) */
     } q[ST_RD_QUEUE];
     uint32_t head, tail;
     int stop;
@@ -1127,7 +1154,10 @@ static void *st_rd_hasher_run(void *arg)
             break;
         uint32_t j = hs->tail % ST_RD_QUEUE;
         pthread_mutex_unlock(&hs->mu);
-        st_checksum_update(hs->q[j].h, hs->q[j].p, hs->q[j].n);
+        if (hs->q[j].fin)
+            hs->q[j].fin->sum = st_checksum_final(&hs->q[j].fin->h);
+        else
+            st_checksum_update(hs->q[j].h, hs->q[j].p, hs->q[j].n);
         pthread_mutex_lock(&hs->mu);
         hs->tail++;
         pthread_cond_signal(&hs->done);
@@ -1167,15 +1197,10 @@ static void st_rd_hasher_start(st_reader *r)
     r->hasher = hs;
 }
 
-/* Hash n bytes at p into h: queued for the helper (p must stay valid and unchanged until the
- * next st_rd_sync), else now. */
-static void st_rd_hash(st_reader *r, st_checksum_state *h, const uint8_t *p, size_t n)
+/* Queue a job: n bytes at p hashed into h, or fin's final checksum computed. */
+static void st_rd_queue(st_rd_hasher *hs, st_checksum_state *h, const uint8_t *p, size_t n,
+                        st_rd_fin *fin)
 {
-    st_rd_hasher *hs = r->hasher;
-    if (!hs) {
-        st_checksum_update(h, p, n);
-        return;
-    }
     pthread_mutex_lock(&hs->mu);
     while (hs->head - hs->tail == ST_RD_QUEUE)
         pthread_cond_wait(&hs->done, &hs->mu);
@@ -1183,9 +1208,21 @@ static void st_rd_hash(st_reader *r, st_checksum_state *h, const uint8_t *p, siz
     hs->q[j].h = h;
     hs->q[j].p = p;
     hs->q[j].n = n;
+    hs->q[j].fin = fin;
     hs->head++;
     pthread_cond_signal(&hs->work);
     pthread_mutex_unlock(&hs->mu);
+}
+
+/* Hash n bytes at p into h: queued for the helper (p must stay valid and unchanged until the
+ * next st_rd_sync), else now. */
+static void st_rd_hash(st_reader *r, st_checksum_state *h, const uint8_t *p, size_t n)
+{
+    if (!r->hasher) {
+        st_checksum_update(h, p, n);
+        return;
+    }
+    st_rd_queue(r->hasher, h, p, n, NULL);
 }
 
 /* Wait until every queued piece is hashed: the states are the reader's again. */
@@ -1198,6 +1235,39 @@ static void st_rd_sync(st_reader *r)
     while (hs->head != hs->tail)
         pthread_cond_wait(&hs->done, &hs->mu);
     pthread_mutex_unlock(&hs->mu);
+}
+
+/* After st_rd_sync: compare every section whose final checksum the helper computed, keep the
+ * first that differs (in file order) and free their slots. */
+static void st_rd_collect(st_reader *r)
+{
+    for (uint32_t i = 0; i < ST_RD_FINS; i++) {
+        st_rd_fin *f = &r->fin[i];
+        if (f->used != 2)
+            continue;
+        if (!ST_SUM_OK(f->sum, f->checksum) && (!r->has_bad || f->off < r->bad.off)) {
+            r->bad = *f;
+            r->has_bad = 1;
+        }
+        st_checksum_free(&f->h);
+        f->used = 0;
+    }
+}
+
+/* A free check slot for the section beginning now: when all are in use, wait for the helper
+ * and compare theirs first. */
+static st_rd_fin *st_rd_fin_take(st_reader *r)
+{
+    for (int pass = 0; pass < 2; pass++) {
+        for (uint32_t i = 0; i < ST_RD_FINS; i++)
+            if (!r->fin[i].used) {
+                r->fin[i].used = 1;
+                return &r->fin[i];
+            }
+        st_rd_sync(r);
+        st_rd_collect(r);
+    }
+    return NULL; /* not reached: only the section being read keeps a slot at 1 */
 }
 
 /* Finish the queued pieces, stop the helper and join it. */
@@ -1276,7 +1346,7 @@ static int st_sec_view(st_reader *r, st_sec *sec, size_t n, const uint8_t **p, c
     if (rc)
         return rc;
     st_rd_sync(r);
-    st_checksum_update(&sec->h, *p, n);
+    st_checksum_update(sec->h, *p, n);
     sec->done += n;
     return 0;
 }
@@ -1294,7 +1364,7 @@ static int st_sec_read(st_reader *r, st_sec *sec, void *dst, uint64_t n, const c
         rc = st_src_read(&r->src, d, k, sec->off + ST_SEC_HDR_LEN + sec->done);
         if (rc)
             return rc;
-        st_rd_hash(r, &sec->h, d, k);
+        st_rd_hash(r, sec->h, d, k);
         sec->done += k;
         d += k;
         n -= k;
@@ -1320,19 +1390,19 @@ static int st_sec_rest_ok(st_reader *r, st_sec *sec, int *ok)
         size_t k = sec->length - sec->done > ST_IO_CHUNK ? ST_IO_CHUNK
                                                          : (size_t)(sec->length - sec->done);
         if (r->src.mem) {
-            st_checksum_update(&sec->h, r->src.mem + at, k);
+            st_checksum_update(sec->h, r->src.mem + at, k);
         } else {
             int rc = st_src_read(&r->src, chunk, k, at);
             if (rc) {
                 free(chunk);
                 return rc;
             }
-            st_checksum_update(&sec->h, chunk, k);
+            st_checksum_update(sec->h, chunk, k);
         }
         sec->done += k;
     }
     free(chunk);
-    *ok = ST_SUM_OK(st_checksum_final(&sec->h), sec->checksum);
+    *ok = ST_SUM_OK(st_checksum_final(sec->h), sec->checksum);
     return 0;
 }
 
@@ -1358,8 +1428,8 @@ static int st_sec_begin(st_reader *r, st_sec *sec, uint32_t type, uint32_t index
     uint64_t remain;
     int rc;
 
-    st_rd_sync(r);
     memset(sec, 0, sizeof *sec);
+    sec->h = &sec->own;
     sec->type = type;
     sec->index = index;
     sec->off = r->off;
@@ -1390,11 +1460,32 @@ static int st_sec_begin(st_reader *r, st_sec *sec, uint32_t type, uint32_t index
         return st_sec_err(ST_ECORRUPT, sec, "length %llu exceeds the %llu bytes that remain",
                           (unsigned long long)sec->length,
                           (unsigned long long)(remain - ST_SEC_HDR_LEN));
-    rc = st_checksum_init(&sec->h);
+    if (r->hasher) {
+        sec->fin = st_rd_fin_take(r);
+        if (r->has_bad) /* an earlier section is damaged: st_rd_run reports it */
+            return ST_ECORRUPT;
+        sec->h = &sec->fin->h;
+        sec->fin->type = type;
+        sec->fin->index = index;
+        sec->fin->off = sec->off;
+        sec->fin->checksum = sec->checksum;
+    }
+    rc = st_checksum_init(sec->h);
     if (rc)
         return st_error_set(rc, "read: out of memory");
-    st_checksum_update(&sec->h, b, ST_SEC_HASHED);
+    st_checksum_update(sec->h, b, ST_SEC_HASHED);
     return 0;
+}
+
+/* The section's checksum state freed, its check slot given back (the helper is done with it). */
+static void st_rd_sec_release(st_sec *sec)
+{
+    st_checksum_free(sec->h);
+    sec->h->impl = NULL;
+    if (sec->fin)
+        sec->fin->used = 0;
+    sec->fin = NULL;
+    sec->h = &sec->own;
 }
 
 static int st_sec_expect_len(st_sec *sec, uint64_t want, const char *what)
@@ -1412,11 +1503,30 @@ static int st_sec_end(st_reader *r, st_sec *sec)
         return st_sec_err(ST_ECORRUPT, sec, "length %llu, but its content ends after %llu bytes",
                           (unsigned long long)sec->length, (unsigned long long)sec->done);
     st_rd_sync(r);
-    sum = st_checksum_final(&sec->h);
-    st_checksum_free(&sec->h);
+    sum = st_checksum_final(sec->h);
+    st_rd_sec_release(sec);
     if (!ST_SUM_OK(sum, sec->checksum))
         return st_sec_err(ST_ECORRUPT, sec, "checksum mismatch (recorded %016llx, computed %016llx)",
                           (unsigned long long)sec->checksum, (unsigned long long)sum);
+    r->off = sec->off + ST_SEC_HDR_LEN + sec->length;
+    if (r->progress)
+        r->progress(r->progress_arg, r->off, r->hdr.file_len);
+    return 0;
+}
+
+/* st_sec_end for a section whose bytes go into the image unparsed: with the helper, its final
+ * checksum is queued behind its pieces and the reader goes on (invariant 6). */
+static int st_sec_end_later(st_reader *r, st_sec *sec)
+{
+    if (!sec->fin)
+        return st_sec_end(r, sec);
+    if (sec->done != sec->length)
+        return st_sec_err(ST_ECORRUPT, sec, "length %llu, but its content ends after %llu bytes",
+                          (unsigned long long)sec->length, (unsigned long long)sec->done);
+    sec->fin->used = 2;
+    st_rd_queue(r->hasher, NULL, NULL, 0, sec->fin);
+    sec->fin = NULL;
+    sec->h = &sec->own;
     r->off = sec->off + ST_SEC_HDR_LEN + sec->length;
     if (r->progress)
         r->progress(r->progress_arg, r->off, r->hdr.file_len);
@@ -1442,7 +1552,7 @@ static int st_rd_geometry(st_reader *r, st_sec *sec)
     if (rc)
         return rc;
     /* checksum first: a damaged geometry is reported as damage, not as a strange geometry */
-    sum = st_checksum_final(&sec->h);
+    sum = st_checksum_final(sec->h);
     if (!ST_SUM_OK(sum, sec->checksum))
         return st_sec_err(ST_ECORRUPT, sec, "checksum mismatch (recorded %016llx, computed %016llx)",
                           (unsigned long long)sec->checksum, (unsigned long long)sum);
@@ -1591,7 +1701,7 @@ static int st_rd_checkpoint(st_reader *r, st_sec *sec, uint32_t ci)
         rc = st_sec_view(r, sec, (size_t)body_len, &body, "the frames");
         if (rc)
             return rc;
-        sum = st_checksum_final(&sec->h);
+        sum = st_checksum_final(sec->h);
         if (!ST_SUM_OK(sum, sec->checksum))
             return st_sec_err(ST_ECORRUPT, sec, "checksum mismatch (recorded %016llx, computed %016llx)",
                               (unsigned long long)sec->checksum, (unsigned long long)sum);
@@ -1778,7 +1888,7 @@ static int st_rd_run(st_reader *r)
         rc = st_sec_read(r, &sec, tok, r->hdr.n_tokens * 4, "the tokens");
     }
     if (!rc)
-        rc = st_sec_end(r, &sec);
+        rc = st_sec_end_later(r, &sec);
     for (uint32_t i = 0; i < img->g.n_tensors && !rc; i++) {
         uint64_t len;
         if (img->tensors[i].role != ST_ROLE_KV)
@@ -1795,7 +1905,7 @@ static int st_rd_run(st_reader *r)
         if (!rc)
             rc = st_sec_read(r, &sec, img->kv[i], len, "the rows");
         if (!rc)
-            rc = st_sec_end(r, &sec);
+            rc = st_sec_end_later(r, &sec);
     }
     for (s = 2 + n_arch + n_kv; s < r->hdr.n_sections && !rc; s++) {
         int last = s == r->hdr.n_sections - 1;
@@ -1818,7 +1928,7 @@ static int st_rd_run(st_reader *r)
             ci++;
         }
         if (!rc)
-            rc = st_sec_end(r, &sec);
+            rc = st_sec_end_later(r, &sec);
     }
     if (rc)
         goto done;
@@ -1838,8 +1948,20 @@ static int st_rd_run(st_reader *r)
     if (rc)
         rc = st_error_set(ST_ECORRUPT, "image check: %s", st_errdetail());
 done:
+    /* the checks the helper finished come first: the earliest damaged section is the error, as
+     * if each had been compared before the next began (invariant 6) */
     st_rd_sync(r);
-    st_checksum_free(&sec.h);
+    st_rd_collect(r);
+    if (r->has_bad) {
+        st_sec b = {.type = r->bad.type, .index = r->bad.index, .off = r->bad.off};
+        rc = st_sec_err(ST_ECORRUPT, &b, "checksum mismatch (recorded %016llx, computed %016llx)",
+                        (unsigned long long)r->bad.checksum, (unsigned long long)r->bad.sum);
+    }
+    for (uint32_t i = 0; i < ST_RD_FINS; i++) {
+        st_checksum_free(&r->fin[i].h);
+        r->fin[i].used = 0;
+    }
+    st_checksum_free(&sec.own);
     return rc;
 }
 

@@ -377,6 +377,107 @@ static void test_large_damage(void **state)
     st_image_free(img);
 }
 
+/* Write len bytes to path (not durable: a test's scratch file). */
+static void put_file(const char *path, const uint8_t *b, size_t len)
+{
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(b, 1, len, f), len);
+    assert_int_equal(fclose(f), 0);
+}
+
+/* The read of path fails as the checksum mismatch of the section at offset off. */
+static void expect_mismatch_at(const char *path, uint64_t off)
+{
+    char want[64];
+    st_image *back = (st_image *)path; /* must come back NULL */
+    assert_int_equal(st_file_read(path, NULL, &back), ST_ECORRUPT);
+    assert_null(back);
+    snprintf(want, sizeof want, " at offset %llu: checksum mismatch", (unsigned long long)off);
+    if (!strstr(st_errdetail(), want))
+        fail_msg("want \"%s\" in: %s", want, st_errdetail());
+}
+
+/* The sections of a file read on the helper thread whose checks do not hold up the next
+ * section (st_file.c, reader invariant 6), more of them than the reader's check slots: a
+ * damaged byte in any one of them is that section's checksum mismatch; with a second damage in
+ * a later section, or a later error of another kind (a reserved header field set, a checkpoint
+ * position out of order), the earliest damaged section is still the error,
+ * as when each section was compared before the next began; the intact file reads back equal. */
+static void test_large_damage_order(void **state)
+{
+    st_synth_opts so = {.seed = 23, .n_layers = 6, .attn_every = 1, .heads = 4, .head_dim = 256,
+                        .n_tokens = 1200, .n_checkpoints = 40};
+    st_image *img = NULL, *back = NULL;
+    uint64_t off = 64, secs[128];
+    uint32_t n = 0, types[128] = {0};
+    char path[1200];
+    size_t len = 0;
+    (void)state;
+
+    assert_int_equal(st_image_synthesize(&so, &img), 0);
+    snprintf(path, sizeof path, "%s/large-order.stsf", tmpdir);
+    assert_int_equal(st_file_write(img, path, NULL), 0);
+    uint8_t *b = st_test_slurp(path, &len);
+    assert_non_null(b);
+    assert_true(len > (8u << 20)); /* ST_RD_ASYNC_MIN */
+    while (off < len) {
+        assert_true(n < 128);
+        types[n] = get_u32(b + off);
+        secs[n++] = off;
+        off += 32 + get_u64(b + off + 8);
+    }
+    assert_int_equal(off, len);
+    assert_int_equal(types[1], ST_SECTION_TOKENS);
+    assert_true(n - 1 > 32 + 2); /* more deferred sections than ST_RD_FINS */
+    for (uint32_t i = 1; i < n; i++) {
+        uint64_t at = (i + 1 < n ? secs[i + 1] : len) - 1; /* the payload's last byte */
+        b[at] ^= 0x04;
+        put_file(path, b, len);
+        expect_mismatch_at(path, secs[i]);
+        b[at] ^= 0x04;
+    }
+    /* two damaged sections: the first is named */
+    b[secs[3] + 40] ^= 1;
+    b[secs[n - 3] + 40] ^= 1;
+    put_file(path, b, len);
+    expect_mismatch_at(path, secs[3]);
+    b[secs[n - 3] + 40] ^= 1;
+    /* a later error of another kind: a reserved header field of a late section */
+    put_u32(b + secs[n - 2] + 16, 1);
+    put_file(path, b, len);
+    expect_mismatch_at(path, secs[3]);
+    put_u32(b + secs[n - 2] + 16, 0);
+    /* ... a checkpoint position before its predecessor's (checkpoint 10, resealed) */
+    b[secs[3] + 40] ^= 1;
+    {
+        uint32_t c = 0;
+        while (c < n && !(types[c] == ST_SECTION_CHECKPOINT && get_u32(b + secs[c] + 4) == 10))
+            c++;
+        assert_true(c < n);
+        b[secs[2] + 40] ^= 1; /* a damaged K/V section before it */
+        put_u64(b + secs[c] + 32, 0);
+        put_file(path, b, len);
+        expect_mismatch_at(path, secs[2]);
+        b[secs[2] + 40] ^= 1;
+        reseal(b, len); /* the position error alone, without the damage before it */
+        put_file(path, b, len);
+        back = (st_image *)b;
+        assert_int_equal(st_file_read(path, NULL, &back), ST_ECORRUPT);
+        assert_null(back);
+        assert_null(strstr(st_errdetail(), "checksum mismatch"));
+        assert_non_null(strstr(st_errdetail(), "is not after checkpoint 9"));
+    }
+    free(b);
+    /* the intact file */
+    assert_int_equal(st_file_write(img, path, NULL), 0);
+    assert_int_equal(st_file_read(path, NULL, &back), 0);
+    assert_int_equal(st_test_image_equal(img, back), 0);
+    st_image_free(back);
+    unlink(path);
+    st_image_free(img);
+}
+
 static void test_progress(void **state)
 {
     st_image *a = NULL, *back = NULL;
@@ -1061,6 +1162,7 @@ int main(void)
         cmocka_unit_test(test_roundtrips),    cmocka_unit_test(test_versions_lossy),
         cmocka_unit_test(test_deterministic), cmocka_unit_test(test_progress),
         cmocka_unit_test(test_large_damage),
+        cmocka_unit_test(test_large_damage_order),
         cmocka_unit_test(test_atomic_write),  cmocka_unit_test(test_reader_errors),
         cmocka_unit_test(test_inspect),       cmocka_unit_test(test_large_roundtrips),
         cmocka_unit_test(test_read_memory_bound), cmocka_unit_test(test_arch_section),
