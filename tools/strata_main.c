@@ -60,7 +60,7 @@ static void usage(FILE *f)
             "  --ctx N                  context length (default: the model's)\n"
             "  --page-size N            K/V page size in tokens (default 256)\n"
             "  --kv-dtype f16|f32|i8    K/V dtype (default: the model's; f32: cpu backend only)\n"
-            "  --system TEXT            a system prompt before PROMPT (with --chat: a system turn)\n"
+            "  --system TEXT            a system prompt before PROMPT (--chat: a system turn)\n"
             "  --prompt-cache K         checkpoints kept (default 6)\n"
             "  --prompt-cache-every N   checkpoint every N prompt tokens\n"
             "  --prompt-cache-root N    checkpoint at the end of a system prompt >= N tokens\n"
