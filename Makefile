@@ -8,7 +8,9 @@
 #   make tsan       ThreadSanitizer build (clang) and its tests (suppressions: tests/tsan.supp)
 #   make bench      benchmarks, then the engine beside llama.cpp (bench/bench_vs_llama.mjs)
 #                   (BENCH_ARGS=--quick for a short run); figures: docs/BENCHMARKS.md
-#   make run        deps + build + the main job
+#   make run        deps + build + strata-server with the demo model (qwen35, the real Qwen3
+#                   vocabulary and chat template, seeded weights); MODEL=path/to/model.gguf
+#                   serves a downloaded GGUF instead
 #   make fuzz       libFuzzer targets (clang) into build-fuzz/; FUZZ_SECONDS=60 make fuzz-run
 # The test targets build with warnings as errors (STRATA_WERROR=ON, kept in the build's cache);
 # a plain `make build` or cmake leaves that to the CMake option, OFF by default.
@@ -24,9 +26,11 @@ WERROR     ?=
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_ARGS ?=
 CTEST_ARGS ?=
+MODEL      ?=
 
 DEB_PKGS := pkg-config cmake make gcc liblmdb-dev lmdb-utils libzstd-dev libssl-dev libevent-dev \
-            libjansson-dev libxxhash-dev libcmocka-dev libicu-dev git curl clang-14 libclang-rt-14-dev llvm-14
+            libjansson-dev libxxhash-dev libcmocka-dev libicu-dev git curl clang-14 libclang-rt-14-dev llvm-14 \
+            chromium
 # The independent implementations the tests compare against (llama.cpp v0.4.0, prebuilt), pinned
 # by tests/ref/package-lock.json and installed with `npm ci` into tests/ref/node_modules (Node.js
 # >= 20 and npm must be present); a stamp of the lock keeps a second `make deps` quiet.
@@ -109,7 +113,7 @@ bench: build
 	@bash bench/run.sh $(BUILD)
 
 run: build
-	@bash tools/run.sh $(BUILD)
+	@MODEL='$(MODEL)' bash tools/run.sh $(BUILD)
 
 fuzz: deps
 	@CC=clang-14 cmake -S . -B $(FUZZ_BUILD) -DSTRATA_FUZZ=ON -DSTRATA_CUDA=OFF $(werror) $(CMAKE_ARGS) >/dev/null

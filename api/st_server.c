@@ -670,7 +670,7 @@ static int path_split(const char *path, path_segs *ps, const char **why)
     ps->n = 0;
     const char *p = path + 1;
     if (!*p)
-        return 1;
+        return 0; /* "/": no segments, the page */
     for (;;) {
         const char *e = strchr(p, '/');
         size_t n = e ? (size_t)(e - p) : strlen(p);
@@ -706,6 +706,8 @@ static int route_match(const char *pattern, const path_segs *ps, st_api_call *c,
     const char *p = pattern + 1;
     int i = 0;
     int param = 0;
+    if (!*p)
+        return ps->n == 0;
     for (;;) {
         const char *e = strchr(p, '/');
         size_t n = e ? (size_t)(e - p) : strlen(p);
@@ -969,6 +971,25 @@ static void h_metrics(st_api_call *c)
     st_http_stats hs;
     st_http_stats_get(s->http, &hs);
     st_metrics_render(&s->metrics, c->text, &hs, st_work_outstanding(s->work), st_work_queued(s->work));
+}
+
+/* The web page (api/web/index.html, embedded at build time), without credentials: it holds no
+ * data and asks for the key. */
+extern const unsigned char st_web_page[];
+extern const size_t st_web_page_len;
+
+static void h_page(st_api_call *c)
+{
+    c->text = evbuffer_new();
+    if (!c->text || evbuffer_add_reference(c->text, st_web_page, st_web_page_len, NULL, NULL)) {
+        if (c->text)
+            evbuffer_free(c->text);
+        c->text = NULL;
+        st_api_call_error(c, 503, "out_of_memory", "no memory");
+        return;
+    }
+    c->file_ctype = "text/html; charset=utf-8";
+    c->status = 200;
 }
 
 /* ---- store routes (workers) --------------------------------------------------------------- */
@@ -1742,6 +1763,7 @@ static void h_upload_delete(st_api_call *c)
 #endif
 
 static st_route route_table[] = {
+    {ST_HTTP_GET, "/", BODY_NONE, 1, 0, 1, h_page, 0},
     {ST_HTTP_GET, "/healthz", BODY_NONE, 1, 0, 1, h_healthz, 0},
     {ST_HTTP_GET, "/metrics", BODY_NONE, 1, 0, 0, h_metrics, 0},
     {ST_HTTP_POST, "/v1/completions", BODY_COMPLETION, 0, 1, 0, ENGINE_FN(st_openai_completions), 0},

