@@ -101,7 +101,12 @@ try {
   const v1text = await v1.textContent();
   check(/v1/.test(v1text) && /stored/.test(v1text) && /raw, \d+ checkpoints, qwen35/.test(v1text),
         `SAVE shows version 1 in the list: ${JSON.stringify(v1text)}`);
-  check(/save webtest: version 1/.test(await page.textContent("#status")), "SAVE's status line");
+  // the status line is set once the refresh that shows the row has finished: wait for it
+  const saveStatus = await page
+    .waitForFunction(() => /save webtest: version 1/.test(document.getElementById("status").textContent),
+                     null, { timeout: 15000 })
+    .then(() => true, () => false);
+  check(saveStatus, `SAVE's status line: ${JSON.stringify(await page.textContent("#status"))}`);
   const saved = (await (await fetch(base + "/v1/sessions/webtest/versions/1", { headers: auth })).json()).tokens;
 
   // the conversation grows past version 1; RESTORE takes it back, and the next completion
