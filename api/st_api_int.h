@@ -398,6 +398,9 @@ typedef struct st_conv_gen {
     double prompt_ms, decode_ms;
 } st_conv_gen;
 int st_conv_generate(st_api_call *c, st_conv_gen *g);
+/* Random hex digits into dst (up to 24, as many as fit in cap with the NUL), from /dev/urandom;
+ * zeros if it cannot be read. The ids of the native and the OpenAI routes. */
+void st_api_random_hex(char *dst, size_t cap);
 /* text in the model's tokens (bos: BOS first where the vocabulary adds one, always for the byte
  * tokenizer; parse_special: special tokens' texts become those tokens); *out malloc'd. */
 int st_conv_tokenize(st_conv *cv, const char *text, size_t len, int bos, int parse_special,

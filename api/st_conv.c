@@ -689,18 +689,25 @@ static int call_gone(void *arg)
     return st_api_call_cancelled((st_api_call *)arg);
 }
 
-static void random_id(char *dst)
+void st_api_random_hex(char *dst, size_t cap)
 {
-    unsigned char r[8] = {0};
+    unsigned char r[12] = {0};
     int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
     if (fd >= 0) {
         if (read(fd, r, sizeof r) != (ssize_t)sizeof r)
             memset(r, 0, sizeof r);
         close(fd);
     }
+    if (cap)
+        dst[0] = 0;
+    for (size_t i = 0; i < sizeof r && 2 * i + 2 < cap; i++)
+        snprintf(dst + 2 * i, 3, "%02x", r[i]);
+}
+
+static void random_id(char *dst)
+{
     strcpy(dst, "c-");
-    for (int i = 0; i < 8; i++)
-        snprintf(dst + 2 + 2 * i, 3, "%02x", r[i]);
+    st_api_random_hex(dst + 2, 17); /* 16 hex digits */
 }
 
 /* Under mu: the anonymous conversation of the OpenAI routes (an id the server made for a request

@@ -443,18 +443,6 @@ oom:
 
 /* ---- the routes ----------------------------------------------------------------------------------- */
 
-static void random_hex(char *dst, size_t n)
-{
-    unsigned char r[12] = {0};
-    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
-    if (fd >= 0) {
-        if (read(fd, r, sizeof r) != (ssize_t)sizeof r)
-            memset(r, 0, sizeof r);
-        close(fd);
-    }
-    for (size_t i = 0; i < sizeof r && 2 * i + 2 < n; i++)
-        snprintf(dst + 2 * i, 3, "%02x", r[i]);
-}
 
 /* The chat's prompt: messages rendered by the model's template with add_generation_prompt. */
 static char *render_chat(st_api_call *c, size_t *len)
@@ -634,7 +622,7 @@ static void oa_run(st_api_call *c, oa_req *q)
     o.g = &g;
     o.created = (long long)time(NULL);
     memcpy(o.cid, q->chat ? "chatcmpl-" : "cmpl-", q->chat ? 10 : 6);
-    random_hex(o.cid + strlen(o.cid), sizeof o.cid - strlen(o.cid));
+    st_api_random_hex(o.cid + strlen(o.cid), sizeof o.cid - strlen(o.cid));
     if (!(o.text = calloc(1, 64))) {
         free(toks);
         oa_error(c, 503, "out_of_memory", NULL, "no memory");
