@@ -442,11 +442,40 @@ static void disk_peer(const char *path, side_fig *durable, side_fig *cached)
     free(buf);
 }
 
-/* PARK / session file / store, SAVE and RESTORE, of the slot's conversation in one codec. */
+/* One durable session-file SAVE (snapshot + st_file_write with wo), its verified LOAD (read with
+ * every section checked, then the restore), and the disk's own figures for the same bytes. */
+static void side_file(rig *r, const char *path, uint32_t codec, const st_file_write_opts *wo,
+                      side_fig *fsave, side_fig *fload, side_fig *pdur, side_fig *pwrite)
+{
+    st_image *img = NULL, *back = NULL;
+    st_file_read_opts ro = {.alloc = st_engine_image_allocator(r->e)};
+    struct stat sb;
+    int rc;
+    double t = now_s();
+    if ((rc = st_slot_snapshot(r->s, ST_SNAPSHOT_SESSION, codec, &img)) ||
+        (rc = st_file_write(img, path, wo)))
+        die("session file save", rc);
+    double ms = (now_s() - t) * 1e3;
+    st_image_free(img);
+    if (stat(path, &sb))
+        die("session file", errno);
+    fig_min(fsave, ms, (uint64_t)sb.st_size);
+    t = now_s();
+    if ((rc = st_file_read(path, &ro, &back)) || (rc = st_slot_restore(r->s, back)))
+        die("session file load", rc);
+    fig_min(fload, (now_s() - t) * 1e3, (uint64_t)sb.st_size);
+    st_image_free(back);
+    disk_peer(path, pdur, pwrite);
+    unlink(path);
+}
+
+/* PARK / session file / store, SAVE and RESTORE, of the slot's conversation in one codec; in
+ * bf16 also the session file with its checkpoints compressed (zstd level 1, byte-shuffled). */
 static void side_state(rig *r, const char *dir, uint32_t codec, int runs, const char *tag)
 {
     side_fig park = {0}, unpark = {0}, fsave = {0}, fload = {0}, ssave = {0}, sload = {0};
-    side_fig pdur = {0}, pwrite = {0};
+    side_fig pdur = {0}, pwrite = {0}, zsave = {0}, zload = {0}, zdur = {0}, zwrite = {0};
+    const st_file_write_opts z1 = {.compress = 1, .shuffle = 1};
     uint64_t n_tok = st_slot_n_tokens(r->s);
     char path[4200], sdir[4200];
     int rc;
@@ -463,26 +492,9 @@ static void side_state(rig *r, const char *dir, uint32_t codec, int runs, const 
         fig_min(&unpark, (now_s() - t) * 1e3, st_image_bytes(img));
         st_image_free(img);
         img = NULL;
-        /* SAVE: the session snapshot and its durable file (temp file, fsync, rename) */
-        t = now_s();
-        if ((rc = st_slot_snapshot(r->s, ST_SNAPSHOT_SESSION, codec, &img)) ||
-            (rc = st_file_write(img, path, NULL)))
-            die("session file save", rc);
-        double ms = (now_s() - t) * 1e3;
-        struct stat sb;
-        if (stat(path, &sb))
-            die("session file", errno);
-        fig_min(&fsave, ms, (uint64_t)sb.st_size);
-        /* LOAD: read with every section checked, then the verified restore */
-        t = now_s();
-        st_file_read_opts ro = {.alloc = st_engine_image_allocator(r->e)};
-        if ((rc = st_file_read(path, &ro, &back)) || (rc = st_slot_restore(r->s, back)))
-            die("session file load", rc);
-        fig_min(&fload, (now_s() - t) * 1e3, (uint64_t)sb.st_size);
-        st_image_free(back);
-        back = NULL;
-        disk_peer(path, &pdur, &pwrite);
-        unlink(path);
+        side_file(r, path, codec, NULL, &fsave, &fload, &pdur, &pwrite);
+        if (codec == ST_CODEC_BF16)
+            side_file(r, path, codec, &z1, &zsave, &zload, &zdur, &zwrite);
         /* the store: a new one each run (a second put of the same state would store nothing) */
         snprintf(sdir, sizeof sdir, "%s/strata-store", dir);
         nftw(sdir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
@@ -517,7 +529,13 @@ static void side_state(rig *r, const char *dir, uint32_t codec, int runs, const 
     fig_json("store_save", &ssave, 1);
     fig_json("store_load", &sload, 1);
     fig_json("disk_durable", &pdur, 1);
-    fig_json("disk_write", &pwrite, 0);
+    fig_json("disk_write", &pwrite, codec == ST_CODEC_BF16);
+    if (codec == ST_CODEC_BF16) {
+        fig_json("file_save_z1", &zsave, 1);
+        fig_json("file_load_z1", &zload, 1);
+        fig_json("disk_durable_z1", &zdur, 1);
+        fig_json("disk_write_z1", &zwrite, 0);
+    }
     printf("}");
 }
 
