@@ -38,16 +38,25 @@
  *
  * Invariants of the writer:
  * 1. The output is a function of the image and the options only: no time, no uninitialised byte.
- * 2. Memory stays bounded: st_file_write streams through a 1 MiB buffer and compresses one tensor
- *    at a time; a section whose length is only known at its end (a compressed checkpoint) gets its
- *    header, length and checksum written afterwards, the checksum computed by reading the payload
- *    back in bounded pieces.
+ * 2. Memory stays bounded: st_file_write streams through a 1 MiB buffer, and the frames of
+ *    compressed checkpoint tensors held at once are within ST_Z_HELD_MAX bytes of frame bounds (or
+ *    one frame, when a single one is larger); a section whose length is only known at its end (a
+ *    compressed checkpoint) gets its header, length and checksum written afterwards, the checksum
+ *    computed by reading the payload back in bounded pieces.
  * 3. A writer that failed stays failed: the temp file is removed and the target never touched.
  * 4. Speed without changing a byte: writeback of the temp file is started every ST_WB_CHUNK bytes
  *    (sync_file_range, a hint whose failure is ignored; the fsync at the end is what makes the file
  *    durable and what is checked), and a large piece of a section is hashed on a helper thread
  *    while the writer thread writes it. Only the writer thread touches the file, so the fault
  *    injection table sees the same calls in the same order.
+ * 5. Compression without changing a byte: every checkpoint tensor is one frame compressed on its
+ *    own (st_frame_encode, a function of its bytes, level and shuffle width), so which thread
+ *    compresses it does not matter. A helper thread starts compressing the frames, in file order,
+ *    when the write begins, while the writer thread writes the sections before the checkpoints;
+ *    the writer thread, when the frame it needs next is not done, compresses the next unclaimed
+ *    one itself rather than wait. Frames are written in file order by the writer thread alone,
+ *    each freed once written; on any failure the helper finishes the frame in hand, is joined, and
+ *    every frame is freed before the writer returns.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -78,6 +87,7 @@
 #define ST_WB_CHUNK (4ull << 20) /* start writeback after this many new bytes */
 #define ST_WB_ALIGN 4096ull /* writeback hints cover whole pages */
 #define ST_HASH_ASYNC_MIN (4u << 20) /* hash pieces at least this large on a helper thread */
+#define ST_Z_HELD_MAX (64ull << 20) /* frame buffers compressed ahead of the writer, at most */
 #define ST_DECODED_DEFAULT (32ull << 30)
 #define ST_RD_PIECE (512u << 10) /* a file is read in pieces of this size, hashed as they arrive */
 #define ST_RD_ASYNC_MIN (8u << 20) /* files at least this large are hashed on a helper thread */
@@ -476,15 +486,45 @@ static int st_sink_readback(st_sink *s, void *dst, size_t n, uint64_t at)
     return 0;
 }
 
+/* One checkpoint tensor's frame (invariant 5): claimed and compressed by the writer thread or the
+ * helper, written by the writer thread in file order, then freed. */
+typedef struct st_zitem {
+    uint32_t ci, ti;
+    size_t cost;   /* the frame's bound: its buffer's size, held against ST_Z_HELD_MAX */
+    int state;     /* ST_Z_QUEUED, ST_Z_CLAIMED, ST_Z_DONE */
+    int rc;        /* with ST_Z_DONE: 0, or the error, detail in err */
+    uint8_t *buf;  /* with ST_Z_DONE and rc 0: the frame, len bytes */
+    size_t len;
+    char err[480];
+} st_zitem;
+
+enum { ST_Z_QUEUED, ST_Z_CLAIMED, ST_Z_DONE };
+
+/* The frames of every compressed checkpoint tensor, in file order. Items are claimed in order;
+ * one more may be claimed while the buffers of claimed, unwritten items stay within
+ * ST_Z_HELD_MAX (or none is held), so memory stays bounded whatever runs ahead. */
+typedef struct st_zpool {
+    const st_image *img;
+    int level, shuffle;
+    st_zitem *items;
+    uint32_t n, next; /* items; the next to claim */
+    uint64_t held;    /* bytes of buffers claimed and not yet written */
+    int stop;
+    int threaded;
+    pthread_t th;
+    pthread_mutex_t mu;
+    pthread_cond_t cv; /* an item done, bytes released, or stop */
+    st_frame_ctx *ctx[2]; /* [0] the writer thread's, [1] the helper's */
+} st_zpool;
+
 typedef struct st_writer {
     const st_image *img;
     st_sink *s;
     uint32_t version;
     int level;
     int shuffle;
-    st_frame_ctx *fctx;
-    uint8_t *fbuf;
-    size_t fbuf_cap;
+    st_zpool *zp;
+    uint32_t zi; /* the next item of zp to write */
     st_checksum_state h;
     int hashing;
     uint64_t sec_start;
@@ -645,6 +685,187 @@ static int st_w_arch(st_writer *w)
     return rc ? rc : st_w_sec_close(w);
 }
 
+/* ---- the checkpoint frames (invariant 5) ---- */
+
+/* Compress item it with ctx (called without the lock: the item is the caller's once claimed). */
+static void st_z_encode(const st_zpool *zp, st_frame_ctx *ctx, st_zitem *it)
+{
+    const st_ckpt *c = &zp->img->ckpt[it->ci];
+    const st_tensor_desc *t = &zp->img->tensors[it->ti];
+    uint64_t n = st_tensor_stored_bytes(t, c->codec);
+
+    it->buf = malloc(it->cost);
+    if (!it->buf) {
+        it->rc = ENOMEM;
+        snprintf(it->err, sizeof it->err, "write: out of memory for a %zu-byte frame", it->cost);
+        return;
+    }
+    it->rc = st_frame_encode(ctx, it->buf, it->cost, c->data + st_ckpt_offset(zp->img, c->codec, it->ti),
+                             (size_t)n, zp->shuffle ? st_stored_elem_size(t, c->codec) : 0,
+                             zp->level, &it->len);
+    if (it->rc)
+        snprintf(it->err, sizeof it->err, "write: checkpoint %u tensor %u (\"%s\"): compression failed: %s",
+                 it->ci, it->ti, t->name, st_errdetail());
+}
+
+/* With the lock held: the next item, claimed, if one may be claimed now; else NULL. */
+static st_zitem *st_z_claim(st_zpool *zp)
+{
+    st_zitem *it;
+    if (zp->stop || zp->next == zp->n)
+        return NULL;
+    it = &zp->items[zp->next];
+    /* one item at least, however large; then more only within the budget (held may exceed it
+     * by that one item, so it is compared before it is subtracted) */
+    if (zp->held && (zp->held >= ST_Z_HELD_MAX || it->cost > ST_Z_HELD_MAX - zp->held))
+        return NULL;
+    zp->next++;
+    zp->held += it->cost;
+    it->state = ST_Z_CLAIMED;
+    return it;
+}
+
+/* Compress the claimed item it and mark it done; the lock is held on entry and on return. */
+static void st_z_work(st_zpool *zp, st_zitem *it, int who)
+{
+    if (zp->threaded)
+        pthread_mutex_unlock(&zp->mu);
+    st_z_encode(zp, zp->ctx[who], it);
+    if (zp->threaded)
+        pthread_mutex_lock(&zp->mu);
+    it->state = ST_Z_DONE;
+    if (zp->threaded)
+        pthread_cond_broadcast(&zp->cv);
+}
+
+static void *st_z_helper_run(void *arg)
+{
+    st_zpool *zp = arg;
+    pthread_mutex_lock(&zp->mu);
+    while (!zp->stop && zp->next < zp->n) {
+        st_zitem *it = st_z_claim(zp);
+        if (it)
+            st_z_work(zp, it, 1);
+        else
+            pthread_cond_wait(&zp->cv, &zp->mu);
+    }
+    pthread_mutex_unlock(&zp->mu);
+    return NULL;
+}
+
+/* The items of every checkpoint of the image, each tensor's size checked, and the helper started
+ * when there are two or more (none, and the writer thread compresses alone, when no thread or
+ * compressor can be had: the same bytes either way). */
+static int st_z_start(st_writer *w)
+{
+    const st_image *img = w->img;
+    st_zpool *zp = calloc(1, sizeof *zp);
+    uint32_t n = 0;
+
+    if (!zp)
+        return st_error_set(ENOMEM, "write: out of memory for the compressor");
+    w->zp = zp;
+    zp->img = img;
+    zp->level = w->level;
+    zp->shuffle = w->shuffle;
+    for (uint32_t i = 0; i < img->g.n_tensors; i++)
+        n += img->tensors[i].role == ST_ROLE_RUNNING;
+    if (n && img->n_ckpt > UINT32_MAX / n)
+        return st_error_set(ST_ETOOBIG, "write: too many checkpoint tensors");
+    zp->items = calloc((size_t)n * img->n_ckpt + 1, sizeof *zp->items);
+    zp->ctx[0] = st_frame_ctx_new();
+    if (!zp->items || !zp->ctx[0])
+        return st_error_set(ENOMEM, "write: out of memory for the compressor");
+    for (uint32_t ci = 0; ci < img->n_ckpt; ci++)
+        for (uint32_t i = 0; i < img->g.n_tensors; i++) {
+            uint64_t bytes = st_tensor_stored_bytes(&img->tensors[i], img->ckpt[ci].codec);
+            st_zitem *it = &zp->items[zp->n];
+            if (img->tensors[i].role != ST_ROLE_RUNNING)
+                continue;
+            it->cost = bytes > SIZE_MAX / 2 ? 0 : st_frame_bound((size_t)bytes);
+            if (it->cost == 0)
+                return st_error_set(ST_ETOOBIG, "write: checkpoint %u tensor %u too large to compress", ci, i);
+            it->ci = ci;
+            it->ti = i;
+            zp->n++;
+        }
+    if (zp->n < 2 || !(zp->ctx[1] = st_frame_ctx_new()))
+        return 0;
+    if (pthread_mutex_init(&zp->mu, NULL))
+        return 0;
+    if (pthread_cond_init(&zp->cv, NULL)) {
+        pthread_mutex_destroy(&zp->mu);
+        return 0;
+    }
+    zp->threaded = 1;
+    if (pthread_create(&zp->th, NULL, st_z_helper_run, zp)) {
+        zp->threaded = 0;
+        pthread_cond_destroy(&zp->cv);
+        pthread_mutex_destroy(&zp->mu);
+    }
+    return 0;
+}
+
+/* Item k's frame (k: the next to write), compressed by the writer thread itself when it is not
+ * claimed yet or another may be claimed while waiting. */
+static int st_z_take(st_zpool *zp, uint32_t k, const uint8_t **frame, size_t *len)
+{
+    st_zitem *want = &zp->items[k];
+    if (zp->threaded)
+        pthread_mutex_lock(&zp->mu);
+    while (want->state != ST_Z_DONE) {
+        st_zitem *it = st_z_claim(zp);
+        if (it)
+            st_z_work(zp, it, 0);
+        else
+            pthread_cond_wait(&zp->cv, &zp->mu); /* claimed by the helper, which will be done */
+    }
+    if (zp->threaded)
+        pthread_mutex_unlock(&zp->mu);
+    if (want->rc)
+        return st_error_set(want->rc, "%s", want->err);
+    *frame = want->buf;
+    *len = want->len;
+    return 0;
+}
+
+/* Item k written: its buffer freed and its bytes given back to the budget. */
+static void st_z_release(st_zpool *zp, uint32_t k)
+{
+    st_zitem *it = &zp->items[k];
+    free(it->buf);
+    it->buf = NULL;
+    if (zp->threaded)
+        pthread_mutex_lock(&zp->mu);
+    zp->held -= it->cost;
+    if (zp->threaded) {
+        pthread_cond_broadcast(&zp->cv);
+        pthread_mutex_unlock(&zp->mu);
+    }
+}
+
+/* The helper stopped (after the item it compresses) and joined, every buffer freed. */
+static void st_z_free(st_zpool *zp)
+{
+    if (!zp)
+        return;
+    if (zp->threaded) {
+        pthread_mutex_lock(&zp->mu);
+        zp->stop = 1;
+        pthread_cond_broadcast(&zp->cv);
+        pthread_mutex_unlock(&zp->mu);
+        pthread_join(zp->th, NULL);
+        pthread_cond_destroy(&zp->cv);
+        pthread_mutex_destroy(&zp->mu);
+    }
+    for (uint32_t k = 0; zp->items && k < zp->n; k++)
+        free(zp->items[k].buf);
+    free(zp->items);
+    st_frame_ctx_free(zp->ctx[0]);
+    st_frame_ctx_free(zp->ctx[1]);
+    free(zp);
+}
+
 static int st_w_checkpoint(st_writer *w, uint32_t ci)
 {
     const st_image *img = w->img;
@@ -672,9 +893,9 @@ static int st_w_checkpoint(st_writer *w, uint32_t ci)
     uint64_t run_len = 0;
     for (uint32_t i = 0; i < img->g.n_tensors && !rc; i++) {
         const st_tensor_desc *t = &img->tensors[i];
-        const uint8_t *src;
+        const uint8_t *src, *frame = NULL;
         uint64_t n;
-        size_t bound, flen;
+        size_t flen = 0;
         uint8_t lenbuf[8];
 
         if (t->role != ST_ROLE_RUNNING)
@@ -692,30 +913,14 @@ static int st_w_checkpoint(st_writer *w, uint32_t ci)
             run_len = n;
             continue;
         }
-        if (n > SIZE_MAX / 2)
-            return st_error_set(ST_ETOOBIG, "write: checkpoint %u tensor %u too large to compress", ci, i);
-        bound = st_frame_bound((size_t)n);
-        if (bound == 0)
-            return st_error_set(ST_ETOOBIG, "write: checkpoint %u tensor %u too large to compress", ci, i);
-        if (bound > w->fbuf_cap) {
-            uint8_t *nb = realloc(w->fbuf, bound);
-            if (!nb)
-                return st_error_set(ENOMEM, "write: out of memory for a %zu-byte frame", bound);
-            w->fbuf = nb;
-            w->fbuf_cap = bound;
-        }
-        rc = st_frame_encode(w->fctx, w->fbuf, w->fbuf_cap, src, (size_t)n,
-                             w->shuffle ? st_stored_elem_size(t, c->codec) : 0, w->level, &flen);
-        if (rc) {
-            char d[400];
-            snprintf(d, sizeof d, "%s", st_errdetail());
-            return st_error_set(rc, "write: checkpoint %u tensor %u (\"%s\"): compression failed: %s",
-                                ci, i, t->name, d);
-        }
+        rc = st_z_take(w->zp, w->zi, &frame, &flen);
+        if (rc)
+            return rc;
         put64(lenbuf, flen);
         rc = st_w_data(w, lenbuf, 8, 0);
         if (!rc)
-            rc = st_w_data(w, w->fbuf, flen, 0);
+            rc = st_w_data(w, frame, flen, 0);
+        st_z_release(w->zp, w->zi++);
         st_w_progress(w, n, 0);
     }
     if (!rc && run)
@@ -769,7 +974,11 @@ static int st_w_run(st_writer *w)
     for (uint32_t i = 0; i < g->n_tensors; i++)
         n_sections += g->tensors[i].role == ST_ROLE_KV;
     memset(hdr, 0, sizeof hdr);
-    rc = st_sink_put(w->s, hdr, sizeof hdr); /* the real header goes in at the end */
+    /* the checkpoints' frames are compressed on the helper from the start, while the writer
+     * writes the sections before them */
+    rc = w->level ? st_z_start(w) : 0;
+    if (!rc)
+        rc = st_sink_put(w->s, hdr, sizeof hdr); /* the real header goes in at the end */
     if (!rc)
         rc = st_w_geometry(w);
     if (!rc && g->arch[0])
@@ -790,11 +999,6 @@ static int st_w_run(st_writer *w)
             rc = st_w_data(w, img->kv[i], len, 1);
         if (!rc)
             rc = st_w_sec_close(w);
-    }
-    if (!rc && w->level) {
-        w->fctx = st_frame_ctx_new();
-        if (!w->fctx)
-            rc = st_error_set(ENOMEM, "write: out of memory for the compressor");
     }
     for (uint32_t c = 0; c < img->n_ckpt && !rc; c++)
         rc = st_w_checkpoint(w, c);
@@ -839,8 +1043,7 @@ static void st_w_init(st_writer *w, const st_image *img, st_sink *s, const st_fi
 
 static void st_w_fini(st_writer *w)
 {
-    st_frame_ctx_free(w->fctx);
-    free(w->fbuf);
+    st_z_free(w->zp);
     st_checksum_free(&w->h);
 }
 

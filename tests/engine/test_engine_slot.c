@@ -2,7 +2,8 @@
  * test_engine_slot.c - slots: snapshot / restore identity (fp32 exact, bf16 completes), restores
  * that must fail leave the slot exactly as it was, the conversation cache (root checkpoint,
  * periodic checkpoints, prefix reuse identical to a full read), park images; a K/V-only model
- * (llama, qwen3) cut at any position.
+ * (llama, qwen3) cut at any position; a compressed bf16 session file restores to the slot the
+ * uncompressed one restores to.
  */
 #include <math.h>
 #include <errno.h>
@@ -11,6 +12,8 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -1023,6 +1026,152 @@ static void test_kv_only_cut(void **state)
     kv_cut_case("qwen35", "tiny", 0);
 }
 
+/* What a slot holds after a restore, for comparing two restores: its PARK bytes in bf16, its
+ * state hash, its logits, then the tokens and logits of 12 greedy steps (the caller frees park). */
+typedef struct after {
+    uint8_t *park;
+    size_t park_len;
+    uint64_t hash;
+    uint32_t toks[12];
+    uint32_t n_vocab;
+    float *logits[2];
+} after;
+
+static void after_free(after *a)
+{
+    free(a->park);
+    free(a->logits[0]);
+    free(a->logits[1]);
+}
+
+/* Read path as the server's LOAD does (into r's engine's image buffers), restore it into r,
+ * and record what r holds and does next. */
+static void load_run(rig *r, const char *path, after *out)
+{
+    st_file_read_opts ro = {.alloc = st_engine_image_allocator(r->e)};
+    st_image *img = NULL;
+    uint32_t nv;
+    assert_int_equal(st_file_read(path, &ro, &img), 0);
+    int rc = st_slot_restore(r->s, img);
+    if (rc)
+        fail_msg("restore %s: %s", path, st_errdetail());
+    st_image_free(img);
+    park_bytes(r->s, ST_CODEC_BF16, &out->park, &out->park_len);
+    assert_int_equal(st_slot_state_hash(r->s, ST_CODEC_FP32, &out->hash), 0);
+    for (int k = 0; k < 2; k++) {
+        if (k)
+            gen(r->s, 12, out->toks, 0.0f);
+        const float *l = st_slot_logits(r->s, &nv);
+        assert_non_null(l);
+        assert_true(nv > 0);
+        out->n_vocab = nv;
+        out->logits[k] = malloc(nv * sizeof *l);
+        assert_non_null(out->logits[k]);
+        memcpy(out->logits[k], l, nv * sizeof *l);
+    }
+}
+
+static int after_same(const after *a, const after *b)
+{
+    return a->park_len == b->park_len && !memcmp(a->park, b->park, a->park_len) &&
+           a->hash == b->hash && !memcmp(a->toks, b->toks, sizeof a->toks) &&
+           a->n_vocab == b->n_vocab &&
+           !memcmp(a->logits[0], b->logits[0], a->n_vocab * sizeof *a->logits[0]) &&
+           !memcmp(a->logits[1], b->logits[1], a->n_vocab * sizeof *a->logits[1]);
+}
+
+static uint64_t file_size(const char *path)
+{
+    struct stat sb;
+    assert_int_equal(stat(path, &sb), 0);
+    return (uint64_t)sb.st_size;
+}
+
+/* A bf16 session file with its checkpoints compressed (zstd level 1 shuffled, the level the
+ * benchmarks measure; level 1 unshuffled; level 3 shuffled, statectl's default) restores, through
+ * the server's SAVE / LOAD path (st_file_write of a SESSION snapshot; st_file_read into the
+ * engine's image buffers, st_slot_restore into a slot holding another conversation), to the very
+ * slot the uncompressed file restores to: the same PARK bytes, state hash and logits, and the
+ * same tokens and logits after. Each file is smaller than the raw one and says its checkpoints
+ * are compressed; the control: the file of the conversation one token on, compressed the same
+ * way, restores to a slot that compares unequal. */
+static void compressed_case(const char *model, uint32_t ubatch)
+{
+    uint32_t toks[512], g[4];
+    uint64_t n = et_tokens(toks, "A conversation kept as a compressed session file, with a "
+                                 "resume checkpoint or two of its running state on the way.");
+    st_engine_opts o = opts(2);
+    o.ubatch = ubatch;
+    o.prompt_cache_every = ubatch;
+    rig src, r;
+    rig_open(&src, model, &o);
+    rig_open(&r, model, &o);
+    assert_int_equal(st_slot_eval(src.s, toks, n, 0, NULL), 0);
+    gen(src.s, 3, g, 0.0f);
+    assert_true(st_slot_n_checkpoints(src.s) > 1);
+    char raw[4400], z[4400], ctl[4400];
+    snprintf(raw, sizeof raw, "%s/zs-raw.stsf", g_dir);
+    snprintf(z, sizeof z, "%s/zs-z.stsf", g_dir);
+    snprintf(ctl, sizeof ctl, "%s/zs-ctl.stsf", g_dir);
+    st_image *img = NULL;
+    assert_int_equal(st_slot_snapshot(src.s, ST_SNAPSHOT_SESSION, ST_CODEC_BF16, &img), 0);
+    assert_int_equal(st_file_write(img, raw, NULL), 0);
+    /* r holds another conversation (a longer one), so the LOADs below restore into its spares */
+    assert_int_equal(st_slot_eval(r.s, toks, n, 0, NULL), 0);
+    gen(r.s, 4, g, 0.0f);
+    after ref, got;
+    load_run(&r, raw, &ref);
+    const st_file_write_opts zo[3] = {{.compress = 1, .shuffle = 1}, {.compress = 1},
+                                      {.compress = 3, .shuffle = 1}};
+    for (int k = 0; k < 3; k++) {
+        assert_int_equal(st_file_write(img, z, &zo[k]), 0);
+        assert_true(file_size(z) < file_size(raw));
+        st_file_info info;
+        assert_int_equal(st_file_inspect(z, &info), 0);
+        assert_true(info.all_ok);
+        uint32_t nz = 0;
+        for (uint32_t s = 0; s < info.n_sections; s++)
+            nz += info.sections[s].type == ST_SECTION_CHECKPOINT && info.sections[s].compressed;
+        assert_int_equal(nz, st_image_n_checkpoints(img));
+        st_file_info_free(&info);
+        load_run(&r, z, &got);
+        if (!after_same(&ref, &got))
+            fail_msg("compressed file (level %d, shuffle %d) restored to another slot",
+                     zo[k].compress, zo[k].shuffle);
+        after_free(&got);
+    }
+    /* the control: one token on, compressed, is not the same slot */
+    uint32_t t;
+    assert_int_equal(st_slot_sample(src.s, 0.0f, 1, &t), 0);
+    assert_int_equal(st_slot_decode(src.s, t), 0);
+    st_image_free(img);
+    img = NULL;
+    assert_int_equal(st_slot_snapshot(src.s, ST_SNAPSHOT_SESSION, ST_CODEC_BF16, &img), 0);
+    assert_int_equal(st_file_write(img, ctl, &zo[0]), 0);
+    load_run(&r, ctl, &got);
+    assert_false(after_same(&ref, &got));
+    after_free(&got);
+    after_free(&ref);
+    st_image_free(img);
+    unlink(raw);
+    unlink(z);
+    unlink(ctl);
+    rig_close(&src);
+    rig_close(&r);
+}
+
+static void test_compressed_session_file(void **state)
+{
+    (void)state;
+    char path[4400];
+    st_model_hparams hp;
+    assert_int_equal(st_model_preset_arch("qwen35", "tiny", &hp), 0);
+    snprintf(path, sizeof path, "%s/zs-qwen35-tiny.gguf", g_dir);
+    assert_int_equal(st_model_write_seeded(&hp, 5, "qwen35", path), 0);
+    compressed_case(path, 8);
+    compressed_case(g_big, 16);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1039,6 +1188,7 @@ int main(void)
         cmocka_unit_test(test_image_cache_reuse),
         cmocka_unit_test(test_restore_into_spares),
         cmocka_unit_test(test_held_bf16_block),
+        cmocka_unit_test(test_compressed_session_file),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
