@@ -1386,9 +1386,11 @@ void st_conv_slots_action(st_api_call *c)
     }
     if (n >= cv->n_slots)
         goto bad_slot;
-    static const char *const keys[] = {"filename", NULL};
+    static const char *const keys[] = {"filename", "compress", NULL};
     const char *fname = NULL;
-    if (st_api_json_only(c, keys) || st_api_json_opt_str(c, "filename", &fname))
+    uint64_t compress = 0; /* save: the zstd level of the file's checkpoints (docs/API.md) */
+    if (st_api_json_only(c, keys) || st_api_json_opt_str(c, "filename", &fname) ||
+        st_api_json_opt_u64(c, "compress", 19, &compress, NULL))
         return;
     char path[PATH_MAX];
     if (strcmp(action, "erase")) {
@@ -1437,7 +1439,8 @@ void st_conv_slots_action(st_api_call *c)
             st_api_call_error(c, 409, "slot_empty", "slot %d holds no conversation", j);
         } else if (!(rc = st_memguard_admit(cv->guard, "slot save", slot_image_bytes(s, 0))) &&
                    !(rc = st_slot_snapshot(s, ST_SNAPSHOT_SESSION, cfg->state_codec, &img)) &&
-                   !(rc = st_file_write(img, path, NULL))) {
+                   !(rc = st_file_write(img, path, &(st_file_write_opts){.compress = (int)compress,
+                                                                         .shuffle = 1}))) {
             struct stat sb;
             uint64_t written = stat(path, &sb) == 0 ? (uint64_t)sb.st_size : 0;
             c->reply = json_pack("{s:i,s:s,s:I,s:I,s:{s:f}}", "id_slot", j, "filename", fname,

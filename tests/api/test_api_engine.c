@@ -19,6 +19,7 @@
 #include <time.h>
 
 #include "st_api_test.h"
+#include "st_store.h"
 
 static st_at_env env = {.backend = "cpu"};
 
@@ -286,6 +287,23 @@ static void test_slots_delete_and_guard(void **state)
     json_t *o = st_at_call(s.port, "POST", "/slots/0?action=save", "{\"filename\":\"a.stsf\"}", 200);
     assert_true(json_integer_value(json_object_get(o, "n_saved")) > 0);
     json_decref(o);
+    /* the same slot saved with its checkpoints compressed: a v2 file that says so */
+    o = st_at_call(s.port, "POST", "/slots/0?action=save", "{\"filename\":\"z.stsf\",\"compress\":1}", 200);
+    json_decref(o);
+    json_decref(st_at_call(s.port, "POST", "/slots/0?action=save", "{\"filename\":\"y\",\"compress\":20}", 400));
+    json_decref(st_at_call(s.port, "POST", "/slots/0?action=save", "{\"filename\":\"y\",\"compress\":\"1\"}", 400));
+    char za[4400], zz[4400];
+    snprintf(za, sizeof za, "%s/a.stsf", saves);
+    snprintf(zz, sizeof zz, "%s/z.stsf", saves);
+    st_file_info zi, ai;
+    assert_int_equal(st_file_inspect(zz, &zi), 0);
+    assert_int_equal(st_file_inspect(za, &ai), 0);
+    assert_true(zi.all_ok && zi.version == 2 && ai.version == 1);
+    for (uint32_t k = 0; k < zi.n_sections; k++)
+        if (zi.sections[k].type == ST_SECTION_CHECKPOINT)
+            assert_true(zi.sections[k].compressed);
+    st_file_info_free(&zi);
+    st_file_info_free(&ai);
     json_decref(st_at_call(s.port, "POST", "/slots/0?action=save", "{\"filename\":\"../a.stsf\"}", 400));
     json_decref(st_at_call(s.port, "POST", "/slots/0?action=save", "{\"filename\":\"/etc/x\"}", 400));
     json_decref(st_at_call(s.port, "POST", "/slots/7?action=save", "{\"filename\":\"b\"}", 404));
@@ -295,7 +313,25 @@ static void test_slots_delete_and_guard(void **state)
     json_decref(o);
     o = st_at_call(s.port, "POST", "/slots/1?action=restore", "{\"filename\":\"a.stsf\"}", 200);
     assert_true(json_integer_value(json_object_get(o, "n_restored")) > 0);
+    char sid[200];
+    snprintf(sid, sizeof sid, "%s", json_string_value(json_object_get(o, "session")));
     json_decref(o);
+    /* the compressed file restores to the conversation the raw one does: the same continuation
+     * of the same length (the control: the conversation one turn on is longer) */
+    json_t *ca = complete(s.port, sid, "go on", 6);
+    o = st_at_call(s.port, "POST", "/slots/1?action=restore", "{\"filename\":\"z.stsf\"}", 200);
+    assert_string_equal(json_string_value(json_object_get(o, "session")), sid);
+    json_decref(o);
+    json_t *cz = complete(s.port, sid, "go on", 6);
+    same_tokens(ca, cz);
+    assert_int_equal(json_integer_value(json_object_get(ca, "n_tokens")),
+                     json_integer_value(json_object_get(cz, "n_tokens")));
+    json_t *cn = complete(s.port, sid, "go on", 6);
+    assert_true(json_integer_value(json_object_get(cn, "n_tokens")) >
+                json_integer_value(json_object_get(ca, "n_tokens")));
+    json_decref(ca);
+    json_decref(cz);
+    json_decref(cn);
     json_decref(st_at_call(s.port, "POST", "/slots/1?action=restore", "{\"filename\":\"missing\"}", 404));
     /* SAVE of nothing live, DELETE of a live-only session */
     json_decref(st_at_call(s.port, "POST", "/v1/sessions/nobody/save", NULL, 404));
