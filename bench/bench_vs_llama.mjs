@@ -161,7 +161,7 @@ const rows = [];
 const pad = (s, n) => String(s).padEnd(n);
 const padl = (s, n) => String(s).padStart(n);
 function row(fig, st, ll, ratio, target, met) {
-    rows.push(`  ${pad(fig, 44)} ${padl(st, 30)} ${padl(ll, 30)} ${padl(ratio, 16)} ${pad(target, 9)} ${met}`);
+    rows.push(`  ${pad(fig, 52)} ${padl(st, 30)} ${padl(ll, 30)} ${padl(ratio, 16)} ${pad(target, 9)} ${met}`);
 }
 const met = (ok) => (ok ? "met" : "NOT met");
 
