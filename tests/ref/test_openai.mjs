@@ -381,5 +381,139 @@ const dbl = (await post(srvL.port, "/v1/completions",
 control("llama 3: two BOS' prompt count", dbl.n_prompt_tokens === chL.usage.prompt_tokens);
 check("the llama server stops gracefully", await stopped(srvL, "SIGTERM") === 0);
 
+// ---- refusals before the handler, in OpenAI's shape on the OpenAI routes ----
+// a server with an API key and small body limits: 401, 404, 405, 413, 503 busy (body budget)
+const keyFile = path.join(tmp, "api.key");
+fs.writeFileSync(keyFile, "sekrit-key\n");
+const srvK = await startServer("store-k", ["--api-key-file", keyFile, "--body-budget-mib", "2",
+  "--max-completion-kib", "1024", "--max-part-mib", "1", "--max-json-kib", "1"]);
+const oaK = new OpenAI({ baseURL: `http://127.0.0.1:${srvK.port}/v1`, apiKey: "sekrit-key",
+  maxRetries: 0 });
+const oaBadKey = new OpenAI({ baseURL: `http://127.0.0.1:${srvK.port}/v1`, apiKey: "wrong",
+  maxRetries: 0 });
+const auth = { authorization: "Bearer sekrit-key" };
+async function rawReq(port, method, route, body, headers = {}) {
+  const r = await fetch(`http://127.0.0.1:${port}${route}`, { method, body,
+    headers: { "content-type": "application/json", ...headers } });
+  const t = await r.text();
+  let j = null;
+  try { j = JSON.parse(t); } catch { /* not JSON */ }
+  return { status: r.status, headers: r.headers, json: j, text: t };
+}
+const oaKeys = (j) => j && j.error && JSON.stringify(Object.keys(j.error)) ===
+  '["message","type","param","code"]' && typeof j.error.message === "string" &&
+  typeof j.error.type === "string" && typeof j.error.code === "string";
+const nativeKeys = (j) => j && j.error && JSON.stringify(Object.keys(j.error).sort()) ===
+  '["code","message"]';
+// the client's error class, status and the body's fields as the client read them
+function isOaError(name, e, cls, status, code, type) {
+  check(`${name}: the client's ${cls.name} ${status}, OpenAI's fields`, e instanceof cls &&
+    e.status === status && e.code === code && e.type === type && e.error &&
+    "param" in e.error, `${e && e.constructor.name} ${e && e.status} ${e && JSON.stringify(e.error)}`);
+}
+const hi = { ...base, max_tokens: 2, messages: [u1] };
+isOaError("401 wrong key (chat)", await apiError(oaBadKey.chat.completions.create(hi)),
+  OpenAI.AuthenticationError, 401, "unauthorized", "authentication_error");
+isOaError("401 wrong key (models)", await apiError(oaBadKey.models.list()),
+  OpenAI.AuthenticationError, 401, "unauthorized", "authentication_error");
+isOaError("401 wrong key (completions)", await apiError(oaBadKey.completions.create(
+  { model: "strata", prompt: "x", max_tokens: 2 })), OpenAI.AuthenticationError, 401,
+  "unauthorized", "authentication_error");
+const r401 = await rawReq(srvK.port, "POST", "/v1/chat/completions", JSON.stringify(hi));
+check("401 without a key, raw: OpenAI's shape, WWW-Authenticate", r401.status === 401 &&
+  oaKeys(r401.json) && r401.json.error.type === "authentication_error" &&
+  r401.json.error.param === null && r401.headers.get("www-authenticate") === "Bearer", r401.text);
+const r401c = await rawReq(srvK.port, "POST", "/v1/completions", JSON.stringify({ prompt: "x" }));
+check("401 on /v1/completions, raw: OpenAI's shape (code and message as the native)",
+  r401c.status === 401 && oaKeys(r401c.json) && r401c.json.error.code === "unauthorized", r401c.text);
+const r401n = await rawReq(srvK.port, "GET", "/v1/sessions");
+check("401 on a native route keeps the native shape", r401n.status === 401 &&
+  nativeKeys(r401n.json) && r401n.json.error.code === "unauthorized", r401n.text);
+control("the native 401's shape as OpenAI's", oaKeys(r401n.json));
+const okK = await oaK.chat.completions.create(hi);
+check("the right key is served", okK.usage.completion_tokens === 2);
+// 404: a resource of OpenAI's API this server does not have
+isOaError("404 /v1/embeddings", await apiError(oaK.embeddings.create({ model: "strata",
+  input: "x" })), OpenAI.NotFoundError, 404, "not_found", "not_found_error");
+const r404 = await rawReq(srvK.port, "POST", "/v1/responses", "{}", auth);
+check("404 /v1/responses, raw: OpenAI's shape", r404.status === 404 && oaKeys(r404.json) &&
+  /no route/.test(r404.json.error.message), r404.text);
+const r404c = await rawReq(srvK.port, "GET", "/v1/chat/completions/chatcmpl-1", undefined, auth);
+check("404 under /v1/chat/, raw: OpenAI's shape", r404c.status === 404 && oaKeys(r404c.json), r404c.text);
+for (const route of ["/v1/nosuch", "/nosuch", "/v1/sessions/a/nosuch"]) {
+  const r = await rawReq(srvK.port, "GET", route, undefined, auth);
+  check(`404 ${route} keeps the native shape`, r.status === 404 && nativeKeys(r.json), r.text);
+}
+// 405: the client's own get on a POST route
+isOaError("405 GET /v1/chat/completions", await apiError(oaK.get("/chat/completions")),
+  OpenAI.APIError, 405, "method_not_allowed", "invalid_request_error");
+const r405 = await rawReq(srvK.port, "DELETE", "/v1/models", undefined, auth);
+check("405 DELETE /v1/models, raw: OpenAI's shape, Allow", r405.status === 405 &&
+  oaKeys(r405.json) && r405.headers.get("allow") === "GET", r405.text);
+const r405n = await rawReq(srvK.port, "PUT", "/v1/sessions", "{}", auth);
+check("405 on a native route keeps the native shape", r405n.status === 405 && nativeKeys(r405n.json),
+  r405n.text);
+// 413: a body over --max-completion-kib 1024
+const bigMsg = { role: "user", content: "a".repeat(1100 * 1024) };
+isOaError("413 a chat body over the limit", await apiError(oaK.chat.completions.create(
+  { ...hi, messages: [bigMsg] })), OpenAI.APIError, 413, "body_too_large", "invalid_request_error");
+const r413 = await rawReq(srvK.port, "POST", "/v1/completions",
+  JSON.stringify({ prompt: "a".repeat(1100 * 1024) }), auth);
+check("413 on /v1/completions, raw: OpenAI's shape", r413.status === 413 && oaKeys(r413.json) &&
+  /exceeds this route's limit/.test(r413.json.error.message), r413.text);
+const r413n = await rawReq(srvK.port, "POST", "/v1/sessions/x/save",
+  JSON.stringify({ pad: "a".repeat(2048) }), auth);
+check("413 on a native route keeps the native shape", r413n.status === 413 && nativeKeys(r413n.json),
+  r413n.text);
+// body-level refusals of /v1/completions: OpenAI's shape until the body says it is native
+const rj = await rawReq(srvK.port, "POST", "/v1/completions", "{not json", auth);
+check("invalid JSON on /v1/completions: OpenAI's shape", rj.status === 400 && oaKeys(rj.json) &&
+  rj.json.error.code === "invalid_json", rj.text);
+const rn = await rawReq(srvK.port, "POST", "/v1/completions", JSON.stringify({ prompt: "x",
+  n_predict: 1, bogus: 1 }), auth);
+check("a native-shaped body's refusal keeps the native shape", rn.status === 400 &&
+  nativeKeys(rn.json) && rn.json.error.code === "unknown_field", rn.text);
+// 503 busy: two bodies held half-sent fill the 2 MiB budget; a third that would pass it is refused
+async function metricK(name) {
+  const t = await (await fetch(`http://127.0.0.1:${srvK.port}/metrics`, { headers: auth })).text();
+  const m = new RegExp(`^${name} (\\d+)$`, "m").exec(t);
+  return m ? Number(m[1]) : NaN;
+}
+const holders = [];
+for (let i = 0; i < 2; i++) {
+  const sock = net.connect(srvK.port, "127.0.0.1");
+  await new Promise((res) => sock.on("connect", res));
+  sock.on("error", () => {});
+  sock.write(`POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sekrit-key\r\n` +
+    `Content-Type: application/json\r\nContent-Length: 1048576\r\n\r\n` + " ".repeat(700000));
+  holders.push(sock);
+}
+for (let i = 0; i < 2000 && !(await metricK("strata_http_body_bytes") >= 1400000); i++)
+  await new Promise((res) => setImmediate(res)); // the bodies arrive; /metrics says when
+const e503 = await apiError(oaK.chat.completions.create({ ...hi, messages: [{ role: "user",
+  content: "b".repeat(700000) }] }));
+isOaError("503 busy: the body budget is full", e503, OpenAI.InternalServerError, 503, "busy",
+  "server_error");
+const r503 = await rawReq(srvK.port, "POST", "/v1/chat/completions", " ".repeat(700000), auth);
+check("503 busy, raw: OpenAI's shape, Retry-After", r503.status === 503 && oaKeys(r503.json) &&
+  r503.headers.get("retry-after") === "1", r503.text);
+const r503n = await rawReq(srvK.port, "POST", "/apply-template", " ".repeat(700000), auth);
+check("503 busy on a native route keeps the native shape", r503n.status === 503 &&
+  nativeKeys(r503n.json), r503n.text);
+for (const h of holders) h.destroy();
+
+// ---- GET /v1/models/{model} ----
+const mid = (await oaK.models.list()).data[0].id;
+const mr = await oaK.models.retrieve(mid);
+check("models.retrieve: the listed model", mr.id === mid && mr.object === "model" &&
+  mr.owned_by === "strata", JSON.stringify(mr));
+isOaError("models.retrieve of an unknown id: 404", await apiError(oaK.models.retrieve(mid + "x")),
+  OpenAI.NotFoundError, 404, "model_not_found", "not_found_error");
+const rm = await rawReq(srvK.port, "GET", `/v1/models/${encodeURIComponent("a/b c")}`, undefined, auth);
+check("an unknown id, percent-encoded, raw: 404 naming it, param model", rm.status === 404 &&
+  oaKeys(rm.json) && rm.json.error.param === "model" && rm.json.error.message.includes("'a/b c'"),
+  rm.text);
+check("the key server stops gracefully", await stopped(srvK, "SIGTERM") === 0);
+
 console.log(failures ? `${failures} FAILED` : "all passed");
 process.exit(failures ? 1 : 0);
