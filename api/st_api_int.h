@@ -380,9 +380,14 @@ st_conv *st_api_conv(st_api_server *s);
  * prompt (the longest prefix it holds reused: st_slot_eval), then generates up to n_predict
  * tokens, handing each to g->token. The prompt is either g->whole, the whole conversation (the
  * OpenAI routes: a stateless client resends its history), or what g->build makes from the tokens
- * held (the native route appends). Without a session a new id is made ("c-" + 16 hex digits;
- * with anon_reuse "oa-" + 16), or with anon_reuse the "oa-" conversation in an idle slot that
- * shares the longest prefix with whole, at least half of what it holds, is continued. 0, with the outputs set; -1 when the call's error was set or it was cancelled. */
+ * held (the native route appends). g->whole is read with the held tokens in place of its own
+ * where both spell the same bytes from where they first differ (a previous answer re-tokenized
+ * otherwise than generated: spliced counts them). Without a session a new id is made ("c-" + 16
+ * hex digits; with anon_reuse "oa-" + 16), and with anon_reuse the conversation held that shares
+ * the longest prefix with whole, at least half of what it holds, is used: an "oa-" one in an
+ * idle slot or the park pool is continued, or a store head of the store index is copied into
+ * the new one (found "store"). 0, with the outputs set; -1 when the call's error was set or it
+ * was cancelled. */
 #define ST_CONV_ANON_PREFIX "oa-" /* ids made for OpenAI requests without a session */
 typedef struct st_conv_gen {
     const char *session;
@@ -404,7 +409,9 @@ typedef struct st_conv_gen {
     const char *found;  /* "slot", "ram", "disk", "store", "new" */
     const char *stop;   /* "length", "eos", "stop" */
     uint64_t n_held, n_prompt, n_tokens, n_gen, resumed, computed;
+    uint64_t spliced;   /* held tokens read in place of the prompt's own (g->whole: see below) */
     double prompt_ms, decode_ms;
+    double search_ms;   /* the prefix search of a request without a session */
 } st_conv_gen;
 int st_conv_generate(st_api_call *c, st_conv_gen *g);
 /* Random hex digits into dst (up to 24, as many as fit in cap with the NUL), from /dev/urandom;

@@ -657,9 +657,10 @@ static void oa_run(st_api_call *c, oa_req *q)
                               "completion_tokens", (json_int_t)g.n_gen, "total_tokens",
                               (json_int_t)(g.n_prompt + g.n_gen), "prompt_tokens_details",
                               "cached_tokens", (json_int_t)g.resumed);
-    json_t *timings = json_pack("{s:s,s:f,s:I,s:I,s:f,s:f}", "found", g.found, "prompt_ms",
+    json_t *timings = json_pack("{s:s,s:f,s:I,s:I,s:I,s:f,s:f,s:f}", "found", g.found, "prompt_ms",
                                 st_api_ms(g.prompt_ms), "resumed_tokens", (json_int_t)g.resumed,
-                                "computed_tokens", (json_int_t)g.computed, "decode_ms",
+                                "computed_tokens", (json_int_t)g.computed, "spliced_tokens",
+                                (json_int_t)g.spliced, "search_ms", st_api_ms(g.search_ms), "decode_ms",
                                 st_api_ms(g.decode_ms), "tokens_per_s",
                                 st_api_ms(g.decode_ms > 0 ? (double)g.n_gen * 1000.0 / g.decode_ms : 0.0));
     snprintf(c->session_hdr, sizeof c->session_hdr, "%s", g.id);
