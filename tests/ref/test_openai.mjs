@@ -359,6 +359,22 @@ check("no session: a stored head shares the prompt: copied into a new conversati
   k2.timings.resumed_tokens >= k1.usage.prompt_tokens, JSON.stringify({ s: k2.session, t: k2.timings }));
 check("no session: the stored session it came from is unchanged", kHeld.n_tokens ===
   k1.usage.prompt_tokens + 12 && kVers.versions.length === 1, JSON.stringify({ kHeld, kVers }));
+// qwen35 is a hybrid: a stored head that shares most of the prompt but has no checkpoint at or
+// before the divergence could resume nothing, so it is not restored
+const kdm = (w) => [sys, { role: "user", content: `Tell me about the weather today in some detail, ` +
+  `please, with the numbers and the reasons for it, and what to wear: ${w}` }];
+const kd1 = await oa.chat.completions.create({ ...base, session: "kd", messages: kdm("A") });
+await post(srv.port, "/v1/sessions/kd/save", "{}");
+const tokOf = async (m) => execFileSync(path.join(toolsDir, "strata"), ["tokenize", "-m", model,
+  "--parse-special", (await post(srv.port, "/apply-template", JSON.stringify({ messages: m }))).json.prompt])
+  .toString().trim().split(/\s+/).map(Number);
+const [kdA, kdB] = [await tokOf(kdm("A")), await tokOf(kdm("B"))];
+let kdK = 0;
+while (kdA[kdK] === kdB[kdK]) kdK++;
+const kd2 = await oa.chat.completions.create({ ...base, messages: kdm("B") });
+check("no session, a hybrid: a stored head without a checkpoint before the divergence is not restored",
+  2 * kdK >= kd1.usage.prompt_tokens + 12 && kdK < kd1.usage.prompt_tokens &&
+  kd2.timings.found === "new", JSON.stringify({ kdK, n: kd1.usage.prompt_tokens, t: kd2.timings }));
 // a negative control: a prompt that shares less than half with everything held starts anew
 const nn = await oa.chat.completions.create({ ...base, messages: [{ role: "user",
   content: "Something else entirely, with no system prompt at all." }] });
