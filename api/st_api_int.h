@@ -124,6 +124,11 @@ void st_http_req_set_user(st_http_req *r, void *user);
 void *st_http_req_user(const st_http_req *r);
 /* From on_head: the body is charged to the bulk budget as well (upload parts). */
 void st_http_req_set_bulk(st_http_req *r);
+/* The body of an error reply (st_http_reply_error, also the layer's own refusals once the head is
+ * parsed: 413, 503 busy, 408, 417) as a malloc'd string of *len bytes, or NULL: no memory. */
+typedef char *(*st_http_error_fn)(int status, const char *code, const char *message, size_t *len);
+/* From on_head on: error replies of r get their body from fn (NULL: {"error":{code,message}}). */
+void st_http_req_set_error_fn(st_http_req *r, st_http_error_fn fn);
 
 /* The request-head parser of a connection, as a pure function (tests/fuzz/fuzz_http_head.c):
  * head holds len bytes through the empty line that ends a head, as a connection passes them once
@@ -158,6 +163,9 @@ void st_http_stream_end(st_http_req *r, int abort_status);
 const char *st_http_reason(int status);
 /* {"error":{"code":code,"message":message}} as a malloc'd string. */
 char *st_http_error_body(const char *code, const char *message, size_t *len);
+/* s with every byte that is not part of well-formed UTF-8 written as the four characters \xNN
+ * (malloc'd; NULL when out of memory): JSON can carry it, and it still shows what was sent. */
+char *st_http_utf8_escape(const char *s);
 
 /* ---- worker pool --------------------------------------------------------------------------
  * run() executes on a worker thread, done() then executes on the loop thread. A job is owned by
@@ -244,6 +252,7 @@ typedef struct st_api_call {
     char id[ST_API_ID_MAX + 1];/* {id} when the route has one */
     char arg2[64];             /* second parameter ({v}, {uid}, {n}) raw, validated by handler */
     char arg3[32];
+    char model_id[256];        /* {model} (GET /v1/models/{model}), percent-decoded */
     json_t *body;              /* parsed JSON body (NULL when none) */
     /* the worker's result, sent by the loop */
     st_job job;
@@ -371,9 +380,14 @@ st_conv *st_api_conv(st_api_server *s);
  * prompt (the longest prefix it holds reused: st_slot_eval), then generates up to n_predict
  * tokens, handing each to g->token. The prompt is either g->whole, the whole conversation (the
  * OpenAI routes: a stateless client resends its history), or what g->build makes from the tokens
- * held (the native route appends). Without a session a new id is made ("c-" + 16 hex digits;
- * with anon_reuse "oa-" + 16), or with anon_reuse the "oa-" conversation in an idle slot that
- * shares the longest prefix with whole, at least half of what it holds, is continued. 0, with the outputs set; -1 when the call's error was set or it was cancelled. */
+ * held (the native route appends). g->whole is read with the held tokens in place of its own
+ * where both spell the same bytes from where they first differ (a previous answer re-tokenized
+ * otherwise than generated: spliced counts them). Without a session a new id is made ("c-" + 16
+ * hex digits; with anon_reuse "oa-" + 16), and with anon_reuse the conversation held that shares
+ * the longest prefix with whole, at least half of what it holds, is used: an "oa-" one in an
+ * idle slot or the park pool is continued, or a store head of the store index is copied into
+ * the new one (found "store"). 0, with the outputs set; -1 when the call's error was set or it
+ * was cancelled. */
 #define ST_CONV_ANON_PREFIX "oa-" /* ids made for OpenAI requests without a session */
 typedef struct st_conv_gen {
     const char *session;
@@ -395,7 +409,9 @@ typedef struct st_conv_gen {
     const char *found;  /* "slot", "ram", "disk", "store", "new" */
     const char *stop;   /* "length", "eos", "stop" */
     uint64_t n_held, n_prompt, n_tokens, n_gen, resumed, computed;
+    uint64_t spliced;   /* held tokens read in place of the prompt's own (g->whole: see below) */
     double prompt_ms, decode_ms;
+    double search_ms;   /* the prefix search of a request without a session */
 } st_conv_gen;
 int st_conv_generate(st_api_call *c, st_conv_gen *g);
 /* Random hex digits into dst (up to 24, as many as fit in cap with the NUL), from /dev/urandom;
@@ -418,5 +434,6 @@ const char *st_conv_model_name(st_conv *cv); /* general.name, else the file's na
 void st_openai_chat(st_api_call *c);
 void st_openai_completions(st_api_call *c);
 void st_openai_models(st_api_call *c);
+void st_openai_model_get(st_api_call *c); /* GET /v1/models/{model} */
 
 #endif /* ST_API_INT_H */

@@ -47,6 +47,15 @@
  *    chunk: a stop there leaves the whole chunks read so far with the logits after the last (the
  *    next request reads on from there; SAVE and PARK take it as it is). SAVE, RESTORE, PARK, /slots and DELETE are never cancelled: their
  *    result is durable or cheap, and they run to the end.
+ * 8. The prefix search of a request without a session (anon_best_locked) reads, under mu, only
+ *    what no worker owns: idle slots' tokens, the tokens of pool entries that are not busy (a
+ *    RAM entry's image, a disk entry's copy made when it was spilled: anonymous ones only, at most
+ *    DISK_TOKENS tokens in all; the newest POOL_SEARCH_MAX entries), and the store index. The
+ *    store index (sidx) holds the tokens of store heads this server saved or loaded, at most
+ *    SIDX_MAX entries and SIDX_TOKENS tokens in all, least recently used dropped first; it is a
+ *    hint: what a request reads is the image restored, compared token by token, so a stale
+ *    entry (a version deleted or saved by another process) costs a restore, never a wrong
+ *    answer.
  */
 #ifdef ST_API_HAVE_ENGINE
 
@@ -79,13 +88,34 @@ typedef struct cslot {
     uint64_t tokens; /* held, as of the last release */
 } cslot;
 
+/* A held conversation's tokens and checkpoint positions (increasing), copied for the prefix
+ * search (invariant 8). toks NULL: none. */
+typedef struct hcopy {
+    uint32_t *toks;
+    uint64_t n;
+    uint64_t *pos;
+    uint32_t n_pos;
+} hcopy;
+
 typedef struct pentry {
     char id[ST_API_ID_MAX + 1];
     st_image *img; /* NULL when on disk */
+    hcopy held;    /* on disk: a copy made at the spill (toks NULL: unknown, not searched) */
     uint64_t bytes, tokens, tick;
     int busy;
     struct pentry *prev, *next; /* oldest first */
 } pentry;
+
+/* A store head's tokens, for the prefix search (invariant 8). */
+#define SIDX_MAX 64
+#define SIDX_TOKENS (1u << 20) /* 4 MiB of token ids in all */
+#define DISK_TOKENS (1u << 22) /* the disk entries' copies: 16 MiB of token ids in all */
+#define POOL_SEARCH_MAX 256    /* pool entries the search reads, newest first */
+typedef struct sidx_entry {
+    char id[ST_API_ID_MAX + 1];
+    hcopy held;    /* held.n == 0: unused */
+    uint64_t tick;
+} sidx_entry;
 
 /* A request waiting for a busy session (invariant 6): on its worker's stack while it waits. */
 typedef struct cwaiter {
@@ -111,6 +141,10 @@ struct st_conv {
     st_conv_hold *held;            /* ids held by name while a DELETE removes their versions */
     cwaiter *wait_head, *wait_tail; /* arrival order */
     uint32_t n_waiting, wait_max, wait_ms;
+    sidx_entry sidx[SIDX_MAX];     /* the store index (invariant 8) */
+    uint64_t sidx_tokens;
+    int kv_only;                   /* every layer keeps K/V: a conversation cuts at any position */
+    _Atomic uint64_t disk_toks;    /* tokens in the disk entries' copies, at most DISK_TOKENS */
 };
 
 static void park_id(char *dst, const char *id)
@@ -183,6 +217,127 @@ static void park_remove_locked(st_conv *cv, pentry *p)
         cv->tail = p->prev;
     if (p->img)
         cv->ram_bytes -= p->bytes;
+}
+
+static void hcopy_free(hcopy *h)
+{
+    free(h->toks);
+    free(h->pos);
+    memset(h, 0, sizeof *h);
+}
+
+/* A copy of img's tokens and checkpoint positions; -1 when out of memory (nothing copied). */
+static int hcopy_image(const st_image *img, hcopy *h)
+{
+    memset(h, 0, sizeof *h);
+    h->n = st_image_n_tokens(img);
+    h->n_pos = st_image_n_checkpoints(img);
+    h->toks = malloc((h->n ? h->n : 1) * sizeof *h->toks);
+    h->pos = malloc((h->n_pos ? h->n_pos : 1) * sizeof *h->pos);
+    if (!h->toks || !h->pos) {
+        hcopy_free(h);
+        return -1;
+    }
+    memcpy(h->toks, st_image_tokens(img), h->n * sizeof *h->toks);
+    for (uint32_t i = 0; i < h->n_pos; i++) {
+        uint32_t codec;
+        if (st_image_checkpoint_info(img, i, &h->pos[i], &codec))
+            h->pos[i] = 0;
+    }
+    return 0;
+}
+
+/* The same of a slot (busy: the caller's). */
+static int hcopy_slot(const st_slot *s, hcopy *h)
+{
+    memset(h, 0, sizeof *h);
+    h->n = st_slot_n_tokens(s);
+    h->n_pos = st_slot_n_checkpoints(s);
+    h->toks = malloc((h->n ? h->n : 1) * sizeof *h->toks);
+    h->pos = malloc((h->n_pos ? h->n_pos : 1) * sizeof *h->pos);
+    if (!h->toks || !h->pos) {
+        hcopy_free(h);
+        return -1;
+    }
+    memcpy(h->toks, st_slot_tokens(s), h->n * sizeof *h->toks);
+    for (uint32_t i = 0; i < h->n_pos; i++)
+        h->pos[i] = st_slot_checkpoint_pos(s, i);
+    return 0;
+}
+
+static void pentry_free(st_conv *cv, pentry *p)
+{
+    if (p->held.toks)
+        cv->disk_toks -= p->held.n;
+    st_image_free(p->img);
+    hcopy_free(&p->held);
+    free(p);
+}
+
+/* ---- the store index (invariant 8) ---------------------------------------------------------- */
+
+static void sidx_drop_locked(st_conv *cv, sidx_entry *e)
+{
+    cv->sidx_tokens -= e->held.n;
+    hcopy_free(&e->held);
+    memset(e, 0, sizeof *e);
+}
+
+/* Record h (taken: freed here when not kept) as the head of stored session id. */
+static void sidx_put(st_conv *cv, const char *id, hcopy *h)
+{
+    if (!h->toks || h->n == 0 || h->n > SIDX_TOKENS ||
+        !strncmp(id, ST_API_PARK_PREFIX, strlen(ST_API_PARK_PREFIX))) {
+        hcopy_free(h);
+        return;
+    }
+    pthread_mutex_lock(&cv->mu);
+    for (int i = 0; i < SIDX_MAX; i++)
+        if (cv->sidx[i].held.n && !strcmp(cv->sidx[i].id, id))
+            sidx_drop_locked(cv, &cv->sidx[i]);
+    sidx_entry *slot = NULL;
+    for (;;) { /* room: a free entry and the tokens' bound, dropping the least recently used */
+        sidx_entry *lru = NULL;
+        slot = NULL;
+        for (int i = 0; i < SIDX_MAX; i++) {
+            if (!cv->sidx[i].held.n)
+                slot = slot ? slot : &cv->sidx[i];
+            else if (!lru || cv->sidx[i].tick < lru->tick)
+                lru = &cv->sidx[i];
+        }
+        if (slot && cv->sidx_tokens + h->n <= SIDX_TOKENS)
+            break;
+        sidx_drop_locked(cv, lru);
+    }
+    snprintf(slot->id, sizeof slot->id, "%s", id);
+    slot->held = *h;
+    slot->tick = ++cv->tick;
+    cv->sidx_tokens += h->n;
+    pthread_mutex_unlock(&cv->mu);
+    memset(h, 0, sizeof *h);
+}
+
+static void sidx_put_slot(st_conv *cv, const char *id, const st_slot *s)
+{
+    hcopy h;
+    if (!hcopy_slot(s, &h))
+        sidx_put(cv, id, &h);
+}
+
+static void sidx_put_image(st_conv *cv, const char *id, const st_image *img)
+{
+    hcopy h;
+    if (!hcopy_image(img, &h))
+        sidx_put(cv, id, &h);
+}
+
+static void sidx_forget(st_conv *cv, const char *id)
+{
+    pthread_mutex_lock(&cv->mu);
+    for (int i = 0; i < SIDX_MAX; i++)
+        if (cv->sidx[i].held.n && !strcmp(cv->sidx[i].id, id))
+            sidx_drop_locked(cv, &cv->sidx[i]);
+    pthread_mutex_unlock(&cv->mu);
 }
 
 /* ---- waiting for a busy session (invariant 6; under mu) ---------------------------------------- */
@@ -374,6 +529,12 @@ static void spill_excess(st_conv *cv)
         pthread_mutex_unlock(&cv->mu);
 
         int rc = put_park(cv, id, img, NULL);
+        /* the prefix search's copy of an anonymous one's tokens (invariant 8): the image goes */
+        uint64_t nt = st_image_n_tokens(img);
+        hcopy held = {0};
+        if (!rc && nt && !strncmp(id, ST_CONV_ANON_PREFIX, strlen(ST_CONV_ANON_PREFIX)) &&
+            (atomic_fetch_add(&cv->disk_toks, nt) + nt > DISK_TOKENS || hcopy_image(img, &held)))
+            atomic_fetch_sub(&cv->disk_toks, nt);
 
         pthread_mutex_lock(&cv->mu);
         p->busy = 0;
@@ -386,6 +547,7 @@ static void spill_excess(st_conv *cv)
         }
         cv->ram_bytes -= p->bytes;
         p->img = NULL;
+        p->held = held;
         cv->m->park_spills++;
         gauges_locked(cv);
         pthread_mutex_unlock(&cv->mu);
@@ -559,8 +721,7 @@ static int acquire(st_conv *cv, const char *id, int mode, int *out_j, pentry **p
             goto fail;
         if (!p->img)
             drop_park_store(cv, p->id);
-        st_image_free(p->img);
-        free(p);
+        pentry_free(cv, p);
         p = NULL;
     } else {
         st_version_info vi;
@@ -581,6 +742,7 @@ static int acquire(st_conv *cv, const char *id, int mode, int *out_j, pentry **p
                 cv->m->restores++;
                 cv->m->restore_bytes += vi.logical_bytes;
                 *source = "store";
+                sidx_put_slot(cv, id, cs->slot);
             } else if (rc == ST_ENOTFOUND) {
                 /* the session was deleted between the look-up and the read (a DELETE of a
                  * session that was not live): the conversation starts anew, as if it had
@@ -639,8 +801,7 @@ static void park_drop(st_conv *cv, pentry *p)
         return;
     if (!p->img)
         drop_park_store(cv, p->id);
-    st_image_free(p->img);
-    free(p);
+    pentry_free(cv, p);
 }
 
 /* ---- text ---------------------------------------------------------------------------------- */
@@ -710,27 +871,190 @@ static void random_id(char *dst)
     st_api_random_hex(dst + 2, 17); /* 16 hex digits */
 }
 
-/* Under mu: the anonymous conversation of the OpenAI routes (an id the server made for a request
- * without a session, ST_CONV_ANON_PREFIX) in an idle slot that shares the longest prefix with
- * toks[0..n), at least half of what it holds (llama.cpp's slot similarity 0.5), copied into id.
- * Native conversations ("c-") are never taken: their clients append to what they hold. */
-static void anon_best_locked(st_conv *cv, const uint32_t *toks, uint64_t n, char *id)
+/* How many of toks[0..n) begin held[0..nh). */
+static uint64_t shared_len(const uint32_t *held, uint64_t nh, const uint32_t *toks, uint64_t n)
+{
+    uint64_t k = 0;
+    while (k < nh && k < n && held[k] == toks[k])
+        k++;
+    return k;
+}
+
+/* Whether a conversation of nh tokens that a prompt shares k tokens with, and whose deepest
+ * checkpoint at or before k is at ck, beats *best: what a restore of it could reuse (k when the
+ * prompt extends it or the model cuts anywhere, else ck: st_slot_eval) is more, and at least half
+ * of what it holds (llama.cpp's slot similarity 0.5). */
+static int better(const st_conv *cv, uint64_t k, uint64_t nh, uint64_t ck, uint64_t *best)
+{
+    uint64_t u = k == nh || cv->kv_only ? k : ck;
+    if (u > *best && 2 * u >= nh) {
+        *best = u;
+        return 1;
+    }
+    return 0;
+}
+
+/* The deepest of pos[0..np) (increasing) at or before k, else 0. */
+static uint64_t deepest_at(const uint64_t *pos, uint32_t np, uint64_t k)
+{
+    uint64_t d = 0;
+    for (uint32_t i = 0; i < np && pos[i] <= k; i++)
+        d = pos[i];
+    return d;
+}
+
+/* Under mu (invariant 8): the conversation held that shares the longest usable prefix with
+ * toks[0..n) (at least half of what it holds): an anonymous conversation of the OpenAI routes (an
+ * id the server made for a request without a session, ST_CONV_ANON_PREFIX) in an idle slot or in
+ * the park pool, whose id is copied into id (the request continues it); or a store head of any
+ * session in the store index, whose id is copied into seed (the request's new conversation
+ * begins as a copy of it; the stored session is not changed). Native conversations ("c-") and
+ * named sessions are never continued: their clients append to what they hold. Ties go to the
+ * cheaper place: slot, then pool, then store. */
+static void anon_best_locked(st_conv *cv, const uint32_t *toks, uint64_t n, char *id, char *seed)
 {
     uint64_t best = 0;
     size_t pl = strlen(ST_CONV_ANON_PREFIX);
+    seed[0] = '\0';
     for (uint32_t i = 0; i < cv->n_slots; i++) {
         cslot *cs = &cv->slots[i];
         if (!cs->bound || cs->busy || cs->victim[0] || strncmp(cs->id, ST_CONV_ANON_PREFIX, pl))
             continue;
-        const uint32_t *held = st_slot_tokens(cs->slot);
-        uint64_t nh = st_slot_n_tokens(cs->slot), k = 0;
-        while (k < nh && k < n && held[k] == toks[k])
-            k++;
-        if (k > best && 2 * k >= nh) {
-            best = k;
+        uint64_t nh = st_slot_n_tokens(cs->slot), k = shared_len(st_slot_tokens(cs->slot), nh, toks, n);
+        uint64_t ck = 0;
+        for (uint32_t c = 0; c < st_slot_n_checkpoints(cs->slot); c++)
+            if (st_slot_checkpoint_pos(cs->slot, c) <= k)
+                ck = st_slot_checkpoint_pos(cs->slot, c);
+        if (better(cv, k, nh, ck, &best))
             memcpy(id, cs->id, ST_API_ID_MAX + 1);
+    }
+    unsigned seen = 0;
+    for (pentry *p = cv->tail; p && seen < POOL_SEARCH_MAX; p = p->prev, seen++) {
+        if (p->busy || (!p->img && !p->held.toks) || strncmp(p->id, ST_CONV_ANON_PREFIX, pl))
+            continue;
+        uint64_t nh, k, ck = 0;
+        if (p->img) {
+            nh = st_image_n_tokens(p->img);
+            k = shared_len(st_image_tokens(p->img), nh, toks, n);
+            for (uint32_t c = 0; c < st_image_n_checkpoints(p->img); c++) {
+                uint64_t pos;
+                uint32_t codec;
+                if (!st_image_checkpoint_info(p->img, c, &pos, &codec) && pos <= k)
+                    ck = pos;
+            }
+        } else {
+            nh = p->held.n;
+            k = shared_len(p->held.toks, nh, toks, n);
+            ck = deepest_at(p->held.pos, p->held.n_pos, k);
+        }
+        if (better(cv, k, nh, ck, &best))
+            memcpy(id, p->id, ST_API_ID_MAX + 1);
+    }
+    sidx_entry *from = NULL;
+    for (int i = 0; i < SIDX_MAX; i++) {
+        hcopy *h = &cv->sidx[i].held;
+        if (!h->n)
+            continue;
+        uint64_t k = shared_len(h->toks, h->n, toks, n);
+        if (better(cv, k, h->n, deepest_at(h->pos, h->n_pos, k), &best))
+            from = &cv->sidx[i];
+    }
+    if (from) {
+        memcpy(seed, from->id, ST_API_ID_MAX + 1);
+        from->tick = ++cv->tick;
+    }
+}
+
+/* Slot j, empty and bound to a new conversation, becomes a copy of the head of stored session
+ * seed (the prefix search's choice). 0, or the error (the slot is left empty: the request goes
+ * on as a new conversation). */
+static int seed_from_store(st_conv *cv, int j, const char *seed)
+{
+    st_slot *s = cv->slots[j].slot;
+    int rc = st_api_session_damaged(cv->srv, seed);
+    st_version_info vi;
+    if (!rc)
+        rc = st_store_version_info(cv->store, seed, 0, &vi);
+    if (!rc)
+        rc = st_memguard_admit(cv->guard, "restoring a stored prefix", vi.logical_bytes);
+    st_image *img = NULL;
+    if (!rc && !(rc = st_store_get(cv->store, seed, 0, &img)))
+        rc = st_slot_restore(s, img);
+    st_image_free(img);
+    if (rc) {
+        if (rc == ST_ENOTFOUND)
+            sidx_forget(cv, seed);
+        st_slot_reset(s);
+        return rc;
+    }
+    cv->m->conv_hits_store++;
+    cv->m->restores++;
+    cv->m->restore_bytes += vi.logical_bytes;
+    return 0;
+}
+
+/* The OpenAI routes resend the whole history, so a previous answer comes back as text, which the
+ * tokenizer may split otherwise than the tokens generated (the tokenizer's merges are greedy; a
+ * sampled sequence need not be its choice). From where whole[0..n) and held[0..nh) first differ,
+ * while both spell the same bytes (the tokens' pieces, special tokens as their text), the held
+ * tokens are used: *out (malloc'd) is held[0..m) + whole[m2..n) for the furthest m, m2 where the
+ * two meet on a token boundary with equal bytes before it; *n_out its length, *spliced m minus
+ * the first difference. *out NULL: nothing to splice (or no memory: the whole is read as it is). */
+static void splice_held(const st_vocab *v, const uint32_t *held, uint64_t nh, const uint32_t *whole,
+                        uint64_t n, uint32_t **out, uint64_t *n_out, uint64_t *spliced)
+{
+    *out = NULL;
+    *spliced = 0;
+    uint64_t k = 0;
+    while (k < nh && k < n && held[k] == whole[k])
+        k++;
+    if (!v || k == nh || k == n)
+        return;
+    /* pend: the bytes one side has spelt beyond the other (side 1: held, 2: whole) */
+    unsigned char pend[1024], piece[256];
+    size_t np = 0;
+    int side = 0;
+    uint64_t i = k, j = k, bi = k, bj = k;
+    for (;;) {
+        if (np == 0 && i > bi) {
+            bi = i;
+            bj = j;
+        }
+        int from_held = np == 0 || side == 2;
+        if (from_held ? i == nh : j == n)
+            break;
+        size_t len = 0;
+        if (st_vocab_token_piece(v, from_held ? held[i] : whole[j], 1, (char *)piece, sizeof piece,
+                                 &len) || len > sizeof piece)
+            break;
+        if (from_held)
+            i++;
+        else
+            j++;
+        if (np == 0) {
+            memcpy(pend, piece, len);
+            np = len;
+            side = from_held ? 1 : 2;
+            continue;
+        }
+        size_t m = len < np ? len : np;
+        if (memcmp(pend, piece, m))
+            break;
+        if (len <= np) {
+            memmove(pend, pend + len, np - len);
+            np -= len;
+        } else {
+            memcpy(pend, piece + np, len - np);
+            np = len - np;
+            side = from_held ? 1 : 2;
         }
     }
+    if (bi == k || !(*out = malloc((bi + n - bj) * sizeof **out)))
+        return;
+    memcpy(*out, held, bi * sizeof **out);
+    memcpy(*out + bi, whole + bj, (n - bj) * sizeof **out);
+    *n_out = bi + n - bj;
+    *spliced = bi - k;
 }
 
 int st_conv_generate(st_api_call *c, st_conv_gen *g)
@@ -741,6 +1065,9 @@ int st_conv_generate(st_api_call *c, st_conv_gen *g)
     g->stop = "length";
     g->n_gen = g->resumed = g->computed = 0;
     g->prompt_ms = g->decode_ms = 0.0;
+    g->search_ms = 0.0;
+    g->spliced = 0;
+    char seed[ST_API_ID_MAX + 1] = "";
     if (g->session) {
         snprintf(g->id, sizeof g->id, "%s", g->session);
     } else {
@@ -749,9 +1076,11 @@ int st_conv_generate(st_api_call *c, st_conv_gen *g)
             char r[ST_API_ID_MAX + 1];
             snprintf(r, sizeof r, "%s%s", ST_CONV_ANON_PREFIX, g->id + 2); /* "c-" */
             memcpy(g->id, r, sizeof r);
+            double ts = st_api_now_ms();
             pthread_mutex_lock(&cv->mu);
-            anon_best_locked(cv, g->whole, g->n_whole, g->id);
+            anon_best_locked(cv, g->whole, g->n_whole, g->id, seed);
             pthread_mutex_unlock(&cv->mu);
+            g->search_ms = st_api_now_ms() - ts;
         }
     }
     if (st_api_call_cancelled(c)) { /* gone while queued for a worker: nothing runs */
@@ -771,6 +1100,13 @@ int st_conv_generate(st_api_call *c, st_conv_gen *g)
         return -1;
     }
     st_slot *s = cv->slots[j].slot;
+    if (seed[0] && !strcmp(g->found, "new")) {
+        if (!seed_from_store(cv, j, seed))
+            g->found = "store";
+        else
+            fprintf(stderr, "strata-server: the stored prefix of %s was not used: %s\n", seed,
+                    st_errdetail());
+    }
     uint64_t held = st_slot_n_tokens(s), n = 0, system_end = 0;
     uint32_t *own = NULL;
     const uint32_t *toks = g->whole;
@@ -778,6 +1114,9 @@ int st_conv_generate(st_api_call *c, st_conv_gen *g)
     g->n_held = held;
     if (toks) {
         n = g->n_whole;
+        splice_held(vocab, st_slot_tokens(s), held, toks, n, &own, &n, &g->spliced);
+        if (own)
+            toks = own;
     } else {
         if (g->build(g->arg, st_slot_tokens(s), held, &own, &n, &system_end))
             goto done;
@@ -1213,6 +1552,7 @@ void st_conv_save(st_api_call *c)
     uint64_t version = 0;
     if ((rc = st_store_put(cv->store, c->id, put_img, expected, &po, &version)))
         goto done;
+    sidx_put_image(cv, c->id, put_img);
     double t2 = st_api_now_ms();
     cv->m->saves++;
     cv->m->save_logical_bytes += ps.logical_bytes;
@@ -1513,6 +1853,7 @@ void st_conv_list_live(st_conv *cv, json_t *arr)
 
 int st_conv_forget_begin(st_conv *cv, const char *id, st_conv_hold *h)
 {
+    sidx_forget(cv, id); /* its stored head goes (a hint only: dropped even if the DELETE fails) */
     h->slot = -1;
     h->entry = NULL;
     h->id = NULL;
@@ -1835,6 +2176,13 @@ int st_conv_new(st_api_server *srv, st_conv **out)
     for (uint32_t i = 0; i < cv->n_slots; i++)
         if ((rc = st_slot_new(cv->engine, &cv->slots[i].slot)))
             goto fail;
+    /* K/V only (llama, qwen3): the position is the one running tensor (st_slot.c's kv_only_pos) */
+    const st_geometry *geo = st_slot_geometry(cv->slots[0].slot);
+    cv->kv_only = 1;
+    for (uint32_t ti = 0; ti < geo->n_tensors; ti++)
+        if (geo->tensors[ti].role == ST_ROLE_RUNNING &&
+            (geo->tensors[ti].dtype != ST_DTYPE_I64 || strcmp(geo->tensors[ti].name, "pos")))
+            cv->kv_only = 0;
     if ((rc = load_spilled(cv)))
         goto fail;
     cv->m->slots_total = cv->n_slots;
@@ -1854,9 +2202,10 @@ void st_conv_free(st_conv *cv)
     while (cv->head) {
         pentry *p = cv->head;
         park_remove_locked(cv, p);
-        st_image_free(p->img);
-        free(p);
+        pentry_free(cv, p);
     }
+    for (int i = 0; i < SIDX_MAX; i++)
+        hcopy_free(&cv->sidx[i].held);
     if (cv->slots)
         for (uint32_t i = 0; i < cv->n_slots; i++)
             st_slot_free(cv->slots[i].slot);

@@ -114,6 +114,7 @@ struct st_http_req {
     struct evbuffer *body;
     struct evbuffer *out_hdr;
     void *user;
+    st_http_error_fn error_fn; /* the body of st_http_reply_error's replies (NULL: the layer's) */
 };
 
 struct st_http_conn {
@@ -238,7 +239,7 @@ static size_t utf8_seq(const unsigned char *p, size_t n)
 
 /* s with every byte that is not part of well-formed UTF-8 written as the four characters \xNN:
  * JSON can carry it, and the message still shows what was sent. NULL when out of memory. */
-static char *utf8_escape(const char *s)
+char *st_http_utf8_escape(const char *s)
 {
     const unsigned char *p = (const unsigned char *)s;
     size_t n = strlen(s), o = 0;
@@ -262,7 +263,7 @@ static char *utf8_escape(const char *s)
 
 char *st_http_error_body(const char *code, const char *message, size_t *len)
 {
-    char *m = utf8_escape(message ? message : "");
+    char *m = st_http_utf8_escape(message ? message : "");
     json_t *o = m ? json_pack("{s:{s:s,s:s}}", "error", "code", code ? code : "error", "message", m)
                   : NULL;
     char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
@@ -329,6 +330,7 @@ const char *st_http_req_peer(const st_http_req *r) { return r->conn->peer; }
 void st_http_req_set_user(st_http_req *r, void *user) { r->user = user; }
 void *st_http_req_user(const st_http_req *r) { return r->user; }
 void st_http_req_set_bulk(st_http_req *r) { r->bulk = 1; }
+void st_http_req_set_error_fn(st_http_req *r, st_http_error_fn fn) { r->error_fn = fn; }
 
 const char *st_http_req_header(const st_http_req *r, const char *name)
 {
@@ -788,7 +790,7 @@ void st_http_reply_error(st_http_req *r, int status, const char *code, const cha
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     size_t len = 0;
-    char *s = st_http_error_body(code, msg, &len);
+    char *s = r->error_fn ? r->error_fn(status, code, msg, &len) : st_http_error_body(code, msg, &len);
     if (!s) {
         st_http_reply_buf(r, status, "application/json", "{}", 2);
         return;

@@ -1,7 +1,7 @@
 /*
  * st_openai.c - the OpenAI-compatible routes: POST /v1/chat/completions, POST /v1/completions in
  * OpenAI's shape (a body with "model" or "max_tokens"; the native shape goes on to st_conv.c),
- * GET /v1/models; Server-Sent Events when "stream" is true. docs/API.md, "OpenAI-compatible API".
+ * GET /v1/models and /v1/models/{model}; Server-Sent Events when "stream" is true. docs/API.md, "OpenAI-compatible API".
  *
  * The conversation manager is used only through st_conv_generate and the few st_conv_* getters
  * (st_api_int.h): the prompt handed over is always the whole conversation (a chat rendered by the
@@ -657,9 +657,10 @@ static void oa_run(st_api_call *c, oa_req *q)
                               "completion_tokens", (json_int_t)g.n_gen, "total_tokens",
                               (json_int_t)(g.n_prompt + g.n_gen), "prompt_tokens_details",
                               "cached_tokens", (json_int_t)g.resumed);
-    json_t *timings = json_pack("{s:s,s:f,s:I,s:I,s:f,s:f}", "found", g.found, "prompt_ms",
+    json_t *timings = json_pack("{s:s,s:f,s:I,s:I,s:I,s:f,s:f,s:f}", "found", g.found, "prompt_ms",
                                 st_api_ms(g.prompt_ms), "resumed_tokens", (json_int_t)g.resumed,
-                                "computed_tokens", (json_int_t)g.computed, "decode_ms",
+                                "computed_tokens", (json_int_t)g.computed, "spliced_tokens",
+                                (json_int_t)g.spliced, "search_ms", st_api_ms(g.search_ms), "decode_ms",
                                 st_api_ms(g.decode_ms), "tokens_per_s",
                                 st_api_ms(g.decode_ms > 0 ? (double)g.n_gen * 1000.0 / g.decode_ms : 0.0));
     snprintf(c->session_hdr, sizeof c->session_hdr, "%s", g.id);
@@ -719,6 +720,7 @@ void st_openai_chat(st_api_call *c)
 void st_openai_completions(st_api_call *c)
 {
     if (!c->body || (!json_object_get(c->body, "model") && !json_object_get(c->body, "max_tokens"))) {
+        c->openai = 0;
         st_conv_completion(c); /* the native shape, with its strict rules */
         return;
     }
@@ -729,17 +731,40 @@ void st_openai_completions(st_api_call *c)
     oa_run(c, &q);
 }
 
-void st_openai_models(st_api_call *c)
+/* The model object of the model served. */
+static json_t *model_object(st_api_call *c)
 {
     st_conv *cv = st_api_conv(c->srv);
-    c->openai = 1;
     struct stat st;
     long long created = stat(st_api_cfg(c->srv)->model_path, &st) ? 0 : (long long)st.st_mtime;
-    c->reply = json_pack("{s:s,s:[{s:s,s:s,s:I,s:s,s:{s:I,s:I}}]}", "object", "list", "data", "id",
-                         st_conv_model_name(cv), "object", "model", "created", (json_int_t)created,
-                         "owned_by", "strata", "meta", "n_ctx", (json_int_t)st_conv_n_ctx(cv),
-                         "n_vocab", (json_int_t)st_conv_n_vocab(cv));
+    return json_pack("{s:s,s:s,s:I,s:s,s:{s:I,s:I}}", "id", st_conv_model_name(cv), "object", "model",
+                     "created", (json_int_t)created, "owned_by", "strata", "meta", "n_ctx",
+                     (json_int_t)st_conv_n_ctx(cv), "n_vocab", (json_int_t)st_conv_n_vocab(cv));
+}
+
+void st_openai_models(st_api_call *c)
+{
+    c->openai = 1;
+    json_t *m = model_object(c);
+    c->reply = m ? json_pack("{s:s,s:[o]}", "object", "list", "data", m) : NULL;
     if (!c->reply) {
+        oa_error(c, 500, "internal", NULL, "no memory");
+        return;
+    }
+    c->status = 200;
+}
+
+void st_openai_model_get(st_api_call *c)
+{
+    c->openai = 1;
+    if (strcmp(c->model_id, st_conv_model_name(st_api_conv(c->srv)))) {
+        char msg[800];
+        snprintf(msg, sizeof msg, "The model '%s' does not exist (this server serves '%s')",
+                 c->model_id, st_conv_model_name(st_api_conv(c->srv)));
+        oa_error(c, 404, "model_not_found", "model", msg);
+        return;
+    }
+    if (!(c->reply = model_object(c))) {
         oa_error(c, 500, "internal", NULL, "no memory");
         return;
     }

@@ -365,17 +365,49 @@ int st_api_call_stream(st_api_call *c, const void *data, size_t len)
     return 0;
 }
 
-/* An error in OpenAI's shape: {"error":{"message","type","param","code"}}. */
-static void reply_openai_error(st_api_call *c, int status)
+/* An error body in OpenAI's shape, {"error":{"message","type","param","code"}} (param NULL or ""
+ * : null), malloc'd with a newline at the end; the type follows the status. NULL: no memory. */
+static char *openai_error_body(int status, const char *code, const char *param, const char *msg,
+                               size_t *len)
 {
     const char *type = status == 401 ? "authentication_error"
                        : status == 404 ? "not_found_error"
                        : status < 500 ? "invalid_request_error" : "server_error";
-    json_t *o = json_pack("{s:{s:s,s:s,s:o,s:s}}", "error", "message",
-                          c->err_msg ? c->err_msg : "no reply", "type", type, "param",
-                          c->err_param[0] ? json_string(c->err_param) : json_null(), "code",
-                          c->err_code[0] ? c->err_code : "internal");
-    st_http_reply_json(c->req, status, o);
+    char *m = st_http_utf8_escape(msg ? msg : "");
+    json_t *o = m ? json_pack("{s:{s:s,s:s,s:o,s:s}}", "error", "message", m, "type", type, "param",
+                              param && param[0] ? json_string(param) : json_null(), "code",
+                              code && code[0] ? code : "internal")
+                  : NULL;
+    char *t = o ? json_dumps(o, ST_API_JSON_FLAGS) : NULL;
+    json_decref(o);
+    free(m);
+    char *r = t ? realloc(t, strlen(t) + 2) : NULL;
+    if (!r) {
+        free(t);
+        return NULL;
+    }
+    *len = strlen(r);
+    r[(*len)++] = '\n';
+    return r;
+}
+
+/* st_http_error_fn of the requests on the OpenAI routes: refusals before the handler (401, 404,
+ * 405, 413, 503, ...) in the same shape as the handler's errors. */
+static char *openai_error_fn(int status, const char *code, const char *msg, size_t *len)
+{
+    return openai_error_body(status, code, NULL, msg, len);
+}
+
+static void reply_openai_error(st_api_call *c, int status)
+{
+    size_t len = 0;
+    char *b = openai_error_body(status, c->err_code, c->err_param, c->err_msg ? c->err_msg : "no reply",
+                                &len);
+    if (b)
+        st_http_reply_buf(c->req, status, "application/json", b, len);
+    else
+        st_http_reply_buf(c->req, status, "application/json", "{}", 2);
+    free(b);
 }
 
 /* Send what the handler left in c. c stays with the request (freed with it). */
@@ -390,6 +422,8 @@ static void call_reply(st_api_call *c)
     }
     if (c->session_hdr[0] && !c->no_reply)
         st_http_header_add(r, "X-Strata-Session", c->session_hdr);
+    if (!c->openai) /* POST /v1/completions with a body in the native shape */
+        st_http_req_set_error_fn(r, NULL);
     if (c->no_reply) {
         st_http_reply_none(r, c->status);
     } else if (c->text) {
@@ -723,6 +757,12 @@ static int route_match(const char *pattern, const path_segs *ps, st_api_call *c,
                         return -1;
                     }
                     memcpy(c->id, s, sl + 1);
+                } else if (!strncmp(p, "{model}", 7)) {
+                    if (sl >= sizeof c->model_id) {
+                        *why = "invalid_param";
+                        return -1;
+                    }
+                    memcpy(c->model_id, s, sl + 1);
                 } else if (param == 0) {
                     if (sl >= sizeof c->arg2) {
                         *why = "invalid_param";
@@ -770,6 +810,26 @@ static int auth_ok(st_api_server *s, st_http_req *r)
 
 /* ---- the HTTP callbacks ------------------------------------------------------------------- */
 
+/* Whether path lies under one of OpenAI's API resources (/v1/chat/..., /v1/models/..., and those
+ * this server does not have: /v1/embeddings, ...): its refusals are in OpenAI's error shape, so
+ * that an OpenAI client reads them. /v1/uploads is the native upload route's. */
+static int openai_path(const char *path)
+{
+    static const char *const res[] = {
+        "chat", "completions", "models", "embeddings", "responses", "audio", "images", "files",
+        "moderations", "fine_tuning", "fine-tunes", "batches", "assistants", "threads",
+        "vector_stores", "realtime", "evals", "containers", "conversations", "organization",
+        "engines", "edits", NULL};
+    if (strncmp(path, "/v1/", 4))
+        return 0;
+    const char *p = path + 4, *e = strchr(p, '/');
+    size_t n = e ? (size_t)(e - p) : strlen(p);
+    for (const char *const *r = res; *r; r++)
+        if (strlen(*r) == n && !memcmp(*r, p, n))
+            return 1;
+    return 0;
+}
+
 static int on_head(st_http_req *r, uint64_t *body_max, void *arg)
 {
     st_api_server *s = arg;
@@ -777,6 +837,8 @@ static int on_head(st_http_req *r, uint64_t *body_max, void *arg)
     const st_route *rt = routes_table(&nr);
     path_segs *ps = malloc(sizeof *ps);
     st_api_call *c = calloc(1, sizeof *c);
+    if (openai_path(st_http_req_path(r)))
+        st_http_req_set_error_fn(r, openai_error_fn);
     if (!ps || !c) {
         free(ps);
         free(c);
@@ -874,8 +936,10 @@ static void parsed_run(st_api_call *c)
     size_t nr = 0;
     const st_route *rt = routes_table(&nr);
 #ifdef ST_API_HAVE_ENGINE
-    /* the OpenAI routes answer in OpenAI's error shape from the body's parse on */
-    c->openai = rt[c->route].fn == st_openai_chat || rt[c->route].fn == st_openai_models;
+    /* the OpenAI routes answer in OpenAI's error shape from the body's parse on (POST
+     * /v1/completions too: until its body says which shape it has, st_openai_completions) */
+    c->openai = rt[c->route].fn == st_openai_chat || rt[c->route].fn == st_openai_models ||
+                rt[c->route].fn == st_openai_model_get || rt[c->route].fn == st_openai_completions;
 #endif
     if (rt[c->route].body == BODY_JSON || rt[c->route].body == BODY_COMPLETION) {
         if (call_parse_body(c))
@@ -1769,6 +1833,7 @@ static st_route route_table[] = {
     {ST_HTTP_POST, "/v1/completions", BODY_COMPLETION, 0, 1, 0, ENGINE_FN(st_openai_completions), 0},
     {ST_HTTP_POST, "/v1/chat/completions", BODY_COMPLETION, 0, 1, 0, ENGINE_FN(st_openai_chat), 0},
     {ST_HTTP_GET, "/v1/models", BODY_NONE, 0, 1, 0, ENGINE_FN(st_openai_models), 0},
+    {ST_HTTP_GET, "/v1/models/{model}", BODY_NONE, 0, 1, 0, ENGINE_FN(st_openai_model_get), 0},
     {ST_HTTP_GET, "/v1/sessions", BODY_NONE, 0, 0, 0, h_sessions_list, 0},
     {ST_HTTP_GET, "/v1/sessions/{id}", BODY_NONE, 0, 0, 0, h_session_get, 0},
     {ST_HTTP_DELETE, "/v1/sessions/{id}", BODY_NONE, 0, 0, 0, h_session_delete, 0},

@@ -76,7 +76,8 @@ static void *run_main(void *p)
     return NULL;
 }
 
-static void expect(uint16_t port, const char *raw, int status)
+/* The reply's status, and an error body that begins with body_start. */
+static void expect_body(uint16_t port, const char *raw, int status, const char *body_start)
 {
     st_hc_resp r;
     assert_int_equal(st_hc_raw(port, raw, strlen(raw), &r), 0);
@@ -84,8 +85,13 @@ static void expect(uint16_t port, const char *raw, int status)
         fprintf(stderr, "%.60s: %d, expected %d\n", raw, r.status, status);
     assert_int_equal(r.status, status);
     if (status >= 400)
-        assert_non_null(strstr((char *)r.body, "{\"error\":{\"code\":"));
+        assert_non_null(strstr((char *)r.body, body_start));
     st_hc_resp_free(&r);
+}
+
+static void expect(uint16_t port, const char *raw, int status)
+{
+    expect_body(port, raw, status, "{\"error\":{\"code\":");
 }
 
 static void test_server_in_process(void **state)
@@ -141,8 +147,10 @@ static void test_server_in_process(void **state)
     expect(port, req, 431);
     expect(port, "GET /healthz HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n", 411);
     expect(port, "GET /healthz HTTP/1.1\r", 408); /* the head never ends */
+    /* an OpenAI route's refusal on the head is in OpenAI's shape */
     snprintf(req, sizeof req, "POST /v1/completions HTTP/1.1\r\nHost: x\r\n%sContent-Length: 2\r\n\r\n{}", A);
-    expect(port, req, 501);
+    expect_body(port, req, 501, "{\"error\":{\"message\":\"this ");
+    expect_body(port, req, 501, "\"type\":\"server_error\",\"param\":null,\"code\":\"no_engine\"}}");
 
     /* an upload round trip on workers */
     st_hc_resp r;

@@ -321,6 +321,101 @@ control("a fresh server's answer vs the first turn's", a2f.choices[0].message.co
   a1.choices[0].message.content);
 await stopped(fresh, "SIGTERM");
 
+// ---- the prefix search over slot, park pool and store; with a session, each place used ----
+const parkIt = (port, id) => post(port, `/v1/sessions/${id}/park`, "{}");
+const next = (prev, q, a) => [...prev, { role: "assistant", content: a.choices[0].message.content },
+  { role: "user", content: q }];
+const srvD = await startServer("store-d", ["--conversation-cache-mib", "0"]); // parks go to disk
+const oaD = client(srvD.port);
+// without a session: an anonymous conversation parked in RAM, or on disk, is continued from there
+for (const [where, port, c] of [["ram", srv.port, oa], ["disk", srvD.port, oaD]]) {
+  const m1 = [sys, { role: "user", content: `Name three animals (${where}).` }];
+  const p1 = await c.chat.completions.create({ ...base, messages: m1 });
+  const pk = await parkIt(port, p1.session);
+  const p2 = await c.chat.completions.create({ ...base, messages: next(m1, "And three more?", p1) });
+  check(`no session: the anonymous conversation parked (${where}) is continued from the pool`,
+    pk.json.where === where && p2.session === p1.session && p2.timings.found === where &&
+    p2.timings.resumed_tokens >= p1.usage.prompt_tokens,
+    JSON.stringify({ pk: pk.json, s: [p1.session, p2.session], t: p2.timings }));
+  // with a session: the same from the pool
+  const n1 = await c.chat.completions.create({ ...base, session: `named-${where}`, messages: m1 });
+  await parkIt(port, `named-${where}`);
+  const n2 = await c.chat.completions.create({ ...base, session: `named-${where}`,
+    messages: next(m1, "And three more?", n1) });
+  check(`session: a conversation parked (${where}) resumes from the pool`, n2.timings.found === where &&
+    n2.timings.resumed_tokens >= n1.usage.prompt_tokens, JSON.stringify(n2.timings));
+}
+// without a session: a stored head (a named session SAVEd here) is copied into a new conversation;
+// the stored session is left as it was
+const k1m = [sys, { role: "user", content: "Name three fruits." }];
+const k1 = await oa.chat.completions.create({ ...base, session: "kb", messages: k1m });
+const ksv = await post(srv.port, "/v1/sessions/kb/save", "{}");
+const k2 = await oa.chat.completions.create({ ...base, messages: next(k1m, "Which is sweetest?", k1) });
+const kHeld = (await post(srv.port, "/v1/completions",
+  JSON.stringify({ session: "kb", prompt: "", n_predict: 0 }))).json;
+const kVers = await (await fetch(`http://127.0.0.1:${srv.port}/v1/sessions/kb/versions`)).json();
+check("no session: a stored head shares the prompt: copied into a new conversation",
+  ksv.status === 201 && k2.timings.found === "store" && k2.session.startsWith("oa-") &&
+  k2.timings.resumed_tokens >= k1.usage.prompt_tokens, JSON.stringify({ s: k2.session, t: k2.timings }));
+check("no session: the stored session it came from is unchanged", kHeld.n_tokens ===
+  k1.usage.prompt_tokens + 12 && kVers.versions.length === 1, JSON.stringify({ kHeld, kVers }));
+// qwen35 is a hybrid: a stored head that shares most of the prompt but has no checkpoint at or
+// before the divergence could resume nothing, so it is not restored
+const kdm = (w) => [sys, { role: "user", content: `Tell me about the weather today in some detail, ` +
+  `please, with the numbers and the reasons for it, and what to wear: ${w}` }];
+const kd1 = await oa.chat.completions.create({ ...base, session: "kd", messages: kdm("A") });
+await post(srv.port, "/v1/sessions/kd/save", "{}");
+const tokOf = async (m) => execFileSync(path.join(toolsDir, "strata"), ["tokenize", "-m", model,
+  "--parse-special", (await post(srv.port, "/apply-template", JSON.stringify({ messages: m }))).json.prompt])
+  .toString().trim().split(/\s+/).map(Number);
+const [kdA, kdB] = [await tokOf(kdm("A")), await tokOf(kdm("B"))];
+let kdK = 0;
+while (kdA[kdK] === kdB[kdK]) kdK++;
+const kd2 = await oa.chat.completions.create({ ...base, messages: kdm("B") });
+check("no session, a hybrid: a stored head without a checkpoint before the divergence is not restored",
+  2 * kdK >= kd1.usage.prompt_tokens + 12 && kdK < kd1.usage.prompt_tokens &&
+  kd2.timings.found === "new", JSON.stringify({ kdK, n: kd1.usage.prompt_tokens, t: kd2.timings }));
+// a negative control: a prompt that shares less than half with everything held starts anew
+const nn = await oa.chat.completions.create({ ...base, messages: [{ role: "user",
+  content: "Something else entirely, with no system prompt at all." }] });
+control("a prompt unlike any held: found", nn.timings.found !== "new" || nn.timings.resumed_tokens > 0);
+
+// ---- the exact tokens generated: a previous answer re-tokenized otherwise is read as generated ----
+// sys + q2 with this seeded model: the greedy answer's text tokenizes differently (checked below)
+const q2 = [sys, { role: "user", content: "What is 2+2?" }];
+const rq2 = (await post(srvD.port, "/apply-template", JSON.stringify({ messages: q2 }))).json.prompt;
+const ids2 = execFileSync(path.join(toolsDir, "strata"),
+  ["tokenize", "-m", model, "--parse-special", rq2]).toString().trim().split(/\s+/).map(Number);
+const g2 = (await post(srvD.port, "/v1/completions",
+  JSON.stringify({ session: "sp", tokens: ids2, n_predict: 12 }))).json;
+const heldSp = [...ids2, ...g2.tokens];
+const t2m = [...q2, { role: "assistant", content: g2.text }, { role: "user", content: "Sure?" }];
+const rt2 = (await post(srvD.port, "/apply-template", JSON.stringify({ messages: t2m }))).json.prompt;
+const ids3 = execFileSync(path.join(toolsDir, "strata"),
+  ["tokenize", "-m", model, "--parse-special", rt2]).toString().trim().split(/\s+/).map(Number);
+let common = 0;
+while (common < heldSp.length && ids3[common] === heldSp[common]) common++;
+check("splice: the answer's text re-tokenizes otherwise than generated", common < heldSp.length &&
+  rt2.startsWith(rq2 + g2.text), `${common} of ${heldSp.length}`);
+const sp2 = await oaD.chat.completions.create({ ...base, session: "sp", messages: t2m });
+check("splice: the resumed tokens cover the whole answer as generated",
+  sp2.timings.resumed_tokens === heldSp.length && sp2.timings.spliced_tokens > 0 &&
+  sp2.timings.spliced_tokens === heldSp.length - common, JSON.stringify(sp2.timings));
+// the answer is that of the conversation as held: the native route on the held tokens + the rest
+const rest = ids3.slice(ids3.length - (sp2.usage.prompt_tokens - heldSp.length));
+const spN = (await post(srvD.port, "/v1/completions",
+  JSON.stringify({ tokens: [...heldSp, ...rest], n_predict: 12 }))).json;
+check("splice: the answer is the native route's on the held tokens and the rest",
+  spN.text === sp2.choices[0].message.content,
+  `${JSON.stringify(spN.text)} vs ${JSON.stringify(sp2.choices[0].message.content)}`);
+// a control: an answer edited at its end spells other bytes there: the splice stops before it
+const t2e = [...q2, { role: "assistant", content: Array.from(g2.text).slice(0, -1).join("") + "#" },
+  { role: "user", content: "Sure?" }];
+const sp3 = await oaD.chat.completions.create({ ...base, session: "sp", messages: t2e });
+control("resumed tokens of an edited answer vs the whole held", sp3.timings.resumed_tokens ===
+  heldSp.length);
+await stopped(srvD, "SIGTERM");
+
 // ---- a multi-turn chat across SAVE -> kill -9 -> restart ----
 // uninterrupted: server srv, session "mt"
 const t1 = await oa.chat.completions.create({ ...base, session: "mt", messages: [sys, u1] });
@@ -380,6 +475,140 @@ const dbl = (await post(srvL.port, "/v1/completions",
 // (the tiny model's greedy text hardly depends on a second BOS: the control is on the count)
 control("llama 3: two BOS' prompt count", dbl.n_prompt_tokens === chL.usage.prompt_tokens);
 check("the llama server stops gracefully", await stopped(srvL, "SIGTERM") === 0);
+
+// ---- refusals before the handler, in OpenAI's shape on the OpenAI routes ----
+// a server with an API key and small body limits: 401, 404, 405, 413, 503 busy (body budget)
+const keyFile = path.join(tmp, "api.key");
+fs.writeFileSync(keyFile, "sekrit-key\n");
+const srvK = await startServer("store-k", ["--api-key-file", keyFile, "--body-budget-mib", "2",
+  "--max-completion-kib", "1024", "--max-part-mib", "1", "--max-json-kib", "1"]);
+const oaK = new OpenAI({ baseURL: `http://127.0.0.1:${srvK.port}/v1`, apiKey: "sekrit-key",
+  maxRetries: 0 });
+const oaBadKey = new OpenAI({ baseURL: `http://127.0.0.1:${srvK.port}/v1`, apiKey: "wrong",
+  maxRetries: 0 });
+const auth = { authorization: "Bearer sekrit-key" };
+async function rawReq(port, method, route, body, headers = {}) {
+  const r = await fetch(`http://127.0.0.1:${port}${route}`, { method, body,
+    headers: { "content-type": "application/json", ...headers } });
+  const t = await r.text();
+  let j = null;
+  try { j = JSON.parse(t); } catch { /* not JSON */ }
+  return { status: r.status, headers: r.headers, json: j, text: t };
+}
+const oaKeys = (j) => j && j.error && JSON.stringify(Object.keys(j.error)) ===
+  '["message","type","param","code"]' && typeof j.error.message === "string" &&
+  typeof j.error.type === "string" && typeof j.error.code === "string";
+const nativeKeys = (j) => j && j.error && JSON.stringify(Object.keys(j.error).sort()) ===
+  '["code","message"]';
+// the client's error class, status and the body's fields as the client read them
+function isOaError(name, e, cls, status, code, type) {
+  check(`${name}: the client's ${cls.name} ${status}, OpenAI's fields`, e instanceof cls &&
+    e.status === status && e.code === code && e.type === type && e.error &&
+    "param" in e.error, `${e && e.constructor.name} ${e && e.status} ${e && JSON.stringify(e.error)}`);
+}
+const hi = { ...base, max_tokens: 2, messages: [u1] };
+isOaError("401 wrong key (chat)", await apiError(oaBadKey.chat.completions.create(hi)),
+  OpenAI.AuthenticationError, 401, "unauthorized", "authentication_error");
+isOaError("401 wrong key (models)", await apiError(oaBadKey.models.list()),
+  OpenAI.AuthenticationError, 401, "unauthorized", "authentication_error");
+isOaError("401 wrong key (completions)", await apiError(oaBadKey.completions.create(
+  { model: "strata", prompt: "x", max_tokens: 2 })), OpenAI.AuthenticationError, 401,
+  "unauthorized", "authentication_error");
+const r401 = await rawReq(srvK.port, "POST", "/v1/chat/completions", JSON.stringify(hi));
+check("401 without a key, raw: OpenAI's shape, WWW-Authenticate", r401.status === 401 &&
+  oaKeys(r401.json) && r401.json.error.type === "authentication_error" &&
+  r401.json.error.param === null && r401.headers.get("www-authenticate") === "Bearer", r401.text);
+const r401c = await rawReq(srvK.port, "POST", "/v1/completions", JSON.stringify({ prompt: "x" }));
+check("401 on /v1/completions, raw: OpenAI's shape (code and message as the native)",
+  r401c.status === 401 && oaKeys(r401c.json) && r401c.json.error.code === "unauthorized", r401c.text);
+const r401n = await rawReq(srvK.port, "GET", "/v1/sessions");
+check("401 on a native route keeps the native shape", r401n.status === 401 &&
+  nativeKeys(r401n.json) && r401n.json.error.code === "unauthorized", r401n.text);
+control("the native 401's shape as OpenAI's", oaKeys(r401n.json));
+const okK = await oaK.chat.completions.create(hi);
+check("the right key is served", okK.usage.completion_tokens === 2);
+// 404: a resource of OpenAI's API this server does not have
+isOaError("404 /v1/embeddings", await apiError(oaK.embeddings.create({ model: "strata",
+  input: "x" })), OpenAI.NotFoundError, 404, "not_found", "not_found_error");
+const r404 = await rawReq(srvK.port, "POST", "/v1/responses", "{}", auth);
+check("404 /v1/responses, raw: OpenAI's shape", r404.status === 404 && oaKeys(r404.json) &&
+  /no route/.test(r404.json.error.message), r404.text);
+const r404c = await rawReq(srvK.port, "GET", "/v1/chat/completions/chatcmpl-1", undefined, auth);
+check("404 under /v1/chat/, raw: OpenAI's shape", r404c.status === 404 && oaKeys(r404c.json), r404c.text);
+for (const route of ["/v1/nosuch", "/nosuch", "/v1/sessions/a/nosuch"]) {
+  const r = await rawReq(srvK.port, "GET", route, undefined, auth);
+  check(`404 ${route} keeps the native shape`, r.status === 404 && nativeKeys(r.json), r.text);
+}
+// 405: the client's own get on a POST route
+isOaError("405 GET /v1/chat/completions", await apiError(oaK.get("/chat/completions")),
+  OpenAI.APIError, 405, "method_not_allowed", "invalid_request_error");
+const r405 = await rawReq(srvK.port, "DELETE", "/v1/models", undefined, auth);
+check("405 DELETE /v1/models, raw: OpenAI's shape, Allow", r405.status === 405 &&
+  oaKeys(r405.json) && r405.headers.get("allow") === "GET", r405.text);
+const r405n = await rawReq(srvK.port, "PUT", "/v1/sessions", "{}", auth);
+check("405 on a native route keeps the native shape", r405n.status === 405 && nativeKeys(r405n.json),
+  r405n.text);
+// 413: a body over --max-completion-kib 1024
+const bigMsg = { role: "user", content: "a".repeat(1100 * 1024) };
+isOaError("413 a chat body over the limit", await apiError(oaK.chat.completions.create(
+  { ...hi, messages: [bigMsg] })), OpenAI.APIError, 413, "body_too_large", "invalid_request_error");
+const r413 = await rawReq(srvK.port, "POST", "/v1/completions",
+  JSON.stringify({ prompt: "a".repeat(1100 * 1024) }), auth);
+check("413 on /v1/completions, raw: OpenAI's shape", r413.status === 413 && oaKeys(r413.json) &&
+  /exceeds this route's limit/.test(r413.json.error.message), r413.text);
+const r413n = await rawReq(srvK.port, "POST", "/v1/sessions/x/save",
+  JSON.stringify({ pad: "a".repeat(2048) }), auth);
+check("413 on a native route keeps the native shape", r413n.status === 413 && nativeKeys(r413n.json),
+  r413n.text);
+// body-level refusals of /v1/completions: OpenAI's shape until the body says it is native
+const rj = await rawReq(srvK.port, "POST", "/v1/completions", "{not json", auth);
+check("invalid JSON on /v1/completions: OpenAI's shape", rj.status === 400 && oaKeys(rj.json) &&
+  rj.json.error.code === "invalid_json", rj.text);
+const rn = await rawReq(srvK.port, "POST", "/v1/completions", JSON.stringify({ prompt: "x",
+  n_predict: 1, bogus: 1 }), auth);
+check("a native-shaped body's refusal keeps the native shape", rn.status === 400 &&
+  nativeKeys(rn.json) && rn.json.error.code === "unknown_field", rn.text);
+// 503 busy: two bodies held half-sent fill the 2 MiB budget; a third that would pass it is refused
+async function metricK(name) {
+  const t = await (await fetch(`http://127.0.0.1:${srvK.port}/metrics`, { headers: auth })).text();
+  const m = new RegExp(`^${name} (\\d+)$`, "m").exec(t);
+  return m ? Number(m[1]) : NaN;
+}
+const holders = [];
+for (let i = 0; i < 2; i++) {
+  const sock = net.connect(srvK.port, "127.0.0.1");
+  await new Promise((res) => sock.on("connect", res));
+  sock.on("error", () => {});
+  sock.write(`POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sekrit-key\r\n` +
+    `Content-Type: application/json\r\nContent-Length: 1048576\r\n\r\n` + " ".repeat(700000));
+  holders.push(sock);
+}
+for (let i = 0; i < 2000 && !(await metricK("strata_http_body_bytes") >= 1400000); i++)
+  await new Promise((res) => setImmediate(res)); // the bodies arrive; /metrics says when
+const e503 = await apiError(oaK.chat.completions.create({ ...hi, messages: [{ role: "user",
+  content: "b".repeat(700000) }] }));
+isOaError("503 busy: the body budget is full", e503, OpenAI.InternalServerError, 503, "busy",
+  "server_error");
+const r503 = await rawReq(srvK.port, "POST", "/v1/chat/completions", " ".repeat(700000), auth);
+check("503 busy, raw: OpenAI's shape, Retry-After", r503.status === 503 && oaKeys(r503.json) &&
+  r503.headers.get("retry-after") === "1", r503.text);
+const r503n = await rawReq(srvK.port, "POST", "/apply-template", " ".repeat(700000), auth);
+check("503 busy on a native route keeps the native shape", r503n.status === 503 &&
+  nativeKeys(r503n.json), r503n.text);
+for (const h of holders) h.destroy();
+
+// ---- GET /v1/models/{model} ----
+const mid = (await oaK.models.list()).data[0].id;
+const mr = await oaK.models.retrieve(mid);
+check("models.retrieve: the listed model", mr.id === mid && mr.object === "model" &&
+  mr.owned_by === "strata", JSON.stringify(mr));
+isOaError("models.retrieve of an unknown id: 404", await apiError(oaK.models.retrieve(mid + "x")),
+  OpenAI.NotFoundError, 404, "model_not_found", "not_found_error");
+const rm = await rawReq(srvK.port, "GET", `/v1/models/${encodeURIComponent("a/b c")}`, undefined, auth);
+check("an unknown id, percent-encoded, raw: 404 naming it, param model", rm.status === 404 &&
+  oaKeys(rm.json) && rm.json.error.param === "model" && rm.json.error.message.includes("'a/b c'"),
+  rm.text);
+check("the key server stops gracefully", await stopped(srvK, "SIGTERM") === 0);
 
 console.log(failures ? `${failures} FAILED` : "all passed");
 process.exit(failures ? 1 : 0);
