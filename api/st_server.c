@@ -2197,6 +2197,7 @@ void st_api_server_free(st_api_server *s)
     if (s->base)
         event_base_free(s->base);
     pthread_mutex_destroy(&s->uploads_mu);
+    pthread_mutex_destroy(&s->metrics.store_mu);
     for (size_t i = 0; i < s->n_damaged; i++)
         free(s->damaged[i].why);
     free(s->damaged);
