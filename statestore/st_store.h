@@ -732,7 +732,9 @@ typedef struct st_store_stats {
 /* The free map in pages: pages_used - pages_free hold data (of which zero_count_bytes are chunks
  * a gc frees), pages_free are freed pages LMDB reuses for later writes (those a reader still
  * sees once it ends), and map_size / page_size - pages_used pages of the map are not yet part of
- * the file's data. */
+ * the file's data. Every figure is of one read snapshot except pages_used and map_size, which
+ * are the newest commit's as the snapshot starts (LMDB tells no snapshot's last page): while
+ * others commit, the split between used and free may be one commit off. */
 int st_store_stat(st_store *st, st_store_stats *out);
 
 /* Hot backup into dest_dir (must not exist, or be an empty directory): a compacted copy taken

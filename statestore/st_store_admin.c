@@ -919,6 +919,11 @@ int st_store_stat(st_store *st, st_store_stats *out)
     rc = st_store__rtxn(st, &txn);
     if (rc)
         goto done;
+    /* the newest commit's last page (LMDB gives no snapshot's): read as the snapshot starts */
+    MDB_envinfo info;
+    mdb_env_info(st->env, &info);
+    s.pages_used = (uint64_t)info.me_last_pgno + 1;
+    s.map_size = info.me_mapsize;
     MDB_stat ms;
     if ((rc = mdb_stat(txn, st->dbi_sessions, &ms)))
         goto done;
@@ -988,10 +993,6 @@ int st_store_stat(st_store *st, st_store_stats *out)
         rc = 0;
     s.pages_free = n_free;
     s.pages_free_run = free_run_max(free_pgs, n_free);
-    MDB_envinfo info;
-    mdb_env_info(st->env, &info);
-    s.pages_used = (uint64_t)info.me_last_pgno + 1;
-    s.map_size = info.me_mapsize;
 done:
     if (cur)
         mdb_cursor_close(cur);
