@@ -93,6 +93,8 @@ typedef struct st_api_config {
     uint32_t idle_timeout_ms;    /* keep-alive connection without a request (default 60 s) */
     uint32_t shutdown_timeout_ms;/* in-flight work given this long at SIGTERM (default 30 s) */
     uint32_t upload_ttl_s;       /* an upload untouched this long is dropped (default 3600) */
+    uint32_t store_stat_ms;      /* the store's figures of /metrics (st_store_stat) and the upload
+                                    expiry are re-read this often (default 10000, at least 100) */
 
     /* memory guard */
     int mem_guard;               /* 1 (default): admit parking, SAVE, RESTORE by available RAM */

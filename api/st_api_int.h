@@ -7,6 +7,7 @@
 #ifndef ST_API_INT_H
 #define ST_API_INT_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -16,6 +17,7 @@
 #include <jansson.h>
 
 #include "st_api.h"
+#include "st_store.h"
 #ifdef ST_API_HAVE_ENGINE
 #include "st_engine.h"
 #endif
@@ -212,12 +214,15 @@ typedef struct st_metrics {
     uint64_t sessions_damaged; /* quarantined by the start-up scan (set before serving) */
     _Atomic uint64_t slots_total, slots_bound, slots_busy;
     _Atomic uint64_t busy_waiting; /* requests waiting for a busy session (st_conv.c) */
-    /* store statistics refreshed by a worker now and then (dedup ratio * 1e6) */
-    _Atomic uint64_t store_sessions, store_versions, store_logical, store_stored, store_dedup_micro;
-    _Atomic uint64_t store_stat_ok;
+    /* store statistics refreshed by a worker now and then (st_metrics_store_set), rendered as
+     * one snapshot: the free map's parts add up to the map */
+    pthread_mutex_t store_mu;
+    st_store_stats store;
+    int store_ok;
 } st_metrics;
 extern const double st_metrics_bucket_ms[ST_METRICS_BUCKETS];
 void st_metrics_init(st_metrics *m);
+void st_metrics_store_set(st_metrics *m, const st_store_stats *ss); /* any thread */
 int st_metrics_route(st_metrics *m, const char *name); /* registers; returns its index */
 void st_metrics_request(st_metrics *m, int route, int status, double ms);
 void st_metrics_refused(st_metrics *m, int status);
@@ -348,8 +353,9 @@ void st_conv_park(st_api_call *c);
 void st_conv_slots_action(st_api_call *c);
 void st_conv_slots_list(st_api_call *c);
 void st_conv_apply_template(st_api_call *c);
-/* Where a session lives now: "slot", "ram", "disk" or NULL; *tokens when live. */
-const char *st_conv_where(st_conv *cv, const char *id, uint64_t *tokens);
+/* Where a session lives now: "slot", "ram", "disk" or NULL; when live, *tokens and *bytes (those
+ * of its fp32 park image: in the pool, spilled, or the one PARK would make of its slot). */
+const char *st_conv_where(st_conv *cv, const char *id, uint64_t *tokens, uint64_t *bytes);
 /* DELETE of a session's live state (slot, pool, spilled image), in two steps so that no request
  * finds the conversation while its stored versions are being deleted. begin waits while the
  * session is in use, like the routes above (ST_EBUSY after --busy-wait-ms), then holds it busy in

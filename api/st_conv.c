@@ -86,6 +86,7 @@ typedef struct cslot {
     int busy;
     uint64_t last_used;
     uint64_t tokens; /* held, as of the last release */
+    uint64_t bytes;  /* of its park image (slot_image_bytes), as of the last release */
 } cslot;
 
 /* A held conversation's tokens and checkpoint positions (increasing), copied for the prefix
@@ -454,6 +455,26 @@ static int wait_turn_locked(st_conv *cv, const char *id, const _Atomic int *canc
 
 /* ---- releasing ---------------------------------------------------------------------------------- */
 
+/* Bytes (st_image_bytes) of the fp32 image st_slot_snapshot makes of this slot: a park image
+ * holds the live state and every held checkpoint before it, a session image the live state and
+ * the deepest of those (the memory guard's estimate, and the size a listing shows). */
+static uint64_t slot_image_bytes(st_slot *s, int park)
+{
+    const st_geometry *g = st_slot_geometry(s);
+    uint64_t n = st_slot_n_tokens(s), kv = 0, run = 0, before = 0;
+    for (uint32_t i = 0; i < g->n_tensors; i++) {
+        const st_tensor_desc *t = &g->tensors[i];
+        if (t->role == ST_ROLE_KV)
+            kv += st_tensor_row_bytes(t) * n;
+        else
+            run += st_tensor_stored_bytes(t, ST_CODEC_FP32);
+    }
+    for (uint32_t i = 0, nc = st_slot_n_checkpoints(s); i < nc; i++)
+        before += st_slot_checkpoint_pos(s, i) < n;
+    uint64_t ck = 1 + (park ? before : before > 0);
+    return kv + run * ck + n * 4 + (uint64_t)g->n_vocab * 4;
+}
+
 static void slot_release(st_conv *cv, int j)
 {
     pthread_mutex_lock(&cv->mu);
@@ -462,26 +483,11 @@ static void slot_release(st_conv *cv, int j)
     wake_locked(cv);
     cs->last_used = ++cv->tick;
     cs->tokens = st_slot_n_tokens(cs->slot);
+    cs->bytes = cs->tokens ? slot_image_bytes(cs->slot, 1) : 0;
     if (cs->bound && cs->tokens == 0)
         cs->bound = 0; /* an eval error reset it: nothing is held */
     gauges_locked(cv);
     pthread_mutex_unlock(&cv->mu);
-}
-
-/* Bytes an image of this slot would take (the memory guard's estimate). */
-static uint64_t slot_image_bytes(st_slot *s, int park)
-{
-    const st_geometry *g = st_slot_geometry(s);
-    uint64_t n = st_slot_n_tokens(s), kv = 0, run = 0;
-    for (uint32_t i = 0; i < g->n_tensors; i++) {
-        const st_tensor_desc *t = &g->tensors[i];
-        if (t->role == ST_ROLE_KV)
-            kv += st_tensor_row_bytes(t) * n;
-        else
-            run += st_tensor_stored_bytes(t, ST_CODEC_FP32);
-    }
-    uint64_t ck = park ? (uint64_t)st_slot_n_checkpoints(s) + 1 : 2;
-    return kv + run * ck + n * 4 + (uint64_t)g->n_vocab * 4;
 }
 
 /* ---- spilling and parking ----------------------------------------------------------------- */
@@ -587,6 +593,7 @@ static int park_slot(st_conv *cv, int j, const char *id, int unbind, const char 
     if (unbind)
         cv->slots[j].bound = 0;
     cv->slots[j].tokens = 0;
+    cv->slots[j].bytes = 0;
     wake_locked(cv); /* a victim's id is in the pool now, not busy */
     pthread_mutex_unlock(&cv->mu);
     st_slot_reset(s);
@@ -1821,7 +1828,7 @@ bad_slot:
 
 /* ---- queries from other routes ----------------------------------------------------------------- */
 
-const char *st_conv_where(st_conv *cv, const char *id, uint64_t *tokens)
+const char *st_conv_where(st_conv *cv, const char *id, uint64_t *tokens, uint64_t *bytes)
 {
     const char *w = NULL;
     pthread_mutex_lock(&cv->mu);
@@ -1830,9 +1837,11 @@ const char *st_conv_where(st_conv *cv, const char *id, uint64_t *tokens)
     if (j >= 0) {
         w = "slot";
         *tokens = cv->slots[j].tokens;
+        *bytes = cv->slots[j].bytes;
     } else if (p) {
         w = p->img ? "ram" : "disk";
         *tokens = p->tokens;
+        *bytes = p->bytes;
     }
     pthread_mutex_unlock(&cv->mu);
     return w;
@@ -1843,11 +1852,13 @@ void st_conv_list_live(st_conv *cv, json_t *arr)
     pthread_mutex_lock(&cv->mu);
     for (uint32_t i = 0; i < cv->n_slots; i++)
         if (cv->slots[i].bound)
-            json_array_append_new(arr, json_pack("{s:s,s:s,s:I}", "id", cv->slots[i].id, "where", "slot",
-                                                 "tokens", (json_int_t)cv->slots[i].tokens));
+            json_array_append_new(arr, json_pack("{s:s,s:s,s:I,s:I}", "id", cv->slots[i].id, "where", "slot",
+                                                 "tokens", (json_int_t)cv->slots[i].tokens, "bytes",
+                                                 (json_int_t)cv->slots[i].bytes));
     for (pentry *p = cv->head; p; p = p->next)
-        json_array_append_new(arr, json_pack("{s:s,s:s,s:I}", "id", p->id, "where",
-                                             p->img ? "ram" : "disk", "tokens", (json_int_t)p->tokens));
+        json_array_append_new(arr, json_pack("{s:s,s:s,s:I,s:I}", "id", p->id, "where",
+                                             p->img ? "ram" : "disk", "tokens", (json_int_t)p->tokens,
+                                             "bytes", (json_int_t)p->bytes));
     pthread_mutex_unlock(&cv->mu);
 }
 

@@ -13,6 +13,15 @@ const double st_metrics_bucket_ms[ST_METRICS_BUCKETS] = {0.5, 1,   2.5,  5,    1
 void st_metrics_init(st_metrics *m)
 {
     memset(m, 0, sizeof *m);
+    pthread_mutex_init(&m->store_mu, NULL);
+}
+
+void st_metrics_store_set(st_metrics *m, const st_store_stats *ss)
+{
+    pthread_mutex_lock(&m->store_mu);
+    m->store = *ss;
+    m->store_ok = 1;
+    pthread_mutex_unlock(&m->store_mu);
 }
 
 int st_metrics_route(st_metrics *m, const char *name)
@@ -57,6 +66,35 @@ static void counter(struct evbuffer *o, const char *name, const char *help, uint
 static void gauge(struct evbuffer *o, const char *name, const char *help, double v)
 {
     evbuffer_add_printf(o, "# HELP %s %s\n# TYPE %s gauge\n%s %.17g\n", name, help, name, name, v);
+}
+
+/* The store's figures and its free map (docs/API.md, "GET /metrics"): the map's pages are those
+ * that hold data, those on LMDB's free list, and the part of the map beyond the data file's last
+ * page, so strata_store_used_bytes + _free_bytes + _unallocated_bytes = strata_store_map_bytes. */
+static void store_render(struct evbuffer *o, const st_store_stats *ss)
+{
+    uint64_t ps = ss->page_size, map_pages = ps ? ss->map_size / ps : 0;
+    uint64_t used = ss->pages_used > ss->pages_free ? ss->pages_used - ss->pages_free : 0;
+    uint64_t tail = map_pages > ss->pages_used ? map_pages - ss->pages_used : 0;
+    gauge(o, "strata_store_sessions", "Sessions in the store (disk-parked conversations included).",
+          (double)ss->sessions);
+    gauge(o, "strata_store_versions", "Versions in the store.", (double)ss->versions);
+    gauge(o, "strata_store_logical_bytes", "Image bytes of every version.", (double)ss->logical_bytes);
+    gauge(o, "strata_store_stored_bytes", "Bytes of the distinct chunks stored.", (double)ss->stored_bytes);
+    gauge(o, "strata_store_dedup_ratio", "Referenced chunk bytes / distinct chunk bytes.", ss->dedup_ratio);
+    gauge(o, "strata_store_page_bytes", "Bytes of one page of the store's map.", (double)ps);
+    gauge(o, "strata_store_map_bytes", "Size of the store's map (what data.mdb may grow to now).",
+          (double)ss->map_size);
+    gauge(o, "strata_store_used_bytes", "Map pages that hold data.", (double)(used * ps));
+    gauge(o, "strata_store_free_bytes", "Map pages on LMDB's free list, reused by later writes.",
+          (double)(ss->pages_free * ps));
+    gauge(o, "strata_store_unallocated_bytes", "Map beyond the data file's last page.", (double)(tail * ps));
+    gauge(o, "strata_store_free_run_bytes", "The longest run of consecutive free pages.",
+          (double)(ss->pages_free_run * ps));
+    gauge(o, "strata_store_reclaimable_bytes", "Bytes of chunks no version references, freed by a gc.",
+          (double)ss->zero_count_bytes);
+    gauge(o, "strata_store_file_bytes", "Bytes data.mdb occupies on disk.", (double)ss->file_bytes);
+    gauge(o, "strata_store_budget_bytes", "Most bytes the map may grow to.", (double)ss->budget);
 }
 
 void st_metrics_render(st_metrics *m, struct evbuffer *o, const st_http_stats *http,
@@ -160,12 +198,10 @@ void st_metrics_render(st_metrics *m, struct evbuffer *o, const st_http_stats *h
     counter(o, "strata_generated_tokens_total", "Tokens generated.", m->tokens_generated);
     counter(o, "strata_memory_guard_refusals_total", "Operations the memory guard refused.",
             m->memguard_refusals);
-    if (m->store_stat_ok) {
-        gauge(o, "strata_store_sessions", "Sessions in the store.", (double)m->store_sessions);
-        gauge(o, "strata_store_versions", "Versions in the store.", (double)m->store_versions);
-        gauge(o, "strata_store_logical_bytes", "Image bytes of every version.", (double)m->store_logical);
-        gauge(o, "strata_store_stored_bytes", "Bytes of the distinct chunks stored.", (double)m->store_stored);
-        gauge(o, "strata_store_dedup_ratio", "Referenced chunk bytes / distinct chunk bytes.",
-              (double)m->store_dedup_micro / 1e6);
-    }
+    pthread_mutex_lock(&m->store_mu);
+    st_store_stats ss = m->store;
+    int ok = m->store_ok;
+    pthread_mutex_unlock(&m->store_mu);
+    if (ok)
+        store_render(o, &ss);
 }

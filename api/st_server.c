@@ -252,6 +252,7 @@ void st_api_config_default(st_api_config *c)
     c->idle_timeout_ms = 60000;
     c->shutdown_timeout_ms = 30000;
     c->upload_ttl_s = 3600;
+    c->store_stat_ms = 10000;
     c->mem_guard = 1;
     c->mem_reserve_bytes = 256u << 20;
     c->handle_signals = 1;
@@ -1088,23 +1089,28 @@ static json_t *version_json(const st_version_info *vi)
 {
     char cr[40];
     iso_time(vi->created_ns, cr, sizeof cr);
-    return json_pack("{s:I,s:s,s:I,s:I,s:I,s:i,s:I,s:i,s:i,s:i,s:o}", "version", (json_int_t)vi->version,
+    json_t *codecs = json_array();
+    for (uint32_t c = 0; c < 32; c++)
+        if (vi->codecs & (1u << c))
+            json_array_append_new(codecs, json_string((1u << c) == ST_VERSION_CODEC_OTHER ? "other" : st_codec_name(c)));
+    return json_pack("{s:I,s:s,s:I,s:I,s:I,s:i,s:I,s:i,s:i,s:i,s:o,s:s,s:o,s:i}", "version", (json_int_t)vi->version,
                      "created", cr, "tokens", (json_int_t)vi->n_tokens, "logical_bytes",
                      (json_int_t)vi->logical_bytes, "stored_bytes", (json_int_t)vi->stored_bytes,
                      "checkpoints", (int)vi->n_checkpoints, "last_position",
                      (json_int_t)vi->last_position, "chunks", (int)vi->n_chunks, "compress",
                      (int)vi->compress, "file_version", (int)vi->file_version, "architecture",
-                     vi->arch[0] ? json_string(vi->arch) : json_null());
+                     vi->arch[0] ? json_string(vi->arch) : json_null(), "codec", st_codec_name(vi->codec),
+                     "codecs", codecs, "framed_chunks", (int)vi->n_framed);
 }
 
 /* Where a session lives in the engine: a "live" object or JSON null. */
 static json_t *live_json(st_api_server *s, const char *id)
 {
 #ifdef ST_API_HAVE_ENGINE
-    uint64_t tokens = 0;
-    const char *w = s->conv ? st_conv_where(s->conv, id, &tokens) : NULL;
+    uint64_t tokens = 0, bytes = 0;
+    const char *w = s->conv ? st_conv_where(s->conv, id, &tokens, &bytes) : NULL;
     if (w)
-        return json_pack("{s:s,s:I}", "where", w, "tokens", (json_int_t)tokens);
+        return json_pack("{s:s,s:I,s:I}", "where", w, "tokens", (json_int_t)tokens, "bytes", (json_int_t)bytes);
 #else
     (void)s;
     (void)id;
@@ -1275,10 +1281,11 @@ static void h_sessions_list(st_api_call *c)
             const char *id = json_string_value(json_object_get(e, "id"));
             if (last && !strcmp(last, id))
                 continue; /* in a slot and in the pool at once: listed once */
-            json_array_append_new(list, json_pack("{s:s,s:i,s:i,s:{s:O,s:O}}", "id", id, "head", 0,
+            json_array_append_new(list, json_pack("{s:s,s:i,s:i,s:{s:O,s:O,s:O}}", "id", id, "head", 0,
                                                   "versions", 0, "live", "where",
                                                   json_object_get(e, "where"), "tokens",
-                                                  json_object_get(e, "tokens")));
+                                                  json_object_get(e, "tokens"), "bytes",
+                                                  json_object_get(e, "bytes")));
             last = id;
             out++;
             continue;
@@ -1870,14 +1877,8 @@ static void hk_run(st_job *j)
 {
     st_api_server *s = ((hk_job *)j)->srv;
     st_store_stats ss;
-    if (!st_store_stat(s->store, &ss)) {
-        s->metrics.store_sessions = ss.sessions;
-        s->metrics.store_versions = ss.versions;
-        s->metrics.store_logical = ss.logical_bytes;
-        s->metrics.store_stored = ss.stored_bytes;
-        s->metrics.store_dedup_micro = (uint64_t)(ss.dedup_ratio * 1e6);
-        s->metrics.store_stat_ok = 1;
-    }
+    if (!st_store_stat(s->store, &ss))
+        st_metrics_store_set(&s->metrics, &ss);
     double now = st_api_now_ms(), ttl = (double)s->cfg.upload_ttl_s * 1000.0;
     st_upload *expired = NULL;
     pthread_mutex_lock(&s->uploads_mu);
@@ -2083,6 +2084,7 @@ int st_api_config_check(const st_api_config *cfg)
         {"--idle-timeout-ms", cfg->idle_timeout_ms, 1},
         {"--shutdown-timeout-ms", cfg->shutdown_timeout_ms, 1},
         {"--upload-ttl-s", cfg->upload_ttl_s, 1},
+        {"--store-stat-ms", cfg->store_stat_ms, 100},
         {"--max-n-predict", cfg->max_n_predict, 1},
     };
     for (size_t i = 0; i < sizeof lim / sizeof lim[0]; i++)
@@ -2199,7 +2201,7 @@ int st_api_server_new(const st_api_config *cfg, st_api_server **out)
             goto fail;
         }
     }
-    struct timeval hk = {10, 0};
+    struct timeval hk = {cfg->store_stat_ms / 1000, (cfg->store_stat_ms % 1000) * 1000};
     event_add(s->housekeeping, &hk);
     hk_start(s);
     if (cfg->ready_file && (rc = write_ready_file(cfg->ready_file, st_http_port(s->http))))
@@ -2260,6 +2262,7 @@ void st_api_server_free(st_api_server *s)
     if (s->base)
         event_base_free(s->base);
     pthread_mutex_destroy(&s->uploads_mu);
+    pthread_mutex_destroy(&s->metrics.store_mu);
     for (size_t i = 0; i < s->n_damaged; i++)
         free(s->damaged[i].why);
     free(s->damaged);

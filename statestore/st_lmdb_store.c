@@ -2400,6 +2400,30 @@ static void version_info_fill(st_version_info *vi, const st_manifest *m)
     vi->file_version = m->file_version;
     vi->file_verbatim = (m->flags & ST_MANIFEST_VERBATIM) != 0;
     memcpy(vi->arch, m->arch, ST_ARCH_NAME_MAX);
+    vi->codec = m->n_ckpt ? m->ckpt[m->n_ckpt - 1].codec : ST_CODEC_FP32;
+    for (uint32_t c = 0; c < m->n_ckpt; c++)
+        vi->codecs |= m->ckpt[c].codec < 31 ? 1u << m->ckpt[c].codec : ST_VERSION_CODEC_OTHER;
+    for (uint32_t i = 0; i < m->n_chunks; i++)
+        vi->n_framed += m->chunks[i].stored_len < m->chunks[i].raw_len;
+}
+
+void st_version_codecs_text(uint32_t codecs, char *out, size_t cap)
+{
+    size_t n = 0;
+    if (!cap)
+        return;
+    out[0] = 0;
+    for (uint32_t c = 0; c < 32; c++) {
+        if (!(codecs & (1u << c)))
+            continue;
+        const char *name = (1u << c) == ST_VERSION_CODEC_OTHER ? "other" : st_codec_name(c);
+        int w = snprintf(out + n, cap - n, "%s%s", n ? "+" : "", name);
+        if (w < 0 || (size_t)w >= cap - n)
+            return;
+        n += (size_t)w;
+    }
+    if (!n)
+        snprintf(out, cap, "none");
 }
 
 int st_store_versions(st_store *st, const char *id, st_version_info **out, size_t *n)

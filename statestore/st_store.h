@@ -557,7 +557,19 @@ typedef struct st_version_info {
     int file_verbatim;        /* 1: the imported file's bytes are kept for export */
     char arch[ST_ARCH_NAME_MAX]; /* the model's architecture; "" unknown (saved before versions
                                   * recorded it) */
+    /* The codecs its manifest records, per checkpoint (every manifest format has them): codec is
+     * the live (last) checkpoint's, st_codec_id (fp32 when it has no checkpoint); codecs has bit
+     * c set for each code c < 31 some checkpoint is in, bit 31 for any code beyond. The codec is
+     * that of the running state's f32 tensors: K/V and other dtypes are stored as they are. */
+    uint32_t codec;
+    uint32_t codecs;
+    uint32_t n_framed;        /* chunk references stored zstd-framed (stored < raw length) */
 } st_version_info;
+#define ST_VERSION_CODEC_OTHER (1u << 31)
+/* A version's codecs (st_version_info.codecs) as text, NUL-terminated in out[0..cap): the codec
+ * names in code order joined by "+" ("bf16", "fp32+bf16"), "other" for ST_VERSION_CODEC_OTHER,
+ * "none" when no bit is set; truncated to cap. */
+void st_version_codecs_text(uint32_t codecs, char *out, size_t cap);
 
 /* Every session, sorted by id: *out is a malloc'd array of *n entries (free()). */
 int st_store_list(st_store *st, st_session_info **out, size_t *n);
@@ -712,8 +724,17 @@ typedef struct st_store_stats {
     uint64_t map_size, budget;
     uint64_t pages_used;        /* pages of the data file in use (last page + 1) */
     uint64_t pages_free;        /* pages on LMDB's free list, reusable */
+    uint64_t pages_free_run;    /* the longest run of consecutive page numbers on the free list
+                                   (0 when it is empty): the largest value that fits without
+                                   growing the file */
     uint64_t file_bytes;        /* bytes data.mdb occupies on disk */
 } st_store_stats;
+/* The free map in pages: pages_used - pages_free hold data (of which zero_count_bytes are chunks
+ * a gc frees), pages_free are freed pages LMDB reuses for later writes (those a reader still
+ * sees once it ends), and map_size / page_size - pages_used pages of the map are not yet part of
+ * the file's data. Every figure is of one read snapshot except pages_used and map_size, which
+ * are the newest commit's as the snapshot starts (LMDB tells no snapshot's last page): while
+ * others commit, the split between used and free may be one commit off. */
 int st_store_stat(st_store *st, st_store_stats *out);
 
 /* Hot backup into dest_dir (must not exist, or be an empty directory): a compacted copy taken

@@ -881,11 +881,33 @@ int st_store_check(st_store *st, int read_data, void (*report)(void *arg, const 
 
 /* ---- stat ---------------------------------------------------------------------------------------- */
 
+static int cmp_pgno(const void *a, const void *b)
+{
+    size_t x = *(const size_t *)a, y = *(const size_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The longest run of consecutive page numbers among n distinct ones (sorts pg). */
+static uint64_t free_run_max(size_t *pg, size_t n)
+{
+    uint64_t best = 0, run = 0;
+    if (n < 2)
+        return n;
+    qsort(pg, n, sizeof *pg, cmp_pgno);
+    for (size_t i = 0; i < n; i++) {
+        run = i && pg[i] == pg[i - 1] + 1 ? run + 1 : 1;
+        if (run > best)
+            best = run;
+    }
+    return best;
+}
+
 int st_store_stat(st_store *st, st_store_stats *out)
 {
     MDB_txn *txn = NULL;
     MDB_cursor *cur = NULL;
     MDB_val k, v;
+    size_t *free_pgs = NULL, n_free = 0, cap_free = 0;
     st_store_stats s;
     memset(&s, 0, sizeof s);
     if (!st || !out)
@@ -897,6 +919,11 @@ int st_store_stat(st_store *st, st_store_stats *out)
     rc = st_store__rtxn(st, &txn);
     if (rc)
         goto done;
+    /* the newest commit's last page (LMDB gives no snapshot's): read as the snapshot starts */
+    MDB_envinfo info;
+    mdb_env_info(st->env, &info);
+    s.pages_used = (uint64_t)info.me_last_pgno + 1;
+    s.map_size = info.me_mapsize;
     MDB_stat ms;
     if ((rc = mdb_stat(txn, st->dbi_sessions, &ms)))
         goto done;
@@ -934,28 +961,45 @@ int st_store_stat(st_store *st, st_store_stats *out)
     }
     mdb_cursor_close(cur);
     cur = NULL;
-    /* LMDB's free list (database 0): each value is a page-number list led by its length. */
+    /* LMDB's free list (database 0): each value is a page-number list led by its length. The
+     * lists of all entries are gathered (8 bytes a free page) for the longest run. */
     if (rc != MDB_NOTFOUND || (rc = mdb_cursor_open(txn, 0, &cur)))
         goto done;
     for (rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); !rc; rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
-        if (v.mv_size >= sizeof(size_t)) {
-            size_t cnt;
+        size_t cnt = 0;
+        if (v.mv_size >= sizeof(size_t))
             memcpy(&cnt, v.mv_data, sizeof cnt);
-            s.pages_free += cnt;
+        if (cnt > v.mv_size / sizeof(size_t) - 1) {
+            rc = st_error_set(ST_ECORRUPT, "stat: a free-list entry claims %zu pages in %zu bytes", cnt,
+                              v.mv_size);
+            goto done;
         }
+        if (!cnt)
+            continue;
+        if (n_free + cnt > cap_free) {
+            size_t cap = (n_free + cnt) * 2;
+            size_t *grown = realloc(free_pgs, cap * sizeof *grown);
+            if (!grown) {
+                rc = st_error_set(ENOMEM, "stat: no memory for a free list of %zu pages", n_free + cnt);
+                goto done;
+            }
+            free_pgs = grown;
+            cap_free = cap;
+        }
+        memcpy(free_pgs + n_free, (const size_t *)v.mv_data + 1, cnt * sizeof *free_pgs);
+        n_free += cnt;
     }
     if (rc == MDB_NOTFOUND)
         rc = 0;
-    MDB_envinfo info;
-    mdb_env_info(st->env, &info);
-    s.pages_used = (uint64_t)info.me_last_pgno + 1;
-    s.map_size = info.me_mapsize;
+    s.pages_free = n_free;
+    s.pages_free_run = free_run_max(free_pgs, n_free);
 done:
     if (cur)
         mdb_cursor_close(cur);
     if (txn)
         mdb_txn_abort(txn);
     pthread_rwlock_unlock(&st->lock);
+    free(free_pgs);
     if (rc)
         return lmdb_or(rc, "reading store statistics");
     s.file_bytes = st_store__file_bytes(st->dir);

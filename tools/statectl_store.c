@@ -253,12 +253,17 @@ static json_t *version_json(const st_version_info *v, const st_session_info *si)
     for (uint32_t i = 0; si && i < si->n_labels; i++)
         if (si->labels[i].version == v->version)
             json_array_append_new(labels, json_string(si->labels[i].name));
-    return json_pack("{s:I,s:o,s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:s,s:I,s:I,s:b,s:o}", "version", (json_int_t)v->version,
+    char codecs[64];
+    st_version_codecs_text(v->codecs, codecs, sizeof codecs);
+    return json_pack("{s:I,s:o,s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:s,s:s,s:s,s:I,s:I,s:b,s:o}", "version",
+                     (json_int_t)v->version,
                      "architecture", v->arch[0] ? json_string(v->arch) : json_null(),
                      "created", time_str(t, sizeof t, v->created_ns), "tokens", (json_int_t)v->n_tokens,
                      "checkpoints", (json_int_t)v->n_checkpoints, "last_position", (json_int_t)v->last_position,
                      "logical_bytes", (json_int_t)v->logical_bytes, "stored_bytes", (json_int_t)v->stored_bytes,
-                     "chunks", (json_int_t)v->n_chunks, "state_hash", sh, "compress", (json_int_t)v->compress,
+                     "chunks", (json_int_t)v->n_chunks, "framed_chunks", (json_int_t)v->n_framed,
+                     "state_hash", sh, "codec", st_codec_name(v->codec), "codecs", codecs, "compress",
+                     (json_int_t)v->compress,
                      "file_version", (json_int_t)v->file_version, "file_verbatim", v->file_verbatim, "labels",
                      labels);
 }
@@ -353,11 +358,13 @@ static int cmd_ls(int argc, char **argv)
 static const char show_help[] =
     "usage: statectl show STORE ID[@VERSION|@LABEL] [--json]\n"
     "\n"
-    "Show a session (its versions, labels, model, the head's architecture) or one version of it\n"
-    "(tokens, checkpoints, logical and stored bytes, chunks, state hash, the model's architecture,\n"
-    "layer kinds, how export re-creates its file). Architecture: qwen35, llama, ... as the version\n"
-    "recorded it; \"unknown\" for a version saved before versions recorded it. Layer kinds: one\n"
-    "letter per layer, D Gated DeltaNet (conv and SSM state), A attention (K/V).\n";
+    "Show a session (its versions with their codecs, labels, model, the head's architecture) or one\n"
+    "version of it (tokens, checkpoints, codecs, logical and stored bytes, chunks, state hash, the\n"
+    "model's architecture, layer kinds, how export re-creates its file). Codecs: those of the\n"
+    "checkpoints' running state (fp32, bf16, f16; \"fp32+bf16\" when they differ; K/V keeps its\n"
+    "dtype). Architecture: qwen35, llama, ... as the version recorded it; \"unknown\" for a version\n"
+    "saved before versions recorded it. Layer kinds: one letter per layer, D Gated DeltaNet (conv\n"
+    "and SSM state), A attention (K/V).\n";
 
 static int cmd_show(int argc, char **argv)
 {
@@ -397,9 +404,15 @@ static int cmd_show(int argc, char **argv)
                    *lb ? " labels " : "", lb);
             printf("created      %s\n", time_str(t, sizeof t, vi.created_ns));
             printf("tokens       %" PRIu64 "\n", vi.n_tokens);
+            char cs[64];
+            st_version_codecs_text(vi.codecs, cs, sizeof cs);
             printf("checkpoints  %u (live at %" PRIu64 ")\n", vi.n_checkpoints, vi.last_position);
-            printf("bytes        %s logical, %s stored in %u chunks%s\n", bytes_str(s1, sizeof s1, vi.logical_bytes),
-                   bytes_str(s2, sizeof s2, vi.stored_bytes), vi.n_chunks, vi.compress ? " (zstd)" : "");
+            printf("codec        %s (live checkpoint: %s)\n", cs, st_codec_name(vi.codec));
+            printf("bytes        %s logical, %s stored in %u chunks", bytes_str(s1, sizeof s1, vi.logical_bytes),
+                   bytes_str(s2, sizeof s2, vi.stored_bytes), vi.n_chunks);
+            if (vi.compress)
+                printf(" (zstd %u: %u framed)", vi.compress, vi.n_framed);
+            printf("\n");
             printf("state hash   %016" PRIx64 "\n", vi.state_hash);
             printf("architecture %s\n", arch_text(vi.arch));
             printf("layers       %s\n", kinds);
@@ -431,13 +444,14 @@ static int cmd_show(int argc, char **argv)
         printf("architecture %s\n", arch_text(arch));
         printf("head         %" PRIu64 "\nversions     %" PRIu64 "\n", si.head, si.n_versions);
         printf("created      %s\n", time_str(t, sizeof t, si.created_ns));
-        printf("  %8s %8s %5s %10s %10s  %-20s  %s\n", "VERSION", "TOKENS", "CKPTS", "LOGICAL", "STORED", "CREATED",
-               "LABELS");
+        printf("  %8s %8s %5s %-9s %10s %10s  %-20s  %s\n", "VERSION", "TOKENS", "CKPTS", "CODEC", "LOGICAL",
+               "STORED", "CREATED", "LABELS");
         for (size_t i = 0; i < n; i++) {
-            char s1[32], s2[32], lb[256];
+            char s1[32], s2[32], lb[256], cs[64];
             labels_text(lb, sizeof lb, &si, vs[i].version);
-            printf("  %8" PRIu64 " %8" PRIu64 " %5u %10s %10s  %-20s  %s\n", vs[i].version, vs[i].n_tokens,
-                   vs[i].n_checkpoints, bytes_str(s1, sizeof s1, vs[i].logical_bytes),
+            st_version_codecs_text(vs[i].codecs, cs, sizeof cs);
+            printf("  %8" PRIu64 " %8" PRIu64 " %5u %-9s %10s %10s  %-20s  %s\n", vs[i].version, vs[i].n_tokens,
+                   vs[i].n_checkpoints, cs, bytes_str(s1, sizeof s1, vs[i].logical_bytes),
                    bytes_str(s2, sizeof s2, vs[i].stored_bytes), time_str(t, sizeof t, vs[i].created_ns), lb);
         }
     }
@@ -747,7 +761,8 @@ static const char stat_help[] =
     "usage: statectl stat STORE [--json]\n"
     "\n"
     "Sessions, versions, logical bytes (images as saved) and stored bytes (distinct chunks), the\n"
-    "dedup ratio, chunks awaiting gc, LMDB pages used and free, map size and budget, file size.\n";
+    "dedup ratio, chunks awaiting gc, LMDB pages used and free (the longest run of free pages), map\n"
+    "size and budget, file size.\n";
 
 static int cmd_stat(int argc, char **argv)
 {
@@ -762,7 +777,7 @@ static int cmd_stat(int argc, char **argv)
     if ((rc = store_done(st, rc, 0)))
         return rc;
     if (a.json) {
-        print_json(json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:f,s:I,s:I,s:I,s:I,s:I,s:I}", "schema",
+        print_json(json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:f,s:I,s:I,s:I,s:I,s:I,s:I,s:I}", "schema",
                              (json_int_t)s.schema, "keep_last", (json_int_t)s.keep_last, "sessions",
                              (json_int_t)s.sessions, "versions", (json_int_t)s.versions, "logical_bytes",
                              (json_int_t)s.logical_bytes, "referenced_bytes", (json_int_t)s.referenced_bytes,
@@ -770,7 +785,8 @@ static int cmd_stat(int argc, char **argv)
                              "zero_count_chunks", (json_int_t)s.zero_count_chunks, "zero_count_bytes",
                              (json_int_t)s.zero_count_bytes, "dedup_ratio", s.dedup_ratio, "page_size",
                              (json_int_t)s.page_size, "pages_used", (json_int_t)s.pages_used, "pages_free",
-                             (json_int_t)s.pages_free, "map_size", (json_int_t)s.map_size, "budget",
+                             (json_int_t)s.pages_free, "pages_free_run", (json_int_t)s.pages_free_run,
+                             "map_size", (json_int_t)s.map_size, "budget",
                              (json_int_t)s.budget, "file_bytes", (json_int_t)s.file_bytes));
         return 0;
     }
@@ -784,7 +800,8 @@ static int cmd_stat(int argc, char **argv)
     if (s.zero_count_chunks)
         printf("awaiting gc  %" PRIu64 " chunks (%s)\n", s.zero_count_chunks,
                bytes_str(b1, sizeof b1, s.zero_count_bytes));
-    printf("pages        %" PRIu64 " used, %" PRIu64 " free (%u bytes each)\n", s.pages_used, s.pages_free, s.page_size);
+    printf("pages        %" PRIu64 " used, %" PRIu64 " of them free (longest run %" PRIu64 "), %u bytes each\n",
+           s.pages_used, s.pages_free, s.pages_free_run, s.page_size);
     printf("file         %s; map %s of a %s budget\n", bytes_str(b1, sizeof b1, s.file_bytes),
            bytes_str(b2, sizeof b2, s.map_size), bytes_str(b3, sizeof b3, s.budget));
     return 0;

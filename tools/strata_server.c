@@ -77,6 +77,8 @@ static void usage(FILE *f)
             "  --idle-timeout-ms N           idle keep-alive connection (default 60000)\n"
             "  --shutdown-timeout-ms N       in-flight work at SIGTERM/SIGINT (default 30000)\n"
             "  --upload-ttl-s N              drop uploads untouched this long (default 3600)\n"
+            "  --store-stat-ms N             re-read the store's figures of /metrics (sizes, free\n"
+            "                                map) this often (default 10000, at least 100)\n"
             "Memory guard:\n"
             "  --mem-guard on|off            admit park/SAVE/RESTORE by available RAM (default on)\n"
             "  --mem-reserve-mib N           RAM kept free besides an operation (default 256)\n"
@@ -214,6 +216,7 @@ int main(int argc, char **argv)
         NUM("--idle-timeout-ms", U32, c.idle_timeout_ms, 1)
         NUM("--shutdown-timeout-ms", U32, c.shutdown_timeout_ms, 1)
         NUM("--upload-ttl-s", U32, c.upload_ttl_s, 1)
+        NUM("--store-stat-ms", U32, c.store_stat_ms, 1)
         NUM("--mem-reserve-mib", 1ull << 24, c.mem_reserve_bytes, MIB)
 #undef NUM
         fprintf(stderr, "strata-server: unknown option %s\n", a);

@@ -25,7 +25,8 @@
  * hash's back (what the bug stored) is refused by the store and by an upload commit.
  * Then `statectl check --read-data` finds every store clean.
  *
- * Besides: the 31-byte limit of a SAVE label (400 invalid_field naming it), and a graceful stop
+ * Besides: the size each place a conversation lives in reports (slot, RAM, disk, store) is that
+ * of the one image (test_sizes_every_place); the 31-byte limit of a SAVE label (400 invalid_field naming it), and a graceful stop
  * on a full file system (a tmpfs of its own, mounted in a private mount namespace): the
  * conversations it could not write are named in the log and the exit status is 3; those it could
  * are continued after the restart.
@@ -449,12 +450,118 @@ static void test_stop_full_disk(void **state)
     mnt[0] = '\0';
 }
 
+/* ---- sizes in every place ------------------------------------------------------------------- */
+
+/* The live {where, bytes} GET /v1/sessions/{id} gives, checked against the listing's entry. */
+static uint64_t live_bytes(uint16_t port, const char *id, const char *want_where)
+{
+    char path[128];
+    snprintf(path, sizeof path, "/v1/sessions/%s", id);
+    json_t *o = st_at_call(port, "GET", path, NULL, 200), *live = json_object_get(o, "live");
+    assert_string_equal(json_string_value(json_object_get(live, "where")), want_where);
+    uint64_t b = (uint64_t)json_integer_value(json_object_get(live, "bytes"));
+    assert_true(b > 0);
+    json_t *l = st_at_call(port, "GET", "/v1/sessions", NULL, 200), *e;
+    size_t i;
+    int seen = 0;
+    json_array_foreach(json_object_get(l, "sessions"), i, e) {
+        if (strcmp(json_string_value(json_object_get(e, "id")), id))
+            continue;
+        json_t *le = json_object_get(e, "live");
+        assert_string_equal(json_string_value(json_object_get(le, "where")), want_where);
+        assert_int_equal(json_integer_value(json_object_get(le, "bytes")), b);
+        seen++;
+    }
+    assert_int_equal(seen, 1);
+    json_decref(l);
+    json_decref(o);
+    return b;
+}
+
+/* PARK id out of its slot; the bytes the reply moved. */
+static uint64_t park_bytes(uint16_t port, const char *id)
+{
+    char path[128];
+    snprintf(path, sizeof path, "/v1/sessions/%s/park", id);
+    json_t *o = st_at_call(port, "POST", path, NULL, 200);
+    assert_false(json_is_true(json_object_get(o, "already")));
+    uint64_t b = (uint64_t)json_integer_value(json_object_get(o, "bytes"));
+    json_decref(o);
+    return b;
+}
+
+/* SAVE id in codec; the reply's logical and stored bytes must be what the version then lists,
+ * with that codec. Returns its logical bytes. */
+static uint64_t save_listed(uint16_t port, const char *id, const char *codec, const char *from)
+{
+    char path[128], body[64];
+    snprintf(path, sizeof path, "/v1/sessions/%s/save", id);
+    snprintf(body, sizeof body, "{\"codec\":\"%s\"}", codec);
+    json_t *o = st_at_call(port, "POST", path, body, 201);
+    assert_string_equal(json_string_value(json_object_get(o, "from")), from);
+    snprintf(path, sizeof path, "/v1/sessions/%s/versions/%lld", id,
+             (long long)json_integer_value(json_object_get(o, "version")));
+    json_t *v = st_at_call(port, "GET", path, NULL, 200);
+    uint64_t lb = (uint64_t)json_integer_value(json_object_get(o, "logical_bytes"));
+    assert_int_equal(json_integer_value(json_object_get(v, "logical_bytes")), lb);
+    assert_int_equal(json_integer_value(json_object_get(v, "stored_bytes")),
+                     json_integer_value(json_object_get(o, "stored_bytes")));
+    assert_string_equal(json_string_value(json_object_get(v, "codec")), codec);
+    json_t *cs = json_object_get(v, "codecs");
+    assert_int_equal(json_array_size(cs), 1);
+    assert_string_equal(json_string_value(json_array_get(cs, 0)), codec);
+    json_decref(v);
+    json_decref(o);
+    return lb;
+}
+
+/* Each place a conversation lives in gives its size, and every one is the same image's: the
+ * slot's is what its PARK then moves (a fresh conversation, one continued from RAM, a prompt read
+ * with nothing generated, one restored from a version: the slot then holds the restored
+ * checkpoints), the pool's in RAM and, after a
+ * restart, on disk are the parked image's, an fp32 SAVE from the disk park stores exactly that
+ * image, and a version lists the bytes its SAVE answered with the codec it was saved in (bf16:
+ * smaller). */
+static void test_sizes_every_place(void **state)
+{
+    (void)state;
+    const char *const flags[] = {"--slots", "1", "--conversation-cache-mib", "64", NULL};
+    st_hc_server s;
+    assert_int_equal(start(&s, "sizes", flags), 0);
+    json_decref(turn(s.port, "z", 0, "new"));
+    uint64_t b = live_bytes(s.port, "z", "slot");
+    assert_int_equal(park_bytes(s.port, "z"), b);
+    assert_int_equal(live_bytes(s.port, "z", "ram"), b);
+    json_decref(turn(s.port, "z", 1, "ram"));
+    b = live_bytes(s.port, "z", "slot");
+    assert_int_equal(park_bytes(s.port, "z"), b);
+    assert_int_equal(live_bytes(s.port, "z", "ram"), b);
+    /* a prompt read without generating: the slot's prompt-end checkpoint sits at its live position,
+     * and its park image holds it once (the live state), not twice */
+    json_decref(st_at_complete(s.port, "y", prompts[0], 0, true));
+    uint64_t y = live_bytes(s.port, "y", "slot");
+    assert_int_equal(park_bytes(s.port, "y"), y);
+    assert_int_equal(st_hc_server_stop(&s, SIGTERM), 0);
+
+    assert_int_equal(start(&s, "sizes", flags), 0);
+    assert_int_equal(live_bytes(s.port, "y", "disk"), y);
+    assert_int_equal(live_bytes(s.port, "z", "disk"), b);
+    assert_int_equal(save_listed(s.port, "z", "fp32", "disk"), b);
+    assert_true(save_listed(s.port, "z", "bf16", "disk") < b);
+    call_ok(s.port, "z", "restore", "{\"version\":1}", 200);
+    uint64_t r = live_bytes(s.port, "z", "slot");
+    assert_int_equal(park_bytes(s.port, "z"), r);
+    assert_int_equal(live_bytes(s.port, "z", "ram"), r);
+    assert_int_equal(st_hc_server_stop(&s, SIGTERM), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matrix_fp32), cmocka_unit_test(test_matrix_bf16),
         cmocka_unit_test(test_matrix_f16),  cmocka_unit_test(test_wrong_hash_refused),
         cmocka_unit_test(test_label_limit), cmocka_unit_test(test_stop_full_disk),
+        cmocka_unit_test(test_sizes_every_place),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -103,7 +103,26 @@ static void test_import_export_show(void **state)
     assert_int_equal(json_integer_value(json_object_get(v, "version")), 1);
     assert_int_equal(json_integer_value(json_object_get(v, "checkpoints")), 3);
     assert_int_equal(json_integer_value(json_object_get(v, "file_version")), 1);
+    assert_string_equal(json_string_value(json_object_get(v, "codec")), "fp32");
+    assert_string_equal(json_string_value(json_object_get(v, "codecs")), "fp32");
     json_decref(o);
+    /* a bf16 file's version: its codec in show's JSON and both texts (the control: conv's fp32) */
+    assert_int_equal(st_test_run(out, sizeof out, CTL " synth %s/b.strata --tokens 300 --codec bf16 --seed 4", dir), 0);
+    assert_int_equal(st_test_run(out, sizeof out, CTL " import %s %s/b.strata --id bee", store, dir), 0);
+    o = run_json(0, CTL " show %s bee@1 --json%s", store, "");
+    v = json_object_get(o, "version");
+    assert_string_equal(json_string_value(json_object_get(v, "codec")), "bf16");
+    assert_string_equal(json_string_value(json_object_get(v, "codecs")), "bf16");
+    json_decref(o);
+    assert_int_equal(st_test_run(out, sizeof out, CTL " show %s bee@1", store), 0);
+    assert_non_null(strstr(out, "codec        bf16 (live checkpoint: bf16)"));
+    assert_int_equal(st_test_run(out, sizeof out, CTL " show %s bee", store), 0);
+    assert_non_null(strstr(out, " bf16 "));
+    assert_null(strstr(out, " fp32 "));
+    assert_int_equal(st_test_run(out, sizeof out, CTL " show %s conv", store), 0);
+    assert_non_null(strstr(out, " fp32 "));
+    assert_null(strstr(out, " bf16 "));
+    assert_int_equal(st_test_run(out, sizeof out, CTL " rm %s bee", store), 0);
     o = run_json(0, CTL " show %s conv --json%s", store, "");
     assert_int_equal(json_array_size(json_object_get(o, "version_list")), 2);
     json_decref(o);
@@ -128,9 +147,16 @@ static void test_import_export_show(void **state)
     assert_int_equal(json_integer_value(json_object_get(o, "versions")), 2);
     assert_int_equal(json_integer_value(json_object_get(o, "schema")), ST_STORE_SCHEMA);
     assert_true(json_integer_value(json_object_get(o, "stored_bytes")) > 0);
+    /* the rm of conv@1 and bee freed pages: the free list and its longest run */
+    json_int_t pf = json_integer_value(json_object_get(o, "pages_free"));
+    json_int_t run = json_integer_value(json_object_get(o, "pages_free_run"));
+    assert_true(pf > 0 && run >= 1 && run <= pf);
     json_decref(o);
     assert_int_equal(st_test_run(out, sizeof out, CTL " stat %s", store), 0);
     assert_non_null(strstr(out, "dedup"));
+    char want[128];
+    snprintf(want, sizeof want, " used, %lld of them free (longest run %lld), ", (long long)pf, (long long)run);
+    assert_non_null(strstr(out, want));
     assert_int_equal(st_test_run(out, sizeof out, CTL " rm %s zed", store), 0);
     assert_non_null(strstr(out, "removed session zed (1 versions)"));
 }

@@ -458,6 +458,141 @@ static void test_compression(void **state)
     st_image_free(a);
 }
 
+/* The codecs a version's manifest records, as st_version_info gives them on every path (list,
+ * page, one version): the live checkpoint's, the set, the text; and the chunks stored framed. */
+static void test_version_codecs(void **state)
+{
+    (void)state;
+    char dir[4200];
+    st_store *st = open_new(dir, sizeof dir, NULL);
+    static const uint32_t cs[3][3] = {{ST_CODEC_FP32, ST_CODEC_FP32, ST_CODEC_FP32},
+                                      {ST_CODEC_FP32, ST_CODEC_BF16, ST_CODEC_BF16},
+                                      {ST_CODEC_BF16, ST_CODEC_BF16, ST_CODEC_F16}};
+    static const uint32_t live[3] = {ST_CODEC_FP32, ST_CODEC_BF16, ST_CODEC_F16};
+    static const uint32_t mask[3] = {1u << ST_CODEC_FP32, (1u << ST_CODEC_FP32) | (1u << ST_CODEC_BF16),
+                                     (1u << ST_CODEC_BF16) | (1u << ST_CODEC_F16)};
+    static const char *const text[3] = {"fp32", "fp32+bf16", "bf16+f16"};
+    for (int i = 0; i < 3; i++) {
+        st_image *img = NULL;
+        uint64_t h = 0;
+        assert_int_equal(st_test_image_small(&img, 500, cs[i]), 0);
+        assert_int_equal(st_image_state_hash_compute(img, NULL, NULL, &h), 0); /* its true hash */
+        st_image_state_hash_set(img, h);
+        assert_int_equal(st_store_put(st, "c", img, ST_STORE_HEAD_ANY, NULL, NULL), 0);
+        st_image_free(img);
+    }
+    st_version_info *vs = NULL, page[3], one;
+    size_t n = 0, np = 0;
+    assert_int_equal(st_store_versions(st, "c", &vs, &n), 0);
+    assert_int_equal(n, 3);
+    assert_int_equal(st_store_versions_page(st, "c", 0, page, 3, &np), 0);
+    assert_int_equal(np, 3);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(st_store_version_info(st, "c", (uint64_t)i + 1, &one), 0);
+        const st_version_info *got[3] = {&vs[i], &page[i], &one};
+        for (int k = 0; k < 3; k++) {
+            char t[64];
+            assert_int_equal(got[k]->codec, live[i]);
+            assert_int_equal(got[k]->codecs, mask[i]);
+            assert_int_equal(got[k]->n_framed, 0); /* raw */
+            st_version_codecs_text(got[k]->codecs, t, sizeof t);
+            assert_string_equal(t, text[i]);
+        }
+    }
+    free(vs);
+    /* the text's edges: none, a code beyond the known ones, truncation at a name's end */
+    char t[64];
+    st_version_codecs_text(0, t, sizeof t);
+    assert_string_equal(t, "none");
+    st_version_codecs_text(ST_VERSION_CODEC_OTHER | 1u, t, sizeof t);
+    assert_string_equal(t, "fp32+other");
+    st_version_codecs_text(3u, t, 5);
+    assert_string_equal(t, "fp32");
+
+    /* compression: the framed chunks are counted, the geometry record (never framed) is not */
+    st_image *a = store_test_image(41, 2000, 0, 0);
+    st_put_stats ps;
+    st_put_opts p3 = {.compress = 3, .stats = &ps};
+    assert_int_equal(st_store_put(st, "z", a, 0, &p3, NULL), 0);
+    assert_int_equal(st_store_version_info(st, "z", 0, &one), 0);
+    assert_int_equal(one.codec, ST_CODEC_FP32);
+    assert_int_equal(one.compress, 3);
+    assert_true(one.n_framed > 0 && one.n_framed < one.n_chunks);
+    assert_true(one.stored_bytes < one.logical_bytes);
+    st_image_free(a);
+    store_test_assert_clean(st);
+    st_store_close(st);
+}
+
+/* The longest run of free pages, recomputed from LMDB's free list with a bitmap over the file's
+ * pages (the store sorts the page numbers instead). */
+static uint64_t free_run_by_bitmap(st_store *st, uint64_t pages)
+{
+    uint8_t *free_pg = calloc(pages ? pages : 1, 1);
+    assert_non_null(free_pg);
+    MDB_txn *txn = NULL;
+    MDB_cursor *cur = NULL;
+    MDB_val k, v;
+    assert_int_equal(mdb_txn_begin(st->env, NULL, MDB_RDONLY, &txn), 0);
+    assert_int_equal(mdb_cursor_open(txn, 0, &cur), 0);
+    for (int rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); !rc; rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+        const size_t *ids = v.mv_data;
+        for (size_t i = 1; i <= ids[0]; i++) {
+            assert_true(ids[i] < pages);
+            free_pg[ids[i]] = 1;
+        }
+    }
+    mdb_cursor_close(cur);
+    mdb_txn_abort(txn);
+    uint64_t best = 0, run = 0;
+    for (uint64_t p = 0; p < pages; p++) {
+        run = free_pg[p] ? run + 1 : 0;
+        best = run > best ? run : best;
+    }
+    free(free_pg);
+    return best;
+}
+
+/* The free map of stat: pages used, free and the longest free run, against LMDB's own free list
+ * and the map, before and after deletes free pages. */
+static void test_stat_free_map(void **state)
+{
+    (void)state;
+    char dir[4200];
+    st_store *st = open_new(dir, sizeof dir, NULL);
+    st_image *imgs[4];
+    for (int i = 0; i < 4; i++) {
+        char id[8];
+        snprintf(id, sizeof id, "f%d", i);
+        imgs[i] = store_test_image(80 + (uint64_t)i, 600, 0, 0);
+        assert_int_equal(st_store_put(st, id, imgs[i], 0, NULL, NULL), 0);
+    }
+    st_store_stats s0, s1;
+    assert_int_equal(st_store_stat(st, &s0), 0);
+    /* delete every other session: their pages go to the free list, in separate runs */
+    assert_int_equal(st_store_session_delete(st, "f0"), 0);
+    assert_int_equal(st_store_session_delete(st, "f2"), 0);
+    assert_int_equal(st_store_stat(st, &s1), 0);
+    const st_store_stats *ss[2] = {&s0, &s1};
+    for (int i = 0; i < 2; i++) {
+        const st_store_stats *s = ss[i];
+        assert_true(s->page_size > 0);
+        assert_true(s->pages_free <= s->pages_used);
+        assert_true(s->pages_used <= s->map_size / s->page_size);
+        assert_true(s->pages_free_run <= s->pages_free);
+        assert_true(s->pages_free == 0 ? s->pages_free_run == 0 : s->pages_free_run >= 1);
+    }
+    assert_int_equal(s1.pages_free_run, free_run_by_bitmap(st, s1.pages_used));
+    /* f0's and f2's chunks: about 2 x 600 rows x 128 bytes of K/V each */
+    assert_true(s1.pages_free * s1.page_size >= 2 * 600 * 128);
+    assert_true(s1.pages_free > s0.pages_free);
+    assert_true(s1.pages_free_run > 1);
+    store_test_assert_get(st, "f1", 0, imgs[1]);
+    for (int i = 0; i < 4; i++)
+        st_image_free(imgs[i]);
+    st_store_close(st);
+}
+
 static void file_roundtrip(st_store *st, const st_image *img, const st_file_write_opts *fo, const char *name,
                            int expect_verbatim)
 {
@@ -1111,6 +1246,8 @@ int main(void)
         cmocka_unit_test(test_delete),
         cmocka_unit_test(test_gc),
         cmocka_unit_test(test_compression),
+        cmocka_unit_test(test_version_codecs),
+        cmocka_unit_test(test_stat_free_map),
         cmocka_unit_test(test_import_export),
         cmocka_unit_test(test_geometry_refused),
         cmocka_unit_test(test_arch_name),

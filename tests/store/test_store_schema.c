@@ -131,6 +131,12 @@ static void test_golden_migrates(void **state)
     assert_int_equal(si.head, 2);
     assert_int_equal(si.n_labels, 1);
     assert_string_equal(si.labels[0].name, "golden");
+    /* the codecs of an old version come from what its manifest always recorded */
+    st_version_info vi;
+    assert_int_equal(st_store_version_info(st, "alpha", 1, &vi), 0);
+    assert_int_equal(vi.codec, ST_CODEC_FP32);
+    assert_int_equal(vi.codecs, 1u << ST_CODEC_FP32);
+    assert_string_equal(vi.arch, "");
     /* the migrated store takes new versions and shares chunks with the old ones */
     st_image *img = NULL;
     assert_int_equal(st_store_get(st, "alpha", 1, &img), 0);
