@@ -476,7 +476,7 @@ static void side_state(rig *r, const char *dir, uint32_t codec, int runs, const 
         /* LOAD: read with every section checked, then the verified restore */
         t = now_s();
         st_file_read_opts ro = {.alloc = st_engine_image_allocator(r->e)};
-        if ((rc = st_file_read(path, &ro, &back)) || (rc = st_slot_restore(r->s, back)))
+        if ((rc = st_file_read(path, &ro, &back)) || (rc = st_slot_restore_adopt(r->s, back)))
             die("session file load", rc);
         fig_min(&fload, (now_s() - t) * 1e3, (uint64_t)sb.st_size);
         st_image_free(back);
@@ -499,7 +499,8 @@ static void side_state(rig *r, const char *dir, uint32_t codec, int runs, const 
             die("store save", rc);
         fig_min(&ssave, (now_s() - t) * 1e3, st_image_bytes(img));
         t = now_s();
-        if ((rc = st_store_get(st, "bench", 0, &back)) || (rc = st_slot_restore(r->s, back)))
+        if ((rc = st_store_get_with(st, "bench", 0, st_engine_image_allocator(r->e), &back)) ||
+            (rc = st_slot_restore_adopt(r->s, back)))
             die("store restore", rc);
         fig_min(&sload, (now_s() - t) * 1e3, st_image_bytes(back));
         st_image_free(back);
