@@ -1093,8 +1093,11 @@ static int restore(st_slot *s, const st_image *img, st_image *mut)
         n_chain++;
         /* an fp32 block of the image's own, in the layout of the engine's blocks (the same
          * geometry, so the same st_checkpoint_layout): taken at the swap, the chain's block
-         * given to the image for it */
-        take[i] = mut && codec == ST_CODEC_FP32 && st_image_checkpoint_exclusive(img, skip + i) &&
+         * given to the image for it. Only with a backend that adopts (the CPU's): another's
+         * image buffers may be a pool of its own (the CUDA backend's pinned memory), not to be
+         * held as checkpoints */
+        take[i] = mut && be->load_adopt && codec == ST_CODEC_FP32 &&
+                  st_image_checkpoint_exclusive(img, skip + i) &&
                   st_image_checkpoint_block(img, skip + i, &len) && len == e->ck_bytes;
         if ((rc = load_ckpt(e, img, skip + i, &chain[n_chain - 1], take[i])))
             goto done;
