@@ -631,9 +631,9 @@ static int load_parked(st_conv *cv, int j, pentry *p, const char **source)
     char pid[PARK_ID_MAX];
     park_id(pid, p->id);
     st_image *img = NULL;
-    if ((rc = st_store_get(cv->store, pid, 0, &img)))
+    if ((rc = st_store_get_with(cv->store, pid, 0, st_engine_image_allocator(cv->engine), &img)))
         return rc;
-    rc = st_slot_restore(s, img);
+    rc = st_slot_restore_adopt(s, img);
     st_image_free(img);
     if (rc)
         return rc;
@@ -741,8 +741,8 @@ static int acquire(st_conv *cv, const char *id, int mode, int *out_j, pentry **p
         } else if (!rc) {
             st_image *img = NULL;
             if (!(rc = st_memguard_admit(cv->guard, "restoring the saved conversation", vi.logical_bytes)) &&
-                !(rc = st_store_get(cv->store, id, 0, &img)))
-                rc = st_slot_restore(cs->slot, img);
+                !(rc = st_store_get_with(cv->store, id, 0, st_engine_image_allocator(cv->engine), &img)))
+                rc = st_slot_restore_adopt(cs->slot, img);
             st_image_free(img);
             if (!rc) {
                 cv->m->conv_hits_store++;
@@ -1610,8 +1610,8 @@ void st_conv_restore(st_api_call *c)
     }
     double t0 = st_api_now_ms();
     st_image *img = NULL;
-    if (!(rc = st_store_get(cv->store, c->id, vi.version, &img)))
-        rc = st_slot_restore(cv->slots[j].slot, img); /* on error the slot is as it was */
+    if (!(rc = st_store_get_with(cv->store, c->id, vi.version, st_engine_image_allocator(cv->engine), &img)))
+        rc = st_slot_restore_adopt(cv->slots[j].slot, img); /* on error the slot is as it was */
     double t1 = st_api_now_ms();
     if (rc) {
         st_api_call_fail(c, rc, "restore");
@@ -1802,7 +1802,7 @@ void st_conv_slots_action(st_api_call *c)
         if (stat(path, &sb) != 0) {
             rc = st_error_set(ST_ENOTFOUND, "no file %s in the slot save directory", fname);
         } else if (!(rc = st_memguard_admit(cv->guard, "slot restore", 2 * (uint64_t)sb.st_size)) &&
-                   !(rc = st_file_read(path, &ro, &img)) && !(rc = st_slot_restore(s, img))) {
+                   !(rc = st_file_read(path, &ro, &img)) && !(rc = st_slot_restore_adopt(s, img))) {
             pthread_mutex_lock(&cv->mu);
             if (!cv->slots[j].bound) {
                 random_id(cv->slots[j].id);

@@ -461,7 +461,7 @@ static void side_file(rig *r, const char *path, uint32_t codec, const st_file_wr
         die("session file", errno);
     fig_min(fsave, ms, (uint64_t)sb.st_size);
     t = now_s();
-    if ((rc = st_file_read(path, &ro, &back)) || (rc = st_slot_restore(r->s, back)))
+    if ((rc = st_file_read(path, &ro, &back)) || (rc = st_slot_restore_adopt(r->s, back)))
         die("session file load", rc);
     fig_min(fload, (now_s() - t) * 1e3, (uint64_t)sb.st_size);
     st_image_free(back);
@@ -511,7 +511,8 @@ static void side_state(rig *r, const char *dir, uint32_t codec, int runs, const 
             die("store save", rc);
         fig_min(&ssave, (now_s() - t) * 1e3, st_image_bytes(img));
         t = now_s();
-        if ((rc = st_store_get(st, "bench", 0, &back)) || (rc = st_slot_restore(r->s, back)))
+        if ((rc = st_store_get_with(st, "bench", 0, st_engine_image_allocator(r->e), &back)) ||
+            (rc = st_slot_restore_adopt(r->s, back)))
             die("store restore", rc);
         fig_min(&sload, (now_s() - t) * 1e3, st_image_bytes(back));
         st_image_free(back);

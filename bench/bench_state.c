@@ -4,16 +4,18 @@
  * -g`) and for A/B runs of two trees (the same source builds against either; docs/BENCHMARKS.md).
  *
  *   bench_state --model FILE --tokens-file F [--n-gen N (32)] [--threads N (2)] [--runs R (10)]
- *               [--dir DIR ($TMPDIR or /tmp)] [--cache-off] [--only park|file|load]
+ *               [--dir DIR ($TMPDIR or /tmp)] [--cache-off] [--only park|file|load|store]
  *               [--codec fp32|bf16 (both)] [--compress L (0: none)]
  *
  * The prompt is read once and N tokens decoded (the conversation of bench_engine --model); then
  * each path runs R times; best and median of each in ms, one line per path. --compress L: the
  * session file's checkpoints as shuffled zstd frames of level L (st_file_write_opts.compress),
  * to weigh their size against their SAVE cost. --only load: the file written once, then R LOADs
- * alone (a profile of the read and the restore).
+ * alone (a profile of the read and the restore). --only store: the conversation put once into a
+ * new store in DIR, then R store RESTOREs alone (st_store_get + the verified restore).
  */
 #include <errno.h>
+#include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -76,6 +78,14 @@ static uint32_t *read_tokens(const char *path, uint64_t *n)
     return t;
 }
 
+static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb;
+    (void)flag;
+    (void)ftw;
+    return remove(p);
+}
+
 static void paths(st_slot *s, const st_file_read_opts *ro, const st_file_write_opts *wo,
                   uint32_t codec, int runs, const char *dir, const char *only)
 {
@@ -121,7 +131,7 @@ static void paths(st_slot *s, const st_file_read_opts *ro, const st_file_write_o
                 die("stat", errno);
             fb = (uint64_t)sb.st_size;
             t = now_ms();
-            if ((rc = st_file_read(path, ro, &back)) || (rc = st_slot_restore(s, back)))
+            if ((rc = st_file_read(path, ro, &back)) || (rc = st_slot_restore_adopt(s, back)))
                 die("load", rc);
             b[k] = now_ms() - t;
             st_image_free(back);
@@ -145,7 +155,7 @@ static void paths(st_slot *s, const st_file_read_opts *ro, const st_file_write_o
         for (int k = 0; k < runs; k++) {
             st_image *back = NULL;
             double t = now_ms();
-            if ((rc = st_file_read(path, ro, &back)) || (rc = st_slot_restore(s, back)))
+            if ((rc = st_file_read(path, ro, &back)) || (rc = st_slot_restore_adopt(s, back)))
                 die("load", rc);
             b[k] = now_ms() - t;
             st_image_free(back);
@@ -153,6 +163,32 @@ static void paths(st_slot *s, const st_file_read_opts *ro, const st_file_write_o
         unlink(path);
         snprintf(name, sizeof name, "session LOAD %s%s (verified)", cn, wo ? " zstd" : "");
         report(name, b, runs, (uint64_t)sb.st_size);
+    }
+    if (only && !strcmp(only, "store")) {
+        /* the conversation put once, then store RESTOREs alone */
+        char sdir[4200];
+        st_store *st = NULL;
+        st_image *img = NULL;
+        snprintf(sdir, sizeof sdir, "%s/bench-state-store-%ld", dir, (long)getpid());
+        if ((rc = st_store_open(&st, sdir, &(st_store_opts){.create = 1})) ||
+            (rc = st_slot_snapshot(s, ST_SNAPSHOT_SESSION, codec, &img)) ||
+            (rc = st_store_put(st, "bench", img, ST_STORE_HEAD_ANY, NULL, NULL)))
+            die("store save", rc);
+        pb = st_image_bytes(img);
+        st_image_free(img);
+        for (int k = 0; k < runs; k++) {
+            st_image *back = NULL;
+            double t = now_ms();
+            if ((rc = st_store_get_with(st, "bench", 0, ro->alloc, &back)) ||
+                (rc = st_slot_restore_adopt(s, back)))
+                die("store restore", rc);
+            b[k] = now_ms() - t;
+            st_image_free(back);
+        }
+        st_store_close(st);
+        nftw(sdir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+        snprintf(name, sizeof name, "store RESTORE %s (verified)", cn);
+        report(name, b, runs, pb);
     }
     free(a);
     free(b);
@@ -188,15 +224,16 @@ int main(int argc, char **argv)
         else {
             fprintf(stderr, "usage: bench_state --model FILE --tokens-file F [--n-gen N (32)] "
                             "[--threads N (2)] [--runs R (10)] [--dir DIR] [--cache-off] "
-                            "[--only park|file|load] [--codec fp32|bf16] [--compress L]\n");
+                            "[--only park|file|load|store] [--codec fp32|bf16] [--compress L]\n");
             return 2;
         }
     }
     if (!model || !tokens_file || runs < 1 || threads < 1 ||
-        (only && strcmp(only, "park") && strcmp(only, "file") && strcmp(only, "load")) ||
+        (only && strcmp(only, "park") && strcmp(only, "file") && strcmp(only, "load") &&
+         strcmp(only, "store")) ||
         (codec && strcmp(codec, "fp32") && strcmp(codec, "bf16")) || level < 0 || level > 19) {
         fprintf(stderr, "bench_state: --model and --tokens-file needed, --runs >= 1, --only "
-                        "park|file|load, --codec fp32|bf16, --compress 0..19\n");
+                        "park|file|load|store, --codec fp32|bf16, --compress 0..19\n");
         return 2;
     }
     uint64_t n;
@@ -223,7 +260,8 @@ int main(int argc, char **argv)
     printf("bench_state: %llu tokens, %u checkpoints, %u threads, %d runs%s\n",
            (unsigned long long)st_slot_n_tokens(s), st_slot_n_checkpoints(s), threads, runs,
            cache_off ? ", conversation cache off" : "");
-    /* a LOAD reads into the engine's image buffers, as the server's does */
+    /* a LOAD (and a store RESTORE) reads into the engine's image buffers and the restore takes
+     * them (st_slot_restore_adopt), as the server's do */
     st_file_read_opts ro = {.alloc = st_engine_image_allocator(e)};
     st_file_write_opts wopts = {.compress = level, .shuffle = 1}, *wo = level ? &wopts : NULL;
     if (!codec || !strcmp(codec, "fp32"))

@@ -16,6 +16,11 @@
  *    it at its destination while it is in cache (a save in bf16: the widened values the encode
  *    leaves on the stack, its codes streamed to the image): one pass over the state, on every
  *    thread.
+ * 5. The running state lives in one block in the fp32 checkpoint layout (st_mem_rec.c). A
+ *    load_adopt of an fp32 checkpoint whose block is the image's own and laid out as the state's
+ *    (cpu_adoptable, checked tensor by tensor) copies only the K/V rows: the running tensors are
+ *    digested in the image's block, which adopt exchanges with the state's after the caller's
+ *    check.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -219,6 +224,7 @@ typedef struct bulk_job {
     uint64_t *first;    /* [n_desc + 1]: each tensor's first block */
     uint32_t codec;
     int load;
+    int adopt;          /* load: the running tensors stay in the image, digested there */
     uint64_t *digests;
     int err;            /* first error of a task (atomics) */
 } bulk_job;
@@ -257,7 +263,9 @@ static void bulk_task(void *ctx, uint32_t task, uint32_t thread)
         uint8_t *live = (uint8_t *)(t->what == ST_SW_SSM ? st_recmem_ssm(j->s->rec, t->slot)
                                                          : st_recmem_conv(j->s->rec, t->slot));
         live += off;
-        if (j->codec == ST_CODEC_FP32) {
+        if (j->adopt) {
+            *dg = st_checksum(j->img[ti] + off, (size_t)len); /* the block the state takes */
+        } else if (j->codec == ST_CODEC_FP32) {
             if (j->load)
                 memcpy(live, j->img[ti] + off, len);
             else
@@ -296,9 +304,36 @@ static void bulk_task(void *ctx, uint32_t task, uint32_t thread)
     }
 }
 
-/* Both directions: check the image against the state's tensors, then run the blocks. */
+/* Whether state s can take checkpoint ci of img as it is: fp32, the image's own block, and every
+ * running tensor at the offset the state's block holds it (st_mem_rec.c). */
+static int cpu_adoptable(const cpu_ctx *c, const cpu_state *s, const st_image *img, uint32_t ci)
+{
+    uint64_t pos, ilen = 0, slen = 0;
+    uint32_t codec;
+    if (st_image_checkpoint_info(img, ci, &pos, &codec) || codec != ST_CODEC_FP32 ||
+        !st_image_checkpoint_exclusive(img, ci))
+        return 0;
+    const uint8_t *ib = st_image_checkpoint_block(img, ci, &ilen);
+    const uint8_t *sb = st_recmem_block(s->rec, &slen);
+    if (!ib || ilen != slen)
+        return 0;
+    for (uint32_t ti = 0; ti < c->n_desc; ti++) {
+        const st_state_map *t = &c->tm[ti];
+        if (c->descs[ti].role != ST_ROLE_RUNNING || t->what == ST_SW_POS)
+            continue;
+        const uint8_t *ip = st_image_checkpoint_tensor_const(img, ci, ti, NULL);
+        const uint8_t *sp = (const uint8_t *)(t->what == ST_SW_SSM ? st_recmem_ssm(s->rec, t->slot)
+                                                                   : st_recmem_conv(s->rec, t->slot));
+        if (!ip || ip - ib != sp - sb)
+            return 0;
+    }
+    return 1;
+}
+
+/* Both directions: check the image against the state's tensors, then run the blocks (adopt:
+ * a load whose running tensors stay in the image, cpu_adoptable). */
 static int cpu_bulk(cpu_ctx *c, cpu_state *s, st_image *img, const st_image *cimg, uint32_t ci,
-                    uint64_t n, uint64_t *digests)
+                    uint64_t n, uint64_t *digests, int adopt)
 {
     int load = img == NULL;
     const st_image *im = load ? cimg : img;
@@ -314,7 +349,7 @@ static int cpu_bulk(cpu_ctx *c, cpu_state *s, st_image *img, const st_image *cim
                             (unsigned long long)n, (long long)s->pos, (unsigned long long)pos,
                             st_codec_name(codec));
     int bad = load ? ST_ECORRUPT : ST_EINVAL;
-    bulk_job j = {c, s, NULL, NULL, NULL, codec, load, digests, 0};
+    bulk_job j = {c, s, NULL, NULL, NULL, codec, load, load && adopt, digests, 0};
     j.img = calloc(c->n_desc, sizeof *j.img);
     j.bytes = calloc(c->n_desc, sizeof *j.bytes);
     j.first = calloc(c->n_desc + 1, sizeof *j.first);
@@ -398,13 +433,32 @@ static const st_image_allocator *cpu_image_allocator(void *bctx)
 static int cpu_save(void *bctx, void *st, st_image *img, uint32_t ci, uint64_t n,
                     uint64_t *digests)
 {
-    return cpu_bulk(bctx, st, img, NULL, ci, n, digests);
+    return cpu_bulk(bctx, st, img, NULL, ci, n, digests, 0);
 }
 
 static int cpu_load(void *bctx, void *st, const st_image *img, uint32_t ci, uint64_t n,
                     uint64_t *digests)
 {
-    return cpu_bulk(bctx, st, NULL, img, ci, n, digests);
+    return cpu_bulk(bctx, st, NULL, img, ci, n, digests, 0);
+}
+
+static int cpu_load_adopt(void *bctx, void *st, const st_image *img, uint32_t ci, uint64_t n,
+                          uint64_t *digests, int *adopt)
+{
+    *adopt = cpu_adoptable(bctx, st, img, ci);
+    return cpu_bulk(bctx, st, NULL, img, ci, n, digests, *adopt);
+}
+
+/* The state takes the image's block; the position was set by the load. */
+static void cpu_adopt(void *bctx, void *st, st_image *img, uint32_t ci)
+{
+    (void)bctx;
+    cpu_state *s = st;
+    uint8_t *b = st_recmem_block(s->rec, NULL);
+    void *x = b;
+    st_image_checkpoint_exchange(img, ci, &x); /* cpu_adoptable: exclusive, same size */
+    b = x;
+    st_recmem_exchange(s->rec, &b);
 }
 
 /* ---- the forward pass ------------------------------------------------------------------- */
@@ -453,4 +507,6 @@ const st_backend st_backend_cpu = {
     .save = cpu_save,
     .load = cpu_load,
     .image_allocator = cpu_image_allocator,
+    .load_adopt = cpu_load_adopt,
+    .adopt = cpu_adopt,
 };

@@ -2408,4 +2408,6 @@ extern "C" const st_backend st_backend_cuda = {
     cu_save,
     cu_load,
     cu_image_allocator,
+    NULL, /* load_adopt: the state is device memory; restores copy */
+    NULL, /* adopt */
 };

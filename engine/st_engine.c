@@ -56,6 +56,7 @@ void st_engine_free(st_engine *e)
         e->be->destroy(e->bctx);
     }
     free(e->spare_ck);
+    free(e->ck_off);
     st_pool_free(e->pool);
     free(e->hstage);
     pthread_mutex_destroy(&e->lock);
@@ -138,10 +139,12 @@ int st_engine_new(const st_model *m, const st_engine_opts *o, st_engine **out)
     e->geom.tensors = descs;
     if ((rc = st_geometry_check(&e->geom)))
         goto fail;
-    if (!(e->spare_ck = calloc(e->o.prompt_cache ? e->o.prompt_cache : 1, sizeof *e->spare_ck))) {
+    if (!(e->spare_ck = calloc(e->o.prompt_cache ? e->o.prompt_cache : 1, sizeof *e->spare_ck)) ||
+        !(e->ck_off = calloc(n ? n : 1, sizeof *e->ck_off))) {
         rc = st_error_set(ENOMEM, "engine");
         goto fail;
     }
+    e->ck_bytes = st_checkpoint_layout(descs, n, ST_CODEC_FP32, e->ck_off);
     *out = e;
     return 0;
 fail:

@@ -466,6 +466,14 @@ int st_slot_snapshot(st_slot *s, int mode, uint32_t codec, st_image **out);
  * fresh buffers, the state hash is verified (ST_ECORRUPT), and only then swapped in. On any error
  * the slot is exactly as it was. */
 int st_slot_restore(st_slot *s, const st_image *img);
+/* The same for an image the caller frees next (a session file LOAD, a store RESTORE): the
+ * restore may keep the image's fp32 checkpoint blocks as the slot's running state and
+ * checkpoints instead of copying them, giving the image the engine's spare buffers in exchange
+ * (their bytes are another conversation's). The state hash is verified over the bytes the
+ * slot then holds, before anything is exchanged. On success the image's tokens, logits and
+ * geometry are as they were but its checkpoints' bytes are not: only free it. On any error the
+ * slot and the image are exactly as they were. */
+int st_slot_restore_adopt(st_slot *s, st_image *img);
 
 /* ---- conversation cache retention -----------------------------------------------------------
  * One pure function. Entries are the checkpoints held; ticks are a logical clock. With k >= 2

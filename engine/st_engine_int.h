@@ -114,7 +114,14 @@ int st_kvmem_copy(st_kvmem *kv, uint32_t slot, uint32_t what, uint64_t off, uint
 
 /* Recurrent state: per recurrent layer its matrix and its convolution history (f32). */
 typedef struct st_recmem st_recmem;
+/* One block: per recurrent slot, in layer order, its matrix then its convolution history (f32),
+ * then 8 bytes for the position the module does not use: the fp32 checkpoint layout of the
+ * published geometry (st_state_layout), so that an image's block can be taken as it is. */
 int st_recmem_new(const st_mem_spec *ms, st_recmem **out);
+/* The block and its bytes; exchange: the module takes *blk (of at least those bytes, released
+ * with st_image_buffer_free) and gives its own in *blk. */
+uint8_t *st_recmem_block(const st_recmem *r, uint64_t *len);
+void st_recmem_exchange(st_recmem *r, uint8_t **blk);
 void st_recmem_free(st_recmem *r); /* accepts NULL */
 void st_recmem_reset(st_recmem *r); /* zero */
 float *st_recmem_ssm(const st_recmem *r, uint32_t slot);
@@ -277,6 +284,19 @@ typedef struct st_backend {
      * pinned host memory that save and load move without staging. The hook must stay valid for
      * the life of the process. */
     const st_image_allocator *(*image_allocator)(void *bctx);
+    /* Optional (NULL: restores copy through load): a state whose running tensors live in one
+     * host block in the fp32 checkpoint layout of the geometry (st_checkpoint_layout) can take
+     * an image's fp32 checkpoint block as it is.
+     * load_adopt: load, except that when checkpoint ci is fp32 and its block the image's own
+     *       with the state's layout (*adopt set to 1), its running tensors are not copied: their
+     *       digests are those of the image's bytes, and adopt makes them the state's once the
+     *       caller has verified the hash. Otherwise (*adopt 0) exactly load.
+     * adopt: after a load_adopt that set *adopt, exchange the state's running block with
+     *       checkpoint ci's (st_image_checkpoint_exchange): st holds the image's bytes, the image
+     *       the state's old ones. Cannot fail. */
+    int (*load_adopt)(void *bctx, void *st, const st_image *img, uint32_t ci, uint64_t n,
+                      uint64_t *digests, int *adopt);
+    void (*adopt)(void *bctx, void *st, st_image *img, uint32_t ci);
 } st_backend;
 
 extern const st_backend st_backend_cpu;
@@ -302,16 +322,22 @@ struct st_engine {
      * mapped memory instead of faulting in and zeroing fresh pages. At most one backend state
      * and prompt_cache checkpoints: one slot's memory. */
     void *spare_st;
-    uint8_t ***spare_ck; /* [prompt_cache]: each a checkpoint's per-tensor buffers */
+    uint8_t **spare_ck; /* [prompt_cache]: checkpoint blocks (ck_off's layout) */
     uint32_t n_spare_ck;
+    /* A checkpoint's host block: the fp32 checkpoint layout of the geometry
+     * (st_checkpoint_layout), the layout of an image's fp32 checkpoint, so that a restore can
+     * take an image's block as it is (st_slot_restore_adopt). */
+    uint64_t *ck_off; /* [n_tensors] */
+    uint64_t ck_bytes;
 };
 
-/* A conversation-cache checkpoint: host copies of every running tensor, and once a snapshot
- * has stored it in bf16 (or it was restored from a bf16 image), that block, shared with the
- * images that hold it (st_slot.c invariant 7). */
+/* A conversation-cache checkpoint: host copies of every running tensor in one block (fp32,
+ * running tensor ti at e->ck_off[ti]; released with st_image_buffer_free, as it may have been an
+ * image's), and once a snapshot has stored it in bf16 (or it was restored from a bf16 image),
+ * that block, shared with the images that hold it (st_slot.c invariant 7). */
 typedef struct st_slot_ckpt {
     st_cache_entry e;
-    uint8_t **t; /* per geometry tensor (NULL for K/V tensors) */
+    uint8_t *blk; /* NULL: none */
     st_image_block *bf16;
 } st_slot_ckpt;
 

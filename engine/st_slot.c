@@ -17,6 +17,13 @@
  *    spares (the state and checkpoints the last restore replaced) when it has them: every byte a
  *    restored slot reads is written by the restore, so reused memory leaves nothing behind. After
  *    the swap the old ones become the spares (a state that failed to load is freed).
+ *    st_slot_restore_adopt (an image its caller frees next) takes the image's fp32 blocks
+ *    instead of copying them: the live state's (a backend with load_adopt: the CPU's) and each
+ *    kept checkpoint's, when the block is the image's own. Their bytes are verified where they
+ *    lie (the state hash over the live block; each checkpoint's position), and only at the swap
+ *    are the blocks exchanged: the state and chain take the image's, the image gets the spares'
+ *    in their place, so a refused restore changes neither the slot nor the image, and the
+ *    spares stay within one slot's memory.
  * 6. The state hash (defined in statestore/st_store.h) covers the tokens, the K/V rows and the
  *    running state as the slot holds it after a restore: f32 tensors as the fp32 values widened
  *    from the stored codec. A snapshot hashes the state as stored (what a restore will widen); a
@@ -25,8 +32,8 @@
  * 7. A held checkpoint never changes after it is taken (or restored), so its bf16 block, once a
  *    snapshot has coded it, is kept (ck.bf16, a reference shared with the images holding it) and
  *    put by reference into every later bf16 snapshot instead of being coded again. It holds
- *    exactly the codes st_codec_bf16 gives for ck.t: made by that encode, or taken from the bf16
- *    image a restore widened ck.t from (bf16 -> f32 -> bf16 is the identity on every code the
+ *    exactly the codes st_codec_bf16 gives for ck.blk: made by that encode, or taken from the bf16
+ *    image a restore widened ck.blk from (bf16 -> f32 -> bf16 is the identity on every code the
  *    encode writes; a signalling-NaN code, which it never writes, would be kept as read). It goes
  *    with the checkpoint: dropped, cut, replaced by a restore, reset or freed (ck_free,
  *    ck_spare); the images referencing it keep it until they are freed.
@@ -41,16 +48,18 @@
 
 #define SCRATCH_BYTES (4u * 1024u * 1024u)
 
-static void ck_free(const st_engine *e, st_slot_ckpt *ck)
+/* Running tensor ti of a checkpoint (NULL for K/V tensors). */
+static uint8_t *ck_t(const st_engine *e, const st_slot_ckpt *ck, uint32_t ti)
+{
+    return st_engine_running_bytes(e, ti) ? ck->blk + e->ck_off[ti] : NULL;
+}
+
+static void ck_free(st_slot_ckpt *ck)
 {
     st_image_block_unref(ck->bf16);
     ck->bf16 = NULL;
-    if (!ck->t)
-        return;
-    for (uint32_t ti = 0; ti < e->geom.n_tensors; ti++)
-        free(ck->t[ti]);
-    free(ck->t);
-    ck->t = NULL;
+    st_image_buffer_free(ck->blk); /* it may have been an image's (st_slot_restore_adopt) */
+    ck->blk = NULL;
 }
 
 /* A checkpoint's buffers to the engine's spares (kept for the next ck_alloc), or freed when
@@ -59,14 +68,14 @@ static void ck_spare(st_engine *e, st_slot_ckpt *ck)
 {
     st_image_block_unref(ck->bf16); /* the coded form of the values a spare will overwrite */
     ck->bf16 = NULL;
-    if (!ck->t)
+    if (!ck->blk)
         return;
     if (e->n_spare_ck < e->o.prompt_cache) {
-        e->spare_ck[e->n_spare_ck++] = ck->t;
-        ck->t = NULL;
+        e->spare_ck[e->n_spare_ck++] = ck->blk;
+        ck->blk = NULL;
         return;
     }
-    ck_free(e, ck);
+    ck_free(ck);
 }
 
 void st_slot_spares_free(st_engine *e)
@@ -75,39 +84,30 @@ void st_slot_spares_free(st_engine *e)
         e->be->state_free(e->bctx, e->spare_st);
     e->spare_st = NULL;
     while (e->n_spare_ck) {
-        st_slot_ckpt ck = {.t = e->spare_ck[--e->n_spare_ck]};
-        ck_free(e, &ck);
+        st_slot_ckpt ck = {.blk = e->spare_ck[--e->n_spare_ck]};
+        ck_free(&ck);
     }
 }
 
-/* A checkpoint's buffers: a spare's (every byte is overwritten by its callers, ckpt_take and
- * load_ckpt), else new ones. */
+/* A checkpoint's block: a spare's (every running tensor is overwritten by its callers,
+ * ckpt_take and load_ckpt, or the block goes to an image in exchange for the image's:
+ * st_slot_restore_adopt), else a new one. */
 static int ck_alloc(st_engine *e, st_slot_ckpt *ck)
 {
     memset(ck, 0, sizeof *ck);
     if (e->n_spare_ck) {
-        ck->t = e->spare_ck[--e->n_spare_ck];
+        ck->blk = e->spare_ck[--e->n_spare_ck];
         return 0;
     }
-    ck->t = calloc(e->geom.n_tensors, sizeof *ck->t);
-    if (!ck->t)
-        return st_error_set(ENOMEM, "checkpoint");
-    for (uint32_t ti = 0; ti < e->geom.n_tensors; ti++) {
-        uint64_t b = st_engine_running_bytes(e, ti);
-        if (!b)
-            continue;
-        if (!(ck->t[ti] = st_big_alloc(b))) {
-            ck_free(e, ck);
-            return st_error_set(ENOMEM, "checkpoint: %llu bytes", (unsigned long long)b);
-        }
-    }
+    if (!(ck->blk = st_big_alloc(e->ck_bytes ? e->ck_bytes : 1)))
+        return st_error_set(ENOMEM, "checkpoint: %llu bytes", (unsigned long long)e->ck_bytes);
     return 0;
 }
 
-static void chain_free(const st_engine *e, st_slot_ckpt *ck, uint32_t n)
+static void chain_free(st_slot_ckpt *ck, uint32_t n)
 {
     for (uint32_t i = 0; i < n; i++)
-        ck_free(e, &ck[i]);
+        ck_free(&ck[i]);
     free(ck);
 }
 
@@ -121,7 +121,7 @@ static void chain_spare(st_engine *e, st_slot_ckpt *ck, uint32_t n)
 
 static void ck_remove(st_slot *s, uint32_t i)
 {
-    ck_free(s->e, &s->ck[i]);
+    ck_free(&s->ck[i]);
     memmove(&s->ck[i], &s->ck[i + 1], (s->n_ck - i - 1) * sizeof *s->ck);
     s->n_ck--;
 }
@@ -164,7 +164,7 @@ void st_slot_free(st_slot *s)
     if (s->st)
         s->e->be->state_free(s->e->bctx, s->st);
     if (s->ck)
-        chain_free(s->e, s->ck, s->n_ck);
+        chain_free(s->ck, s->n_ck);
     free(s->tokens);
     free(s->logits);
     free(s);
@@ -229,9 +229,9 @@ static int ckpt_take(st_slot *s, uint64_t pos, int root)
     if ((rc = ck_alloc(e, &ck)))
         return rc;
     for (uint32_t ti = 0; ti < e->geom.n_tensors; ti++)
-        if (ck.t[ti] && (rc = e->be->running_read(e->bctx, s->st, ti, ck.t[ti],
-                                                  st_engine_running_bytes(e, ti)))) {
-            ck_free(e, &ck);
+        if (ck_t(e, &ck, ti) && (rc = e->be->running_read(e->bctx, s->st, ti, ck_t(e, &ck, ti),
+                                                          st_engine_running_bytes(e, ti)))) {
+            ck_spare(e, &ck);
             return rc;
         }
     ck.e.position = pos;
@@ -261,8 +261,9 @@ static int ckpt_mount(st_slot *s, uint32_t i)
     st_engine *e = s->e;
     int rc;
     for (uint32_t ti = 0; ti < e->geom.n_tensors; ti++)
-        if (s->ck[i].t[ti] && (rc = e->be->running_write(e->bctx, s->st, ti, s->ck[i].t[ti],
-                                                         st_engine_running_bytes(e, ti))))
+        if (ck_t(e, &s->ck[i], ti) &&
+            (rc = e->be->running_write(e->bctx, s->st, ti, ck_t(e, &s->ck[i], ti),
+                                       st_engine_running_bytes(e, ti))))
             return rc;
     s->n_tokens = s->ck[i].e.position;
     s->has_logits = 0;
@@ -747,9 +748,9 @@ static int add_held_ckpt(st_engine *e, st_image *img, uint64_t pos, st_slot_ckpt
             goto done;
         }
         if (d->dtype == ST_DTYPE_F32)
-            pc[np++] = (conv_piece){dst, ck->t[ti], codec, ST_CODEC_FP32, b / 4};
+            pc[np++] = (conv_piece){dst, ck_t(e, ck, ti), codec, ST_CODEC_FP32, b / 4};
         else
-            memcpy(dst, ck->t[ti], b);
+            memcpy(dst, ck_t(e, ck, ti), b);
     }
     rc = pool_convert(e, pc, np);
     if (!rc && codec == ST_CODEC_BF16)
@@ -868,9 +869,11 @@ done:
 }
 
 /* ---- restore ---------------------------------------------------------------------------------- */
-/* Checkpoint ci of img, widened to f32, into per-tensor buffers (dst[ti] of running bytes), on
- * the engine's pool. */
-static int load_ckpt(st_engine *e, const st_image *img, uint32_t ci, uint8_t **dst)
+/* Checkpoint ci of img, widened to f32, into checkpoint ck's block, on the engine's pool; with
+ * check_only, only the position tensor is checked (the block is taken as it is later:
+ * st_slot_restore_adopt). */
+static int load_ckpt(st_engine *e, const st_image *img, uint32_t ci, st_slot_ckpt *ck,
+                     int check_only)
 {
     uint64_t pos;
     uint32_t codec, np = 0;
@@ -892,13 +895,15 @@ static int load_ckpt(st_engine *e, const st_image *img, uint32_t ci, uint8_t **d
             goto done;
         }
         if (d->dtype == ST_DTYPE_F32) {
-            pc[np++] = (conv_piece){dst[ti], src, ST_CODEC_FP32, codec, b / 4};
+            if (!check_only)
+                pc[np++] = (conv_piece){ck_t(e, ck, ti), src, ST_CODEC_FP32, codec, b / 4};
             continue;
         }
-        memcpy(dst[ti], src, b);
+        if (!check_only)
+            memcpy(ck_t(e, ck, ti), src, b);
         if (!strcmp(d->name, "pos")) {
             int64_t p;
-            memcpy(&p, dst[ti], 8);
+            memcpy(&p, src, 8);
             if (p < 0 || (uint64_t)p != pos) {
                 rc = st_error_set(ST_ECORRUPT, "restore: checkpoint %u at %llu holds position "
                                   "%lld", ci, (unsigned long long)pos, (long long)p);
@@ -988,7 +993,9 @@ static int model_mismatch(const st_engine *e, const st_geometry *g, const char *
                         "engine runs the first)", d, fp);
 }
 
-int st_slot_restore(st_slot *s, const st_image *img)
+/* The restore (st_engine.h). mut: the same image when the caller lets the restore take its
+ * fp32 checkpoint blocks (st_slot_restore_adopt), else NULL. */
+static int restore(st_slot *s, const st_image *img, st_image *mut)
 {
     st_engine *e = s->e;
     const st_backend *be = e->be;
@@ -996,7 +1003,8 @@ int st_slot_restore(st_slot *s, const st_image *img)
     st_slot_ckpt *chain = NULL;
     uint32_t n_chain = 0;
     uint64_t h = 0, *dg = NULL, nd = 0, d0 = 0;
-    int rc;
+    uint8_t *take = NULL; /* take[i]: chain[i] takes the image's block at the swap */
+    int rc, adopt_live = 0;
     const st_geometry *g = st_image_geometry(img);
     if ((rc = st_geometry_compare(&e->geom, g))) {
         char d[512];
@@ -1040,9 +1048,12 @@ int st_slot_restore(st_slot *s, const st_image *img)
     if (bulk) {
         /* K/V and the live state in one pass of the backend, which puts the image's bytes on
          * the device unchanged and digests them there: the hash is verified over the bytes that
-         * arrived */
+         * arrived. Adopting, the live state's bytes stay where the reader put them, in the block
+         * the state takes at the swap, and are digested there. */
         if ((rc = bulk_digests(e, n, &dg, &nd, &d0)) ||
-            (rc = be->load(e->bctx, ns, img, nck - 1, n, dg + d0)) ||
+            (rc = mut && be->load_adopt
+                      ? be->load_adopt(e->bctx, ns, img, nck - 1, n, dg + d0, &adopt_live)
+                      : be->load(e->bctx, ns, img, nck - 1, n, dg + d0)) ||
             (rc = bulk_hash(e, tokens, n, dg, nd, &h)))
             goto done;
     }
@@ -1068,18 +1079,27 @@ int st_slot_restore(st_slot *s, const st_image *img)
         keep = e->o.prompt_cache;
     }
     chain = calloc(e->o.prompt_cache + 1, sizeof *chain);
-    if (!chain) {
+    take = calloc(e->o.prompt_cache + 1, 1);
+    if (!chain || !take) {
         rc = st_error_set(ENOMEM, "restore: checkpoints");
         goto done;
     }
     for (uint32_t i = 0; i < keep; i++) {
-        uint64_t pos;
+        uint64_t pos, len = 0;
         uint32_t codec;
         st_image_checkpoint_info(img, skip + i, &pos, &codec);
         if ((rc = ck_alloc(e, &chain[n_chain])))
             goto done;
         n_chain++;
-        if ((rc = load_ckpt(e, img, skip + i, chain[n_chain - 1].t)))
+        /* an fp32 block of the image's own, in the layout of the engine's blocks (the same
+         * geometry, so the same st_checkpoint_layout): taken at the swap, the chain's block
+         * given to the image for it. Only with a backend that adopts (the CPU's): another's
+         * image buffers may be a pool of its own (the CUDA backend's pinned memory), not to be
+         * held as checkpoints */
+        take[i] = mut && be->load_adopt && codec == ST_CODEC_FP32 &&
+                  st_image_checkpoint_exclusive(img, skip + i) &&
+                  st_image_checkpoint_block(img, skip + i, &len) && len == e->ck_bytes;
+        if ((rc = load_ckpt(e, img, skip + i, &chain[n_chain - 1], take[i])))
             goto done;
         chain[n_chain - 1].e.position = pos;
         if (codec == ST_CODEC_BF16) /* invariant 7; NULL (no memory): coded by the next PARK */
@@ -1097,7 +1117,17 @@ int st_slot_restore(st_slot *s, const st_image *img)
                           (unsigned long long)h);
         goto done;
     }
-    /* swap; the old state and checkpoints become the engine's spares */
+    /* swap; the old state and checkpoints become the engine's spares. Adopting, the state and
+     * the chain first take the image's blocks (checked above: fp32, the image's own, the
+     * layout of theirs), giving it theirs: nothing here can fail */
+    if (adopt_live)
+        be->adopt(e->bctx, ns, mut, nck - 1);
+    for (uint32_t i = 0; i < n_chain; i++)
+        if (take[i]) {
+            void *b = chain[i].blk;
+            st_image_checkpoint_exchange(mut, skip + i, &b);
+            chain[i].blk = b;
+        }
     if (e->spare_st)
         be->state_free(e->bctx, s->st);
     else
@@ -1125,5 +1155,16 @@ done:
     pthread_mutex_unlock(&e->lock);
     free(scratch);
     free(dg);
+    free(take);
     return rc;
+}
+
+int st_slot_restore(st_slot *s, const st_image *img)
+{
+    return restore(s, img, NULL);
+}
+
+int st_slot_restore_adopt(st_slot *s, st_image *img)
+{
+    return restore(s, img, img);
 }

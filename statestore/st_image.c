@@ -547,23 +547,29 @@ static int st_ckpt_own(st_image *img, st_ckpt *c)
 
 /* Lay out a checkpoint block for each codec: running tensors in geometry order, each aligned to
  * its stored element size. The geometry was checked, so no sum here can overflow. */
+uint64_t st_checkpoint_layout(const st_tensor_desc *tensors, uint32_t n, uint32_t codec,
+                              uint64_t *off)
+{
+    uint64_t at = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        const st_tensor_desc *t = &tensors[i];
+        uint64_t es;
+        off[i] = 0;
+        if (t->role != ST_ROLE_RUNNING)
+            continue;
+        es = t->dtype == ST_DTYPE_F32 ? st_codec_elem_size(codec) : st_dtype_size(t->dtype);
+        at = (at + es - 1) / es * es;
+        off[i] = at;
+        at += st_tensor_stored_bytes(t, codec);
+    }
+    return at;
+}
+
 static void st_ckpt_layout(st_image *img)
 {
-    for (uint32_t codec = 0; codec < ST_CODEC_COUNT; codec++) {
-        uint64_t off = 0;
-        for (uint32_t i = 0; i < img->g.n_tensors; i++) {
-            const st_tensor_desc *t = &img->tensors[i];
-            uint64_t es;
-            img->ckpt_off[(size_t)codec * img->g.n_tensors + i] = 0;
-            if (t->role != ST_ROLE_RUNNING)
-                continue;
-            es = t->dtype == ST_DTYPE_F32 ? st_codec_elem_size(codec) : st_dtype_size(t->dtype);
-            off = (off + es - 1) / es * es;
-            img->ckpt_off[(size_t)codec * img->g.n_tensors + i] = off;
-            off += st_tensor_stored_bytes(t, codec);
-        }
-        img->ckpt_bytes[codec] = off;
-    }
+    for (uint32_t codec = 0; codec < ST_CODEC_COUNT; codec++)
+        img->ckpt_bytes[codec] = st_checkpoint_layout(
+            img->tensors, img->g.n_tensors, codec, &img->ckpt_off[(size_t)codec * img->g.n_tensors]);
 }
 
 void st_image_free(st_image *img)
@@ -871,6 +877,49 @@ int st_image_checkpoint_add_shared(st_image *img, uint64_t position, uint32_t co
     if (index)
         *index = ci;
     return 0;
+}
+
+const void *st_image_checkpoint_block(const st_image *img, uint32_t ci, uint64_t *len)
+{
+    if (len)
+        *len = 0;
+    if (!img || ci >= img->n_ckpt)
+        return NULL;
+    if (len)
+        *len = img->ckpt_bytes[img->ckpt[ci].codec];
+    return img->ckpt[ci].data;
+}
+
+int st_image_checkpoint_exclusive(const st_image *img, uint32_t ci)
+{
+    if (!img || ci >= img->n_ckpt)
+        return 0;
+    pthread_mutex_lock(&st_share_mu);
+    int own = img->ckpt[ci].shared == NULL;
+    pthread_mutex_unlock(&st_share_mu);
+    return own;
+}
+
+int st_image_checkpoint_exchange(st_image *img, uint32_t ci, void **block)
+{
+    if (!img || !block || !*block || ci >= img->n_ckpt)
+        return st_error_set(ST_EINVAL, "checkpoint exchange: no checkpoint %u or no block", ci);
+    pthread_mutex_lock(&st_share_mu);
+    st_ckpt *c = &img->ckpt[ci];
+    if (c->shared) {
+        pthread_mutex_unlock(&st_share_mu);
+        return st_error_set(ST_EINVAL, "checkpoint exchange: checkpoint %u's block is shared", ci);
+    }
+    void *mine = c->data;
+    c->data = *block;
+    *block = mine;
+    pthread_mutex_unlock(&st_share_mu);
+    return 0;
+}
+
+void st_image_buffer_free(void *p)
+{
+    st_buf_free(p);
 }
 
 uint32_t st_image_n_checkpoints(const st_image *img)

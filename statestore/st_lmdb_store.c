@@ -1894,7 +1894,8 @@ static int jobs_for_section(const st_manifest *m, uint32_t s, uint8_t *base, st_
 /* Three read transactions: the geometry, the tokens, everything else; each copies out and ends
  * before its chunks are checked (invariant 3). A manifest replaced in between makes fetch
  * answer ST_CHANGED and the caller start over. */
-static int get_once(st_store *st, const char *id, uint64_t version, st_image **out)
+static int get_once(st_store *st, const char *id, uint64_t version, const st_image_allocator *alloc,
+                    st_image **out)
 {
     uint8_t *mbuf = NULL, *geo = NULL;
     size_t mlen = 0;
@@ -1946,12 +1947,14 @@ static int get_once(st_store *st, const char *id, uint64_t version, st_image **o
     jobs_for_section(&m, 1, (uint8_t *)tokens, jobs, &nj);
     if ((rc = fetch(st, id, v, mbuf, mlen, &m, jobs, nj)))
         goto done;
-    if ((rc = st_image_create(&img, &g)))
+    /* every K/V row and checkpoint tensor is one of the sections copied below (the layout
+     * check), so nothing is zeroed first; an image whose copy fails is freed */
+    if ((rc = st_image_create_with(&img, &g, alloc)))
         goto done;
-    if ((rc = st_image_tokens_set(img, tokens, m.n_tokens)))
+    if ((rc = st_image_tokens_set_unzeroed(img, tokens, m.n_tokens)))
         goto done;
     for (uint32_t c = 0; c < m.n_ckpt; c++)
-        if ((rc = st_image_checkpoint_add(img, m.ckpt[c].position, m.ckpt[c].codec, NULL))) {
+        if ((rc = st_image_checkpoint_add_unzeroed(img, m.ckpt[c].position, m.ckpt[c].codec, NULL))) {
             char d[512];
             snprintf(d, sizeof d, "%s", st_errdetail());
             rc = st_error_set(ST_ECORRUPT, "%s: checkpoint %u: %s", what, c, d);
@@ -2008,11 +2011,17 @@ done:
 
 int st_store_get(st_store *st, const char *id, uint64_t version, st_image **out)
 {
+    return st_store_get_with(st, id, version, NULL, out);
+}
+
+int st_store_get_with(st_store *st, const char *id, uint64_t version, const st_image_allocator *alloc,
+                      st_image **out)
+{
     if (!st || !out)
         return st_error_set(ST_EINVAL, "get: no store or out pointer");
     *out = NULL;
     for (int i = 0; i < ST_GET_RETRIES; i++) {
-        int rc = get_once(st, id, version, out);
+        int rc = get_once(st, id, version, alloc, out);
         if (rc != ST_CHANGED)
             return rc;
     }

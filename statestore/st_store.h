@@ -171,6 +171,30 @@ int st_image_checkpoint_add_shared(st_image *img, uint64_t position, uint32_t co
                                    st_image_block *b, uint32_t *index);
 void st_image_block_unref(st_image_block *b); /* accepts NULL */
 
+/* The layout of a checkpoint block in codec for geometry tensors[0..n): running tensors in
+ * geometry order, each at an offset aligned to its stored element size (off[ti]; 0 for K/V
+ * tensors); returns the block's bytes. Every image of that geometry lays its checkpoints out
+ * so (st_image_checkpoint_block), and the engine its own running-state buffers, so that a
+ * block moves between them without a copy (st_image_checkpoint_exchange). */
+uint64_t st_checkpoint_layout(const st_tensor_desc *tensors, uint32_t n, uint32_t codec,
+                              uint64_t *off);
+/* Checkpoint ci's block (its running tensors at st_checkpoint_layout's offsets) and in *len its
+ * bytes; NULL when there is no such checkpoint. */
+const void *st_image_checkpoint_block(const st_image *img, uint32_t ci, uint64_t *len);
+/* Give checkpoint ci of an image about to be freed the block *block, and take its own block
+ * into *block: the caller now owns the bytes the image held there (and releases them with
+ * st_image_buffer_free), the image holds the caller's. *block must be a buffer of at least
+ * st_image_checkpoint_block's bytes that st_image_buffer_free can release (malloc'd, or taken
+ * from an image this way). The image's state then no longer verifies: only free it (its tokens,
+ * logits and geometry stay readable). ST_EINVAL with nothing changed when the block is shared
+ * (st_image_checkpoint_share) or there is no such checkpoint. */
+int st_image_checkpoint_exchange(st_image *img, uint32_t ci, void **block);
+/* Whether checkpoint ci's block is the image's own (not shared): _exchange would take it. */
+int st_image_checkpoint_exclusive(const st_image *img, uint32_t ci);
+/* Release a buffer taken from an image (st_image_checkpoint_exchange) or malloc'd: through the
+ * allocation hook that made it, unmapped, or free()d. Accepts NULL. */
+void st_image_buffer_free(void *p);
+
 /* Last-token logits: n_vocab floats, or none (n == 0). */
 int st_image_logits_set(st_image *img, const float *logits, uint32_t n);
 const float *st_image_logits(const st_image *img, uint32_t *n);
@@ -509,6 +533,12 @@ int st_store_put(st_store *st, const char *id, const st_image *img, uint64_t exp
  * it was copied out of the store; a mismatch or a missing chunk is ST_ECORRUPT naming the chunk,
  * session and version; nothing is returned then. */
 int st_store_get(st_store *st, const char *id, uint64_t version, st_image **out);
+/* st_store_get with an allocation hook for the image's buffers of 2 MiB and more (as
+ * st_image_create_with takes it; NULL: as st_store_get), e.g. st_engine_image_allocator(),
+ * whose buffers a restore into that engine writes without faulting in fresh pages. Every byte
+ * of the image is copied from the store, so its buffers are not zeroed first. */
+int st_store_get_with(st_store *st, const char *id, uint64_t version, const st_image_allocator *alloc,
+                      st_image **out);
 
 /* Write version (0: head) of session id as a session file at path (atomically, durably).
  * fopts NULL re-creates the file as it was imported (same bytes) or, for a version saved by

@@ -815,7 +815,7 @@ int main(int argc, char **argv)
             ret = fail("reading the session", rc);
             goto done;
         }
-        if ((rc = st_slot_restore(s, img))) {
+        if ((rc = st_slot_restore_adopt(s, img))) {
             ret = fail("restoring the session", rc);
             goto done;
         }

@@ -3,7 +3,7 @@
  * that must fail leave the slot exactly as it was, the conversation cache (root checkpoint,
  * periodic checkpoints, prefix reuse identical to a full read), park images; a K/V-only model
  * (llama, qwen3) cut at any position; a compressed bf16 session file restores to the slot the
- * uncompressed one restores to.
+ * uncompressed one restores to; a restore that takes the image's blocks (st_slot_restore_adopt).
  */
 #include <math.h>
 #include <errno.h>
@@ -18,6 +18,7 @@
 #include <cmocka.h>
 
 #include "engine_test.h"
+#include "st_engine_int.h"
 #include "st_migrate.h"
 
 static char g_dir[4096];
@@ -682,6 +683,133 @@ static void test_restore_into_spares(void **state)
     }
 }
 
+/* The image's checkpoint blocks, in order (at most 64). */
+static uint32_t blocks(const st_image *img, const void **out)
+{
+    uint32_t n = st_image_n_checkpoints(img);
+    assert_true(n <= 64);
+    for (uint32_t ci = 0; ci < n; ci++)
+        assert_non_null(out[ci] = st_image_checkpoint_block(img, ci, NULL));
+    return n;
+}
+
+/* st_slot_restore_adopt: a restore that takes an image's fp32 checkpoint blocks as the slot's
+ * running state and checkpoints. In fp32 the slot then holds the very blocks the image held
+ * (the checkpoints' blocks are the image's, the image holds the engine's old ones), and the slot
+ * is bit for bit the one a copying restore into a new engine leaves (its PARK image, logits and
+ * what it generates next); in bf16 nothing is taken (the widening is the copy) and the result is
+ * the same. A bit flipped in the live state or a checkpoint's position is refused with the slot,
+ * the image exactly as they were (the image's file bytes and its blocks), the spares kept (the
+ * blocks the failed restore wrote into are spares again, within one slot's). After
+ * restores back and forth the spares stay within one slot's (prompt_cache checkpoints). */
+static void test_restore_adopt(void **state)
+{
+    (void)state;
+    uint32_t tl[512], ts[256], a[8], b[8];
+    uint64_t nl = et_tokens(tl, "A conversation whose checkpoints and live state a restore takes "
+                                "from the image as they are, without a copy, once verified.");
+    uint64_t ns = et_tokens(ts, "another one, held before");
+    st_engine_opts o = opts(2);
+    o.ubatch = 16;
+    o.prompt_cache_every = 16;
+    uint32_t codecs[2] = {ST_CODEC_FP32, ST_CODEC_BF16};
+    for (int c = 0; c < 2; c++) {
+        rig r, f;
+        rig_open(&r, g_big, &o);
+        rig_open(&f, g_big, &o);
+        assert_int_equal(st_slot_eval(f.s, tl, nl, 0, NULL), 0);
+        gen(f.s, 3, a, 0.0f);
+        assert_true(st_slot_n_checkpoints(f.s) > 2);
+        st_image *img = NULL, *img_s = NULL;
+        assert_int_equal(st_slot_snapshot(f.s, ST_SNAPSHOT_PARK, codecs[c], &img), 0);
+        uint8_t *want = NULL;
+        size_t want_len = 0;
+        assert_int_equal(st_file_write_mem(img, NULL, &want, &want_len), 0);
+        /* r holds another conversation and has spares (the first restore made them) */
+        assert_int_equal(st_slot_eval(r.s, ts, ns, 0, NULL), 0);
+        gen(r.s, 2, b, 0.0f);
+        assert_int_equal(st_slot_snapshot(r.s, ST_SNAPSHOT_PARK, codecs[c], &img_s), 0);
+        assert_int_equal(st_slot_restore(r.s, img_s), 0);
+        obs before;
+        observe(r.s, &before);
+        /* refused: a flipped bit in each live running tensor, then a checkpoint's position */
+        st_image *cp = NULL;
+        assert_int_equal(st_image_clone(&cp, img), 0);
+        const void *b0[64], *b1[64];
+        uint32_t nb = blocks(cp, b0);
+        const st_geometry *g = st_image_geometry(cp);
+        uint32_t n_spare = r.e->n_spare_ck;
+        for (uint32_t ci = 0; ci < nb; ci++)
+            for (uint32_t ti = 0; ti < g->n_tensors; ti++) {
+                uint64_t len = 0;
+                uint8_t *p = g->tensors[ti].role == ST_ROLE_RUNNING
+                                 ? st_image_checkpoint_tensor(cp, ci, ti, &len) : NULL;
+                int is_pos = p && g->tensors[ti].dtype == ST_DTYPE_I64;
+                if (!p || (ci + 1 < nb && !is_pos) || (ci + 1 == nb && is_pos))
+                    continue; /* the live state's tensors, the checkpoints' positions */
+                flip(p, len / 2);
+                assert_int_equal(st_slot_restore_adopt(r.s, cp), ST_ECORRUPT);
+                same(r.s, &before);
+                assert_true(r.e->n_spare_ck >= n_spare && r.e->n_spare_ck <= o.prompt_cache);
+                flip(p, len / 2);
+                blocks(cp, b1);
+                assert_memory_equal(b0, b1, nb * sizeof *b0);
+                uint8_t *got = NULL;
+                size_t got_len = 0;
+                assert_int_equal(st_file_write_mem(cp, NULL, &got, &got_len), 0);
+                assert_int_equal(got_len, want_len);
+                assert_memory_equal(got, want, want_len);
+                free(got);
+            }
+        /* taken */
+        assert_int_equal(st_slot_restore_adopt(r.s, cp), 0);
+        blocks(cp, b1);
+        uint32_t keep = r.s->n_ck;
+        assert_int_equal(keep, nb - 1);
+        for (uint32_t i = 0; i < keep; i++) {
+            int taken = codecs[c] == ST_CODEC_FP32;
+            assert_int_equal(r.s->ck[i].blk == b0[i], taken);
+            assert_int_equal(b1[i] != b0[i], taken);
+        }
+        assert_int_equal(b1[nb - 1] != b0[nb - 1], codecs[c] == ST_CODEC_FP32);
+        assert_int_equal(st_image_n_tokens(cp), st_image_n_tokens(img));
+        st_image_free(cp);
+        uint8_t *pr = NULL, *pf = NULL;
+        size_t lr = 0, lf = 0;
+        park_bytes(r.s, codecs[c], &pr, &lr);
+        assert_int_equal(st_slot_restore(f.s, img), 0);
+        park_bytes(f.s, codecs[c], &pf, &lf);
+        assert_int_equal(lr, lf);
+        assert_memory_equal(pr, pf, lr);
+        free(pr);
+        free(pf);
+        /* back and forth, each restore taking the image's blocks: spares bounded, the slot
+         * continues as the copying restore's */
+        for (int k = 0; k < 4; k++) { /* ends with img */
+            st_image *x = NULL;
+            assert_int_equal(st_image_clone(&x, k % 2 ? img : img_s), 0);
+            assert_int_equal(st_slot_restore_adopt(r.s, x), 0);
+            st_image_free(x);
+            assert_true(r.e->n_spare_ck <= o.prompt_cache);
+        }
+        uint32_t nvr = 0, nvf = 0;
+        const float *lgr = st_slot_logits(r.s, &nvr), *lgf = st_slot_logits(f.s, &nvf);
+        assert_int_equal(nvr, nvf);
+        assert_memory_equal(lgr, lgf, (size_t)nvr * sizeof *lgr);
+        gen(r.s, 8, a, 0.0f);
+        gen(f.s, 8, b, 0.0f);
+        assert_memory_equal(a, b, sizeof a);
+        lgr = st_slot_logits(r.s, &nvr);
+        lgf = st_slot_logits(f.s, &nvf);
+        assert_memory_equal(lgr, lgf, (size_t)nvr * sizeof *lgr);
+        free(want);
+        st_image_free(img);
+        st_image_free(img_s);
+        rig_close(&r);
+        rig_close(&f);
+    }
+}
+
 /* The first running tensor of checkpoint ci of img, where the image holds it. */
 static const void *ck_tensor(const st_image *img, uint32_t ci)
 {
@@ -1187,6 +1315,7 @@ int main(void)
         cmocka_unit_test(test_bulk_bit_flips),
         cmocka_unit_test(test_image_cache_reuse),
         cmocka_unit_test(test_restore_into_spares),
+        cmocka_unit_test(test_restore_adopt),
         cmocka_unit_test(test_held_bf16_block),
         cmocka_unit_test(test_compressed_session_file),
     };
