@@ -5,7 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "st_codec.h"
+#include "st_common.h"
 
 static _Thread_local char st_detail[512];
 
