@@ -139,6 +139,9 @@ void st_replace_abort(st_replace *a);
 int st_replace_file(const char *path, const void *buf, size_t len);
 /* "<path>.tmp.<pid>.<n>" into dst; 0, or ST_EINVAL when it does not fit in cap (no detail). */
 int st_replace_tmp_name(char *dst, size_t cap, const char *path, long pid, unsigned n);
+/* The next temp name of this process for path (its pid, the next n of the count begin uses), for
+ * a temp made otherwise (a directory replaced by rename); same errors. */
+int st_replace_tmp_next(char *dst, size_t cap, const char *path);
 
 /* ---- hex ------------------------------------------------------------------------------------ */
 

@@ -29,6 +29,11 @@ int st_replace_tmp_name(char *dst, size_t cap, const char *path, long pid, unsig
     return k < 0 || (size_t)k >= cap ? ST_EINVAL : 0;
 }
 
+int st_replace_tmp_next(char *dst, size_t cap, const char *path)
+{
+    return st_replace_tmp_name(dst, cap, path, (long)getpid(), atomic_fetch_add(&st_tmp_counter, 1));
+}
+
 static void st_replace_clear(st_replace *a)
 {
     free(a->tmp);
@@ -74,7 +79,7 @@ int st_replace_begin(st_replace *a, const char *path, unsigned mode)
                             cap);
     }
     for (int tries = 0; tries < 100; tries++) {
-        st_replace_tmp_name(a->tmp, cap, path, (long)getpid(), atomic_fetch_add(&st_tmp_counter, 1));
+        st_replace_tmp_next(a->tmp, cap, path);
         a->fd = st_sys_calls.open(a->tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, mode);
         if (a->fd >= 0)
             return 0;

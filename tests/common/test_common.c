@@ -272,6 +272,12 @@ static void test_replace_tmp_name(void **state)
     assert_int_equal(st_replace_tmp_name(want, sizeof want, path, (long)getpid(), n + 1), 0);
     assert_string_equal(a.tmp, want);
     st_replace_abort(&a);
+    /* st_replace_tmp_next takes the next n of the same count */
+    assert_int_equal(st_replace_tmp_next(want, sizeof want, path), 0);
+    char want2[1300];
+    assert_int_equal(st_replace_tmp_name(want2, sizeof want2, path, (long)getpid(), n + 2), 0);
+    assert_string_equal(want, want2);
+    assert_int_equal(st_replace_tmp_next(small, sizeof small, path), ST_EINVAL);
     assert_int_equal(st_replace_tmp_name(small, sizeof small, "abc", 1, 0), ST_EINVAL);
     assert_int_equal(st_replace_tmp_name(small, sizeof small, "a", 1, 0), 0);
     assert_string_equal(small, "a.tmp.1.0");
