@@ -1011,17 +1011,8 @@ typedef struct wbuf {
 
 static void wb_flush(wbuf *b)
 {
-    size_t off = 0;
-    while (!b->err && off < b->n) {
-        ssize_t r = write(b->fd, b->b + off, b->n - off);
-        if (r < 0) {
-            if (errno == EINTR)
-                continue;
-            b->err = errno;
-        } else {
-            off += (size_t)r;
-        }
-    }
+    if (!b->err)
+        b->err = st_sys_write_all(b->fd, b->b, b->n);
     b->n = 0;
 }
 
@@ -1063,25 +1054,19 @@ int st_gguf_writer_write(st_gguf_writer *w, const char *path)
 {
     if (w->failed)
         return st_error_set(w->failed, "gguf writer: failed earlier");
-    char *tmp = NULL, *dir = NULL;
+    st_replace a = {.fd = -1};
     wbuf *b = NULL;
-    int fd = -1, rc = 0;
-    if (asprintf(&tmp, "%s.tmp.%d", path, (int)getpid()) < 0) {
-        tmp = NULL;
-        rc = st_error_set(ENOMEM, "gguf writer: path");
-        goto done;
-    }
+    int rc = 0;
     b = calloc(1, sizeof *b);
     if (!b) {
-        rc = st_error_set(ENOMEM, "gguf writer: buffer");
+        rc = st_error_set(ENOMEM, "gguf writer: buffer (%zu bytes)", sizeof *b);
         goto done;
     }
-    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        rc = st_error_set(errno, "gguf writer: create %s", tmp);
+    if ((rc = st_replace_begin(&a, path, 0644))) {
+        st_error_wrap(rc, "gguf writer");
         goto done;
     }
-    b->fd = fd;
+    b->fd = a.fd;
     wb_u32(b, GGUF_MAGIC);
     wb_u32(b, 3);
     wb_u64(b, w->n_t);
@@ -1132,46 +1117,15 @@ int st_gguf_writer_write(st_gguf_writer *w, const char *path)
     }
     wb_flush(b);
     if (b->err) {
-        rc = st_error_set(b->err, "gguf writer: write %s", tmp);
+        rc = st_error_set(b->err, "gguf writer: write %s: %s", a.tmp, strerror(b->err));
         goto done;
     }
-    if (fsync(fd) != 0) {
-        rc = st_error_set(errno, "gguf writer: fsync %s", tmp);
-        goto done;
-    }
-    if (close(fd) != 0) {
-        fd = -1;
-        rc = st_error_set(errno, "gguf writer: close %s", tmp);
-        goto done;
-    }
-    fd = -1;
-    if (rename(tmp, path) != 0) {
-        rc = st_error_set(errno, "gguf writer: rename to %s", path);
-        goto done;
-    }
-    dir = strdup(path);
-    if (dir) {
-        char *slash = strrchr(dir, '/');
-        const char *d = ".";
-        if (slash) {
-            *slash = '\0';
-            d = *dir ? dir : "/";
-        }
-        int dfd = open(d, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (dfd >= 0) {
-            fsync(dfd);
-            close(dfd);
-        }
-    }
+    if ((rc = st_replace_commit(&a, path)))
+        st_error_wrap(rc, "gguf writer");
 done:
-    if (fd >= 0)
-        close(fd);
-    if (rc && tmp)
-        unlink(tmp);
+    st_replace_abort(&a); /* nothing left after a commit; the temp file after any other failure */
     if (rc)
         w->failed = rc;
-    free(tmp);
-    free(dir);
     free(b);
     return rc;
 }

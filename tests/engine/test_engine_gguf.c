@@ -1,8 +1,11 @@
 /*
  * test_engine_gguf.c - the GGUF reader and writer: a round trip of every value type, and
  * truncated, hostile and randomly damaged files, which must give typed errors and never read
- * outside the buffer (this test also runs under ASan + UBSan).
+ * outside the buffer (this test also runs under ASan + UBSan); the writer's file replacement
+ * under failures injected through common's file-system call table.
  */
+#include <dirent.h>
+#include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -326,6 +329,111 @@ static void test_writer_roundtrip(void **state)
     st_test_rmdir(dir);
 }
 
+/* ---- the writer under injected failures ----------------------------------------------------- */
+static int fault_calls, fault_at;
+static ssize_t fault_write(int fd, const void *b, size_t n)
+{
+    if (++fault_calls == fault_at) {
+        errno = ENOSPC;
+        return -1;
+    }
+    return st_sys_real.write(fd, b, n);
+}
+static int fault_fsync(int fd)
+{
+    if (++fault_calls == fault_at) {
+        errno = EIO;
+        return -1;
+    }
+    return st_sys_real.fsync(fd);
+}
+static int fault_rename(const char *a, const char *b)
+{
+    if (++fault_calls == fault_at) {
+        errno = EXDEV;
+        return -1;
+    }
+    return st_sys_real.rename(a, b);
+}
+
+static int dir_entries(const char *dir)
+{
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    int n = 0;
+    assert_non_null(d);
+    while ((e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+            n++;
+    closedir(d);
+    return n;
+}
+
+static char fault_detail[512];
+static int write_small(const char *path)
+{
+    st_gguf_writer *w = NULL;
+    static float f[4096];
+    uint64_t d0[1] = {4096};
+    assert_int_equal(st_gguf_writer_new(&w, 64), 0);
+    assert_int_equal(st_gguf_writer_set_str(w, "general.architecture", "test"), 0);
+    assert_int_equal(st_gguf_writer_add_tensor(w, "x", ST_GGML_F32, 1, d0, f), 0);
+    int rc = st_gguf_writer_write(w, path);
+    snprintf(fault_detail, sizeof fault_detail, "%s", st_errdetail());
+    if (rc) /* a failed writer stays failed */
+        assert_int_equal(st_gguf_writer_write(w, path), rc);
+    st_gguf_writer_free(w);
+    return rc;
+}
+
+/* A failing write, fsync or rename leaves the old file and no temp file; the directory's fsync,
+ * after the rename, is checked too: its failure is reported with the new file in place. */
+static void test_writer_faults(void **state)
+{
+    char dir[4096], path[4200];
+    st_test_tmpdir(dir, sizeof dir, "gguf_faults");
+    snprintf(path, sizeof path, "%s/m.gguf", dir);
+    for (int which = 0; which < 3; which++) {
+        int failures = 0;
+        for (fault_at = 1;; fault_at++) {
+            assert_int_equal(st_test_spit(path, "OLD", 3), 0);
+            fault_calls = 0;
+            if (which == 0)
+                st_sys_calls.write = fault_write;
+            else if (which == 1)
+                st_sys_calls.fsync = fault_fsync;
+            else
+                st_sys_calls.rename = fault_rename;
+            int rc = write_small(path);
+            st_sys_reset();
+            size_t len = 0;
+            uint8_t *b = st_test_slurp(path, &len);
+            assert_non_null(b);
+            assert_int_equal(dir_entries(dir), 1); /* never a temp file behind */
+            if (rc == 0) {
+                assert_true(len > 4096 * 4);
+                free(b);
+                break;
+            }
+            failures++;
+            assert_true(rc > 0);
+            assert_non_null(strstr(fault_detail, "gguf writer"));
+            assert_non_null(strstr(fault_detail, path));
+            if (which == 1 && fault_at == 2) {
+                /* the directory's fsync failed: reported, the new file already in place */
+                assert_non_null(strstr(fault_detail, "fsync of directory"));
+                assert_true(len > 4096 * 4);
+            } else {
+                assert_int_equal(len, 3);
+                assert_memory_equal(b, "OLD", 3);
+            }
+            free(b);
+        }
+        assert_true(failures >= (which == 1 ? 2 : 1)); /* each injected call was reached */
+    }
+    st_test_rmdir(dir);
+}
+
 /* Every prefix of a real model file is refused; a random damage never crashes. */
 static void test_truncated_and_damaged(void **state)
 {
@@ -422,6 +530,7 @@ int main(void)
         cmocka_unit_test(test_hostile),
         cmocka_unit_test(test_nested_arrays),
         cmocka_unit_test(test_writer_roundtrip),
+        cmocka_unit_test(test_writer_faults),
         cmocka_unit_test(test_truncated_and_damaged),
         cmocka_unit_test(test_model_refusals),
     };
