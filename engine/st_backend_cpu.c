@@ -150,9 +150,7 @@ static void cpu_state_reset(void *bctx, void *stp)
 /* The detail of a memory module's refusal, with the tensor it was about. */
 static int named(const cpu_ctx *c, uint32_t ti, int rc)
 {
-    char d[256];
-    snprintf(d, sizeof d, "%s", st_errdetail());
-    return st_error_set(rc, "cpu backend: tensor %u (%s): %s", ti, c->descs[ti].name, d);
+    return st_error_wrap(rc, "cpu backend: tensor %u (%s)", ti, c->descs[ti].name);
 }
 
 static int cpu_running_io(cpu_ctx *c, cpu_state *s, uint32_t ti, void *buf, uint64_t len,
@@ -480,9 +478,7 @@ static int cpu_forward(void *bctx, void *stp, const uint32_t *tokens, uint32_t n
             return st_error_set(ST_EINVAL, "cpu backend: token %u outside the vocabulary of %u",
                                 tokens[t], m->hp.n_vocab);
     if ((rc = st_kvmem_reserve(s->kv, pos0, pos0 + n))) {
-        char d[256];
-        snprintf(d, sizeof d, "%s", st_errdetail());
-        return st_error_set(rc, "cpu backend: %s", d);
+        return st_error_wrap(rc, "cpu backend");
     }
     st_fwd f = {.m = m, .ops = &st_ops_cpu_table, .oc = c->oc, .kv = s->kv, .rec = s->rec,
                 .tokens = tokens, .T = n, .pos0 = pos0, .logits = logits};

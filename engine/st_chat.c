@@ -78,7 +78,7 @@ static int make(const st_gguf *g, const char *src, size_t len, const char *what,
         return st_error_set(ENOMEM, "out of memory");
     int rc = st_jinja_parse(src, len, &ct->t, NULL, NULL);
     if (rc) {
-        st_error_set(rc, "%s: %s", what, st_errdetail());
+        st_error_wrap(rc, "%s", what);
         goto fail;
     }
     if (g && ((rc = token_text(g, "tokenizer.ggml.bos_token_id", &ct->bos)) ||

@@ -453,10 +453,9 @@ static int open_one(const char *path, st_gguf **out)
     g->path = strdup(path);
     int rc = g->path ? parse(g) : st_error_set(ENOMEM, "gguf: path");
     if (rc) {
-        char d[512];
-        snprintf(d, sizeof d, "%s", st_errdetail());
+        st_error_wrap(rc, "%s", path);
         st_gguf_close(g);
-        return st_error_set(rc, "%s: %s", path, d);
+        return rc;
     }
     *out = g;
     return 0;
@@ -611,9 +610,7 @@ static int split_key(const st_gguf *g, const char *key, uint64_t max, uint64_t *
         return st_error_set(ST_ECORRUPT, "gguf: %s: key %s missing (a part of a split model)",
                             g->path, key);
     if (rc) {
-        char d[256];
-        snprintf(d, sizeof d, "%s", st_errdetail());
-        return st_error_set(rc, "gguf: %s: %s", g->path, d);
+        return st_error_wrap(rc, "gguf: %s", g->path);
     }
     return 0;
 }
@@ -633,10 +630,8 @@ static int split_part(st_gguf *g, uint32_t i, uint64_t count, uint64_t total, co
     uint64_t no = 0, pc = 0, pt = 0;
     int rc = open_one(pp, &p);
     if (rc) {
-        char d[512];
-        snprintf(d, sizeof d, "%s", st_errdetail());
-        return st_error_set(rc, "gguf: split model %s: part %u of %llu missing or unreadable: %s",
-                            g->path, i + 1, (unsigned long long)count, d);
+        return st_error_wrap(rc, "gguf: split model %s: part %u of %llu missing or unreadable", g->path,
+                             i + 1, (unsigned long long)count);
     }
     g->part[i - 1] = p;
     g->n_part = i + 1;
@@ -687,9 +682,7 @@ static int split_open(st_gguf *g, const char *path)
     if (rc == ST_ENOTFOUND)
         return 0;
     if (rc) {
-        char d[256];
-        snprintf(d, sizeof d, "%s", st_errdetail());
-        return st_error_set(rc, "gguf: %s: %s", path, d);
+        return st_error_wrap(rc, "gguf: %s", path);
     }
     if (count <= 1) /* one file, as llama.cpp reads it: the other split keys unread */
         return 0;

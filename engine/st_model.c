@@ -430,15 +430,11 @@ int st_model_load(const char *path, st_model **out)
     if ((rc = st_gguf_open(path, &m->gguf)))
         goto fail;
     if ((rc = read_arch(m->gguf, &m->arch)) || (rc = m->arch->read(m->gguf, &m->hp))) {
-        char d[512];
-        snprintf(d, sizeof d, "%s", st_errdetail());
-        rc = st_error_set(rc, "%s: %s", path, d);
+        rc = st_error_wrap(rc, "%s", path);
         goto fail;
     }
     if ((rc = model_vocab(m->gguf, &m->vocab))) {
-        char d[512];
-        snprintf(d, sizeof d, "%s", st_errdetail());
-        rc = st_error_set(rc, "%s: %s", path, d);
+        rc = st_error_wrap(rc, "%s", path);
         goto fail;
     }
     if ((rc = m->arch->tensors(&m->hp, &l)) || (rc = mem_spec_build(m->arch, &m->hp, &m->mem)))
@@ -468,9 +464,7 @@ int st_model_load(const char *path, st_model **out)
         m->layers[il].kind = m->mem.layer[il].kind == ST_MEM_REC ? 'D' : 'A';
     for (size_t i = 0; i < l.n; i++)
         if ((rc = bind(m, &l.t[i]))) {
-            char d[512];
-            snprintf(d, sizeof d, "%s", st_errdetail());
-            rc = st_error_set(rc, "%s: %s", path, d);
+            rc = st_error_wrap(rc, "%s", path);
             goto fail;
         }
     m->hp.wtype = m->tok_embd.type;

@@ -1007,11 +1007,11 @@ static int restore(st_slot *s, const st_image *img, st_image *mut)
     int rc, adopt_live = 0;
     const st_geometry *g = st_image_geometry(img);
     if ((rc = st_geometry_compare(&e->geom, g))) {
+        if (rc != ST_EMODEL)
+            return st_error_wrap(rc, "restore");
         char d[512];
         snprintf(d, sizeof d, "%s", st_errdetail());
-        if (rc == ST_EMODEL)
-            return model_mismatch(e, g, d);
-        return st_error_set(rc, "restore: %s", d);
+        return model_mismatch(e, g, d);
     }
     if ((rc = st_image_check(img)))
         return rc;

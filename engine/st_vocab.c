@@ -1311,9 +1311,7 @@ int st_vocab_open(const char *path, st_vocab **out)
     *out = NULL;
     int rc = st_gguf_open(path, &g);
     if (!rc && (rc = st_vocab_load(g, out))) {
-        char d[512];
-        snprintf(d, sizeof d, "%s", st_errdetail());
-        rc = st_error_set(rc, "%s: %s", path, d);
+        rc = st_error_wrap(rc, "%s", path);
     }
     st_gguf_close(g);
     return rc;
