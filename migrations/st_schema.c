@@ -88,7 +88,7 @@ static int step12_batch(st_store *st, MDB_txn *txn, void *arg)
         }
         if (v.mv_size < 8) {
             char hex[2 * ST_STORE_HASH_LEN + 1];
-            st_store_hex(hex, k.mv_data, ST_STORE_HASH_LEN);
+            st_hex_encode(hex, k.mv_data, ST_STORE_HASH_LEN);
             rc = st_error_set(ST_ECORRUPT, "schema 1 -> 2: chunk %s has a %zu-byte value, less than its count",
                               hex, v.mv_size);
             break;
@@ -275,10 +275,8 @@ static int backup_old(st_store *st, const char *bdir)
         goto fail;
     return 0;
 fail:;
-    char d[512];
-    snprintf(d, sizeof d, "%s", st_errdetail());
     st_store__remove_env_dir(bdir);
-    return st_error_set(rc, "migrate: backup to %s failed: %s", bdir, d);
+    return st_error_wrap(rc, "migrate: backup to %s failed", bdir);
 }
 
 /* st_schema_migrate; resume_hint ends the detail of a step that stopped. */

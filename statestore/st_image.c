@@ -192,8 +192,7 @@ int st_geometry_check(const st_geometry *g)
 
 static void st_fp_hex(char *out, const uint8_t *fp)
 {
-    for (int i = 0; i < 4; i++)
-        sprintf(out + 2 * i, "%02x", fp[i]);
+    st_hex_encode(out, fp, 4);
     strcpy(out + 8, "...");
 }
 
@@ -998,10 +997,8 @@ int st_image_checkpoint_recode(st_image *img, uint32_t ci, uint32_t codec, void 
         rc = st_codec_convert(codec, dst, c->codec, src, (size_t)st_tensor_elems(t), scratch,
                               scratch_cap);
         if (rc) {
-            char d[400];
-            snprintf(d, sizeof d, "%s", st_errdetail());
-            st_error_set(rc, "checkpoint %u recode %s -> %s: tensor %u (\"%s\"): %s", ci,
-                         st_codec_name(c->codec), st_codec_name(codec), i, t->name, d);
+            st_error_wrap(rc, "checkpoint %u recode %s -> %s: tensor %u (\"%s\")", ci, st_codec_name(c->codec),
+                          st_codec_name(codec), i, t->name);
             st_buf_free(nd);
             return rc;
         }

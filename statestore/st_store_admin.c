@@ -127,12 +127,8 @@ static void orphan_collect(void *arg, const st_check_problem *p)
         o->hash = h;
         o->cap = cap;
     }
-    for (size_t i = 0; i < ST_STORE_HASH_LEN; i++) {
-        unsigned b = 0;
-        if (sscanf(p->chunk + 2 * i, "%2x", &b) != 1)
-            return;
-        o->hash[o->n][i] = (uint8_t)b;
-    }
+    if (st_hex_decode(o->hash[o->n], p->chunk, ST_STORE_HASH_LEN))
+        return;
     o->n++;
 }
 
@@ -262,7 +258,7 @@ static void problem(st_checker *k, uint32_t kind, const char *session, uint64_t 
     va_end(ap);
     st_check_problem p = {.kind = kind, .session = session ? session : "", .version = version, .message = msg};
     if (hash)
-        st_store_hex(p.chunk, hash, ST_STORE_HASH_LEN);
+        st_hex_encode(p.chunk, hash, ST_STORE_HASH_LEN);
     k->res.problems++;
     if (k->report)
         k->report(k->arg, &p);
@@ -629,7 +625,7 @@ static int rd_one(void *ctx, size_t i, st_frame_ctx **fctx)
     st_rd_batch *b = ctx;
     st_rd_item *it = &b->items[i];
     uint8_t h[ST_STORE_HASH_LEN];
-    int rc = st_store_sha256(it->data, it->len, h);
+    int rc = st_sha256(it->data, it->len, h);
     if (rc)
         return rc;
     it->bad_sha = memcmp(h, it->key, ST_STORE_HASH_LEN) != 0;
@@ -1034,10 +1030,10 @@ void st_store__remove_env_dir(const char *dir)
 {
     char path[4200];
     if (!st_path(path, sizeof path, dir, "data.mdb"))
-        unlink(path);
+        st_sys_calls.unlink(path);
     if (!st_path(path, sizeof path, dir, "lock.mdb"))
-        unlink(path);
-    rmdir(dir);
+        st_sys_calls.unlink(path);
+    st_sys_calls.rmdir(dir);
 }
 
 static int sys_err(int e, const char *what, const char *path)
@@ -1139,10 +1135,10 @@ done:
         close(pfd[0]);
     if (pfd[1] >= 0)
         close(pfd[1]);
-    if (out >= 0 && close(out) != 0 && !rc)
+    if (out >= 0 && st_sys_calls.close(out) != 0 && !rc)
         rc = sys_err(errno, "closing", path);
     if (rc)
-        unlink(path);
+        st_sys_calls.unlink(path);
     return rc;
 }
 
@@ -1196,11 +1192,8 @@ static int check_copy(const char *dir, const st_store_sys *sys, st_store_progres
     st_store *cp = NULL;
     st_store_opts o = {.read_only = 1, .sys = sys, .progress = progress, .progress_arg = arg};
     int rc = st_store__open_any(&cp, dir, &o, MDB_RDONLY | MDB_NOLOCK);
-    if (rc) {
-        char d[512];
-        snprintf(d, sizeof d, "%s", st_errdetail());
-        return st_error_set(rc, "%s does not open: %s", what, d);
-    }
+    if (rc)
+        return st_error_wrap(rc, "%s does not open", what);
     if (schema)
         *schema = cp->schema;
     if (cp->schema > ST_STORE_SCHEMA)
@@ -1223,23 +1216,26 @@ static int check_copy(const char *dir, const st_store_sys *sys, st_store_progres
      * is: a version that cannot restore does not make the others of a copy unusable */
     rc = check_run(cp, 1, 0, first_problem, &fp, &res);
     st_store_close(cp);
-    if (rc) {
-        char d[512];
-        snprintf(d, sizeof d, "%s", st_errdetail());
-        return st_error_set(rc, "checking %s: %s", what, d);
-    }
+    if (rc)
+        return st_error_wrap(rc, "checking %s", what);
     if (res.problems)
         return st_error_set(ST_ECORRUPT, "%s fails its check: %llu problems, the first: %s", what,
                             (unsigned long long)res.problems, fp.text);
     return 0;
 }
 
+/* The temp directory a copy is made in before it is renamed to dest: common's temp name of dest. */
 static int tmp_sibling(const char *dest, char *tmp, size_t cap)
 {
+    char base[4200];
     size_t n = strlen(dest);
     while (n > 1 && dest[n - 1] == '/')
         n--;
-    if ((size_t)snprintf(tmp, cap, "%.*s.tmp.%d", (int)n, dest, (int)getpid()) >= cap)
+    if (n >= sizeof base)
+        return st_error_set(ST_EINVAL, "path too long: %s", dest);
+    memcpy(base, dest, n);
+    base[n] = '\0';
+    if (st_replace_tmp_next(tmp, cap, base))
         return st_error_set(ST_EINVAL, "path too long: %s", dest);
     return 0;
 }
@@ -1269,7 +1265,7 @@ int st_store_backup(st_store *st, const char *dest_dir)
         rc = st_store__pages_require(st, "backup"); /* the compacting copy walks every database */
     if (rc)
         return rc;
-    st_store__remove_env_dir(tmp); /* a leftover of a crashed attempt of this very pid */
+    st_store__remove_env_dir(tmp); /* a leftover of a crashed process that had this pid */
     if (st->sys.mkdir(tmp, 0755) != 0)
         return sys_err(errno, "creating", tmp);
     rc = st_store__copy_env(st, tmp);
@@ -1328,7 +1324,7 @@ static int copy_file(const st_store_sys *sys, const char *from, const char *to, 
 done:
     free(buf);
     close(in);
-    if (out >= 0 && close(out) != 0 && !rc)
+    if (out >= 0 && st_sys_calls.close(out) != 0 && !rc)
         rc = sys_err(errno, "closing", to);
     return rc;
 }
@@ -1393,7 +1389,7 @@ int st_store_restore_backup_upgrade(const char *backup_dir, const char *dest_dir
     if (!rc)
         rc = check_copy(tmp, &sys, progress, parg, what, 0, NULL);
     if (!rc && old && !st_path(to, sizeof to, tmp, "lock.mdb"))
-        unlink(to); /* the upgrade's; a restored store holds data.mdb only, as a current one does */
+        st_sys_calls.unlink(to); /* the upgrade's; a restored store holds data.mdb only, as a current one does */
     if (!rc)
         rc = publish(&sys, tmp, dest_dir);
     if (rc) {

@@ -213,7 +213,7 @@ static int session_scan(st_store *st, MDB_txn *txn, const scan_ctx *c, const cha
         for (uint32_t i = 0; i < m.n_chunks && !why[0]; i++) {
             const st_mchunk *ch = &m.chunks[i];
             char hex[2 * ST_STORE_HASH_LEN + 1];
-            st_store_hex(hex, ch->hash, ST_STORE_HASH_LEN);
+            st_hex_encode(hex, ch->hash, ST_STORE_HASH_LEN);
             if (range_bad(c, DB_CHUNKS, ch->hash, ST_STORE_HASH_LEN, NULL, 0) ||
                 range_bad(c, DB_REFCOUNTS, ch->hash, ST_STORE_HASH_LEN, NULL, 0)) {
                 snprintf(why, cap, "version %llu: chunk %s lies in a damaged page", (unsigned long long)ver, hex);

@@ -1,10 +1,12 @@
 /*
  * st_test_util.h - small helpers shared by Strata's tests: a scratch directory per test program,
- * running a real command and capturing its output, reading whole files.
+ * running a real command and capturing its output, reading whole files, finding a leftover temp
+ * file of an atomic replacement.
  */
 #ifndef ST_TEST_UTIL_H
 #define ST_TEST_UTIL_H
 
+#include <dirent.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -93,6 +95,29 @@ static inline int st_test_spit(const char *path, const void *buf, size_t len)
         return -1;
     size_t w = fwrite(buf, 1, len, f);
     return fclose(f) == 0 && w == len ? 0 : -1;
+}
+
+/* 1 when path's directory holds an entry named "<name of path>.tmp.<anything>": a temp file or
+ * directory that an atomic replacement of path (st_replace_tmp_name's name) left behind. */
+static inline int st_test_has_temp(const char *path)
+{
+    char dir[4200], prefix[4200];
+    const char *slash = strrchr(path, '/');
+    if (slash)
+        snprintf(dir, sizeof dir, "%.*s", (int)(slash - path) ? (int)(slash - path) : 1, path);
+    else
+        snprintf(dir, sizeof dir, ".");
+    snprintf(prefix, sizeof prefix, "%s.tmp.", slash ? slash + 1 : path);
+    DIR *d = opendir(dir);
+    if (!d)
+        return 0;
+    struct dirent *e;
+    int found = 0;
+    while ((e = readdir(d)))
+        if (!strncmp(e->d_name, prefix, strlen(prefix)))
+            found = 1;
+    closedir(d);
+    return found;
 }
 
 #endif

@@ -68,9 +68,10 @@ static void progress_bytes(void *arg, uint64_t done, uint64_t total)
 }
 
 /* ---- the temp file of an interrupted write ------------------------------------------------------
- * st_file_write writes "<OUT>.tmp.<pid>.<n>" and removes it on every failure (docs/FORMAT.md,
- * "Writing"); a signal that kills the process is no failure it sees. convert and synth write one
- * file per process, n 0, so on SIGINT, SIGTERM or SIGHUP that name is removed before dying. */
+ * st_file_write writes "<OUT>.tmp.<pid>.<n>" (st_replace_tmp_name builds that name) and removes it
+ * on every failure (docs/FORMAT.md, "Writing"); a signal that kills the process is no failure it
+ * sees. convert and synth write one file per process, n 0, so on SIGINT, SIGTERM or SIGHUP that
+ * name is removed before dying. */
 
 static char interrupted_tmp[4200];
 
@@ -85,7 +86,8 @@ static void on_fatal_signal(int sig)
 static void remove_temp_on_signal(const char *out)
 {
     struct sigaction sa;
-    snprintf(interrupted_tmp, sizeof interrupted_tmp, "%s.tmp.%ld.0", out, (long)getpid());
+    if (st_replace_tmp_name(interrupted_tmp, sizeof interrupted_tmp, out, (long)getpid(), 0))
+        interrupted_tmp[0] = '\0'; /* longer than PATH_MAX: no such temp file can exist */
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_fatal_signal;
     sigemptyset(&sa.sa_mask);
@@ -95,16 +97,6 @@ static void remove_temp_on_signal(const char *out)
 }
 
 /* ---- formatting helpers ------------------------------------------------------------------------ */
-
-static void hex(char *dst, const uint8_t *p, size_t n)
-{
-    static const char digits[] = "0123456789abcdef";
-    for (size_t i = 0; i < n; i++) {
-        dst[2 * i] = digits[p[i] >> 4];
-        dst[2 * i + 1] = digits[p[i] & 15];
-    }
-    dst[2 * n] = '\0';
-}
 
 static void shape_str(char *dst, size_t cap, const st_tensor_desc *t)
 {
@@ -151,7 +143,7 @@ static int info_has_geometry(const st_file_info *in)
 static json_t *info_json(const char *path, const st_file_info *in, const char *stopped)
 {
     char fp[2 * ST_FINGERPRINT_LEN + 1];
-    hex(fp, in->geometry.model_fp, ST_FINGERPRINT_LEN);
+    st_hex_encode(fp, in->geometry.model_fp, ST_FINGERPRINT_LEN);
     json_t *tensors = json_array();
     for (uint32_t i = 0; i < in->geometry.n_tensors; i++) {
         const st_tensor_desc *t = &in->geometry.tensors[i];
@@ -209,7 +201,7 @@ static json_t *info_json(const char *path, const st_file_info *in, const char *s
 static void info_text(const char *path, const st_file_info *in, const char *stopped)
 {
     char fp[2 * ST_FINGERPRINT_LEN + 1], shape[96];
-    hex(fp, in->geometry.model_fp, ST_FINGERPRINT_LEN);
+    st_hex_encode(fp, in->geometry.model_fp, ST_FINGERPRINT_LEN);
     printf("file         %s\n", path);
     printf("format       Strata session file v%u\n", in->version);
     printf("size         %" PRIu64 " bytes\n", in->file_len);

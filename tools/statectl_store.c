@@ -45,16 +45,6 @@ static void progress_end(void)
 
 /* ---- formatting -------------------------------------------------------------------------------- */
 
-static void hexs(char *dst, const uint8_t *p, size_t n)
-{
-    static const char digits[] = "0123456789abcdef";
-    for (size_t i = 0; i < n; i++) {
-        dst[2 * i] = digits[p[i] >> 4];
-        dst[2 * i + 1] = digits[p[i] & 15];
-    }
-    dst[2 * n] = '\0';
-}
-
 static const char *bytes_str(char *buf, size_t cap, uint64_t b)
 {
     static const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -271,8 +261,8 @@ static json_t *version_json(const st_version_info *v, const st_session_info *si)
 static json_t *session_json(const st_session_info *si)
 {
     char fp[2 * ST_FINGERPRINT_LEN + 1], gd[2 * ST_STORE_HASH_LEN + 1], c[32], u[32];
-    hexs(fp, si->model_fp, ST_FINGERPRINT_LEN);
-    hexs(gd, si->geometry_digest, ST_STORE_HASH_LEN);
+    st_hex_encode(fp, si->model_fp, ST_FINGERPRINT_LEN);
+    st_hex_encode(gd, si->geometry_digest, ST_STORE_HASH_LEN);
     return json_pack("{s:s,s:I,s:I,s:I,s:s,s:s,s:s,s:s,s:o}", "id", si->id, "head", (json_int_t)si->head, "versions",
                      (json_int_t)si->n_versions, "next_version", (json_int_t)si->next_version, "created",
                      time_str(c, sizeof c, si->created_ns), "updated", time_str(u, sizeof u, si->updated_ns),
@@ -435,7 +425,7 @@ static int cmd_show(int argc, char **argv)
         print_json(o);
     } else {
         char fp[2 * ST_FINGERPRINT_LEN + 1], t[32];
-        hexs(fp, si.model_fp, ST_FINGERPRINT_LEN);
+        st_hex_encode(fp, si.model_fp, ST_FINGERPRINT_LEN);
         const char *arch = "";
         for (size_t i = 0; i < n; i++)
             if (vs[i].version == si.head)

@@ -460,14 +460,13 @@ static int exists(const char *p)
 static void test_backup_restore_faults(void **state)
 {
     (void)state;
-    char dir[1200], bak[1300], tmp[1400], dst[1300];
+    char dir[1200], bak[1300], dst[1300];
     st_store_sys sys = fault_sys();
     memset(&F, 0, sizeof F);
     st_store *st = open_fresh(dir, sizeof dir, &sys, 0, 0);
     for (int i = 0; i < 4; i++)
         assert_int_equal(run_op(st, i), 0);
     snprintf(bak, sizeof bak, "%s/bak", base);
-    snprintf(tmp, sizeof tmp, "%s.tmp.%d", bak, (int)getpid());
     /* a copy write fails (disk full, I/O error), the copy's fsync fails, the rename fails */
     const int want_rc[] = {ST_EFULL, EIO, EIO, EIO};
     for (int c = 0; c < 4; c++) {
@@ -484,7 +483,7 @@ static void test_backup_restore_faults(void **state)
         assert_int_equal(st_store_backup(st, bak), want_rc[c]);
         assert_true(*st_errdetail());
         assert_false(exists(bak));
-        assert_false(exists(tmp));
+        assert_false(st_test_has_temp(bak));
         assert_int_equal(st_store_put(st, "w", imgs[3], 0, NULL, NULL), 0); /* the store keeps working */
         store_test_assert_clean(st);
     }
@@ -494,7 +493,6 @@ static void test_backup_restore_faults(void **state)
 
     /* restore: a write, an fsync, a rename fail; nothing is left at the destination */
     snprintf(dst, sizeof dst, "%s/restored", base);
-    snprintf(tmp, sizeof tmp, "%s.tmp.%d", dst, (int)getpid());
     st_store_opts ro = {.sys = &sys};
     for (int c = 0; c < 3; c++) {
         memset(&F, 0, sizeof F);
@@ -509,7 +507,7 @@ static void test_backup_restore_faults(void **state)
         }
         assert_int_equal(st_store_restore_backup(bak, dst, &ro), c == 0 ? ST_EFULL : EIO);
         assert_false(exists(dst));
-        assert_false(exists(tmp));
+        assert_false(st_test_has_temp(dst));
     }
     memset(&F, 0, sizeof F);
     assert_int_equal(st_store_restore_backup(bak, dst, &ro), 0);

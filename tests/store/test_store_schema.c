@@ -258,10 +258,8 @@ static int exists(const char *path)
 
 static void assert_untouched(const char *dst)
 {
-    char tmp[1300];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%d", dst, (int)getpid());
     assert_false(exists(dst));
-    assert_false(exists(tmp));
+    assert_false(st_test_has_temp(dst));
 }
 
 /* Opened for writing behind the store's back (white-box), whatever its schema. */
