@@ -105,8 +105,7 @@ __attribute__((target("avx2,fma"))) static void *fma_loop(void *arg)
 /* FMA throughput of n threads running at once, GFLOP/s. */
 static double fma_peak(uint32_t n)
 {
-    __builtin_cpu_init();
-    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
+    if (!st_cpu_has(ST_CPU_AVX2 | ST_CPU_FMA))
         return 0.0;
     pthread_t th[256];
     double r[256] = {0}, sum = 0;

@@ -21,7 +21,6 @@
  *    reference is the same rounding); its streaming stores are fenced (sfence) before it returns,
  *    so whatever orders the return before another thread's read (a pool's barrier) orders them.
  */
-#include <cpuid.h>
 #include <immintrin.h>
 #include <math.h>
 #include <stdatomic.h>
@@ -510,22 +509,12 @@ static const st_elem_impl st_elem_impls[] = {
 
 static atomic_int st_isa_current = -1;
 
-/* F16C through CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports does not know "f16c".
- * Only consulted once AVX2 is known usable, which already implies the OS saves YMM state. */
-static bool st_cpu_has_f16c(void)
-{
-    unsigned a, b, c, d;
-    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
-}
-
+/* common's detector (st_cpu_features) counts the wide registers only where the OS saves them. */
 st_codec_isa_level st_codec_isa_best(void)
 {
-    __builtin_cpu_init();
-    /* __builtin_cpu_supports also checks that the OS saves the wide registers (XCR0). */
-    if (!__builtin_cpu_supports("avx2") || !st_cpu_has_f16c())
+    if (!st_cpu_has(ST_CPU_AVX2 | ST_CPU_F16C))
         return ST_ISA_SCALAR;
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl"))
+    if (st_cpu_has(ST_CPU_AVX512F | ST_CPU_AVX512BW | ST_CPU_AVX512VL))
         return ST_ISA_AVX512;
     return ST_ISA_AVX2;
 }

@@ -27,22 +27,19 @@
 #define VEC __attribute__((target("avx2,fma,f16c")))
 #define VEC_INLINE static inline __attribute__((always_inline, target("avx2,fma,f16c")))
 
-/* The codec's AVX2 level already means AVX2 + F16C with the OS saving YMM state (clang's
- * __builtin_cpu_supports does not know "f16c"); the kernels also need FMA. */
+/* The codec's AVX2 level (AVX2 + F16C with the OS saving YMM state) and FMA, from common's one
+ * detector. */
 int st_kern_cpu_has_avx2(void)
 {
-    __builtin_cpu_init();
-    return st_codec_isa_best() >= ST_ISA_AVX2 && __builtin_cpu_supports("fma");
+    return st_cpu_has(ST_CPU_AVX2 | ST_CPU_F16C | ST_CPU_FMA);
 }
 
-/* AVX-512 F, BW, VL, DQ and VNNI with the OS saving ZMM state (the compiler's runtime checks
- * XCR0 for its avx512 features), on top of the AVX2 level: the integer path's third form. */
+/* AVX-512 F, BW, VL, DQ and VNNI with the OS saving ZMM state, on top of the AVX2 level: the
+ * integer path's third form. */
 int st_kern_cpu_has_avx512vnni(void)
 {
-    __builtin_cpu_init();
-    return st_kern_cpu_has_avx2() && __builtin_cpu_supports("avx512f") &&
-           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni");
+    return st_kern_cpu_has_avx2() && st_cpu_has(ST_CPU_AVX512F | ST_CPU_AVX512BW | ST_CPU_AVX512VL |
+                                                ST_CPU_AVX512DQ | ST_CPU_AVX512VNNI);
 }
 
 float st_f16_to_f32(uint16_t h)
