@@ -256,20 +256,6 @@ static int st_frame_zstd_fail(size_t zrc, const char *where, int other_rc)
     return st_error_set(other_rc, "frame %s: zstd: %s", where, ZSTD_getErrorName(zrc));
 }
 
-static void st_put_le64(unsigned char *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (unsigned char)(v >> (8 * i));
-}
-
-static uint64_t st_get_le64(const unsigned char *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
-
 /* Feed one input piece to the compressor; ST_ETOOBIG when dst fills up first. */
 static int st_frame_feed(ZSTD_CCtx *cctx, ZSTD_outBuffer *out, const void *p, size_t len,
                          ZSTD_EndDirective end)
@@ -312,7 +298,7 @@ int st_frame_encode(st_frame_ctx *ctx, void *dst, size_t dst_cap, const void *sr
     d[4] = shuffle ? ST_FRAME_FLAG_SHUFFLE : 0;
     d[5] = (unsigned char)(shuffle ? elem_size : 0);
     d[6] = d[7] = 0;
-    st_put_le64(d + 8, (uint64_t)src_len);
+    st_put64(d + 8, (uint64_t)src_len);
 
     ZSTD_CCtx *cctx = ctx->cctx;
     size_t zrc = ZSTD_CCtx_reset(cctx, ZSTD_reset_session_and_parameters);
@@ -377,7 +363,7 @@ static int st_frame_header_check(const unsigned char *s, size_t src_len, uint64_
     if (s[6] || s[7])
         return st_error_set(ST_ECORRUPT, "frame header bytes 6..7: reserved, found %02x %02x",
                             s[6], s[7]);
-    *size = st_get_le64(s + 8);
+    *size = st_get64(s + 8);
     *width = shuffle ? s[5] : 0;
     return 0;
 }

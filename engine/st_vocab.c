@@ -317,14 +317,6 @@ typedef struct arr_cur {
     const char *key;
 } arr_cur;
 
-static uint64_t rd_u64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = v << 8 | p[i];
-    return v;
-}
-
 static int arr_open(const st_gguf *g, const char *key, uint32_t want, arr_cur *c, uint64_t *n)
 {
     int64_t ki = st_gguf_find(g, key);
@@ -352,7 +344,7 @@ static int arr_str(arr_cur *c, uint64_t i, const char **s, uint64_t *n)
     if (c->len - c->off < 8)
         return st_error_set(ST_ECORRUPT, "vocab: %s[%llu]: length beyond the array", c->key,
                             (unsigned long long)i);
-    uint64_t k = rd_u64(c->p + c->off);
+    uint64_t k = st_get64(c->p + c->off);
     if (k > c->len - c->off - 8)
         return st_error_set(ST_ECORRUPT, "vocab: %s[%llu]: %llu bytes beyond the array", c->key,
                             (unsigned long long)i, (unsigned long long)k);

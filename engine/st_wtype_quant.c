@@ -140,14 +140,6 @@ void st_wtype_quantize_q4_1(const float *src, void *dst, uint64_t n)
     }
 }
 
-static inline void put_u32(uint8_t *p, uint32_t v)
-{
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-    p[2] = (uint8_t)(v >> 16);
-    p[3] = (uint8_t)(v >> 24);
-}
-
 void st_wtype_quantize_q5_0(const float *src, void *dst, uint64_t n)
 {
     uint8_t *y = dst;
@@ -164,7 +156,7 @@ void st_wtype_quantize_q5_0(const float *src, void *dst, uint64_t n)
             qh |= (uint32_t)((q0 & 0x10u) >> 4) << j;
             qh |= (uint32_t)((q1 & 0x10u) >> 4) << (j + 16);
         }
-        put_u32(y + 2, qh);
+        st_put32(y + 2, qh);
     }
 }
 
@@ -187,7 +179,7 @@ void st_wtype_quantize_q5_1(const float *src, void *dst, uint64_t n)
             qh |= (uint32_t)((q0 & 0x10u) >> 4) << j;
             qh |= (uint32_t)((q1 & 0x10u) >> 4) << (j + 16);
         }
-        put_u32(y + 4, qh);
+        st_put32(y + 4, qh);
     }
 }
 
