@@ -259,10 +259,9 @@ const char *st_model_arch(const st_model *m);
 char st_model_layer_mixer(const st_model *m, uint32_t il);
 /* The model's GGUF file (borrowed; valid until st_model_free): its keys and tensors. */
 const st_gguf *st_model_gguf(const st_model *m);
-/* SHA-256 over the architecture parameters and the tensor data. */
+/* SHA-256 over the architecture parameters and the tensor data (ST_FINGERPRINT_LEN bytes; its
+ * hex: st_hex_encode). */
 const uint8_t *st_model_fingerprint(const st_model *m);
-/* Lower-case hex of the first n bytes of fp into dst (2n+1 bytes). */
-void st_fingerprint_hex(char *dst, const uint8_t *fp, size_t n);
 
 /* Tokenizer. Encode writes at most cap ids (returns the count needed); decode writes the bytes
  * of byte tokens (special tokens produce nothing) and returns the count needed. */

@@ -22,7 +22,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <openssl/evp.h>
 
 #include "st_arch_int.h"
 #include "st_wtype.h"
@@ -245,18 +244,19 @@ uint64_t st_model_n_params(const st_model_hparams *hp)
 
 /* ---- fingerprint ------------------------------------------------------------------------ */
 struct st_fp {
-    EVP_MD_CTX *c;
+    st_sha256_ctx h;
 };
 
 void st_fp_bytes(st_fp *fp, const void *p, size_t n)
 {
-    EVP_DigestUpdate(fp->c, p, n);
+    st_sha256_update(&fp->h, p, n);
 }
 
 void st_fp_u32(st_fp *fp, uint32_t v)
 {
-    uint8_t b[4] = {(uint8_t)v, (uint8_t)(v >> 8), (uint8_t)(v >> 16), (uint8_t)(v >> 24)};
-    EVP_DigestUpdate(fp->c, b, 4);
+    uint8_t b[4];
+    st_put32(b, v);
+    st_fp_bytes(fp, b, 4);
 }
 
 void st_fp_f32(st_fp *fp, float f)
@@ -268,12 +268,9 @@ void st_fp_f32(st_fp *fp, float f)
 
 static int fingerprint(st_model *m, const st_tlist *l)
 {
-    st_fp fp = {EVP_MD_CTX_new()};
-    unsigned int len = 0;
-    if (!fp.c || EVP_DigestInit_ex(fp.c, EVP_sha256(), NULL) != 1) {
-        EVP_MD_CTX_free(fp.c);
+    st_fp fp;
+    if (st_sha256_init(&fp.h))
         return st_error_set(ST_EIO, "model: SHA-256 unavailable");
-    }
     m->arch->fingerprint(&m->hp, &fp);
     for (size_t i = 0; i < l->n; i++) {
         const st_gguf_tensor *t = st_gguf_tensor_find(m->gguf, l->t[i].name);
@@ -288,20 +285,10 @@ static int fingerprint(st_model *m, const st_tlist *l)
         }
         st_fp_bytes(&fp, t->data, (size_t)t->nbytes);
     }
-    int ok = EVP_DigestFinal_ex(fp.c, m->fp, &len) == 1 && len == ST_FINGERPRINT_LEN;
-    EVP_MD_CTX_free(fp.c);
-    return ok ? 0 : st_error_set(ST_EIO, "model: SHA-256 failed");
+    _Static_assert(ST_FINGERPRINT_LEN == ST_SHA256_LEN, "the fingerprint is a SHA-256");
+    return st_sha256_final(&fp.h, m->fp) ? st_error_set(ST_EIO, "model: SHA-256 failed") : 0;
 }
 
-void st_fingerprint_hex(char *dst, const uint8_t *fp, size_t n)
-{
-    static const char hx[] = "0123456789abcdef";
-    for (size_t i = 0; i < n; i++) {
-        dst[2 * i] = hx[fp[i] >> 4];
-        dst[2 * i + 1] = hx[fp[i] & 15];
-    }
-    dst[2 * n] = '\0';
-}
 
 /* ---- loading ----------------------------------------------------------------------------- */
 static int read_arch(const st_gguf *g, const st_arch **out)

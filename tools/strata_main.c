@@ -270,7 +270,7 @@ static int cmd_info(const char *model)
         return fail("loading the model", rc);
     const st_model_hparams *hp = st_model_hparams_get(m);
     char fp[65];
-    st_fingerprint_hex(fp, st_model_fingerprint(m), ST_FINGERPRINT_LEN);
+    st_hex_encode(fp, st_model_fingerprint(m), ST_FINGERPRINT_LEN);
     printf("model        %s\n", model);
     printf("architecture %s\n", st_model_arch(m));
     printf("fingerprint  %s\n", fp);
@@ -427,7 +427,8 @@ static char *read_text(const char *path)
 }
 
 /* strata logits: teacher forcing, one token at a time (the determinism rules make each token's
- * logits those of a batched read), the logits after each written as they come:
+ * logits those of a batched read), the logits after each written as they come, into a temp file
+ * that replaces FILE once all are written (st_replace):
  * [n_tokens][n_vocab] f32 in the host order, little-endian on the x86-64 and arm64 builds. */
 static int cmd_logits(const char *model, const st_engine_opts *eo, const char *tok_list,
                       const char *tok_file, const char *out_path)
@@ -437,7 +438,7 @@ static int cmd_logits(const char *model, const st_engine_opts *eo, const char *t
     st_model *m = NULL;
     st_engine *e = NULL;
     st_slot *s = NULL;
-    FILE *f = NULL;
+    st_replace f = {.fd = -1}; /* the output, replaced atomically (common's st_replace) */
     int rc, ret = 1;
     if (!out_path || !tok_list == !tok_file) {
         fprintf(stderr, "strata: logits needs -o FILE and one of --tokens, --tokens-file\n");
@@ -474,8 +475,8 @@ static int cmd_logits(const char *model, const st_engine_opts *eo, const char *t
         ret = fail("creating a slot", rc);
         goto done;
     }
-    if (!(f = fopen(out_path, "wb"))) {
-        fprintf(stderr, "strata: %s: %s\n", out_path, strerror(errno));
+    if ((rc = st_replace_begin(&f, out_path, 0666))) {
+        fprintf(stderr, "strata: %s: %s\n", out_path, st_errdetail());
         goto done;
     }
     for (uint64_t i = 0; i < n; i++) {
@@ -486,23 +487,20 @@ static int cmd_logits(const char *model, const st_engine_opts *eo, const char *t
         }
         uint32_t nl = 0;
         const float *l = st_slot_logits(s, &nl);
-        if (fwrite(l, sizeof *l, nl, f) != nl) {
-            fprintf(stderr, "strata: writing %s: %s\n", out_path, strerror(errno));
+        if ((rc = st_sys_write_all(f.fd, l, sizeof *l * nl))) {
+            fprintf(stderr, "strata: writing %s: %s\n", out_path, strerror(rc));
             goto done;
         }
     }
-    rc = fclose(f);
-    f = NULL;
-    if (rc) {
-        fprintf(stderr, "strata: writing %s: %s\n", out_path, strerror(errno));
+    if ((rc = st_replace_commit(&f, out_path))) {
+        fprintf(stderr, "strata: %s\n", st_errdetail());
         goto done;
     }
     fprintf(stderr, "strata: logits of %llu tokens x %u into %s\n", (unsigned long long)n, nv,
             out_path);
     ret = 0;
 done:
-    if (f)
-        fclose(f);
+    st_replace_abort(&f); /* nothing after a commit; the temp file after a failure */
     free(toks);
     st_slot_free(s);
     st_engine_free(e);
@@ -947,9 +945,8 @@ int main(int argc, char **argv)
     if (dump) {
         uint32_t nl = 0;
         const float *l = st_slot_logits(s, &nl);
-        FILE *f = fopen(dump, "wb");
-        if (!f || fwrite(l, sizeof *l, nl, f) != nl || fclose(f) != 0) {
-            fprintf(stderr, "strata: writing %s: %s\n", dump, strerror(errno));
+        if ((rc = st_replace_file(dump, l, sizeof *l * nl))) {
+            fprintf(stderr, "strata: --dump-logits: %s\n", st_errdetail());
             goto done;
         }
     }

@@ -477,7 +477,7 @@ static void test_fingerprint(void **state)
     assert_memory_not_equal(st_model_fingerprint(ma), st_model_fingerprint(mc),
                             ST_FINGERPRINT_LEN);
     char hex[65];
-    st_fingerprint_hex(hex, st_model_fingerprint(ma), ST_FINGERPRINT_LEN);
+    st_hex_encode(hex, st_model_fingerprint(ma), ST_FINGERPRINT_LEN);
     assert_int_equal(strlen(hex), 64);
     st_model_free(ma);
     st_model_free(mb);
