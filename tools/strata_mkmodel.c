@@ -334,18 +334,18 @@ int main(int argc, char **argv)
     if (vocab_from) {
         if (!rc)
             rc = with_vocab(vtmp, vw, dst);
-        unlink(vtmp);
+        st_sys_calls.unlink(vtmp);
         st_gguf_writer_free(vw);
     }
     if (!rc && qtype != ST_GGML_F32) {
         st_quantize_opts qo = {mk_log, NULL, 0};
         rc = st_gguf_quantize(tmp, qdst, qtype, &qo, NULL);
-        unlink(tmp);
+        st_sys_calls.unlink(tmp);
     }
     uint32_t parts = 1;
     if (!rc && split_max) {
         rc = st_gguf_split(whole, prefix, split_max, &parts);
-        unlink(whole);
+        st_sys_calls.unlink(whole);
     }
     if (rc) {
         fprintf(stderr, "strata-mkmodel: %s: %s\n", st_strerror(rc), st_errdetail());
