@@ -1,3 +1,27 @@
+/*
+ * st_call.c - the request plumbing of strata-server: a call (st_api_call) from its parse to its
+ * one reply: errors in the native and OpenAI shapes, replies and streamed replies, running a
+ * handler on a worker, the JSON body and its helpers, percent-decoding and query strings. Below
+ * the handlers; above the HTTP layer (st_http.c) and the worker pool (st_work.c).
+ *
+ * Invariants:
+ * 1. A call's reply is sent once, from the loop: after the worker's done() (st_api_call_submit)
+ *    or right after a handler that runs on the loop. A worker only fills the call (its JSON reply
+ *    serialised there, so that the loop only copies bytes) and, for a streamed reply, hands
+ *    bytes to the loop through the call's locked buffer and event.
+ * 2. Once a streamed reply began, the call's reply and error are never sent.
+ * 3. A JSON body is an object without duplicate keys in well-formed UTF-8, or empty; a handler
+ *    sees nothing else (st_api_body_parse).
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "st_api_int.h"
+
 /* ---- calls: errors and replies ------------------------------------------------------------ */
 
 void st_api_call_error(st_api_call *c, int status, const char *code, const char *fmt, ...)
@@ -46,7 +70,7 @@ void st_api_call_fail(st_api_call *c, int rc, const char *what)
         st_api_call_error(c, status, code, "%s: %s", what, st_strerror(rc));
 }
 
-static void call_free(void *user, void *arg)
+void st_api_call_free(void *user, void *arg)
 {
     st_api_call *c = user;
     (void)arg;
@@ -134,7 +158,7 @@ static char *openai_error_body(int status, const char *code, const char *param, 
 
 /* st_http_error_fn of the requests on the OpenAI routes: refusals before the handler (401, 404,
  * 405, 413, 503, ...) in the same shape as the handler's errors. */
-static char *openai_error_fn(int status, const char *code, const char *msg, size_t *len)
+char *st_api_openai_error_fn(int status, const char *code, const char *msg, size_t *len)
 {
     return openai_error_body(status, code, NULL, msg, len);
 }
@@ -152,7 +176,7 @@ static void reply_openai_error(st_api_call *c, int status)
 }
 
 /* Send what the handler left in c. c stays with the request (freed with it). */
-static void call_reply(st_api_call *c)
+void st_api_call_reply(st_api_call *c)
 {
     st_http_req *r = c->req;
     if (c->stream_ev) {
@@ -205,7 +229,7 @@ static void job_run(st_job *j)
 
 static void job_done(st_job *j)
 {
-    call_reply((st_api_call *)((char *)j - offsetof(st_api_call, job)));
+    st_api_call_reply((st_api_call *)((char *)j - offsetof(st_api_call, job)));
 }
 
 void st_api_call_cancel(st_api_call *c)
@@ -354,8 +378,7 @@ int st_api_body_parse(st_api_call *c, const char *p, size_t n)
 }
 
 
-/* Parse the request's body (st_api_body_parse); on a worker. */
-static int call_parse_body(st_api_call *c)
+int st_api_call_parse_body(st_api_call *c)
 {
     struct evbuffer *b = st_http_req_body(c->req);
     size_t n = b ? evbuffer_get_length(b) : 0;
@@ -383,7 +406,7 @@ static int hexval(int ch)
 
 /* Percent-decode n bytes into dst (NUL-terminated). -1 on a bad escape, an encoded NUL, or more
  * than cap - 1 bytes. plus: '+' means a space (query strings). */
-static long pct_decode(const char *s, size_t n, char *dst, size_t cap, int plus)
+long st_api_pct_decode(const char *s, size_t n, char *dst, size_t cap, int plus)
 {
     size_t o = 0;
     for (size_t i = 0; i < n; i++) {
@@ -410,7 +433,7 @@ static long pct_decode(const char *s, size_t n, char *dst, size_t cap, int plus)
 }
 
 /* Value of key in a raw query string into dst; 1 found, 0 absent, -1 malformed. */
-static int query_get(const char *q, const char *key, char *dst, size_t cap)
+int st_api_query_get(const char *q, const char *key, char *dst, size_t cap)
 {
     size_t kl = strlen(key);
     while (q && *q) {
@@ -423,7 +446,7 @@ static int query_get(const char *q, const char *key, char *dst, size_t cap)
                 dst[0] = '\0';
                 return 1;
             }
-            return pct_decode(eq + 1, n - klen - 1, dst, cap, 1) < 0 ? -1 : 1;
+            return st_api_pct_decode(eq + 1, n - klen - 1, dst, cap, 1) < 0 ? -1 : 1;
         }
         q = amp ? amp + 1 : NULL;
     }

@@ -1,4 +1,36 @@
-/* ---- text ---------------------------------------------------------------------------------- */
+/*
+ * st_route_complete.c - the native completion (POST /v1/completions with a body in the native
+ * shape: the prompt appended to what the session holds), llama.cpp's POST /apply-template, and
+ * st_api_generate, the bridge from a call to the conversation manager's st_conv_generate that
+ * the OpenAI routes (st_openai.c) use too.
+ *
+ * Invariant: a completion whose client went away ends with st_api_call_cancel (nothing is sent);
+ * the conversation keeps what was read and generated (st_conv.c, invariant 7).
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "st_api_int.h"
+
+int st_api_generate(st_api_call *c, st_conv_gen *g)
+{
+    g->cancel = &c->cancelled;
+    g->what = "completion";
+    g->code = NULL;
+    int rc = st_conv_generate(st_api_conv(c->srv), g);
+    if (!rc)
+        return 0;
+    if (rc == ECANCELED)
+        st_api_call_cancel(c);
+    else if (rc != ST_CONV_EHOOK && g->code)
+        st_api_call_error(c, 400, g->code, "%s", st_errdetail());
+    else if (rc != ST_CONV_EHOOK)
+        st_api_call_fail(c, rc, g->what);
+    return -1;
+}
+
 
 /* Bytes as JSON-safe UTF-8: invalid sequences become U+FFFD. *out is malloc'd. */
 static char *utf8_clean(const unsigned char *s, size_t n)
@@ -139,7 +171,7 @@ static int native_token(void *arg, uint32_t tok, int eog)
     }
 }
 
-void st_conv_completion(st_api_call *c)
+void st_api_h_completion(st_api_call *c)
 {
     st_conv *cv = st_api_conv(c->srv);
     const st_api_config *cfg = st_api_cfg(c->srv);
@@ -150,7 +182,7 @@ void st_conv_completion(st_api_call *c)
     uint64_t n_predict = 16, seed = 0, top_k = 0;
     double temp = 0.0, top_p = 1.0, min_p = 0.0;
     int ignore_eos = 0;
-    native_gen ng = {.c = c, .vocab = st_model_vocab(cv->model)};
+    native_gen ng = {.c = c, .vocab = st_conv_vocab(cv)};
     if (st_api_json_only(c, keys) || st_api_json_opt_str(c, "session", &sid) ||
         st_api_json_opt_str(c, "prompt", &ng.prompt) || st_api_json_opt_str(c, "system", &ng.system) ||
         st_api_json_opt_u64(c, "n_predict", cfg->max_n_predict, &n_predict, NULL) ||
@@ -187,16 +219,16 @@ void st_conv_completion(st_api_call *c)
     ng.sys_len = ng.system ? strlen(ng.system) : 0;
     ng.p_len = ng.prompt ? strlen(ng.prompt) : 0;
     ng.n_in = jt && json_is_array(jt) ? json_array_size(jt) : 0;
-    if (ng.sys_len + ng.p_len + ng.n_in + 2 > cv->n_ctx && !ng.vocab) {
+    if (ng.sys_len + ng.p_len + ng.n_in + 2 > st_conv_n_ctx(cv) && !ng.vocab) {
         st_api_call_error(c, 400, "context_full", "the prompt alone exceeds the context of %u tokens",
-                          cv->n_ctx);
+                          st_conv_n_ctx(cv));
         return;
     }
     for (size_t i = 0; i < ng.n_in; i++) {
         json_t *t = json_array_get(jt, i);
-        if (!json_is_integer(t) || json_integer_value(t) < 0 || json_integer_value(t) >= cv->n_vocab) {
+        if (!json_is_integer(t) || json_integer_value(t) < 0 || json_integer_value(t) >= st_conv_n_vocab(cv)) {
             st_api_call_error(c, 400, "invalid_field", "tokens[%zu] is not a token id below %u", i,
-                              cv->n_vocab);
+                              st_conv_n_vocab(cv));
             return;
         }
     }
@@ -214,7 +246,7 @@ void st_conv_completion(st_api_call *c)
     g.sp.top_k = (uint32_t)top_k;
     g.sp.top_p = (float)top_p;
     g.sp.min_p = (float)min_p;
-    if (st_conv_generate(c, &g))
+    if (st_api_generate(c, &g))
         goto done;
     if (ng.vocab) {
         char tail[4];
@@ -246,7 +278,7 @@ done:
 /* POST /apply-template (llama.cpp's): the body of a chat request ({"messages": [...], "tools",
  * "add_generation_prompt" (default true), "chat_template_kwargs": {...}, any other key a
  * template variable) rendered by the model's chat template: {"prompt": "..."}. */
-void st_conv_apply_template(st_api_call *c)
+void st_api_h_apply_template(st_api_call *c)
 {
     st_conv *cv = st_api_conv(c->srv);
     if (!json_is_array(json_object_get(c->body, "messages"))) {
@@ -268,7 +300,7 @@ void st_conv_apply_template(st_api_call *c)
     }
     char *out = NULL;
     size_t len = 0;
-    int rc = st_chat_template_render(cv->chat, vars, &out, &len);
+    int rc = st_chat_template_render(st_conv_chat(cv), vars, &out, &len);
     json_decref(vars);
     if (rc) {
         st_api_call_error(c, 500, "template_error", "the chat template: %s", st_errdetail());

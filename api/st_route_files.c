@@ -1,17 +1,58 @@
+/*
+ * st_route_files.c - session files over HTTP through the spool directory: the download of a
+ * version as a session file (GET .../versions/{v}/file) and the resumable upload of one
+ * (POST /v1/uploads, PUT .../parts/{n}, POST .../commit, DELETE).
+ *
+ * Invariants:
+ * 1. No LMDB transaction outlives a store call, and no store call runs on the loop: a download
+ *    is exported to a spool file by a worker first, then streamed from that file by the loop.
+ * 2. Each upload is used by one request at a time (its busy flag, under s->uploads_mu); the list
+ *    holds at most UPLOADS_MAX; one not touched for --upload-ttl-s is removed by housekeeping.
+ * 3. Spool files are named <kind>-<pid>-<seq>.tmp ("up", "dl"): a restart removes those a dead
+ *    process left (st_server.c, spool_clean).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <openssl/sha.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "st_api_int.h"
+#include "st_store.h"
+
+#define UPLOAD_ID_LEN 24
+
+typedef struct st_upload {
+    char id[UPLOAD_ID_LEN + 1];
+    char path[PATH_MAX + 64];
+    int fd;
+    uint64_t size, prev_end; /* prev_end: size before the last part (for its retry) */
+    uint32_t parts;
+    double touched;
+    int busy;
+    struct st_upload *next;
+} st_upload;
+
 static void spool_path(st_api_server *s, const char *kind, char *dst, size_t cap)
 {
     uint64_t n = ++s->seq;
     snprintf(dst, cap, "%s/%s-%d-%llu.tmp", s->spool, kind, (int)getpid(), (unsigned long long)n);
 }
 
-static void h_version_file(st_api_call *c)
+void st_api_h_version_file(st_api_call *c)
 {
     st_api_server *s = c->srv;
     uint64_t v;
-    if (parse_version(c, c->arg2, &v))
+    if (st_api_parse_version(c, c->arg2, &v))
         return;
     char fmt[16] = "";
-    int q = query_get(st_http_req_query(c->req), "format", fmt, sizeof fmt);
+    int q = st_api_query_get(st_http_req_query(c->req), "format", fmt, sizeof fmt);
     st_file_write_opts fo = {0};
     const st_file_write_opts *fop = NULL;
     if (q < 0 || (q == 1 && strcmp(fmt, "v1") && strcmp(fmt, "v2") && strcmp(fmt, "auto"))) {
@@ -127,7 +168,7 @@ static void upload_give(st_api_server *s, st_upload *u)
     pthread_mutex_unlock(&s->uploads_mu);
 }
 
-static void h_upload_create(st_api_call *c)
+void st_api_h_upload_create(st_api_call *c)
 {
     st_api_server *s = c->srv;
     static const char *const keys[] = {NULL};
@@ -210,7 +251,7 @@ static int write_all_at(int fd, struct evbuffer *b, uint64_t off)
     return 0;
 }
 
-static void h_upload_part(st_api_call *c)
+void st_api_h_upload_part(st_api_call *c)
 {
     st_api_server *s = c->srv;
     uint64_t n = 0;
@@ -275,7 +316,7 @@ bad:
     st_api_call_error(c, 400, "invalid_param", "part numbers are integers from 1");
 }
 
-static void h_upload_commit(st_api_call *c)
+void st_api_h_upload_commit(st_api_call *c)
 {
     st_api_server *s = c->srv;
     static const char *const keys[] = {"session", "label", "compress", NULL};
@@ -334,16 +375,16 @@ static void h_upload_commit(st_api_call *c)
     pthread_mutex_unlock(&s->uploads_mu);
     upload_destroy(u);
     s->metrics.uploads++;
-    s->metrics.saves++;
-    s->metrics.save_logical_bytes += ps.logical_bytes;
-    s->metrics.save_new_bytes += ps.new_bytes;
+    s->metrics.conv.saves++;
+    s->metrics.conv.save_logical_bytes += ps.logical_bytes;
+    s->metrics.conv.save_new_bytes += ps.new_bytes;
     c->reply = json_pack("{s:s,s:I,s:I,s:I,s:I,s:f}", "session", sid, "version", (json_int_t)version,
                          "bytes", (json_int_t)size, "logical_bytes", (json_int_t)ps.logical_bytes,
                          "new_stored_bytes", (json_int_t)ps.new_bytes, "ms", st_api_ms(st_api_now_ms() - t0));
     c->status = 201;
 }
 
-static void h_upload_delete(st_api_call *c)
+void st_api_h_upload_delete(st_api_call *c)
 {
     st_api_server *s = c->srv;
     st_upload *u = upload_take(c);
@@ -355,4 +396,35 @@ static void h_upload_delete(st_api_call *c)
     upload_destroy(u);
     c->reply = json_pack("{s:s,s:b}", "upload", c->arg2, "deleted", 1);
     c->status = 200;
+}
+
+void st_api_uploads_expire(st_api_server *s, double now, double ttl)
+{
+    st_upload *expired = NULL;
+    pthread_mutex_lock(&s->uploads_mu);
+    for (st_upload **pp = &s->uploads; *pp;) {
+        st_upload *u = *pp;
+        if (!u->busy && now - u->touched > ttl) {
+            *pp = u->next;
+            u->next = expired;
+            expired = u;
+        } else {
+            pp = &u->next;
+        }
+    }
+    pthread_mutex_unlock(&s->uploads_mu);
+    while (expired) {
+        st_upload *next = expired->next;
+        upload_destroy(expired);
+        expired = next;
+    }
+}
+
+void st_api_uploads_free(st_api_server *s)
+{
+    while (s->uploads) {
+        st_upload *u = s->uploads;
+        s->uploads = u->next;
+        upload_destroy(u);
+    }
 }

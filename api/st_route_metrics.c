@@ -1,6 +1,13 @@
+/*
+ * st_route_metrics.c - the routes answered from memory on the loop: GET /healthz (liveness, the
+ * slots, the park pool, the quarantined sessions) and GET /metrics (Prometheus text, st_metrics.c).
+ * Invariant: they read counters and gauges only; nothing here blocks the loop.
+ */
+#include "st_api_int.h"
+
 /* ---- routes answered on the loop ---------------------------------------------------------- */
 
-static void h_healthz(st_api_call *c)
+void st_api_h_healthz(st_api_call *c)
 {
     st_api_server *s = c->srv;
     st_metrics *m = &s->metrics;
@@ -9,11 +16,11 @@ static void h_healthz(st_api_call *c)
                          s->stopping ? "stopping" : "ok", "uptime_s",
                          st_api_ms(st_api_now_ms() - s->t_start) / 1000.0, "engine", s->conv != NULL,
                          "connections", (int)st_http_n_connections(s->http), "jobs",
-                         (int)st_work_outstanding(s->work), "slots", "total", (int)m->slots_total,
-                         "bound", (int)m->slots_bound, "busy", (int)m->slots_busy, "park_pool",
-                         "ram_bytes", (json_int_t)m->pool_ram_bytes, "ram_entries",
-                         (json_int_t)m->pool_ram_entries, "disk_entries",
-                         (json_int_t)m->pool_disk_entries);
+                         (int)st_work_outstanding(s->work), "slots", "total", (int)m->conv.slots_total,
+                         "bound", (int)m->conv.slots_bound, "busy", (int)m->conv.slots_busy, "park_pool",
+                         "ram_bytes", (json_int_t)m->conv.pool_ram_bytes, "ram_entries",
+                         (json_int_t)m->conv.pool_ram_entries, "disk_entries",
+                         (json_int_t)m->conv.pool_disk_entries);
     json_t *dmg = json_array();
     for (size_t i = 0; i < s->n_damaged; i++)
         json_array_append_new(dmg, json_pack("{s:s,s:s}", "id", s->damaged[i].id, "why", s->damaged[i].why));
@@ -23,7 +30,7 @@ static void h_healthz(st_api_call *c)
     }
 }
 
-static void h_metrics(st_api_call *c)
+void st_api_h_metrics(st_api_call *c)
 {
     st_api_server *s = c->srv;
     c->text = evbuffer_new();

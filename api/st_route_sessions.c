@@ -1,3 +1,25 @@
+/*
+ * st_route_sessions.c - the routes of sessions: listings with cursor pagination (the store's
+ * sessions and the conversations live only in the engine, in one id order), a session, its
+ * versions, DELETE of a session (its live conversation too) or of a version, and SAVE, RESTORE
+ * and PARK (the conversation manager's st_conv_save, st_conv_restore, st_conv_park).
+ *
+ * Invariants:
+ * 1. A listing page costs O(limit) store records, never the whole store; "next" is null exactly
+ *    on the last page (one more entry than the page is read).
+ * 2. Disk-parked conversations (store ids ST_API_PARK_PREFIX...) are never listed as sessions:
+ *    they show as the "live" part of their session.
+ * 3. A DELETE holds the live conversation (st_conv_forget_begin) until the stored versions are
+ *    gone, so that no request loads a version being deleted.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "st_api_int.h"
+#include "st_store.h"
+
 /* ---- store routes (workers) --------------------------------------------------------------- */
 
 static void iso_time(uint64_t ns, char *dst, size_t cap)
@@ -47,15 +69,10 @@ static json_t *version_json(const st_version_info *vi)
 /* Where a session lives in the engine: a "live" object or JSON null. */
 static json_t *live_json(st_api_server *s, const char *id)
 {
-#ifdef ST_API_HAVE_ENGINE
     uint64_t tokens = 0, bytes = 0;
     const char *w = s->conv ? st_conv_where(s->conv, id, &tokens, &bytes) : NULL;
     if (w)
         return json_pack("{s:s,s:I,s:I}", "where", w, "tokens", (json_int_t)tokens, "bytes", (json_int_t)bytes);
-#else
-    (void)s;
-    (void)id;
-#endif
     return json_null();
 }
 
@@ -72,7 +89,7 @@ static json_t *live_json(st_api_server *s, const char *id)
 static int query_limit(st_api_call *c, size_t *limit)
 {
     char v[16];
-    int q = query_get(st_http_req_query(c->req), "limit", v, sizeof v);
+    int q = st_api_query_get(st_http_req_query(c->req), "limit", v, sizeof v);
     *limit = LIST_LIMIT_DEFAULT;
     if (q == 0)
         return 0;
@@ -94,7 +111,7 @@ static int query_limit(st_api_call *c, size_t *limit)
 /* ?after for sessions: a session id (API syntax) into dst, or "" when absent. */
 static int query_after_id(st_api_call *c, char *dst, size_t cap)
 {
-    int q = query_get(st_http_req_query(c->req), "after", dst, cap);
+    int q = st_api_query_get(st_http_req_query(c->req), "after", dst, cap);
     if (q == 0) {
         dst[0] = '\0';
         return 0;
@@ -115,7 +132,7 @@ static int query_after_id(st_api_call *c, char *dst, size_t cap)
 static int query_after_version(st_api_call *c, uint64_t *after)
 {
     char v[24];
-    int q = query_get(st_http_req_query(c->req), "after", v, sizeof v);
+    int q = st_api_query_get(st_http_req_query(c->req), "after", v, sizeof v);
     *after = 0;
     if (q == 0)
         return 0;
@@ -134,7 +151,6 @@ static int query_after_version(st_api_call *c, uint64_t *after)
     return 0;
 }
 
-#ifdef ST_API_HAVE_ENGINE
 /* A conversation live in the engine with no saved version. */
 typedef struct live_only {
     const char *id; /* borrowed from the live array */
@@ -150,9 +166,15 @@ static int cmp_info_id(const void *key, const void *elem)
 {
     return strcmp((const char *)key, ((const st_session_info *)elem)->id);
 }
-#endif
 
-static void h_sessions_list(st_api_call *c)
+/* st_conv_list_live's hook: each live conversation as {id, where, tokens, bytes} into arr. */
+static void live_add(void *arr, const char *id, const char *where, uint64_t tokens, uint64_t bytes)
+{
+    json_array_append_new(arr, json_pack("{s:s,s:s,s:I,s:I}", "id", id, "where", where, "tokens",
+                                         (json_int_t)tokens, "bytes", (json_int_t)bytes));
+}
+
+void st_api_h_sessions_list(st_api_call *c)
 {
     st_api_server *s = c->srv;
     size_t limit;
@@ -187,13 +209,12 @@ static void h_sessions_list(st_api_call *c)
             if (strncmp(arr[i].id, ST_API_PARK_PREFIX, strlen(ST_API_PARK_PREFIX)))
                 arr[have++] = arr[i];
     }
-#ifdef ST_API_HAVE_ENGINE
     if (s->conv) {
         /* conversations that live only in the engine (never saved) take their place in id order:
          * those after `after`, and, unless the store ran out, before the last session read (past
          * it, limit + 1 entries precede them already) */
         live = json_array();
-        st_conv_list_live(s->conv, live);
+        st_conv_list_live(s->conv, live_add, live);
         lo = malloc((json_array_size(live) + 1) * sizeof *lo);
         if (!lo) {
             st_api_call_error(c, 503, "out_of_memory", "no memory for the live conversations");
@@ -211,12 +232,10 @@ static void h_sessions_list(st_api_call *c)
         }
         qsort(lo, n_lo, sizeof *lo, cmp_live_only);
     }
-#endif
     list = json_array();
     size_t i = 0, j = 0, out = 0;
     const char *last = NULL;
     while (out < limit && (i < have || j < n_lo)) {
-#ifdef ST_API_HAVE_ENGINE
         if (j < n_lo && (i == have || strcmp(lo[j].id, arr[i].id) < 0)) {
             json_t *e = lo[j++].entry;
             const char *id = json_string_value(json_object_get(e, "id"));
@@ -231,7 +250,6 @@ static void h_sessions_list(st_api_call *c)
             out++;
             continue;
         }
-#endif
         json_t *o = session_json(&arr[i]);
         json_object_set_new(o, "live", live_json(s, arr[i].id));
         json_array_append_new(list, o);
@@ -240,10 +258,8 @@ static void h_sessions_list(st_api_call *c)
     }
     /* more follow when an entry is left over (a duplicate live id left over does not count) */
     int more = i < have;
-#ifdef ST_API_HAVE_ENGINE
     for (; !more && j < n_lo; j++)
         more = !last || strcmp(lo[j].id, last) != 0;
-#endif
     c->reply = json_pack("{s:o,s:o}", "sessions", list, "next", more ? json_string(last) : json_null());
     list = NULL;
     c->status = 200;
@@ -254,7 +270,7 @@ done:
     free(arr);
 }
 
-static void h_session_get(st_api_call *c)
+void st_api_h_session_get(st_api_call *c)
 {
     st_api_server *s = c->srv;
     st_session_info si;
@@ -275,7 +291,7 @@ static void h_session_get(st_api_call *c)
     c->status = 200;
 }
 
-static void h_versions(st_api_call *c)
+void st_api_h_versions(st_api_call *c)
 {
     size_t limit, n = 0;
     uint64_t after;
@@ -302,7 +318,7 @@ static void h_versions(st_api_call *c)
 }
 
 /* {v}: a version number >= 1, or "latest" / "head" (0). */
-static int parse_version(st_api_call *c, const char *s, uint64_t *v)
+int st_api_parse_version(st_api_call *c, const char *s, uint64_t *v)
 {
     if (!strcmp(s, "latest") || !strcmp(s, "head")) {
         *v = 0;
@@ -325,10 +341,10 @@ bad:
     return -1;
 }
 
-static void h_version_get(st_api_call *c)
+void st_api_h_version_get(st_api_call *c)
 {
     uint64_t v;
-    if (parse_version(c, c->arg2, &v))
+    if (st_api_parse_version(c, c->arg2, &v))
         return;
     st_version_info vi;
     int rc = st_store_version_info(c->srv->store, c->id, v, &vi);
@@ -341,11 +357,10 @@ static void h_version_get(st_api_call *c)
     c->status = 200;
 }
 
-static void h_session_delete(st_api_call *c)
+void st_api_h_session_delete(st_api_call *c)
 {
     st_api_server *s = c->srv;
     int live_found = 0;
-#ifdef ST_API_HAVE_ENGINE
     /* the live conversation is held (busy) until the versions are gone, so that a request waiting
      * for it cannot load the head version this DELETE is removing */
     st_conv_hold hold = {-1, NULL, NULL, NULL};
@@ -357,7 +372,6 @@ static void h_session_delete(st_api_call *c)
         }
         live_found = st_conv_hold_live(&hold);
     }
-#endif
     st_session_info si;
     uint64_t versions = 0;
     int rc = st_store_show(s->store, c->id, &si);
@@ -369,14 +383,12 @@ static void h_session_delete(st_api_call *c)
         rc = 0;
     if (rc)
         st_api_call_fail(c, rc, "deleting the session"); /* before forget_end replaces the detail */
-#ifdef ST_API_HAVE_ENGINE
     if (s->conv) {
         if (rc && rc != ST_ENOTFOUND) /* the versions are still there: keep the live one too */
             st_conv_forget_abort(s->conv, &hold);
         else
             st_conv_forget_end(s->conv, &hold);
     }
-#endif
     if (rc)
         return;
     c->reply = json_pack("{s:s,s:b,s:I,s:b}", "session", c->id, "deleted", 1, "versions_deleted",
@@ -384,10 +396,10 @@ static void h_session_delete(st_api_call *c)
     c->status = 200;
 }
 
-static void h_version_delete(st_api_call *c)
+void st_api_h_version_delete(st_api_call *c)
 {
     uint64_t v;
-    if (parse_version(c, c->arg2, &v))
+    if (st_api_parse_version(c, c->arg2, &v))
         return;
     if (!v) {
         st_version_info vi;
@@ -404,5 +416,92 @@ static void h_version_delete(st_api_call *c)
         return;
     }
     c->reply = json_pack("{s:s,s:I,s:b}", "session", c->id, "version", (json_int_t)v, "deleted", 1);
+    c->status = 200;
+}
+
+/* ---- SAVE, RESTORE, PARK (the conversation manager) ------------------------------------------ */
+
+void st_api_h_save(st_api_call *c)
+{
+    st_conv *cv = st_api_conv(c->srv);
+    const st_api_config *cfg = st_api_cfg(c->srv);
+    static const char *const keys[] = {"codec", "compress", "label", "expected_head", NULL};
+    const char *codec_name = NULL, *label = NULL;
+    uint64_t compress = (uint64_t)cfg->save_compress, expected = ST_STORE_HEAD_ANY;
+    int have_expected = 0;
+    if (st_api_json_only(c, keys) || st_api_json_opt_str(c, "codec", &codec_name) ||
+        st_api_json_opt_str(c, "label", &label) ||
+        st_api_json_opt_u64(c, "compress", 19, &compress, NULL) ||
+        st_api_json_opt_u64(c, "expected_head", UINT64_MAX >> 1, &expected, &have_expected))
+        return;
+    uint32_t codec = cfg->state_codec;
+    if (codec_name) {
+        st_codec_id id;
+        if (st_codec_parse(codec_name, &id)) {
+            st_api_call_error(c, 400, "invalid_field", "\"codec\" must be fp32, bf16 or f16");
+            return;
+        }
+        codec = id;
+    }
+    if (label && (!st_store_id_valid(label) || strlen(label) >= ST_STORE_LABEL_MAX)) {
+        st_api_call_error(c, 400, "invalid_field", "\"label\" must be 1..%d bytes of A-Z a-z 0-9 . _ : + = -",
+                          ST_STORE_LABEL_MAX - 1);
+        return;
+    }
+    if (have_expected && expected == 0)
+        expected = ST_STORE_HEAD_NONE; /* 0: the session must not exist yet */
+    st_conv_save_opts o = {.codec = codec, .compress = (int)compress, .label = label, .expected = expected};
+    st_conv_save_info si;
+    int rc = st_conv_save(cv, c->id, &o, &si);
+    if (rc) {
+        st_api_call_fail(c, rc, "save");
+        return;
+    }
+    const st_put_stats *ps = &si.ps;
+    c->reply = json_pack("{s:s,s:I,s:s,s:s,s:I,s:I,s:I,s:I,s:i,s:i,s:i,s:f,s:f,s:f}", "session", c->id,
+                         "version", (json_int_t)si.version, "codec", st_codec_name(codec), "from", si.from,
+                         "tokens", (json_int_t)si.tokens, "logical_bytes",
+                         (json_int_t)ps->logical_bytes, "stored_bytes", (json_int_t)ps->stored_bytes,
+                         "new_stored_bytes", (json_int_t)ps->new_bytes, "chunks", (int)ps->chunks,
+                         "new_chunks", (int)ps->new_chunks, "pruned_versions", (int)ps->pruned,
+                         "snapshot_ms", st_api_ms(si.snapshot_ms), "store_ms", st_api_ms(si.store_ms),
+                         "ms", st_api_ms(si.ms));
+    c->status = 201;
+}
+
+void st_api_h_restore(st_api_call *c)
+{
+    st_conv *cv = st_api_conv(c->srv);
+    static const char *const keys[] = {"version", NULL};
+    uint64_t version = 0;
+    if (st_api_json_only(c, keys) || st_api_json_opt_u64(c, "version", UINT64_MAX >> 1, &version, NULL))
+        return;
+    st_conv_restore_info ri;
+    int rc = st_conv_restore(cv, c->id, version, &ri);
+    if (rc) {
+        st_api_call_fail(c, rc, "restore");
+        return;
+    }
+    c->reply = json_pack("{s:s,s:I,s:I,s:I,s:f}", "session", c->id, "version",
+                         (json_int_t)ri.version, "tokens", (json_int_t)ri.tokens,
+                         "logical_bytes", (json_int_t)ri.logical_bytes, "ms", st_api_ms(ri.ms));
+    c->status = 200;
+}
+
+void st_api_h_park(st_api_call *c)
+{
+    st_conv *cv = st_api_conv(c->srv);
+    static const char *const keys[] = {NULL};
+    if (st_api_json_only(c, keys))
+        return;
+    st_conv_park_info pi;
+    int rc = st_conv_park(cv, c->id, &pi);
+    if (rc) {
+        st_api_call_fail(c, rc, "park");
+        return;
+    }
+    c->reply = json_pack("{s:s,s:s,s:I,s:I,s:b,s:f}", "session", c->id, "where", pi.where, "bytes",
+                         (json_int_t)pi.bytes, "tokens", (json_int_t)pi.tokens, "already", pi.already,
+                         "ms", pi.already ? 0.0 : st_api_ms(pi.ms));
     c->status = 200;
 }

@@ -1,6 +1,8 @@
 /*
- * st_server.c - strata-server: configuration, the router, authentication, the routes answered
- * on the loop (/healthz, /metrics), the store routes, uploads, and the graceful stop.
+ * st_server.c - strata-server's shell: configuration, the start-up scan's quarantine, the router
+ * (paths, authentication, the route table, the HTTP callbacks), housekeeping, the graceful stop
+ * and the server's life cycle. The handlers (st_route_*.c, st_openai.c) answer the routes; the
+ * conversation manager (st_conv.h) is made here and handed the store, the counters and the guard.
  *
  * Invariants:
  * 1. The loop thread never touches the disk, hashes, runs a codec or computes: a route either
@@ -10,7 +12,8 @@
  *    method, ids, body length. Nothing of a body is read before all of them passed.
  * 3. No LMDB transaction outlives a store call, and no store call runs on the loop: a download
  *    is exported to a spool file by a worker first, then streamed from that file by the loop.
- * 4. Each upload is used by one request at a time (its busy flag, under uploads_mu).
+ * 4. Each upload is used by one request at a time (its busy flag, under uploads_mu;
+ *    st_route_files.c).
  * 5. A call belongs to its request: it is freed with the request, after the one reply, which the
  *    loop sends only after the worker's done(). When the client goes away meanwhile (on_gone),
  *    the loop sets the call's atomic cancelled flag; only completions act on it (st_conv.c,
@@ -41,8 +44,6 @@
 #include "st_api_int.h"
 #include "st_store.h"
 
-#define UPLOAD_ID_LEN 24
-
 enum body_kind { BODY_NONE, BODY_JSON, BODY_COMPLETION, BODY_PART };
 
 typedef struct st_route {
@@ -56,49 +57,6 @@ typedef struct st_route {
     int metric;
 } st_route;
 
-typedef struct st_upload {
-    char id[UPLOAD_ID_LEN + 1];
-    char path[PATH_MAX + 64];
-    int fd;
-    uint64_t size, prev_end; /* prev_end: size before the last part (for its retry) */
-    uint32_t parts;
-    double touched;
-    int busy;
-    struct st_upload *next;
-} st_upload;
-
-/* A session the start-up scan found damaged: quarantined for the life of the server. */
-typedef struct st_api_damaged {
-    char id[ST_STORE_ID_MAX + 1];
-    char *why;
-} st_api_damaged;
-
-struct st_api_server {
-    st_api_config cfg;
-    struct event_base *base;
-    st_http *http;
-    st_work *work;
-    st_store *store;
-    st_conv *conv;
-    unsigned lost;            /* live conversations the graceful stop could not write */
-    st_metrics metrics;
-    st_memguard guard;
-    uint8_t key_hash[SHA256_DIGEST_LENGTH];
-    int have_key;
-    struct event *sig_term, *sig_int, *stop_ev, *tick, *housekeeping;
-    int stopping;
-    double stop_deadline;
-    double t_start;
-    char spool[PATH_MAX];
-    pthread_mutex_t uploads_mu;
-    st_upload *uploads;
-    _Atomic uint64_t seq;
-    int stat_running;
-    int metric_none;
-    st_api_damaged *damaged;   /* sorted by id; fixed before the server serves */
-    size_t n_damaged, cap_damaged;
-};
-
 static const st_route *routes_table(size_t *n);
 
 static int ev_threads_rc_value;
@@ -111,9 +69,7 @@ static void ev_threads_init_once(void)
 
 double st_api_now_ms(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+    return st_conv_now_ms();
 }
 
 double st_api_ms(double ms)
@@ -123,24 +79,12 @@ double st_api_ms(double ms)
 
 int st_api_id_valid(const char *id, size_t len)
 {
-    if (!id || len == 0 || len > ST_API_ID_MAX)
-        return 0;
-    for (size_t i = 0; i < len; i++) {
-        unsigned char ch = (unsigned char)id[i];
-        int alnum = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9');
-        if (!alnum && (i == 0 || (ch != '.' && ch != '_' && ch != '-')))
-            return 0;
-    }
-    return 1;
+    return st_conv_id_valid(id, len);
 }
 
 int st_api_have_engine(void)
 {
-#ifdef ST_API_HAVE_ENGINE
     return 1;
-#else
-    return 0;
-#endif
 }
 
 st_metrics *st_api_metrics(st_api_server *s) { return &s->metrics; }
@@ -218,6 +162,12 @@ static int store_scan(st_api_server *s, const char *dir, uint32_t *damaged_dbs)
 }
 const st_api_config *st_api_cfg(st_api_server *s) { return &s->cfg; }
 const st_memguard *st_api_memguard(st_api_server *s) { return &s->guard; }
+
+/* st_conv_env.damaged: the conversation manager asks the start-up scan's list through it. */
+static int conv_damaged(void *arg, const char *id)
+{
+    return st_api_session_damaged(arg, id);
+}
 st_conv *st_api_conv(st_api_server *s) { return s->conv; }
 unsigned st_api_server_lost(const st_api_server *s) { return s->lost; }
 uint16_t st_api_server_port(const st_api_server *s) { return st_http_port(s->http); }
@@ -285,7 +235,7 @@ static int path_split(const char *path, path_segs *ps, const char **why)
         }
         if (ps->n == SEGS_MAX)
             return 1;
-        long dn = pct_decode(p, n, ps->s[ps->n], SEG_CAP, 0);
+        long dn = st_api_pct_decode(p, n, ps->s[ps->n], SEG_CAP, 0);
         if (dn < 0) {
             *why = n >= SEG_CAP ? "path segment too long"
                                 : "bad percent-encoding in the path (or an encoded NUL)";
@@ -409,7 +359,7 @@ static int on_head(st_http_req *r, uint64_t *body_max, void *arg)
     path_segs *ps = malloc(sizeof *ps);
     st_api_call *c = calloc(1, sizeof *c);
     if (openai_path(st_http_req_path(r)))
-        st_http_req_set_error_fn(r, openai_error_fn);
+        st_http_req_set_error_fn(r, st_api_openai_error_fn);
     if (!ps || !c) {
         free(ps);
         free(c);
@@ -477,10 +427,6 @@ static int on_head(st_http_req *r, uint64_t *body_max, void *arg)
         st_http_reply_error(r, 500, "session_damaged", "%s", st_errdetail());
         goto replied;
     }
-    if (rt[found].engine && !st_api_have_engine()) {
-        st_http_reply_error(r, 501, "no_engine", "this build of strata-server has no engine");
-        goto replied;
-    }
     if (rt[found].engine && !s->conv) {
         st_http_reply_error(r, 501, "no_engine",
                             "this server runs without a model: start it with --model FILE");
@@ -506,14 +452,12 @@ static void parsed_run(st_api_call *c)
 {
     size_t nr = 0;
     const st_route *rt = routes_table(&nr);
-#ifdef ST_API_HAVE_ENGINE
     /* the OpenAI routes answer in OpenAI's error shape from the body's parse on (POST
      * /v1/completions too: until its body says which shape it has, st_openai_completions) */
     c->openai = rt[c->route].fn == st_openai_chat || rt[c->route].fn == st_openai_models ||
                 rt[c->route].fn == st_openai_model_get || rt[c->route].fn == st_openai_completions;
-#endif
     if (rt[c->route].body == BODY_JSON || rt[c->route].body == BODY_COMPLETION) {
-        if (call_parse_body(c))
+        if (st_api_call_parse_body(c))
             return;
     }
     rt[c->route].fn(c);
@@ -528,7 +472,7 @@ static void on_request(st_http_req *r, void *arg)
     (void)s;
     if (rt[c->route].on_loop) {
         rt[c->route].fn(c);
-        call_reply(c);
+        st_api_call_reply(c);
         return;
     }
     st_api_call_submit(c, parsed_run);
@@ -571,37 +515,31 @@ static void on_refused(int status, const char *code, void *arg)
 
 /* ---- the route table ------------------------------------------------------------------------ */
 
-#ifdef ST_API_HAVE_ENGINE
-#define ENGINE_FN(f) f
-#else
-#define ENGINE_FN(f) NULL
-#endif
-
 static st_route route_table[] = {
-    {ST_HTTP_GET, "/", BODY_NONE, 1, 0, 1, h_page, 0},
-    {ST_HTTP_GET, "/healthz", BODY_NONE, 1, 0, 1, h_healthz, 0},
-    {ST_HTTP_GET, "/metrics", BODY_NONE, 1, 0, 0, h_metrics, 0},
-    {ST_HTTP_POST, "/v1/completions", BODY_COMPLETION, 0, 1, 0, ENGINE_FN(st_openai_completions), 0},
-    {ST_HTTP_POST, "/v1/chat/completions", BODY_COMPLETION, 0, 1, 0, ENGINE_FN(st_openai_chat), 0},
-    {ST_HTTP_GET, "/v1/models", BODY_NONE, 0, 1, 0, ENGINE_FN(st_openai_models), 0},
-    {ST_HTTP_GET, "/v1/models/{model}", BODY_NONE, 0, 1, 0, ENGINE_FN(st_openai_model_get), 0},
-    {ST_HTTP_GET, "/v1/sessions", BODY_NONE, 0, 0, 0, h_sessions_list, 0},
-    {ST_HTTP_GET, "/v1/sessions/{id}", BODY_NONE, 0, 0, 0, h_session_get, 0},
-    {ST_HTTP_DELETE, "/v1/sessions/{id}", BODY_NONE, 0, 0, 0, h_session_delete, 0},
-    {ST_HTTP_POST, "/v1/sessions/{id}/save", BODY_JSON, 0, 1, 0, ENGINE_FN(st_conv_save), 0},
-    {ST_HTTP_POST, "/v1/sessions/{id}/restore", BODY_JSON, 0, 1, 0, ENGINE_FN(st_conv_restore), 0},
-    {ST_HTTP_POST, "/v1/sessions/{id}/park", BODY_JSON, 0, 1, 0, ENGINE_FN(st_conv_park), 0},
-    {ST_HTTP_GET, "/v1/sessions/{id}/versions", BODY_NONE, 0, 0, 0, h_versions, 0},
-    {ST_HTTP_GET, "/v1/sessions/{id}/versions/{v}", BODY_NONE, 0, 0, 0, h_version_get, 0},
-    {ST_HTTP_DELETE, "/v1/sessions/{id}/versions/{v}", BODY_NONE, 0, 0, 0, h_version_delete, 0},
-    {ST_HTTP_GET, "/v1/sessions/{id}/versions/{v}/file", BODY_NONE, 0, 0, 0, h_version_file, 0},
-    {ST_HTTP_POST, "/v1/uploads", BODY_JSON, 0, 0, 0, h_upload_create, 0},
-    {ST_HTTP_PUT, "/v1/uploads/{uid}/parts/{n}", BODY_PART, 0, 0, 0, h_upload_part, 0},
-    {ST_HTTP_POST, "/v1/uploads/{uid}/commit", BODY_JSON, 0, 0, 0, h_upload_commit, 0},
-    {ST_HTTP_DELETE, "/v1/uploads/{uid}", BODY_NONE, 0, 0, 0, h_upload_delete, 0},
-    {ST_HTTP_GET, "/slots", BODY_NONE, 0, 1, 0, ENGINE_FN(st_conv_slots_list), 0},
-    {ST_HTTP_POST, "/slots/{n}", BODY_JSON, 0, 1, 0, ENGINE_FN(st_conv_slots_action), 0},
-    {ST_HTTP_POST, "/apply-template", BODY_COMPLETION, 0, 1, 0, ENGINE_FN(st_conv_apply_template), 0},
+    {ST_HTTP_GET, "/", BODY_NONE, 1, 0, 1, st_api_h_page, 0},
+    {ST_HTTP_GET, "/healthz", BODY_NONE, 1, 0, 1, st_api_h_healthz, 0},
+    {ST_HTTP_GET, "/metrics", BODY_NONE, 1, 0, 0, st_api_h_metrics, 0},
+    {ST_HTTP_POST, "/v1/completions", BODY_COMPLETION, 0, 1, 0, st_openai_completions, 0},
+    {ST_HTTP_POST, "/v1/chat/completions", BODY_COMPLETION, 0, 1, 0, st_openai_chat, 0},
+    {ST_HTTP_GET, "/v1/models", BODY_NONE, 0, 1, 0, st_openai_models, 0},
+    {ST_HTTP_GET, "/v1/models/{model}", BODY_NONE, 0, 1, 0, st_openai_model_get, 0},
+    {ST_HTTP_GET, "/v1/sessions", BODY_NONE, 0, 0, 0, st_api_h_sessions_list, 0},
+    {ST_HTTP_GET, "/v1/sessions/{id}", BODY_NONE, 0, 0, 0, st_api_h_session_get, 0},
+    {ST_HTTP_DELETE, "/v1/sessions/{id}", BODY_NONE, 0, 0, 0, st_api_h_session_delete, 0},
+    {ST_HTTP_POST, "/v1/sessions/{id}/save", BODY_JSON, 0, 1, 0, st_api_h_save, 0},
+    {ST_HTTP_POST, "/v1/sessions/{id}/restore", BODY_JSON, 0, 1, 0, st_api_h_restore, 0},
+    {ST_HTTP_POST, "/v1/sessions/{id}/park", BODY_JSON, 0, 1, 0, st_api_h_park, 0},
+    {ST_HTTP_GET, "/v1/sessions/{id}/versions", BODY_NONE, 0, 0, 0, st_api_h_versions, 0},
+    {ST_HTTP_GET, "/v1/sessions/{id}/versions/{v}", BODY_NONE, 0, 0, 0, st_api_h_version_get, 0},
+    {ST_HTTP_DELETE, "/v1/sessions/{id}/versions/{v}", BODY_NONE, 0, 0, 0, st_api_h_version_delete, 0},
+    {ST_HTTP_GET, "/v1/sessions/{id}/versions/{v}/file", BODY_NONE, 0, 0, 0, st_api_h_version_file, 0},
+    {ST_HTTP_POST, "/v1/uploads", BODY_JSON, 0, 0, 0, st_api_h_upload_create, 0},
+    {ST_HTTP_PUT, "/v1/uploads/{uid}/parts/{n}", BODY_PART, 0, 0, 0, st_api_h_upload_part, 0},
+    {ST_HTTP_POST, "/v1/uploads/{uid}/commit", BODY_JSON, 0, 0, 0, st_api_h_upload_commit, 0},
+    {ST_HTTP_DELETE, "/v1/uploads/{uid}", BODY_NONE, 0, 0, 0, st_api_h_upload_delete, 0},
+    {ST_HTTP_GET, "/slots", BODY_NONE, 0, 1, 0, st_api_h_slots_list, 0},
+    {ST_HTTP_POST, "/slots/{n}", BODY_JSON, 0, 1, 0, st_api_h_slots_action, 0},
+    {ST_HTTP_POST, "/apply-template", BODY_COMPLETION, 0, 1, 0, st_api_h_apply_template, 0},
 };
 
 static const st_route *routes_table(size_t *n)
@@ -623,25 +561,7 @@ static void hk_run(st_job *j)
     st_store_stats ss;
     if (!st_store_stat(s->store, &ss))
         st_metrics_store_set(&s->metrics, &ss);
-    double now = st_api_now_ms(), ttl = (double)s->cfg.upload_ttl_s * 1000.0;
-    st_upload *expired = NULL;
-    pthread_mutex_lock(&s->uploads_mu);
-    for (st_upload **pp = &s->uploads; *pp;) {
-        st_upload *u = *pp;
-        if (!u->busy && now - u->touched > ttl) {
-            *pp = u->next;
-            u->next = expired;
-            expired = u;
-        } else {
-            pp = &u->next;
-        }
-    }
-    pthread_mutex_unlock(&s->uploads_mu);
-    while (expired) {
-        st_upload *next = expired->next;
-        upload_destroy(expired);
-        expired = next;
-    }
+    st_api_uploads_expire(s, st_api_now_ms(), (double)s->cfg.upload_ttl_s * 1000.0);
 }
 
 static void hk_done(st_job *j)
@@ -871,7 +791,7 @@ int st_api_server_new(const st_api_config *cfg, st_api_server **out)
     s->guard.enabled = cfg->mem_guard;
     s->guard.reserve = cfg->mem_reserve_bytes;
     s->guard.meminfo_path = cfg->meminfo_path;
-    s->guard.refusals = &s->metrics.memguard_refusals;
+    s->guard.refusals = &s->metrics.conv.memguard_refusals;
     if (cfg->api_key_file && (rc = read_key(s, cfg->api_key_file)))
         goto fail;
     signal(SIGPIPE, SIG_IGN);
@@ -904,13 +824,10 @@ int st_api_server_new(const st_api_config *cfg, st_api_server **out)
     if ((rc = st_work_new(s->base, cfg->workers, &s->work)))
         goto fail;
     if (cfg->model_path) {
-#ifdef ST_API_HAVE_ENGINE
-        if ((rc = st_conv_new(s, &s->conv)))
+        s->conv_env = (st_conv_env){.cfg = &s->cfg, .store = s->store, .m = &s->metrics.conv,
+                                    .guard = &s->guard, .damaged = conv_damaged, .damaged_arg = s};
+        if ((rc = st_conv_new(&s->conv_env, &s->conv)))
             goto fail;
-#else
-        rc = st_error_set(ST_EINVAL, "--model given but this build of strata-server has no engine");
-        goto fail;
-#endif
     }
     st_http_limits lim = {
         .max_connections = cfg->max_connections,
@@ -927,7 +844,7 @@ int st_api_server_new(const st_api_config *cfg, st_api_server **out)
         .min_body_rate = cfg->min_body_rate,
         .body_rate_window_ms = cfg->body_rate_window_ms,
     };
-    st_http_cbs cbs = {on_head, on_request, on_done, on_refused, call_free, on_gone};
+    st_http_cbs cbs = {on_head, on_request, on_done, on_refused, st_api_call_free, on_gone};
     if ((rc = st_http_new(s->base, cfg->host, cfg->port, &lim, &cbs, s, &s->http)))
         goto fail;
     s->stop_ev = event_new(s->base, -1, 0, stop_cb, s);
@@ -970,10 +887,8 @@ int st_api_server_run(st_api_server *s)
     st_work_free(s->work);
     s->work = NULL;
     rc = 0;
-#ifdef ST_API_HAVE_ENGINE
     if (s->conv)
         rc = st_conv_persist_all(s->conv, &s->lost);
-#endif
     fprintf(stderr, "strata-server: stopped%s\n", s->lost ? " (live conversations were lost, see above)" : "");
     return rc;
 }
@@ -983,15 +898,9 @@ void st_api_server_free(st_api_server *s)
     if (!s)
         return;
     st_work_free(s->work); /* joins the workers; completions still pending are dropped */
-#ifdef ST_API_HAVE_ENGINE
     st_conv_free(s->conv);
-#endif
     st_http_free(s->http);
-    while (s->uploads) {
-        st_upload *u = s->uploads;
-        s->uploads = u->next;
-        upload_destroy(u);
-    }
+    st_api_uploads_free(s);
     st_store_close(s->store);
     if (s->sig_term)
         event_free(s->sig_term);
