@@ -79,7 +79,7 @@ void st_conv_free(st_conv *cv);
  * none, else the first one's error with a detail naming them all. */
 int st_conv_persist_all(st_conv *cv, unsigned *lost);
 
-/* 1 if id (len bytes) is a session id the API accepts (st_api_id_valid's rule). */
+/* 1 if id (len bytes) is a session id the API accepts (the rule st_api.h states). */
 int st_conv_id_valid(const char *id, size_t len);
 /* CLOCK_MONOTONIC in milliseconds. */
 double st_conv_now_ms(void);
