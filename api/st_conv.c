@@ -1754,6 +1754,36 @@ static int chat_load(st_conv *cv)
     return st_chat_template_chatml(g, &cv->chat);
 }
 
+/* The engine's image buffers (the CPU backend's image buffer cache, which holds two fp32
+ * checkpoint blocks; the CUDA backend's pinned pool) made resident before the first request: a
+ * SAVE or PARK right after the start then writes memory already mapped, as later ones do, instead
+ * of faulting in and clearing fresh pages, which on a virtual machine costs many times the copy
+ * itself (docs/BENCHMARKS.md, "Where the time of an HTTP SAVE goes"). Two blocks, each what an
+ * image asks for one fp32 checkpoint (st_checkpoint_layout, in whole huge pages: st_image.c's
+ * st_alloc); nothing when a block is under 2 MiB (images map those themselves) or the engine has
+ * no allocator. Best effort: a buffer that cannot be had is skipped. */
+static void images_warm(st_conv *cv)
+{
+    const st_image_allocator *ia = st_engine_image_allocator(cv->engine);
+    const st_geometry *g = st_slot_geometry(cv->slots[0].slot);
+    const uint64_t huge = (uint64_t)2 << 20;
+    uint64_t *off = ia ? malloc((g->n_tensors ? g->n_tensors : 1) * sizeof *off) : NULL;
+    if (!off)
+        return;
+    uint64_t len = st_checkpoint_layout(g->tensors, g->n_tensors, ST_CODEC_FP32, off);
+    free(off);
+    len = (len + huge - 1) & ~(huge - 1);
+    if (len < huge || len > SIZE_MAX / 2)
+        return;
+    void *p[2] = {NULL, NULL};
+    for (int i = 0; i < 2; i++)
+        if ((p[i] = ia->alloc(ia->ctx, (size_t)len)))
+            memset(p[i], 0, (size_t)len);
+    for (int i = 0; i < 2; i++)
+        if (p[i])
+            ia->free(ia->ctx, p[i], (size_t)len);
+}
+
 int st_conv_new(const st_conv_env *ce, st_conv **out)
 {
     const st_api_config *cfg = ce->cfg;
@@ -1830,6 +1860,7 @@ int st_conv_new(const st_conv_env *ce, st_conv **out)
             cv->kv_only = 0;
     if ((rc = load_spilled(cv)))
         goto fail;
+    images_warm(cv);
     cv->m->slots_total = cv->n_slots;
     cv->m->pool_limit_bytes = cv->ram_limit;
     gauges_locked(cv);
