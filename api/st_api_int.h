@@ -245,7 +245,7 @@ struct st_api_server {
     unsigned lost;            /* live conversations the graceful stop could not write */
     st_metrics metrics;
     st_memguard guard;
-    uint8_t key_hash[32];     /* SHA-256 of the API key */
+    uint8_t key_hash[ST_SHA256_LEN]; /* of the API key */
     int have_key;
     struct event *sig_term, *sig_int, *stop_ev, *tick, *housekeeping;
     int stopping;

@@ -863,10 +863,10 @@ void st_conv_random_hex(char *dst, size_t cap)
             memset(r, 0, sizeof r);
         close(fd);
     }
-    if (cap)
-        dst[0] = 0;
-    for (size_t i = 0; i < sizeof r && 2 * i + 2 < cap; i++)
-        snprintf(dst + 2 * i, 3, "%02x", r[i]);
+    if (cap) {
+        size_t n = (cap - 1) / 2;
+        st_hex_encode(dst, r, n < sizeof r ? n : sizeof r);
+    }
 }
 
 static void random_id(char *dst)

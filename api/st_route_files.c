@@ -14,7 +14,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <openssl/sha.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -77,7 +76,7 @@ void st_api_h_version_file(st_api_call *c)
     spool_path(s, "dl", path, sizeof path);
     double t0 = st_api_now_ms();
     if ((rc = st_store_export(s->store, c->id, vi.version, path, fop))) {
-        unlink(path);
+        st_sys_calls.unlink(path);
         st_api_call_fail(c, rc, "exporting the session file");
         return;
     }
@@ -87,11 +86,11 @@ void st_api_h_version_file(st_api_call *c)
         rc = errno;
         if (fd >= 0)
             close(fd);
-        unlink(path);
+        st_sys_calls.unlink(path);
         st_api_call_error(c, 500, "internal", "reading the exported file: %s", strerror(rc));
         return;
     }
-    unlink(path); /* the open descriptor keeps the bytes until the reply is sent */
+    st_sys_calls.unlink(path); /* the open descriptor keeps the bytes until the reply is sent */
     c->file_fd = fd;
     c->file_len = (uint64_t)sb.st_size;
     c->file_ctype = "application/octet-stream";
@@ -136,8 +135,8 @@ static void upload_destroy(st_upload *u)
     if (!u)
         return;
     if (u->fd >= 0)
-        close(u->fd);
-    unlink(u->path);
+        st_sys_calls.close(u->fd);
+    st_sys_calls.unlink(u->path);
     free(u);
 }
 
@@ -190,10 +189,9 @@ void st_api_h_upload_create(st_api_call *c)
         return;
     }
     close(rfd);
-    for (size_t i = 0; i < sizeof rnd; i++)
-        snprintf(u->id + 2 * i, 3, "%02x", rnd[i]);
+    st_hex_encode(u->id, rnd, sizeof rnd);
     snprintf(u->path, sizeof u->path, "%s/up-%s.tmp", s->spool, u->id);
-    u->fd = open(u->path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    u->fd = st_sys_calls.open(u->path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (u->fd < 0) {
         int e = errno;
         free(u);
@@ -222,6 +220,8 @@ void st_api_h_upload_create(st_api_call *c)
     c->status = 201;
 }
 
+/* The body's segments written at off through the file-system call table (st_common.h: fault
+ * injection reaches the spool): 0 or the errno. */
 static int write_all_at(int fd, struct evbuffer *b, uint64_t off)
 {
     size_t total = evbuffer_get_length(b);
@@ -233,20 +233,13 @@ static int write_all_at(int fd, struct evbuffer *b, uint64_t off)
         int nv = evbuffer_peek(b, (ev_ssize_t)(total - done), &ptr, v, 16);
         if (nv <= 0)
             return EIO;
-        struct iovec io[16];
-        for (int i = 0; i < nv && i < 16; i++) {
-            io[i].iov_base = v[i].iov_base;
-            io[i].iov_len = v[i].iov_len;
+        for (int i = 0; i < nv && i < 16 && done < total; i++) {
+            size_t n = v[i].iov_len < total - done ? v[i].iov_len : total - done;
+            int rc = st_sys_pwrite_all(fd, v[i].iov_base, n, off + done);
+            if (rc)
+                return rc;
+            done += n;
         }
-        ssize_t w = pwritev(fd, io, nv < 16 ? nv : 16, (off_t)(off + done));
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
-            return errno;
-        }
-        if (w == 0)
-            return EIO;
-        done += (size_t)w;
     }
     return 0;
 }
@@ -290,10 +283,10 @@ void st_api_h_upload_part(st_api_call *c)
         return;
     }
     int rc = len ? write_all_at(u->fd, b, off) : 0;
-    if (!rc && ftruncate(u->fd, (off_t)(off + len)) != 0)
+    if (!rc && st_sys_calls.ftruncate(u->fd, off + len) != 0)
         rc = errno;
     if (rc) {
-        if (ftruncate(u->fd, (off_t)u->size) != 0) { /* leave it as it was */
+        if (st_sys_calls.ftruncate(u->fd, u->size) != 0) { /* leave it as it was */
         }
         st_api_call_error(c, rc == ENOSPC ? 507 : 500, rc == ENOSPC ? "disk_full" : "internal",
                           "writing part %llu: %s", (unsigned long long)n, strerror(rc));

@@ -38,8 +38,7 @@ static json_t *session_json(const st_session_info *si)
         return json_pack("{s:s,s:b}", "id", si->id, "damaged", 1);
     iso_time(si->created_ns, cr, sizeof cr);
     iso_time(si->updated_ns, up, sizeof up);
-    for (int i = 0; i < 8; i++)
-        snprintf(fp + 2 * i, 3, "%02x", si->model_fp[i]);
+    st_hex_encode(fp, si->model_fp, 8);
     json_t *labels = json_object();
     for (uint32_t i = 0; i < si->n_labels; i++)
         json_object_set_new(labels, si->labels[i].name, json_integer((json_int_t)si->labels[i].version));

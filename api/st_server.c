@@ -26,7 +26,6 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <openssl/crypto.h>
-#include <openssl/sha.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -322,8 +321,9 @@ static int auth_ok(st_api_server *s, st_http_req *r)
     const char *tok = h + 7;
     while (*tok == ' ')
         tok++;
-    uint8_t d[SHA256_DIGEST_LENGTH];
-    SHA256((const unsigned char *)tok, strlen(tok), d);
+    uint8_t d[ST_SHA256_LEN];
+    if (st_sha256(tok, strlen(tok), d))
+        return 0;
     /* equal-length digests compared in constant time: neither the key's length nor its bytes
      * show in the time a refusal takes */
     return CRYPTO_memcmp(d, s->key_hash, sizeof d) == 0;
@@ -660,8 +660,10 @@ static int read_key(st_api_server *s, const char *path)
         if ((unsigned char)buf[i] < 0x21 || (unsigned char)buf[i] > 0x7e)
             return st_error_set(ST_EINVAL, "--api-key-file %s: the key must be printable ASCII "
                                            "without spaces", path);
-    SHA256((const unsigned char *)buf, n, s->key_hash);
+    int rc = st_sha256(buf, n, s->key_hash);
     memset(buf, 0, sizeof buf);
+    if (rc)
+        return rc;
     s->have_key = 1;
     return 0;
 }
@@ -675,11 +677,11 @@ static int mkdir_p(const char *path)
         if (*p != '/')
             continue;
         *p = '\0';
-        if (mkdir(tmp, 0700) != 0 && errno != EEXIST)
+        if (st_sys_calls.mkdir(tmp, 0700) != 0 && errno != EEXIST)
             return errno;
         *p = '/';
     }
-    if (mkdir(tmp, 0700) != 0 && errno != EEXIST)
+    if (st_sys_calls.mkdir(tmp, 0700) != 0 && errno != EEXIST)
         return errno;
     return 0;
 }
@@ -697,22 +699,21 @@ static void spool_clean(const char *dir)
         if (n > 4 && !strcmp(e->d_name + n - 4, ".tmp") &&
             (!strncmp(e->d_name, "up-", 3) || !strncmp(e->d_name, "dl-", 3))) {
             snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-            unlink(p);
+            st_sys_calls.unlink(p);
         }
     }
     closedir(d);
 }
 
+/* The bound port, replaced atomically and durably (st_replace_file: temp, fsync, rename, fsync
+ * of the directory): a reader sees the old file or the whole new one. */
 static int write_ready_file(const char *path, uint16_t port)
 {
-    char tmp[PATH_MAX + 8], buf[16];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    char buf[16];
     int n = snprintf(buf, sizeof buf, "%u\n", (unsigned)port);
-    FILE *f = fopen(tmp, "w");
-    if (!f || fwrite(buf, 1, (size_t)n, f) != (size_t)n || fclose(f) != 0)
-        return st_error_set(errno ? errno : EIO, "--ready-file %s: %s", path, strerror(errno));
-    if (rename(tmp, path) != 0)
-        return st_error_set(errno, "--ready-file %s: %s", path, strerror(errno));
+    int rc = st_replace_file(path, buf, (size_t)n);
+    if (rc)
+        return st_error_wrap(rc, "--ready-file %s", path);
     return 0;
 }
 
