@@ -1066,6 +1066,8 @@ int st_conv_generate(st_conv *cv, st_conv_gen *g)
     const st_vocab *vocab = st_model_vocab(cv->model);
     g->found = "slot";
     g->stop = "length";
+    g->what = "completion";
+    g->code = NULL;
     g->n_gen = g->resumed = g->computed = 0;
     g->prompt_ms = g->decode_ms = 0.0;
     g->search_ms = 0.0;

@@ -17,8 +17,6 @@
 int st_api_generate(st_api_call *c, st_conv_gen *g)
 {
     g->cancel = &c->cancelled;
-    g->what = "completion";
-    g->code = NULL;
     int rc = st_conv_generate(st_api_conv(c->srv), g);
     if (!rc)
         return 0;
