@@ -1,12 +1,16 @@
 /*
- * st_api_int.h - the parts of strata-server: the HTTP/1.1 layer (st_http.c), the worker pool
- * (st_work.c), metrics (st_metrics.c), the memory guard (st_memguard.c), the router and the
- * store routes (st_server.c), and, with the engine, slots, the park pool and the engine routes
- * (st_conv.c). Internal to api/; tests may include it.
+ * st_api_int.h - the parts of strata-server above the conversation manager (st_conv.h): the
+ * HTTP/1.1 layer (st_http.c), the worker pool (st_work.c), metrics (st_metrics.c), the request
+ * plumbing (st_call.c: calls, replies, JSON bodies, queries), the route handlers by area
+ * (st_route_sessions.c, st_route_files.c, st_route_slots.c, st_route_complete.c, st_openai.c,
+ * st_route_metrics.c, st_route_page.c) and the server shell with the router (st_server.c).
+ * Dependencies point down: st_server.c -> handlers -> st_call.c, st_http.c -> st_conv.c ->
+ * engine, store. Internal to api/; tests may include it.
  */
 #ifndef ST_API_INT_H
 #define ST_API_INT_H
 
+#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
@@ -17,10 +21,8 @@
 #include <jansson.h>
 
 #include "st_api.h"
+#include "st_conv.h"
 #include "st_store.h"
-#ifdef ST_API_HAVE_ENGINE
-#include "st_engine.h"
-#endif
 
 /* ---- the HTTP/1.1 layer --------------------------------------------------------------------
  * Built on bufferevents rather than evhttp: libevent 2.1's evhttp answers its own limit
@@ -200,20 +202,9 @@ typedef struct st_metrics {
     double lat_sum[ST_METRICS_ROUTES_MAX];
     uint64_t refused[6]; /* by the layer before routing: 1xx..5xx */
     /* any thread */
-    _Atomic uint64_t saves, save_logical_bytes, save_new_bytes, save_stored_bytes;
-    _Atomic uint64_t restores, restore_bytes;
-    _Atomic uint64_t parks_ram, parks_disk, park_spills, park_unspills, park_bytes;
+    st_conv_counters conv; /* the conversation manager's (st_conv.h) */
     _Atomic uint64_t downloads, download_bytes, uploads, upload_bytes;
-    _Atomic uint64_t conv_hits_slot, conv_hits_ram, conv_hits_disk, conv_hits_store, conv_new;
-    _Atomic uint64_t prompt_reused, prompt_computed, tokens_generated;
-    _Atomic uint64_t memguard_refusals;
-    _Atomic uint64_t busy_wait_timeouts, busy_wait_full; /* 409 busy after waiting; queue full */
-    _Atomic uint64_t completions_cancelled; /* stopped because the client went away */
-    /* gauges set by their owners */
-    _Atomic uint64_t pool_ram_bytes, pool_ram_entries, pool_disk_entries, pool_limit_bytes;
     uint64_t sessions_damaged; /* quarantined by the start-up scan (set before serving) */
-    _Atomic uint64_t slots_total, slots_bound, slots_busy;
-    _Atomic uint64_t busy_waiting; /* requests waiting for a busy session (st_conv.c) */
     /* store statistics refreshed by a worker now and then (st_metrics_store_set), rendered as
      * one snapshot: the free map's parts add up to the map */
     pthread_mutex_t store_mu;
@@ -230,24 +221,45 @@ void st_metrics_refused(st_metrics *m, int status);
 void st_metrics_render(st_metrics *m, struct evbuffer *out, const st_http_stats *http,
                        uint32_t work_outstanding, uint32_t work_queued);
 
-/* ---- memory guard -------------------------------------------------------------------------- */
-typedef struct st_memguard {
-    int enabled;
-    uint64_t reserve;
-    const char *meminfo_path; /* NULL: /proc/meminfo, then sysconf(_SC_AVPHYS_PAGES) */
-    _Atomic uint64_t *refusals;
-} st_memguard;
-/* Available RAM in *avail and where it was read in *source ("MemAvailable", "sysconf").
- * errno-style error when it cannot be read, with a detail naming what was tried. */
-int st_memguard_available(const st_memguard *g, uint64_t *avail, const char **source);
-/* 0 if need bytes (plus the reserve) fit in the available RAM; ST_ENOMEMGUARD with a detail
- * "memory guard: SAVE needs 1.2 GiB + 0.25 GiB reserve: limit 1.4 GiB, available 0.9 GiB
- * (MemAvailable)", or when RAM cannot be read, a detail saying so. what names the operation. */
-int st_memguard_admit(const st_memguard *g, const char *what, uint64_t need);
-
-/* ---- server internals shared by st_server.c and st_conv.c ---------------------------------- */
+/* ---- the server ------------------------------------------------------------------------------
+ * Its state, shared by the shell (st_server.c) and the handlers. Fields are set at start and
+ * fixed while serving, except: uploads (under uploads_mu, st_route_files.c), seq (atomic),
+ * stopping, stat_running (loop thread). */
 typedef struct st_api_server st_api_server;
-struct st_store;
+struct st_upload;
+
+/* A session the start-up scan found damaged: quarantined for the life of the server. */
+typedef struct st_api_damaged {
+    char id[ST_STORE_ID_MAX + 1];
+    char *why;
+} st_api_damaged;
+
+struct st_api_server {
+    st_api_config cfg;
+    struct event_base *base;
+    st_http *http;
+    st_work *work;
+    st_store *store;
+    st_conv *conv;
+    st_conv_env conv_env;     /* what conv was made with */
+    unsigned lost;            /* live conversations the graceful stop could not write */
+    st_metrics metrics;
+    st_memguard guard;
+    uint8_t key_hash[ST_SHA256_LEN]; /* of the API key */
+    int have_key;
+    struct event *sig_term, *sig_int, *stop_ev, *tick, *housekeeping;
+    int stopping;
+    double stop_deadline;
+    double t_start;
+    char spool[PATH_MAX];
+    pthread_mutex_t uploads_mu;
+    struct st_upload *uploads;
+    _Atomic uint64_t seq;
+    int stat_running;
+    int metric_none;
+    st_api_damaged *damaged;   /* sorted by id; fixed before the server serves */
+    size_t n_damaged, cap_damaged;
+};
 
 /* A parsed request, handed to route handlers. */
 typedef struct st_api_call {
@@ -303,6 +315,15 @@ void st_api_call_error(st_api_call *c, int status, const char *code, const char 
 int st_api_call_stream(st_api_call *c, const void *data, size_t len);
 /* Run fn on a worker, then reply from the loop with what it left in the call. */
 void st_api_call_submit(st_api_call *c, void (*fn)(st_api_call *c));
+/* On the loop: send what the handler left in c (c stays with the request, freed with it). */
+void st_api_call_reply(st_api_call *c);
+/* st_http_cbs.free_user: frees a call with its request. */
+void st_api_call_free(void *user, void *arg);
+/* Parse the request's body into c->body (st_api_body_parse); on a worker. */
+int st_api_call_parse_body(st_api_call *c);
+/* st_http_error_fn of the requests on the OpenAI routes: refusals before the handler (401, 404,
+ * 405, 413, 503, ...) in OpenAI's error shape. */
+char *st_api_openai_error_fn(int status, const char *code, const char *msg, size_t *len);
 
 st_metrics *st_api_metrics(st_api_server *s);
 struct st_store *st_api_store(st_api_server *s);
@@ -312,9 +333,6 @@ struct st_store *st_api_store(st_api_server *s);
 int st_api_session_damaged(st_api_server *s, const char *id);
 const st_api_config *st_api_cfg(st_api_server *s);
 const st_memguard *st_api_memguard(st_api_server *s);
-
-/* Prefix of the store ids of disk-parked conversations (not a valid API id character). */
-#define ST_API_PARK_PREFIX "park:"
 
 /* JSON body helpers: 0, or fill the call's 400 error and return -1. */
 int st_api_json_opt_u64(st_api_call *c, const char *key, uint64_t max, uint64_t *out, int *given);
@@ -328,115 +346,60 @@ int st_api_json_only(st_api_call *c, const char *const *keys);
  * request plumbing calls it for every route with a JSON body; tests/fuzz/fuzz_json_body.c too. */
 int st_api_body_parse(st_api_call *c, const char *p, size_t n);
 
+/* Percent-decode n bytes into dst (NUL-terminated). -1 on a bad escape, an encoded NUL, or more
+ * than cap - 1 bytes. plus: '+' means a space (query strings). */
+long st_api_pct_decode(const char *s, size_t n, char *dst, size_t cap, int plus);
+/* Value of key in a raw query string into dst; 1 found, 0 absent, -1 malformed. */
+int st_api_query_get(const char *q, const char *key, char *dst, size_t cap);
+
 double st_api_now_ms(void);
 /* Milliseconds rounded to the microsecond, for replies. */
 double st_api_ms(double ms);
 /* json_dumps flags of every reply: compact, and reals without noise digits. */
 #define ST_API_JSON_FLAGS (JSON_COMPACT | JSON_REAL_PRECISION(12))
 
-/* ---- conversations: slots and the park pool (st_conv.c; engine builds only) ------------------ */
-typedef struct st_conv st_conv;
-int st_conv_new(st_api_server *srv, st_conv **out);
-void st_conv_free(st_conv *cv);
-/* At shutdown: write every live conversation (slots, RAM-parked) to the store as disk-parked;
- * one the store refuses as it is is kept smaller where it can be (live checkpoint only,
- * compressed). Each that could not be written is named on stderr and counted in *lost; 0 when
- * none, else the first one's error with a detail naming them all. */
-int st_conv_persist_all(st_conv *cv, unsigned *lost);
-/* Route handlers (run on workers). Those naming a session in use by another request wait for it
- * on the worker, up to --busy-wait-ms and with at most workers - 1 waiting (st_conv.c, invariant 6),
- * then answer 409 busy. */
-void st_conv_completion(st_api_call *c);
-void st_conv_save(st_api_call *c);
-void st_conv_restore(st_api_call *c);
-void st_conv_park(st_api_call *c);
-void st_conv_slots_action(st_api_call *c);
-void st_conv_slots_list(st_api_call *c);
-void st_conv_apply_template(st_api_call *c);
-/* Where a session lives now: "slot", "ram", "disk" or NULL; when live, *tokens and *bytes (those
- * of its fp32 park image: in the pool, spilled, or the one PARK would make of its slot). */
-const char *st_conv_where(st_conv *cv, const char *id, uint64_t *tokens, uint64_t *bytes);
-/* DELETE of a session's live state (slot, pool, spilled image), in two steps so that no request
- * finds the conversation while its stored versions are being deleted. begin waits while the
- * session is in use, like the routes above (ST_EBUSY after --busy-wait-ms), then holds it busy in
- * *h: its slot or park entry, or, when it is not live (st_conv_hold_live(h) is 0), the id itself,
- * so that requests for it wait instead of loading a version being deleted. *h and id must stay
- * valid until end. end drops what begin held and lets requests waiting for the id start afresh;
- * abort releases the hold and keeps the conversation. One of them follows every successful
- * begin. */
-typedef struct st_conv_hold {
-    int slot;    /* slot index, or -1 */
-    void *entry; /* park entry, or NULL */
-    const char *id;            /* not live: the id is held by name (requests for it wait) */
-    struct st_conv_hold *next; /* in the st_conv's list of ids held by name */
-} st_conv_hold;
-#define st_conv_hold_live(h) ((h)->slot >= 0 || (h)->entry != NULL)
-int st_conv_forget_begin(st_conv *cv, const char *id, st_conv_hold *h);
-void st_conv_forget_end(st_conv *cv, st_conv_hold *h);
-/* Release a hold without dropping anything (the store's delete failed: the conversation stays). */
-void st_conv_forget_abort(st_conv *cv, st_conv_hold *h);
-/* Live sessions not in the store (and those in it): appended to arr as {id, where, tokens}. */
-void st_conv_list_live(st_conv *cv, json_t *arr);
 st_conv *st_api_conv(st_api_server *s);
 
-#ifdef ST_API_HAVE_ENGINE
-/* ---- generation: the one path of every completion, native or OpenAI (st_conv.c) ------------
- * The narrow interface the OpenAI layer (st_openai.c) uses. st_conv_generate takes the session's
- * conversation (slot, park pool or store; a new id when g->session is NULL), makes it hold the
- * prompt (the longest prefix it holds reused: st_slot_eval), then generates up to n_predict
- * tokens, handing each to g->token. The prompt is either g->whole, the whole conversation (the
- * OpenAI routes: a stateless client resends its history), or what g->build makes from the tokens
- * held (the native route appends). g->whole is read with the held tokens in place of its own
- * where both spell the same bytes from where they first differ (a previous answer re-tokenized
- * otherwise than generated: spliced counts them). Without a session a new id is made ("c-" + 16
- * hex digits; with anon_reuse "oa-" + 16), and with anon_reuse the conversation held that shares
- * the longest prefix with whole, at least half of what it holds, is used: an "oa-" one in an
- * idle slot or the park pool is continued, or a store head of the store index is copied into
- * the new one (found "store"). 0, with the outputs set; -1 when the call's error was set or it
- * was cancelled. */
-#define ST_CONV_ANON_PREFIX "oa-" /* ids made for OpenAI requests without a session */
-typedef struct st_conv_gen {
-    const char *session;
-    const uint32_t *whole;
-    uint64_t n_whole;
-    int anon_reuse;
-    /* the tokens to read (*toks malloc'd) from those held: 0, or -1 with the call's error set */
-    int (*build)(void *arg, const uint32_t *held, uint64_t n_held, uint32_t **toks, uint64_t *n,
-                 uint64_t *system_end);
-    /* each generated token, eog: it ends generation; 0 go on, 1 stop here (finish "stop"), -1
-     * error (the call's error set) */
-    int (*token)(void *arg, uint32_t tok, int eog);
-    void *arg;
-    uint64_t n_predict, seed;
-    st_sample_params sp;
-    int ignore_eos;
-    /* out */
-    char id[ST_API_ID_MAX + 1];
-    const char *found;  /* "slot", "ram", "disk", "store", "new" */
-    const char *stop;   /* "length", "eos", "stop" */
-    uint64_t n_held, n_prompt, n_tokens, n_gen, resumed, computed;
-    uint64_t spliced;   /* held tokens read in place of the prompt's own (g->whole: see below) */
-    double prompt_ms, decode_ms;
-    double search_ms;   /* the prefix search of a request without a session */
-} st_conv_gen;
-int st_conv_generate(st_api_call *c, st_conv_gen *g);
-/* Random hex digits into dst (up to 24, as many as fit in cap with the NUL), from /dev/urandom;
- * zeros if it cannot be read. The ids of the native and the OpenAI routes. */
-void st_api_random_hex(char *dst, size_t cap);
-/* text in the model's tokens (bos: BOS first where the vocabulary adds one, always for the byte
- * tokenizer; parse_special: special tokens' texts become those tokens); *out malloc'd. */
-int st_conv_tokenize(st_conv *cv, const char *text, size_t len, int bos, int parse_special,
-                     uint32_t **out, uint64_t *n);
-const st_vocab *st_conv_vocab(st_conv *cv); /* NULL: the byte tokenizer (strata-hybrid) */
-const st_chat_template *st_conv_chat(st_conv *cv);
-uint32_t st_conv_n_ctx(st_conv *cv);
-uint32_t st_conv_n_vocab(st_conv *cv);
-const char *st_conv_model_name(st_conv *cv); /* general.name, else the file's name */
-#endif
+/* ---- route handlers (run on workers unless named on the loop) ------------------------------- */
+/* st_route_metrics.c: GET /healthz, GET /metrics (on the loop) */
+void st_api_h_healthz(st_api_call *c);
+void st_api_h_metrics(st_api_call *c);
+/* st_route_page.c: GET / (on the loop) */
+void st_api_h_page(st_api_call *c);
+/* st_route_sessions.c: listings, versions, DELETE, and SAVE / RESTORE / PARK */
+void st_api_h_sessions_list(st_api_call *c);
+void st_api_h_session_get(st_api_call *c);
+void st_api_h_session_delete(st_api_call *c);
+void st_api_h_versions(st_api_call *c);
+void st_api_h_version_get(st_api_call *c);
+void st_api_h_version_delete(st_api_call *c);
+void st_api_h_save(st_api_call *c);
+void st_api_h_restore(st_api_call *c);
+void st_api_h_park(st_api_call *c);
+/* {v}: a version number >= 1, or "latest" / "head" (0); else the call's 400 and -1. */
+int st_api_parse_version(st_api_call *c, const char *s, uint64_t *v);
+/* st_route_files.c: downloads and uploads through the spool */
+void st_api_h_version_file(st_api_call *c);
+void st_api_h_upload_create(st_api_call *c);
+void st_api_h_upload_part(st_api_call *c);
+void st_api_h_upload_commit(st_api_call *c);
+void st_api_h_upload_delete(st_api_call *c);
+/* Uploads not touched for ttl_ms are removed (housekeeping, on a worker); all of them (stop). */
+void st_api_uploads_expire(st_api_server *s, double now, double ttl_ms);
+void st_api_uploads_free(st_api_server *s);
+/* st_route_slots.c: llama.cpp's GET /slots, POST /slots/{n}?action=save|restore|erase */
+void st_api_h_slots_list(st_api_call *c);
+void st_api_h_slots_action(st_api_call *c);
+/* st_route_complete.c: the native POST /v1/completions, POST /apply-template */
+void st_api_h_completion(st_api_call *c);
+void st_api_h_apply_template(st_api_call *c);
+/* st_conv_generate for call c: its cancel flag, and its error (or st_api_call_cancel) set from
+ * the result. 0, or -1 when the call's error is set or it was cancelled. */
+int st_api_generate(st_api_call *c, st_conv_gen *g);
 
-/* ---- the OpenAI-compatible routes (st_openai.c; engine builds only) -------------------------
+/* ---- the OpenAI-compatible routes (st_openai.c) ------------------------------------------------
  * POST /v1/chat/completions, POST /v1/completions (a body with "model" or "max_tokens" is
- * OpenAI's shape, any other goes to st_conv_completion), GET /v1/models. */
+ * OpenAI's shape, any other goes to st_api_h_completion), GET /v1/models. */
 void st_openai_chat(st_api_call *c);
 void st_openai_completions(st_api_call *c);
 void st_openai_models(st_api_call *c);

@@ -1,6 +1,8 @@
 /*
- * st_conv.c - conversations in the engine: slots, the park pool, and the routes that use them
- * (completions, SAVE, RESTORE, PARK, llama.cpp's /slots).
+ * st_conv.c - the conversation manager (st_conv.h): conversations in the engine's slots, the
+ * park pool, where each lives, and what is done to them (generation, SAVE, RESTORE, PARK,
+ * llama.cpp's slot files, DELETE, the graceful stop's persist). Plain C over the engine and the
+ * store: the route handlers above it (st_route_*.c, st_openai.c) parse requests and shape replies.
  *
  * A conversation is in at most one of three places: a slot (live), the park pool in RAM (an
  * image with its whole checkpoint chain), or the park pool on disk (that image stored in the
@@ -37,7 +39,7 @@
  *    one worker is always left for other sessions: for a single session, workers - 2 requests
  *    wait. Requests that need a slot while every slot is busy, and /slots actions on a busy slot,
  *    are still answered 409 at once: nothing guarantees that a slot will be freed soon.
- * 7. A completion whose client went away (st_api_call_cancelled, set by the loop) stops at the
+ * 7. A completion whose client went away (*g->cancel, set by the loop) stops at the
  *    next point where the conversation is whole: before it takes its session (while queued or
  *    waiting for it: it never runs), between prompt chunks, or between generated tokens. The
  *    slot then holds exactly the tokens read and generated so far, with the logits after the
@@ -57,8 +59,6 @@
  *    entry (a version deleted or saved by another process) costs a restore, never a wrong
  *    answer.
  */
-#ifdef ST_API_HAVE_ENGINE
-
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -70,7 +70,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "st_api_int.h"
+#include "st_conv.h"
 #include "st_engine.h"
 #include "st_store.h"
 
@@ -125,9 +125,9 @@ typedef struct cwaiter {
 } cwaiter;
 
 struct st_conv {
-    st_api_server *srv;
+    const st_conv_env *env;
     st_store *store;
-    st_metrics *m;
+    st_conv_counters *m;
     const st_memguard *guard;
     st_model *model;
     st_engine *engine;
@@ -147,6 +147,32 @@ struct st_conv {
     int kv_only;                   /* every layer keeps K/V: a conversation cuts at any position */
     _Atomic uint64_t disk_toks;    /* tokens in the disk entries' copies, at most DISK_TOKENS */
 };
+
+/* 0, or ST_EDAMAGED when the server quarantined id (st_conv_env.damaged). */
+static int damaged(st_conv *cv, const char *id)
+{
+    return cv->env->damaged ? cv->env->damaged(cv->env->damaged_arg, id) : 0;
+}
+
+double st_conv_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+int st_conv_id_valid(const char *id, size_t len)
+{
+    if (!id || len == 0 || len > ST_API_ID_MAX)
+        return 0;
+    for (size_t i = 0; i < len; i++) {
+        unsigned char ch = (unsigned char)id[i];
+        int alnum = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9');
+        if (!alnum && (i == 0 || (ch != '.' && ch != '_' && ch != '-')))
+            return 0;
+    }
+    return 1;
+}
 
 static void park_id(char *dst, const char *id)
 {
@@ -227,18 +253,27 @@ static void hcopy_free(hcopy *h)
     memset(h, 0, sizeof *h);
 }
 
-/* A copy of img's tokens and checkpoint positions; -1 when out of memory (nothing copied). */
-static int hcopy_image(const st_image *img, hcopy *h)
+/* Room for n tokens and n_pos positions in h (its contents undefined); -1 when out of memory
+ * (h empty). */
+static int hcopy_alloc(hcopy *h, uint64_t n, uint32_t n_pos)
 {
     memset(h, 0, sizeof *h);
-    h->n = st_image_n_tokens(img);
-    h->n_pos = st_image_n_checkpoints(img);
+    h->n = n;
+    h->n_pos = n_pos;
     h->toks = malloc((h->n ? h->n : 1) * sizeof *h->toks);
     h->pos = malloc((h->n_pos ? h->n_pos : 1) * sizeof *h->pos);
     if (!h->toks || !h->pos) {
         hcopy_free(h);
         return -1;
     }
+    return 0;
+}
+
+/* A copy of img's tokens and checkpoint positions; -1 when out of memory (nothing copied). */
+static int hcopy_image(const st_image *img, hcopy *h)
+{
+    if (hcopy_alloc(h, st_image_n_tokens(img), st_image_n_checkpoints(img)))
+        return -1;
     memcpy(h->toks, st_image_tokens(img), h->n * sizeof *h->toks);
     for (uint32_t i = 0; i < h->n_pos; i++) {
         uint32_t codec;
@@ -251,15 +286,8 @@ static int hcopy_image(const st_image *img, hcopy *h)
 /* The same of a slot (busy: the caller's). */
 static int hcopy_slot(const st_slot *s, hcopy *h)
 {
-    memset(h, 0, sizeof *h);
-    h->n = st_slot_n_tokens(s);
-    h->n_pos = st_slot_n_checkpoints(s);
-    h->toks = malloc((h->n ? h->n : 1) * sizeof *h->toks);
-    h->pos = malloc((h->n_pos ? h->n_pos : 1) * sizeof *h->pos);
-    if (!h->toks || !h->pos) {
-        hcopy_free(h);
+    if (hcopy_alloc(h, st_slot_n_tokens(s), st_slot_n_checkpoints(s)))
         return -1;
-    }
     memcpy(h->toks, st_slot_tokens(s), h->n * sizeof *h->toks);
     for (uint32_t i = 0; i < h->n_pos; i++)
         h->pos[i] = st_slot_checkpoint_pos(s, i);
@@ -657,7 +685,7 @@ static int acquire(st_conv *cv, const char *id, int mode, int *out_j, pentry **p
     if (pe)
         *pe = NULL;
     *source = "slot";
-    int rc = st_api_session_damaged(cv->srv, id); /* its keys in the store may lie in a damaged page */
+    int rc = damaged(cv, id); /* its keys in the store may lie in a damaged page */
     if (rc)
         return rc;
     pthread_mutex_lock(&cv->mu);
@@ -811,53 +839,22 @@ static void park_drop(st_conv *cv, pentry *p)
     pentry_free(cv, p);
 }
 
-/* ---- text ---------------------------------------------------------------------------------- */
-
-/* Bytes as JSON-safe UTF-8: invalid sequences become U+FFFD. *out is malloc'd. */
-static char *utf8_clean(const unsigned char *s, size_t n)
-{
-    char *o = malloc(n * 3 + 1);
-    size_t k = 0;
-    if (!o)
-        return NULL;
-    for (size_t i = 0; i < n;) {
-        unsigned char c = s[i];
-        size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-        int ok = len > 0 && i + len <= n;
-        uint32_t cp = len == 1 ? c : len == 2 ? c & 0x1f : len == 3 ? c & 0x0f : c & 0x07;
-        for (size_t t = 1; ok && t < len; t++) {
-            if ((s[i + t] & 0xc0) != 0x80)
-                ok = 0;
-            else
-                cp = (cp << 6) | (s[i + t] & 0x3f);
-        }
-        if (ok && ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) ||
-                   cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff) || cp == 0))
-            ok = 0;
-        if (ok) {
-            memcpy(o + k, s + i, len);
-            k += len;
-            i += len;
-        } else {
-            memcpy(o + k, "\xef\xbf\xbd", 3);
-            k += 3;
-            i++;
-        }
-    }
-    o[k] = '\0';
-    return o;
-}
-
 /* ---- routes --------------------------------------------------------------------------------- */
 
 
 /* st_slot_set_cancel's hook for a completion: whether its client went away. */
 static int call_gone(void *arg)
 {
-    return st_api_call_cancelled((st_api_call *)arg);
+    return atomic_load_explicit((const _Atomic int *)arg, memory_order_relaxed);
 }
 
-void st_api_random_hex(char *dst, size_t cap)
+/* Whether the client of a generation went away. */
+static int gen_cancelled(const st_conv_gen *g)
+{
+    return g->cancel && atomic_load_explicit(g->cancel, memory_order_relaxed);
+}
+
+void st_conv_random_hex(char *dst, size_t cap)
 {
     unsigned char r[12] = {0};
     int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
@@ -866,16 +863,16 @@ void st_api_random_hex(char *dst, size_t cap)
             memset(r, 0, sizeof r);
         close(fd);
     }
-    if (cap)
-        dst[0] = 0;
-    for (size_t i = 0; i < sizeof r && 2 * i + 2 < cap; i++)
-        snprintf(dst + 2 * i, 3, "%02x", r[i]);
+    if (cap) {
+        size_t n = (cap - 1) / 2;
+        st_hex_encode(dst, r, n < sizeof r ? n : sizeof r);
+    }
 }
 
 static void random_id(char *dst)
 {
     strcpy(dst, "c-");
-    st_api_random_hex(dst + 2, 17); /* 16 hex digits */
+    st_conv_random_hex(dst + 2, 17); /* 16 hex digits */
 }
 
 /* How many of toks[0..n) begin held[0..nh). */
@@ -978,7 +975,7 @@ static void anon_best_locked(st_conv *cv, const uint32_t *toks, uint64_t n, char
 static int seed_from_store(st_conv *cv, int j, const char *seed)
 {
     st_slot *s = cv->slots[j].slot;
-    int rc = st_api_session_damaged(cv->srv, seed);
+    int rc = damaged(cv, seed);
     st_version_info vi;
     if (!rc)
         rc = st_store_version_info(cv->store, seed, 0, &vi);
@@ -1064,12 +1061,13 @@ static void splice_held(const st_vocab *v, const uint32_t *held, uint64_t nh, co
     *spliced = bi - k;
 }
 
-int st_conv_generate(st_api_call *c, st_conv_gen *g)
+int st_conv_generate(st_conv *cv, st_conv_gen *g)
 {
-    st_conv *cv = st_api_conv(c->srv);
     const st_vocab *vocab = st_model_vocab(cv->model);
     g->found = "slot";
     g->stop = "length";
+    g->what = "completion";
+    g->code = NULL;
     g->n_gen = g->resumed = g->computed = 0;
     g->prompt_ms = g->decode_ms = 0.0;
     g->search_ms = 0.0;
@@ -1083,28 +1081,26 @@ int st_conv_generate(st_api_call *c, st_conv_gen *g)
             char r[ST_API_ID_MAX + 1];
             snprintf(r, sizeof r, "%s%s", ST_CONV_ANON_PREFIX, g->id + 2); /* "c-" */
             memcpy(g->id, r, sizeof r);
-            double ts = st_api_now_ms();
+            double ts = st_conv_now_ms();
             pthread_mutex_lock(&cv->mu);
             anon_best_locked(cv, g->whole, g->n_whole, g->id, seed);
             pthread_mutex_unlock(&cv->mu);
-            g->search_ms = st_api_now_ms() - ts;
+            g->search_ms = st_conv_now_ms() - ts;
         }
     }
-    if (st_api_call_cancelled(c)) { /* gone while queued for a worker: nothing runs */
+    if (gen_cancelled(g)) { /* gone while queued for a worker: nothing runs */
         cv->m->completions_cancelled++;
-        st_api_call_cancel(c);
-        return -1;
+        return st_error_set(ECANCELED, "the client went away before the completion ran");
     }
     int j = -1;
-    int rc = acquire(cv, g->id, ACQ_LOAD, &j, NULL, &g->found, &c->cancelled);
+    int rc = acquire(cv, g->id, ACQ_LOAD, &j, NULL, &g->found, g->cancel);
     if (rc == ECANCELED) { /* gone while waiting for the session: it never ran */
         cv->m->completions_cancelled++;
-        st_api_call_cancel(c);
-        return -1;
+        return rc;
     }
     if (rc) {
-        st_api_call_fail(c, rc, "completion");
-        return -1;
+        g->what = "completion";
+        return rc;
     }
     st_slot *s = cv->slots[j].slot;
     if (seed[0] && !strcmp(g->found, "new")) {
@@ -1117,7 +1113,7 @@ int st_conv_generate(st_api_call *c, st_conv_gen *g)
     uint64_t held = st_slot_n_tokens(s), n = 0, system_end = 0;
     uint32_t *own = NULL;
     const uint32_t *toks = g->whole;
-    int ret = -1;
+    int ret = ST_CONV_EHOOK;
     g->n_held = held;
     if (toks) {
         n = g->n_whole;
@@ -1130,16 +1126,17 @@ int st_conv_generate(st_api_call *c, st_conv_gen *g)
         toks = own;
     }
     if (n == 0) {
-        st_api_call_error(c, 400, "invalid_field", "the prompt is empty");
+        g->code = "invalid_field";
+        ret = st_error_set(ST_EINVAL, "the prompt is empty");
         goto done;
     }
     if (n + g->n_predict > cv->n_ctx) {
-        st_api_call_error(c, 400, "context_full",
-                          "the conversation would reach %llu tokens; the context holds %u",
-                          (unsigned long long)(n + g->n_predict), cv->n_ctx);
+        g->code = "context_full";
+        ret = st_error_set(ST_EINVAL, "the conversation would reach %llu tokens; the context holds %u",
+                           (unsigned long long)(n + g->n_predict), cv->n_ctx);
         goto done;
     }
-    double t0 = st_api_now_ms();
+    double t0 = st_conv_now_ms();
     st_eval_stats es = {0, 0, UINT64_MAX, 0};
     es.reused = held;
     uint64_t shared = 0;
@@ -1148,27 +1145,29 @@ int st_conv_generate(st_api_call *c, st_conv_gen *g)
     if (shared < held || n > held || !st_slot_logits(s, NULL)) {
         /* one read; the engine asks the call before each chunk whether the client is still
          * there (invariant 7), and a stop leaves the whole chunks read so far */
-        if (st_api_call_cancelled(c))
+        if (gen_cancelled(g))
             goto cancelled;
-        st_slot_set_cancel(s, call_gone, c);
+        st_slot_set_cancel(s, g->cancel ? call_gone : NULL, (void *)g->cancel);
         rc = st_slot_eval(s, toks, n, system_end, &es);
         st_slot_set_cancel(s, NULL, NULL);
         if (rc == ECANCELED)
             goto cancelled;
         if (rc) {
-            st_api_call_fail(c, rc, "reading the prompt (the live conversation was dropped)");
+            g->what = "reading the prompt (the live conversation was dropped)";
+            ret = rc;
             goto done;
         }
     }
-    double t1 = st_api_now_ms();
+    double t1 = st_conv_now_ms();
     g->n_prompt = n;
     for (uint64_t i = 0; i < g->n_predict; i++) {
         uint32_t tok;
         /* between tokens: every token appended so far stays, with its logits (invariant 7) */
-        if (st_api_call_cancelled(c))
+        if (gen_cancelled(g))
             goto cancelled;
         if ((rc = st_slot_sample_with(s, &g->sp, g->seed, &tok)) || (rc = st_slot_decode(s, tok))) {
-            st_api_call_fail(c, rc, "generating");
+            g->what = "generating";
+            ret = rc;
             goto done;
         }
         g->n_gen++;
@@ -1186,7 +1185,7 @@ int st_conv_generate(st_api_call *c, st_conv_gen *g)
             break;
         }
     }
-    double t2 = st_api_now_ms();
+    double t2 = st_conv_now_ms();
     g->prompt_ms = t1 - t0;
     g->decode_ms = t2 - t1;
     g->resumed = es.reused;
@@ -1200,7 +1199,7 @@ cancelled:
     cv->m->prompt_reused += es.reused;
     cv->m->prompt_computed += es.computed;
     cv->m->completions_cancelled++;
-    st_api_call_cancel(c);
+    ret = st_error_set(ECANCELED, "the client went away");
 done:
     free(own);
     slot_release(cv, j);
@@ -1219,23 +1218,9 @@ const char *st_conv_model_name(st_conv *cv)
     if (!st_gguf_get_str(st_model_gguf(cv->model), "general.name", &name, &len) && len &&
         !memchr(name, '\0', len) && strlen(name) == len)
         return name;
-    const char *p = st_api_cfg(cv->srv)->model_path, *slash = strrchr(p, '/');
+    const char *p = cv->env->cfg->model_path, *slash = strrchr(p, '/');
     return slash ? slash + 1 : p;
 }
-
-/* The native completion: the body's prompt appended to what the session holds. */
-typedef struct native_gen {
-    st_api_call *c;
-    const st_vocab *vocab;
-    const char *prompt, *system;
-    json_t *jt;
-    size_t sys_len, p_len, n_in;
-    uint32_t *gen;          /* the generated ids */
-    uint64_t n_gen;
-    char *bytes;            /* their text */
-    size_t n_bytes, cap_bytes;
-    st_vocab_stream vs;
-} native_gen;
 
 int st_conv_tokenize(st_conv *cv, const char *text, size_t len, int bos, int parse_special,
                      uint32_t **out, uint64_t *n)
@@ -1273,197 +1258,6 @@ int st_conv_tokenize(st_conv *cv, const char *text, size_t len, int bos, int par
     return st_error_set(ST_EINVAL, "tokenizing: the count changed between two passes");
 }
 
-/* the conversation as `strata generate` builds it: what is held, then BOS (new) or a turn
- * separator (continued), the system prompt and the prompt; with the model's vocabulary, what is
- * held, BOS on a new conversation when the vocabulary adds one, the system prompt and the prompt
- * (no separators: the text carries the turns) */
-static int native_build(void *arg, const uint32_t *held, uint64_t n_held, uint32_t **out,
-                        uint64_t *out_n, uint64_t *system_end)
-{
-    native_gen *ng = arg;
-    st_conv *cv = st_api_conv(ng->c->srv);
-    uint32_t *sys = NULL, *pr = NULL;
-    uint64_t n_sys = 0, n_pr = 0;
-    int rc = 0;
-    if ((ng->sys_len && (rc = st_conv_tokenize(cv, ng->system, ng->sys_len, 0, 0, &sys, &n_sys))) ||
-        (rc = st_conv_tokenize(cv, ng->prompt ? ng->prompt : "", ng->p_len, 0, 0, &pr, &n_pr))) {
-        free(sys);
-        st_api_call_fail(ng->c, rc, "tokenizing");
-        return -1;
-    }
-    uint64_t cap = n_held + 3 + n_sys + n_pr + ng->n_in;
-    uint32_t *toks = malloc(cap * sizeof *toks);
-    if (!toks) {
-        free(sys);
-        free(pr);
-        st_api_call_error(ng->c, 503, "out_of_memory", "no memory");
-        return -1;
-    }
-    uint64_t n = n_held;
-    if (n_held)
-        memcpy(toks, held, n_held * sizeof *toks);
-    int more = ng->sys_len || ng->p_len || ng->n_in;
-    if (!ng->vocab) {
-        if (!n_held || more)
-            toks[n++] = n_held ? ST_TOKEN_SEP : ST_TOKEN_BOS;
-    } else if (!n_held && st_vocab_add_bos(ng->vocab) &&
-               st_vocab_special(ng->vocab, ST_VOCAB_BOS) != UINT32_MAX) {
-        toks[n++] = st_vocab_special(ng->vocab, ST_VOCAB_BOS);
-    }
-    if (ng->sys_len) {
-        memcpy(toks + n, sys, n_sys * sizeof *toks);
-        n += n_sys;
-        *system_end = n;
-        if ((ng->p_len || ng->n_in) && !ng->vocab)
-            toks[n++] = ST_TOKEN_SEP;
-    }
-    memcpy(toks + n, pr, n_pr * sizeof *toks);
-    n += n_pr;
-    for (size_t i = 0; i < ng->n_in; i++)
-        toks[n++] = (uint32_t)json_integer_value(json_array_get(ng->jt, i));
-    free(sys);
-    free(pr);
-    *out = toks;
-    *out_n = n;
-    return 0;
-}
-
-static int native_token(void *arg, uint32_t tok, int eog)
-{
-    native_gen *ng = arg;
-    (void)eog;
-    ng->gen[ng->n_gen++] = tok;
-    if (!ng->vocab) {
-        if (tok < 256)
-            ng->bytes[ng->n_bytes++] = (char)tok;
-        return 0;
-    }
-    for (;;) {
-        size_t need = 0;
-        int rc = st_vocab_stream_push(ng->vocab, &ng->vs, tok, 0, ng->bytes + ng->n_bytes,
-                                      ng->cap_bytes - ng->n_bytes, &need);
-        if (!rc) {
-            ng->n_bytes += need;
-            return 0;
-        }
-        if (rc != ST_ETOOBIG) {
-            st_api_call_fail(ng->c, rc, "detokenizing");
-            return -1;
-        }
-        size_t cap = (ng->n_bytes + need) * 2 + 64;
-        char *b = realloc(ng->bytes, cap);
-        if (!b) {
-            st_api_call_error(ng->c, 503, "out_of_memory", "no memory");
-            return -1;
-        }
-        ng->bytes = b;
-        ng->cap_bytes = cap;
-    }
-}
-
-void st_conv_completion(st_api_call *c)
-{
-    st_conv *cv = st_api_conv(c->srv);
-    const st_api_config *cfg = st_api_cfg(c->srv);
-    static const char *const keys[] = {"session", "prompt", "tokens", "system", "n_predict",
-                                       "temperature", "seed", "ignore_eos", "top_k", "top_p",
-                                       "min_p", NULL};
-    const char *sid = NULL;
-    uint64_t n_predict = 16, seed = 0, top_k = 0;
-    double temp = 0.0, top_p = 1.0, min_p = 0.0;
-    int ignore_eos = 0;
-    native_gen ng = {.c = c, .vocab = st_model_vocab(cv->model)};
-    if (st_api_json_only(c, keys) || st_api_json_opt_str(c, "session", &sid) ||
-        st_api_json_opt_str(c, "prompt", &ng.prompt) || st_api_json_opt_str(c, "system", &ng.system) ||
-        st_api_json_opt_u64(c, "n_predict", cfg->max_n_predict, &n_predict, NULL) ||
-        st_api_json_opt_double(c, "temperature", &temp, NULL) ||
-        st_api_json_opt_u64(c, "seed", UINT64_MAX >> 1, &seed, NULL) ||
-        st_api_json_opt_bool(c, "ignore_eos", &ignore_eos) ||
-        st_api_json_opt_u64(c, "top_k", UINT32_MAX, &top_k, NULL) ||
-        st_api_json_opt_double(c, "top_p", &top_p, NULL) ||
-        st_api_json_opt_double(c, "min_p", &min_p, NULL))
-        return;
-    json_t *jt = json_object_get(c->body, "tokens");
-    if (jt && !json_is_null(jt) && ng.prompt) {
-        st_api_call_error(c, 400, "invalid_field", "give \"prompt\" or \"tokens\", not both");
-        return;
-    }
-    if (jt && !json_is_null(jt) && !json_is_array(jt)) {
-        st_api_call_error(c, 400, "invalid_field", "\"tokens\" must be an array of token ids");
-        return;
-    }
-    if (temp < 0 || temp > 100 || temp != temp) {
-        st_api_call_error(c, 400, "invalid_field", "\"temperature\" must be from 0 (greedy) to 100");
-        return;
-    }
-    if (!(top_p > 0 && top_p <= 1) || !(min_p >= 0 && min_p <= 1)) {
-        st_api_call_error(c, 400, "invalid_field",
-                          "\"top_p\" must be in (0, 1] and \"min_p\" in [0, 1]");
-        return;
-    }
-    if (sid && !st_api_id_valid(sid, strlen(sid))) {
-        st_api_call_error(c, 400, "invalid_id", "\"session\" is not a valid session id");
-        return;
-    }
-    ng.jt = jt;
-    ng.sys_len = ng.system ? strlen(ng.system) : 0;
-    ng.p_len = ng.prompt ? strlen(ng.prompt) : 0;
-    ng.n_in = jt && json_is_array(jt) ? json_array_size(jt) : 0;
-    if (ng.sys_len + ng.p_len + ng.n_in + 2 > cv->n_ctx && !ng.vocab) {
-        st_api_call_error(c, 400, "context_full", "the prompt alone exceeds the context of %u tokens",
-                          cv->n_ctx);
-        return;
-    }
-    for (size_t i = 0; i < ng.n_in; i++) {
-        json_t *t = json_array_get(jt, i);
-        if (!json_is_integer(t) || json_integer_value(t) < 0 || json_integer_value(t) >= cv->n_vocab) {
-            st_api_call_error(c, 400, "invalid_field", "tokens[%zu] is not a token id below %u", i,
-                              cv->n_vocab);
-            return;
-        }
-    }
-    ng.cap_bytes = n_predict + 1;
-    ng.gen = malloc((n_predict ? n_predict : 1) * sizeof *ng.gen);
-    ng.bytes = malloc(ng.cap_bytes);
-    char *text = NULL;
-    if (!ng.gen || !ng.bytes) {
-        st_api_call_error(c, 503, "out_of_memory", "no memory");
-        goto done;
-    }
-    st_conv_gen g = {.session = sid, .build = native_build, .token = native_token, .arg = &ng,
-                     .n_predict = n_predict, .seed = seed, .ignore_eos = ignore_eos};
-    g.sp.temp = (float)temp;
-    g.sp.top_k = (uint32_t)top_k;
-    g.sp.top_p = (float)top_p;
-    g.sp.min_p = (float)min_p;
-    if (st_conv_generate(c, &g))
-        goto done;
-    if (ng.vocab) {
-        char tail[4];
-        size_t k = st_vocab_stream_flush(&ng.vs, tail, sizeof tail);
-        if (ng.n_bytes + k <= ng.cap_bytes) {
-            memcpy(ng.bytes + ng.n_bytes, tail, k);
-            ng.n_bytes += k;
-        }
-    }
-    text = utf8_clean((const unsigned char *)ng.bytes, ng.n_bytes);
-    json_t *jtoks = json_array();
-    for (uint64_t i = 0; i < ng.n_gen; i++)
-        json_array_append_new(jtoks, json_integer(ng.gen[i]));
-    c->reply = json_pack("{s:s,s:s,s:o,s:s,s:s,s:I,s:I,s:{s:f,s:I,s:I,s:f,s:f}}", "session", g.id,
-                         "text", text ? text : "", "tokens", jtoks, "stop", g.stop, "found", g.found,
-                         "n_prompt_tokens", (json_int_t)(g.n_prompt - g.n_held), "n_tokens",
-                         (json_int_t)g.n_tokens, "timings", "prompt_ms", st_api_ms(g.prompt_ms),
-                         "resumed_tokens", (json_int_t)g.resumed, "computed_tokens",
-                         (json_int_t)g.computed, "decode_ms", st_api_ms(g.decode_ms), "tokens_per_s",
-                         st_api_ms(g.decode_ms > 0 ? (double)g.n_gen * 1000.0 / g.decode_ms : 0.0));
-    c->status = 200;
-done:
-    free(ng.gen);
-    free(ng.bytes);
-    free(text);
-}
-
 /* Take the live conversation of id: its slot (busy; slot_release) or its park entry (busy, left
  * in the pool so that it stays findable: park_release). Waits while it is busy (invariant 6). */
 static int take_live(st_conv *cv, const char *id, int *j, pentry **pe)
@@ -1492,43 +1286,16 @@ static int take_live(st_conv *cv, const char *id, int *j, pentry **pe)
     return rc;
 }
 
-void st_conv_save(st_api_call *c)
+int st_conv_save(st_conv *cv, const char *id, const st_conv_save_opts *o, st_conv_save_info *out)
 {
-    st_conv *cv = st_api_conv(c->srv);
-    const st_api_config *cfg = st_api_cfg(c->srv);
-    static const char *const keys[] = {"codec", "compress", "label", "expected_head", NULL};
-    const char *codec_name = NULL, *label = NULL;
-    uint64_t compress = (uint64_t)cfg->save_compress, expected = ST_STORE_HEAD_ANY;
-    int have_expected = 0;
-    if (st_api_json_only(c, keys) || st_api_json_opt_str(c, "codec", &codec_name) ||
-        st_api_json_opt_str(c, "label", &label) ||
-        st_api_json_opt_u64(c, "compress", 19, &compress, NULL) ||
-        st_api_json_opt_u64(c, "expected_head", UINT64_MAX >> 1, &expected, &have_expected))
-        return;
-    uint32_t codec = cfg->state_codec;
-    if (codec_name) {
-        st_codec_id id;
-        if (st_codec_parse(codec_name, &id)) {
-            st_api_call_error(c, 400, "invalid_field", "\"codec\" must be fp32, bf16 or f16");
-            return;
-        }
-        codec = id;
-    }
-    if (label && (!st_store_id_valid(label) || strlen(label) >= ST_STORE_LABEL_MAX)) {
-        st_api_call_error(c, 400, "invalid_field", "\"label\" must be 1..%d bytes of A-Z a-z 0-9 . _ : + = -",
-                          ST_STORE_LABEL_MAX - 1);
-        return;
-    }
-    if (have_expected && expected == 0)
-        expected = ST_STORE_HEAD_NONE; /* 0: the session must not exist yet */
+    uint32_t codec = o->codec;
+    memset(out, 0, sizeof *out);
     int j;
     pentry *p;
-    int rc = take_live(cv, c->id, &j, &p);
-    if (rc) {
-        st_api_call_fail(c, rc, "save");
-        return;
-    }
-    double t0 = st_api_now_ms();
+    int rc = take_live(cv, id, &j, &p);
+    if (rc)
+        return rc;
+    double t0 = st_conv_now_ms();
     st_image *img = NULL;
     const st_image *put_img = NULL; /* what is stored: img, or the parked image itself */
     const char *from = j >= 0 ? "slot" : p->img ? "ram" : "disk";
@@ -1544,7 +1311,7 @@ void st_conv_save(st_api_call *c)
             rc = st_image_recode(img, codec, NULL, NULL, NULL, NULL);
     } else {
         char pid[PARK_ID_MAX];
-        park_id(pid, c->id);
+        park_id(pid, id);
         if (!(rc = st_store_get(cv->store, pid, 0, &img)) && codec != ST_CODEC_FP32)
             rc = st_image_recode(img, codec, NULL, NULL, NULL, NULL);
     }
@@ -1552,251 +1319,167 @@ void st_conv_save(st_api_call *c)
         goto done;
     if (!put_img)
         put_img = img;
-    double t1 = st_api_now_ms();
-    st_put_stats ps;
-    memset(&ps, 0, sizeof ps);
-    st_put_opts po = {.compress = (int)compress, .label = label, .stats = &ps};
+    double t1 = st_conv_now_ms();
+    st_put_stats *ps = &out->ps;
+    st_put_opts po = {.compress = o->compress, .label = o->label, .stats = ps};
     uint64_t version = 0;
-    if ((rc = st_store_put(cv->store, c->id, put_img, expected, &po, &version)))
+    if ((rc = st_store_put(cv->store, id, put_img, o->expected, &po, &version)))
         goto done;
-    sidx_put_image(cv, c->id, put_img);
-    double t2 = st_api_now_ms();
+    sidx_put_image(cv, id, put_img);
+    double t2 = st_conv_now_ms();
     cv->m->saves++;
-    cv->m->save_logical_bytes += ps.logical_bytes;
-    cv->m->save_new_bytes += ps.new_bytes;
-    cv->m->save_stored_bytes += ps.stored_bytes;
-    c->reply = json_pack("{s:s,s:I,s:s,s:s,s:I,s:I,s:I,s:I,s:i,s:i,s:i,s:f,s:f,s:f}", "session", c->id,
-                         "version", (json_int_t)version, "codec", st_codec_name(codec), "from", from,
-                         "tokens", (json_int_t)st_image_n_tokens(put_img), "logical_bytes",
-                         (json_int_t)ps.logical_bytes, "stored_bytes", (json_int_t)ps.stored_bytes,
-                         "new_stored_bytes", (json_int_t)ps.new_bytes, "chunks", (int)ps.chunks,
-                         "new_chunks", (int)ps.new_chunks, "pruned_versions", (int)ps.pruned,
-                         "snapshot_ms", st_api_ms(t1 - t0), "store_ms", st_api_ms(t2 - t1), "ms",
-                         st_api_ms(t2 - t0));
-    c->status = 201;
+    cv->m->save_logical_bytes += ps->logical_bytes;
+    cv->m->save_new_bytes += ps->new_bytes;
+    cv->m->save_stored_bytes += ps->stored_bytes;
+    out->version = version;
+    out->from = from;
+    out->tokens = st_image_n_tokens(put_img);
+    out->snapshot_ms = t1 - t0;
+    out->store_ms = t2 - t1;
+    out->ms = t2 - t0;
 done:
-    if (rc)
-        st_api_call_fail(c, rc, "save");
     st_image_free(img);
     if (j >= 0)
         slot_release(cv, j);
     else
         park_release(cv, p);
+    return rc;
 }
 
-void st_conv_restore(st_api_call *c)
+int st_conv_restore(st_conv *cv, const char *id, uint64_t version, st_conv_restore_info *out)
 {
-    st_conv *cv = st_api_conv(c->srv);
-    static const char *const keys[] = {"version", NULL};
-    uint64_t version = 0;
-    if (st_api_json_only(c, keys) || st_api_json_opt_u64(c, "version", UINT64_MAX >> 1, &version, NULL))
-        return;
+    memset(out, 0, sizeof *out);
     st_version_info vi;
-    int rc = st_store_version_info(cv->store, c->id, version, &vi);
-    if (rc) {
-        st_api_call_fail(c, rc, "restore");
-        return;
-    }
-    if ((rc = st_memguard_admit(cv->guard, "RESTORE", vi.logical_bytes))) {
-        st_api_call_fail(c, rc, "restore");
-        return;
-    }
+    int rc = st_store_version_info(cv->store, id, version, &vi);
+    if (rc)
+        return rc;
+    if ((rc = st_memguard_admit(cv->guard, "RESTORE", vi.logical_bytes)))
+        return rc;
     int j = -1;
     pentry *p = NULL;
     const char *source;
-    if ((rc = acquire(cv, c->id, ACQ_EMPTY, &j, &p, &source, NULL))) {
-        st_api_call_fail(c, rc, "restore");
-        return;
-    }
-    double t0 = st_api_now_ms();
+    if ((rc = acquire(cv, id, ACQ_EMPTY, &j, &p, &source, NULL)))
+        return rc;
+    double t0 = st_conv_now_ms();
     st_image *img = NULL;
-    if (!(rc = st_store_get_with(cv->store, c->id, vi.version, st_engine_image_allocator(cv->engine), &img)))
+    if (!(rc = st_store_get_with(cv->store, id, vi.version, st_engine_image_allocator(cv->engine), &img)))
         rc = st_slot_restore_adopt(cv->slots[j].slot, img); /* on error the slot is as it was */
-    double t1 = st_api_now_ms();
+    double t1 = st_conv_now_ms();
     if (rc) {
-        st_api_call_fail(c, rc, "restore");
+        char d[1024];
+        snprintf(d, sizeof d, "%s", st_errdetail()); /* what failed, not what the give-back did */
         park_giveback(cv, p);
         if (st_slot_n_tokens(cv->slots[j].slot) == 0) {
             pthread_mutex_lock(&cv->mu);
             cv->slots[j].bound = 0;
             pthread_mutex_unlock(&cv->mu);
         }
+        rc = st_error_set(rc, "%s", d);
     } else {
         park_drop(cv, p); /* the restored version replaces what was parked */
         cv->m->restores++;
         cv->m->restore_bytes += vi.logical_bytes;
-        c->reply = json_pack("{s:s,s:I,s:I,s:I,s:f}", "session", c->id, "version",
-                             (json_int_t)vi.version, "tokens", (json_int_t)st_image_n_tokens(img),
-                             "logical_bytes", (json_int_t)vi.logical_bytes, "ms", st_api_ms(t1 - t0));
-        c->status = 200;
+        out->version = vi.version;
+        out->tokens = st_image_n_tokens(img);
+        out->logical_bytes = vi.logical_bytes;
+        out->ms = t1 - t0;
     }
     st_image_free(img);
     slot_release(cv, j);
+    return rc;
 }
 
-void st_conv_park(st_api_call *c)
+int st_conv_park(st_conv *cv, const char *id, st_conv_park_info *out)
 {
-    st_conv *cv = st_api_conv(c->srv);
-    static const char *const keys[] = {NULL};
-    if (st_api_json_only(c, keys))
-        return;
+    memset(out, 0, sizeof *out);
     int j;
     pentry *p;
-    int rc = take_live(cv, c->id, &j, &p);
-    if (rc) {
-        st_api_call_fail(c, rc, "park");
-        return;
-    }
+    int rc = take_live(cv, id, &j, &p);
+    if (rc)
+        return rc;
     if (p) { /* already parked: say where */
-        c->reply = json_pack("{s:s,s:s,s:I,s:I,s:b,s:f}", "session", c->id, "where",
-                             p->img ? "ram" : "disk", "bytes", (json_int_t)p->bytes, "tokens",
-                             (json_int_t)p->tokens, "already", 1, "ms", 0.0);
-        c->status = 200;
+        out->where = p->img ? "ram" : "disk";
+        out->bytes = p->bytes;
+        out->tokens = p->tokens;
+        out->already = 1;
         park_release(cv, p);
-        return;
+        return 0;
     }
-    double t0 = st_api_now_ms();
+    double t0 = st_conv_now_ms();
     const char *where = "ram";
     uint64_t bytes = 0, tokens = st_slot_n_tokens(cv->slots[j].slot);
-    rc = park_slot(cv, j, c->id, 1, &where, &bytes);
-    if (rc)
-        st_api_call_fail(c, rc, "park");
-    else {
-        c->reply = json_pack("{s:s,s:s,s:I,s:I,s:b,s:f}", "session", c->id, "where", where, "bytes",
-                             (json_int_t)bytes, "tokens", (json_int_t)tokens, "already", 0, "ms",
-                             st_api_ms(st_api_now_ms() - t0));
-        c->status = 200;
+    rc = park_slot(cv, j, id, 1, &where, &bytes);
+    if (!rc) {
+        out->where = where;
+        out->bytes = bytes;
+        out->tokens = tokens;
+        out->ms = st_conv_now_ms() - t0;
     }
     slot_release(cv, j);
+    return rc;
 }
 
 /* ---- llama.cpp's /slots ---------------------------------------------------------------------- */
 
-void st_conv_slots_list(st_api_call *c)
+uint32_t st_conv_n_slots(st_conv *cv) { return cv->n_slots; }
+
+void st_conv_slots_get(st_conv *cv, st_conv_slot_info *arr)
 {
-    st_conv *cv = st_api_conv(c->srv);
-    json_t *a = json_array();
     pthread_mutex_lock(&cv->mu);
     for (uint32_t i = 0; i < cv->n_slots; i++) {
         cslot *cs = &cv->slots[i];
-        json_array_append_new(a, json_pack("{s:i,s:o,s:I,s:b,s:I}", "id", (int)i, "session",
-                                           cs->bound ? json_string(cs->id) : json_null(), "n_tokens",
-                                           (json_int_t)(cs->bound ? cs->tokens : 0), "is_processing",
-                                           cs->busy, "n_ctx", (json_int_t)cv->n_ctx));
+        memset(&arr[i], 0, sizeof arr[i]);
+        if (cs->bound) {
+            memcpy(arr[i].id, cs->id, sizeof arr[i].id);
+            arr[i].tokens = cs->tokens;
+        }
+        arr[i].busy = cs->busy;
     }
     pthread_mutex_unlock(&cv->mu);
-    c->reply = a;
-    c->status = 200;
 }
 
-static int filename_ok(const char *f)
+int st_conv_slot_action(st_conv *cv, uint32_t n, int action, const char *path, uint32_t codec,
+                        int compress, st_conv_slot_result *r)
 {
-    size_t n = strlen(f);
-    if (!n || n > 128)
-        return 0;
-    for (size_t i = 0; i < n; i++) {
-        unsigned char ch = (unsigned char)f[i];
-        int alnum = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9');
-        if (!alnum && (i == 0 || (ch != '.' && ch != '_' && ch != '-')))
-            return 0;
-    }
-    return 1;
-}
-
-void st_conv_slots_action(st_api_call *c)
-{
-    st_conv *cv = st_api_conv(c->srv);
-    const st_api_config *cfg = st_api_cfg(c->srv);
-    char action[16] = "";
-    const char *q = st_http_req_query(c->req);
-    /* the query is tiny and already bounded by the header limit */
-    const char *a = q ? strstr(q, "action=") : NULL;
-    if (a && (a == q || a[-1] == '&')) {
-        size_t n = strcspn(a + 7, "&");
-        if (n < sizeof action) {
-            memcpy(action, a + 7, n);
-            action[n] = '\0';
-        }
-    }
-    if (strcmp(action, "save") && strcmp(action, "restore") && strcmp(action, "erase")) {
-        st_api_call_error(c, 400, "invalid_param", "action must be save, restore or erase");
-        return;
-    }
-    uint64_t n = 0;
-    const char *p = c->arg2;
-    if (!*p || strlen(p) > 6)
-        goto bad_slot;
-    for (; *p; p++) {
-        if (*p < '0' || *p > '9')
-            goto bad_slot;
-        n = n * 10 + (uint64_t)(*p - '0');
-    }
-    if (n >= cv->n_slots)
-        goto bad_slot;
-    static const char *const keys[] = {"filename", "compress", NULL};
-    const char *fname = NULL;
-    uint64_t compress = 0; /* save: the zstd level of the file's checkpoints (docs/API.md) */
-    if (st_api_json_only(c, keys) || st_api_json_opt_str(c, "filename", &fname) ||
-        st_api_json_opt_u64(c, "compress", 19, &compress, NULL))
-        return;
-    char path[PATH_MAX];
-    if (strcmp(action, "erase")) {
-        if (!cfg->slot_save_path) {
-            st_api_call_error(c, 501, "not_configured", "start the server with --slot-save-path DIR");
-            return;
-        }
-        if (!fname || !filename_ok(fname)) {
-            st_api_call_error(c, 400, "invalid_filename",
-                              "\"filename\" must be a plain file name (A-Z a-z 0-9 . _ -, not starting "
-                              "with '.'), never a path");
-            return;
-        }
-        if (snprintf(path, sizeof path, "%s/%s", cfg->slot_save_path, fname) >= (int)sizeof path) {
-            st_api_call_error(c, 400, "invalid_filename", "path too long");
-            return;
-        }
-    }
+    memset(r, 0, sizeof *r);
     int j = (int)n;
     pthread_mutex_lock(&cv->mu);
     int busy = cv->slots[j].busy;
     if (!busy)
         cv->slots[j].busy = 1;
     int bound = cv->slots[j].bound;
-    char sid[ST_API_ID_MAX + 1];
-    memcpy(sid, cv->slots[j].id, sizeof sid);
     pthread_mutex_unlock(&cv->mu);
     if (busy) {
-        st_api_call_error(c, 409, "busy", "slot %d is busy", j);
-        return;
+        r->refused = "busy";
+        return st_error_set(ST_EBUSY, "slot %d is busy", j);
     }
     st_slot *s = cv->slots[j].slot;
-    double t0 = st_api_now_ms();
+    double t0 = st_conv_now_ms();
     int rc = 0;
     st_image *img = NULL;
-    if (!strcmp(action, "erase")) {
+    if (action == ST_CONV_SLOT_ERASE) {
         uint64_t had = st_slot_n_tokens(s);
         st_slot_reset(s);
         pthread_mutex_lock(&cv->mu);
         cv->slots[j].bound = 0;
         pthread_mutex_unlock(&cv->mu);
-        c->reply = json_pack("{s:i,s:I}", "id_slot", j, "n_erased", (json_int_t)had);
-        c->status = 200;
-    } else if (!strcmp(action, "save")) {
+        r->tokens = had;
+    } else if (action == ST_CONV_SLOT_SAVE) {
         if (!bound || st_slot_n_tokens(s) == 0) {
-            st_api_call_error(c, 409, "slot_empty", "slot %d holds no conversation", j);
+            r->refused = "slot_empty";
+            rc = st_error_set(ST_EINVAL, "slot %d holds no conversation", j);
         } else if (!(rc = st_memguard_admit(cv->guard, "slot save", slot_image_bytes(s, 0))) &&
-                   !(rc = st_slot_snapshot(s, ST_SNAPSHOT_SESSION, cfg->state_codec, &img)) &&
-                   !(rc = st_file_write(img, path, &(st_file_write_opts){.compress = (int)compress,
+                   !(rc = st_slot_snapshot(s, ST_SNAPSHOT_SESSION, codec, &img)) &&
+                   !(rc = st_file_write(img, path, &(st_file_write_opts){.compress = compress,
                                                                          .shuffle = 1}))) {
             struct stat sb;
-            uint64_t written = stat(path, &sb) == 0 ? (uint64_t)sb.st_size : 0;
-            c->reply = json_pack("{s:i,s:s,s:I,s:I,s:{s:f}}", "id_slot", j, "filename", fname,
-                                 "n_saved", (json_int_t)st_image_n_tokens(img), "n_written",
-                                 (json_int_t)written, "timings", "save_ms", st_api_ms(st_api_now_ms() - t0));
-            c->status = 200;
+            r->file_bytes = stat(path, &sb) == 0 ? (uint64_t)sb.st_size : 0;
+            r->tokens = st_image_n_tokens(img);
+            r->ms = st_conv_now_ms() - t0;
         }
     } else {
         struct stat sb;
+        const char *fname = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
         /* read into the engine's image buffers (what its snapshots used before) */
         st_file_read_opts ro = {.alloc = st_engine_image_allocator(cv->engine)};
         if (stat(path, &sb) != 0) {
@@ -1808,22 +1491,16 @@ void st_conv_slots_action(st_api_call *c)
                 random_id(cv->slots[j].id);
                 cv->slots[j].bound = 1;
             }
-            memcpy(sid, cv->slots[j].id, sizeof sid);
+            memcpy(r->session, cv->slots[j].id, sizeof r->session);
             pthread_mutex_unlock(&cv->mu);
-            c->reply = json_pack("{s:i,s:s,s:s,s:I,s:I,s:{s:f}}", "id_slot", j, "session", sid,
-                                 "filename", fname, "n_restored", (json_int_t)st_image_n_tokens(img),
-                                 "n_read", (json_int_t)sb.st_size, "timings", "restore_ms",
-                                 st_api_ms(st_api_now_ms() - t0));
-            c->status = 200;
+            r->tokens = st_image_n_tokens(img);
+            r->file_bytes = (uint64_t)sb.st_size;
+            r->ms = st_conv_now_ms() - t0;
         }
     }
-    if (rc)
-        st_api_call_fail(c, rc, action);
     st_image_free(img);
     slot_release(cv, j);
-    return;
-bad_slot:
-    st_api_call_error(c, 404, "not_found", "no slot %s (slots are 0..%u)", c->arg2, cv->n_slots - 1);
+    return rc;
 }
 
 /* ---- queries from other routes ----------------------------------------------------------------- */
@@ -1847,18 +1524,17 @@ const char *st_conv_where(st_conv *cv, const char *id, uint64_t *tokens, uint64_
     return w;
 }
 
-void st_conv_list_live(st_conv *cv, json_t *arr)
+void st_conv_list_live(st_conv *cv,
+                       void (*fn)(void *arg, const char *id, const char *where, uint64_t tokens,
+                                  uint64_t bytes),
+                       void *arg)
 {
     pthread_mutex_lock(&cv->mu);
     for (uint32_t i = 0; i < cv->n_slots; i++)
         if (cv->slots[i].bound)
-            json_array_append_new(arr, json_pack("{s:s,s:s,s:I,s:I}", "id", cv->slots[i].id, "where", "slot",
-                                                 "tokens", (json_int_t)cv->slots[i].tokens, "bytes",
-                                                 (json_int_t)cv->slots[i].bytes));
+            fn(arg, cv->slots[i].id, "slot", cv->slots[i].tokens, cv->slots[i].bytes);
     for (pentry *p = cv->head; p; p = p->next)
-        json_array_append_new(arr, json_pack("{s:s,s:s,s:I,s:I}", "id", p->id, "where",
-                                             p->img ? "ram" : "disk", "tokens", (json_int_t)p->tokens,
-                                             "bytes", (json_int_t)p->bytes));
+        fn(arg, p->id, p->img ? "ram" : "disk", p->tokens, p->bytes);
     pthread_mutex_unlock(&cv->mu);
 }
 
@@ -2045,7 +1721,7 @@ static int load_spilled(st_conv *cv)
         if (strncmp(arr[i].id, ST_API_PARK_PREFIX, pl) || arr[i].damaged)
             continue;
         const char *id = arr[i].id + pl;
-        if (!st_api_id_valid(id, strlen(id)) || st_api_session_damaged(cv->srv, id))
+        if (!st_conv_id_valid(id, strlen(id)) || damaged(cv, id))
             continue;
         st_version_info vi;
         if (st_store_version_info(cv->store, arr[i].id, 0, &vi))
@@ -2080,49 +1756,39 @@ static int chat_load(st_conv *cv)
     return st_chat_template_chatml(g, &cv->chat);
 }
 
-/* POST /apply-template (llama.cpp's): the body of a chat request ({"messages": [...], "tools",
- * "add_generation_prompt" (default true), "chat_template_kwargs": {...}, any other key a
- * template variable) rendered by the model's chat template: {"prompt": "..."}. */
-void st_conv_apply_template(st_api_call *c)
+/* The engine's image buffers (the CPU backend's image buffer cache, which holds two fp32
+ * checkpoint blocks; the CUDA backend's pinned pool) made resident before the first request: a
+ * SAVE or PARK right after the start then writes memory already mapped, as later ones do, instead
+ * of faulting in and clearing fresh pages, which on a virtual machine costs many times the copy
+ * itself (docs/BENCHMARKS.md, "Where the time of an HTTP SAVE goes"). Two blocks, each what an
+ * image asks for one fp32 checkpoint (st_checkpoint_layout, in whole huge pages: st_image.c's
+ * st_alloc); nothing when a block is under 2 MiB (images map those themselves) or the engine has
+ * no allocator. Best effort: a buffer that cannot be had is skipped. */
+static void images_warm(st_conv *cv)
 {
-    st_conv *cv = st_api_conv(c->srv);
-    if (!json_is_array(json_object_get(c->body, "messages"))) {
-        st_api_call_error(c, 400, "invalid_field", "\"messages\" must be an array");
+    const st_image_allocator *ia = st_engine_image_allocator(cv->engine);
+    const st_geometry *g = st_slot_geometry(cv->slots[0].slot);
+    const uint64_t huge = (uint64_t)2 << 20;
+    uint64_t *off = ia ? malloc((g->n_tensors ? g->n_tensors : 1) * sizeof *off) : NULL;
+    if (!off)
         return;
-    }
-    json_t *kw = json_object_get(c->body, "chat_template_kwargs");
-    if (kw && !json_is_object(kw)) {
-        st_api_call_error(c, 400, "invalid_field", "\"chat_template_kwargs\" must be an object");
+    uint64_t len = st_checkpoint_layout(g->tensors, g->n_tensors, ST_CODEC_FP32, off);
+    free(off);
+    len = (len + huge - 1) & ~(huge - 1);
+    if (len < huge || len > SIZE_MAX / 2)
         return;
-    }
-    json_t *vars = json_copy(c->body); /* shallow: the values are shared */
-    if (!vars || (!json_object_get(vars, "add_generation_prompt") &&
-                  json_object_set_new(vars, "add_generation_prompt", json_true())) ||
-        (kw && (json_object_del(vars, "chat_template_kwargs") || json_object_update(vars, kw)))) {
-        json_decref(vars);
-        st_api_call_error(c, 500, "internal", "no memory");
-        return;
-    }
-    char *out = NULL;
-    size_t len = 0;
-    int rc = st_chat_template_render(cv->chat, vars, &out, &len);
-    json_decref(vars);
-    if (rc) {
-        st_api_call_error(c, 500, "template_error", "the chat template: %s", st_errdetail());
-        return;
-    }
-    c->reply = json_pack("{s:s%}", "prompt", out, len);
-    free(out);
-    if (!c->reply) {
-        st_api_call_error(c, 500, "internal", "no memory");
-        return;
-    }
-    c->status = 200;
+    void *p[2] = {NULL, NULL};
+    for (int i = 0; i < 2; i++)
+        if ((p[i] = ia->alloc(ia->ctx, (size_t)len)))
+            memset(p[i], 0, (size_t)len);
+    for (int i = 0; i < 2; i++)
+        if (p[i])
+            ia->free(ia->ctx, p[i], (size_t)len);
 }
 
-int st_conv_new(st_api_server *srv, st_conv **out)
+int st_conv_new(const st_conv_env *ce, st_conv **out)
 {
-    const st_api_config *cfg = st_api_cfg(srv);
+    const st_api_config *cfg = ce->cfg;
     *out = NULL;
     st_conv *cv = calloc(1, sizeof *cv);
     int rc = 0;
@@ -2136,10 +1802,10 @@ int st_conv_new(st_api_server *srv, st_conv **out)
     pthread_condattr_destroy(&ca);
     cv->wait_ms = cfg->busy_wait_ms;
     cv->wait_max = cfg->workers ? cfg->workers - 1 : 0;
-    cv->srv = srv;
-    cv->store = st_api_store(srv);
-    cv->m = st_api_metrics(srv);
-    cv->guard = st_api_memguard(srv);
+    cv->env = ce;
+    cv->store = ce->store;
+    cv->m = ce->m;
+    cv->guard = ce->guard;
     cv->ram_limit = cfg->conversation_cache_bytes;
     if ((rc = st_model_load(cfg->model_path, &cv->model))) {
         char d[600];
@@ -2196,6 +1862,7 @@ int st_conv_new(st_api_server *srv, st_conv **out)
             cv->kv_only = 0;
     if ((rc = load_spilled(cv)))
         goto fail;
+    images_warm(cv);
     cv->m->slots_total = cv->n_slots;
     cv->m->pool_limit_bytes = cv->ram_limit;
     gauges_locked(cv);
@@ -2229,4 +1896,3 @@ void st_conv_free(st_conv *cv)
     free(cv);
 }
 
-#endif /* ST_API_HAVE_ENGINE */

@@ -1,13 +1,14 @@
 /*
  * st_memguard.c - admit memory-hungry operations (parking, SAVE, RESTORE, uploads) only when
- * the available RAM covers them, and say plainly what was read.
+ * the available RAM covers them, and say plainly what was read. Part of the conversation
+ * manager (st_conv.h).
  */
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "st_api_int.h"
+#include "st_conv.h"
 
 static int read_meminfo(const char *path, uint64_t *avail)
 {

@@ -140,12 +140,12 @@ void st_metrics_render(st_metrics *m, struct evbuffer *o, const st_http_stats *h
     gauge(o, "strata_worker_jobs", "Jobs submitted to workers and not yet answered.", work_outstanding);
     gauge(o, "strata_worker_queue", "Jobs waiting for a worker.", work_queued);
 
-    counter(o, "strata_saves_total", "Conversations saved to the store (SAVE, uploads).", m->saves);
-    counter(o, "strata_saved_bytes_total", "Image bytes saved (logical).", m->save_logical_bytes);
+    counter(o, "strata_saves_total", "Conversations saved to the store (SAVE, uploads).", m->conv.saves);
+    counter(o, "strata_saved_bytes_total", "Image bytes saved (logical).", m->conv.save_logical_bytes);
     counter(o, "strata_saved_new_stored_bytes_total",
-            "Bytes the saves added to the store (new chunks, as stored).", m->save_new_bytes);
-    counter(o, "strata_restores_total", "Conversations restored from the store.", m->restores);
-    counter(o, "strata_restored_bytes_total", "Image bytes restored (logical).", m->restore_bytes);
+            "Bytes the saves added to the store (new chunks, as stored).", m->conv.save_new_bytes);
+    counter(o, "strata_restores_total", "Conversations restored from the store.", m->conv.restores);
+    counter(o, "strata_restored_bytes_total", "Image bytes restored (logical).", m->conv.restore_bytes);
     counter(o, "strata_downloads_total", "Session files downloaded.", m->downloads);
     counter(o, "strata_download_bytes_total", "Session file bytes downloaded.", m->download_bytes);
     counter(o, "strata_uploads_total", "Uploads committed as versions.", m->uploads);
@@ -154,34 +154,34 @@ void st_metrics_render(st_metrics *m, struct evbuffer *o, const st_http_stats *h
     evbuffer_add_printf(o, "# HELP strata_parks_total Conversations parked, by where they went.\n"
                            "# TYPE strata_parks_total counter\n"
                            "strata_parks_total{where=\"ram\"} %llu\nstrata_parks_total{where=\"disk\"} %llu\n",
-                        U(m->parks_ram), U(m->parks_disk));
-    counter(o, "strata_park_spills_total", "Parked images spilled from RAM to the store.", m->park_spills);
-    counter(o, "strata_park_unspills_total", "Spilled images brought back into a slot.", m->park_unspills);
-    gauge(o, "strata_park_pool_bytes", "Bytes of parked images held in RAM.", (double)m->pool_ram_bytes);
+                        U(m->conv.parks_ram), U(m->conv.parks_disk));
+    counter(o, "strata_park_spills_total", "Parked images spilled from RAM to the store.", m->conv.park_spills);
+    counter(o, "strata_park_unspills_total", "Spilled images brought back into a slot.", m->conv.park_unspills);
+    gauge(o, "strata_park_pool_bytes", "Bytes of parked images held in RAM.", (double)m->conv.pool_ram_bytes);
     gauge(o, "strata_park_pool_limit_bytes", "Ceiling of the RAM park pool (--conversation-cache-mib).",
-          (double)m->pool_limit_bytes);
+          (double)m->conv.pool_limit_bytes);
     evbuffer_add_printf(o, "# HELP strata_park_pool_entries Parked conversations, by where they are.\n"
                            "# TYPE strata_park_pool_entries gauge\n"
                            "strata_park_pool_entries{where=\"ram\"} %llu\n"
                            "strata_park_pool_entries{where=\"disk\"} %llu\n",
-                        U(m->pool_ram_entries), U(m->pool_disk_entries));
+                        U(m->conv.pool_ram_entries), U(m->conv.pool_disk_entries));
     gauge(o, "strata_sessions_damaged", "Sessions the start-up scan found damaged in the store and quarantined "
           "(listed by /healthz).", (double)m->sessions_damaged);
-    gauge(o, "strata_slots", "Engine slots.", (double)m->slots_total);
-    gauge(o, "strata_slots_bound", "Slots holding a conversation.", (double)m->slots_bound);
-    gauge(o, "strata_slots_busy", "Slots computing or being saved now.", (double)m->slots_busy);
+    gauge(o, "strata_slots", "Engine slots.", (double)m->conv.slots_total);
+    gauge(o, "strata_slots_bound", "Slots holding a conversation.", (double)m->conv.slots_bound);
+    gauge(o, "strata_slots_busy", "Slots computing or being saved now.", (double)m->conv.slots_busy);
     gauge(o, "strata_busy_waiting_requests",
           "Requests waiting for a session another request is using (--busy-wait-ms).",
-          (double)m->busy_waiting);
+          (double)m->conv.busy_waiting);
     counter(o, "strata_busy_wait_timeouts_total",
             "Requests answered 409 busy after waiting --busy-wait-ms for their session.",
-            m->busy_wait_timeouts);
+            m->conv.busy_wait_timeouts);
     counter(o, "strata_busy_wait_queue_full_total",
             "Requests answered 409 busy at once because workers - 1 requests already waited.",
-            m->busy_wait_full);
+            m->conv.busy_wait_full);
     counter(o, "strata_completions_cancelled_total",
             "Completions stopped (or never started) because their client went away.",
-            m->completions_cancelled);
+            m->conv.completions_cancelled);
 
     evbuffer_add_printf(o, "# HELP strata_conversation_lookups_total Where a request found its "
                            "conversation.\n# TYPE strata_conversation_lookups_total counter\n"
@@ -190,14 +190,14 @@ void st_metrics_render(st_metrics *m, struct evbuffer *o, const st_http_stats *h
                            "strata_conversation_lookups_total{found=\"disk\"} %llu\n"
                            "strata_conversation_lookups_total{found=\"store\"} %llu\n"
                            "strata_conversation_lookups_total{found=\"new\"} %llu\n",
-                        U(m->conv_hits_slot), U(m->conv_hits_ram), U(m->conv_hits_disk),
-                        U(m->conv_hits_store), U(m->conv_new));
+                        U(m->conv.conv_hits_slot), U(m->conv.conv_hits_ram), U(m->conv.conv_hits_disk),
+                        U(m->conv.conv_hits_store), U(m->conv.conv_new));
     counter(o, "strata_prompt_tokens_reused_total",
-            "Prompt tokens served from held state or a cache checkpoint (cache hits).", m->prompt_reused);
-    counter(o, "strata_prompt_tokens_computed_total", "Prompt tokens read by the model.", m->prompt_computed);
-    counter(o, "strata_generated_tokens_total", "Tokens generated.", m->tokens_generated);
+            "Prompt tokens served from held state or a cache checkpoint (cache hits).", m->conv.prompt_reused);
+    counter(o, "strata_prompt_tokens_computed_total", "Prompt tokens read by the model.", m->conv.prompt_computed);
+    counter(o, "strata_generated_tokens_total", "Tokens generated.", m->conv.tokens_generated);
     counter(o, "strata_memory_guard_refusals_total", "Operations the memory guard refused.",
-            m->memguard_refusals);
+            m->conv.memguard_refusals);
     pthread_mutex_lock(&m->store_mu);
     st_store_stats ss = m->store;
     int ok = m->store_ok;

@@ -1,10 +1,11 @@
 /*
  * st_openai.c - the OpenAI-compatible routes: POST /v1/chat/completions, POST /v1/completions in
- * OpenAI's shape (a body with "model" or "max_tokens"; the native shape goes on to st_conv.c),
+ * OpenAI's shape (a body with "model" or "max_tokens"; the native shape goes on to
+ * st_route_complete.c),
  * GET /v1/models and /v1/models/{model}; Server-Sent Events when "stream" is true. docs/API.md, "OpenAI-compatible API".
  *
- * The conversation manager is used only through st_conv_generate and the few st_conv_* getters
- * (st_api_int.h): the prompt handed over is always the whole conversation (a chat rendered by the
+ * The conversation manager is used only through st_conv_generate (by st_api_generate) and the
+ * few st_conv_* getters (st_conv.h): the prompt handed over is always the whole conversation (a chat rendered by the
  * model's template, or the prompt text), and the slot reuses the longest prefix it holds.
  *
  * Text: the generated tokens are decoded with the vocabulary's streaming decoder (the byte
@@ -12,8 +13,6 @@
  * one at the end waits for the next token), then cut at the first stop sequence. When streaming,
  * a tail of the text that could still become a stop sequence is held back until it cannot.
  */
-#ifdef ST_API_HAVE_ENGINE
-
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -29,7 +28,6 @@
 #define MAX_STOPS 4        /* OpenAI's limit on "stop" */
 #define MAX_STOP_BYTES 256 /* per stop sequence */
 
-void st_conv_completion(st_api_call *c); /* the native route (st_conv.c) */
 
 /* ---- errors ----------------------------------------------------------------------------------- */
 
@@ -622,14 +620,14 @@ static void oa_run(st_api_call *c, oa_req *q)
     o.g = &g;
     o.created = (long long)time(NULL);
     memcpy(o.cid, q->chat ? "chatcmpl-" : "cmpl-", q->chat ? 10 : 6);
-    st_api_random_hex(o.cid + strlen(o.cid), sizeof o.cid - strlen(o.cid));
+    st_conv_random_hex(o.cid + strlen(o.cid), sizeof o.cid - strlen(o.cid));
     if (!(o.text = calloc(1, 64))) {
         free(toks);
         oa_error(c, 503, "out_of_memory", NULL, "no memory");
         return;
     }
     o.cap = 64;
-    rc = st_conv_generate(c, &g);
+    rc = st_api_generate(c, &g);
     free(toks);
     if (rc) {
         if (o.began && !c->no_reply) { /* the stream began: the error is its last event */
@@ -721,7 +719,7 @@ void st_openai_completions(st_api_call *c)
 {
     if (!c->body || (!json_object_get(c->body, "model") && !json_object_get(c->body, "max_tokens"))) {
         c->openai = 0;
-        st_conv_completion(c); /* the native shape, with its strict rules */
+        st_api_h_completion(c); /* the native shape, with its strict rules */
         return;
     }
     c->openai = 1;
@@ -771,4 +769,3 @@ void st_openai_model_get(st_api_call *c)
     c->status = 200;
 }
 
-#endif /* ST_API_HAVE_ENGINE */
