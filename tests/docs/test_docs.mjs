@@ -17,6 +17,7 @@
 // names (st_file.c, test_install.sh, ...) must exist (bare names: anywhere in the tree); the
 // generated and outside paths (build*, models/, data/, tests/ref/node_modules, tmp files) are
 // allowed by ALLOW below, as are placeholders (a path part in capitals: NAME, FILE, ID).
+// The build files (every CMakeLists.txt and *.cmake) get the file check too.
 // Exit 0 when everything matches; 1 listing each mismatch as FILE:LINE: what.
 import { execFileSync } from 'node:child_process';
 import { existsSync, readFileSync, readdirSync, statSync } from 'node:fs';
@@ -119,8 +120,9 @@ function checkCommand(where, text, problems) {
 }
 
 // ---- files -------------------------------------------------------------------------------------------
-const tree = execFileSync('git', ['-C', src, 'ls-files'], { encoding: 'utf8' }).split('\n')
-  .filter(Boolean);
+// the tree: tracked files and new ones not ignored
+const tree = execFileSync('git', ['-C', src, 'ls-files', '--cached', '--others', '--exclude-standard'],
+  { encoding: 'utf8' }).split('\n').filter(Boolean);
 const basenames = new Set(tree.map((f) => path.basename(f)));
 const dirs = new Set(tree.flatMap((f) => {
   const out = [];
@@ -134,6 +136,7 @@ const ALLOW = [
   /^tests\/ref\/package(-lock)?\.json$/, // present: listed for completeness
   /^\/[a-z]/, // absolute paths: the system's (/proc/meminfo, /usr/local/cuda ...)
   /^(src|ggml|include|common|examples|tools|gguf-py)\/.*(llama|ggml|gguf)/, // llama.cpp's tree
+  /^common\/st_common\.h$/, // cmake/install.cmake installs it once the common/ module is in
 ];
 const TOPS = ['codec', 'statestore', 'migrations', 'engine', 'api', 'tools', 'tests', 'bench',
   'docs', 'cmake', 'common', '.ci'];
@@ -170,7 +173,9 @@ const ALLOW_BARE = new Set(['st_web_page.c', 'xxhash.h', 'lmdb.h', 'mdb.c', 'zst
   'ggml-quants.c', 'llama.h', 'cuda_runtime.h', 'cuda_bf16.h', 'cuda_fp16.h', 'jansson.h',
   'event.h', 'cmocka.h', 'st_version.h', 'st_install_all.h',
   // the project's shared documents beside the tree (../shared/)
-  'DESIGN.md', 'ARCHITECTURES.md', 'STYLE.md', 'REFERENCE.md']);
+  'DESIGN.md', 'ARCHITECTURES.md', 'STYLE.md', 'REFERENCE.md',
+  // C's headers; placeholders (tests/CMakeLists.txt, docs/PACKAGING.md)
+  'stddef.h', 'stdint.h', 'stdio.h', 'stdlib.h', 'string.h', 'a.c', 'app.c']);
 
 // flags of every program; of the tree's other commands (the benchmarks, bench/*.mjs,
 // tools/run.sh, tests/ref's scripts: the flag's text is in their source); of outside tools
@@ -216,7 +221,14 @@ for (const f of files) {
     }
   }
 }
+// the build files name only files that exist (their comments included)
+const buildFiles = only.length ? [] : tree.filter((f) => /(^|\/)CMakeLists\.txt$|\.cmake$/.test(f));
+for (const f of buildFiles) {
+  readFileSync(path.join(src, f), 'utf8').split('\n')
+    .forEach((line, i) => checkPaths(`${f}:${i + 1}`, line, problems));
+}
 for (const p of problems) console.error(p);
-console.log(`test_docs: ${files.length} documents, ${checked} program flags looked up, ` +
+console.log(`test_docs: ${files.length} documents and ${buildFiles.length} build files, ` +
+  `${checked} program flags looked up, ` +
   `${problems.length} mismatches`);
 process.exit(problems.length ? 1 : 0);
