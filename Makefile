@@ -12,6 +12,9 @@
 #                   vocabulary and chat template, seeded weights); MODEL=path/to/model.gguf
 #                   serves a downloaded GGUF instead
 #   make fuzz       libFuzzer targets (clang) into build-fuzz/; FUZZ_SECONDS=60 make fuzz-run
+#   make install    build, then install the programs, libstrata, the headers and strata.pc under
+#                   PREFIX (default /usr/local), inside DESTDIR when set (docs/PACKAGING.md);
+#                   COMPONENT=runtime|dev installs one part only
 # The test targets build with warnings as errors (STRATA_WERROR=ON, kept in the build's cache);
 # a plain `make build` or cmake leaves that to the CMake option, OFF by default.
 MAKEFLAGS  += --no-print-directory
@@ -27,6 +30,9 @@ JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_ARGS ?=
 CTEST_ARGS ?=
 MODEL      ?=
+PREFIX     ?= /usr/local
+DESTDIR    ?=
+COMPONENT  ?=
 
 DEB_PKGS := pkg-config cmake make gcc liblmdb-dev lmdb-utils libzstd-dev libssl-dev libevent-dev \
             libjansson-dev libxxhash-dev libcmocka-dev libicu-dev git curl clang-14 libclang-rt-14-dev llvm-14 \
@@ -37,7 +43,7 @@ DEB_PKGS := pkg-config cmake make gcc liblmdb-dev lmdb-utils libzstd-dev libssl-
 REF_DIR   := tests/ref
 REF_STAMP := $(REF_DIR)/node_modules/.strata-lock.sha256
 
-.PHONY: all deps build asan-build test test-slow test-builds test-gpu tsan bench run fuzz fuzz-run clean
+.PHONY: all deps build asan-build test test-slow test-builds test-gpu tsan bench run fuzz fuzz-run install clean
 
 # -DSTRATA_WERROR=... only where a target asks for it (a plain build keeps what its cache holds)
 werror = $(if $(WERROR),-DSTRATA_WERROR=$(WERROR))
@@ -132,6 +138,11 @@ fuzz-run: fuzz
 	    2>$(FUZZ_BUILD)/work/$$n.log || { tail -40 $(FUZZ_BUILD)/work/$$n.log; exit 1; }; \
 	  grep -E '^stat::number_of_executed_units' $(FUZZ_BUILD)/work/$$n.log; \
 	done
+
+# cmake --install honours DESTDIR from the environment; the prefix given here wins over the one
+# the build was configured with.
+install: build
+	DESTDIR='$(DESTDIR)' cmake --install $(BUILD) --prefix '$(PREFIX)' $(if $(COMPONENT),--component $(COMPONENT))
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD) $(TSAN_BUILD) $(REL_BUILD) $(CLANG_BUILD) build-gpu

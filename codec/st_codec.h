@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "st_common.h" /* the error space, and the layer under this one */
+#include "st_version.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -173,6 +174,15 @@ int st_codec_cuda_checksum_blocks(const void *src_dev, uint64_t bytes, uint64_t 
 /* Wait until the work queued on stream (a cudaStream_t; NULL: the default stream) is done.
  * 0, or ST_EIO naming the CUDA error (an earlier kernel's failure shows here). */
 int st_codec_cuda_sync(void *stream);
+
+/* ---- version ---------------------------------------------------------------------------- */
+
+/* The library's version: project(strata VERSION ...) of the top CMakeLists.txt, the one place it
+ * is defined. st_version.h (generated) gives it at compile time (ST_VERSION_STRING,
+ * ST_VERSION_NUMBER); these give the version of the library linked at run time: "0.1.0" and
+ * 100 for 0.1.0. Every program prints st_version() for --version. */
+const char *st_version(void);
+unsigned st_version_number(void);
 
 #ifdef __cplusplus
 }

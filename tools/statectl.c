@@ -656,6 +656,7 @@ static int cmd_synth(int argc, char **argv)
 static void usage(FILE *f)
 {
     fputs("usage: statectl VERB [ARGS] (statectl VERB --help for each verb)\n"
+          "       statectl --version          the version (and the session-file versions it reads)\n"
           "\n"
           "Session files:\n"
           "  inspect FILE [--json]            format, architecture, layers, geometry, sections, checksums\n"
@@ -684,7 +685,7 @@ int main(int argc, char **argv)
         return 0;
     }
     if (!strcmp(verb, "--version")) {
-        printf("statectl 0.1.0 (session files v1..v%d)\n", ST_FILE_VERSION_MAX);
+        printf("statectl %s (session files v1..v%d)\n", st_version(), ST_FILE_VERSION_MAX);
         return 0;
     }
     if (!strcmp(verb, "inspect"))

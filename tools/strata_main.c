@@ -42,6 +42,7 @@ static void usage(FILE *f)
             "       strata chat-template -m MODEL --conversation FILE.json\n"
             "       strata tokenize -m MODEL [--parse-special] [--file F | TEXT]\n"
             "       strata detokenize -m MODEL ID...   (strata tokenize --help)\n"
+            "       strata --version\n"
             "options of generate:\n"
             "  --temp T                 0 (default) is greedy\n"
             "  --seed S                 sampling seed (default 1)\n"
@@ -625,6 +626,10 @@ int main(int argc, char **argv)
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
+    }
+    if (!strcmp(argv[1], "--version")) {
+        printf("strata %s\n", st_version());
+        return 0;
     }
     const char *cmd = argv[1];
     if (!strcmp(cmd, "quantize"))

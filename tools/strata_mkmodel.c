@@ -64,7 +64,9 @@ static void usage(FILE *f)
             "TYPE: f32, f16, bf16 (written directly), or q8_0, q4_0, q4_1, q5_0, q5_1, q2_K,\n"
             "q3_K, q4_K, q5_K, q6_K, iq4_nl, iq4_xs (any case): the seeded f32 model quantized\n"
             "as `strata quantize` does.\n"
-            "Seeded weights: the text such a model writes is not meaningful.\n");
+            "Seeded weights: the text such a model writes is not meaningful.\n"
+            "  --help, -h        this text\n"
+            "  --version         the version\n");
 }
 
 static void mk_log(void *ctx, const char *line)
@@ -190,8 +192,17 @@ int main(int argc, char **argv)
         {"--ssm-groups", &hp.ssm_groups}, {"--tied", &hp.tied},      {"--rope-freqs", &hp.rope_freqs},
         {"--nextn", &hp.n_nextn},   {"--split-max-tensors", &split_max},
     };
-    /* first pass: the architecture and the preset, so flags override it wherever they stand */
+    /* first pass: --help and --version, the architecture and the preset, so flags override it
+     * wherever they stand */
     for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            usage(stdout);
+            return 0;
+        }
+        if (!strcmp(argv[i], "--version")) {
+            printf("strata-mkmodel %s\n", st_version());
+            return 0;
+        }
         if (!strcmp(argv[i], "--preset") && i + 1 < argc)
             preset = argv[i + 1];
         if (!strcmp(argv[i], "--arch") && i + 1 < argc)

@@ -86,6 +86,7 @@ static void usage(FILE *f)
             "Other:\n"
             "  --log-requests                one line per request on stderr (default off)\n"
             "  --help, -h                    this text\n"
+            "  --version                     the version\n"
             "Exit status: 0 after a graceful stop; 1 the server could not start or failed; 2 usage;\n"
             "3 a graceful stop could not write some live conversations (named on stderr).\n");
 }
@@ -112,6 +113,10 @@ int main(int argc, char **argv)
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(stdout);
+            return 0;
+        }
+        if (!strcmp(a, "--version")) {
+            printf("strata-server %s\n", st_version());
             return 0;
         }
         if (!strcmp(a, "--log-requests")) {
