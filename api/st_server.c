@@ -39,6 +39,7 @@
 #include <event2/thread.h>
 
 #include "st_api_int.h"
+#include "st_file.h"
 #include "st_store.h"
 
 #define UPLOAD_ID_LEN 24

@@ -69,6 +69,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "st_file.h"
 #include "st_store_int.h"
 
 #if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__

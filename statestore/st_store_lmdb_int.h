@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "st_file.h"
 #include "st_store.h"
 
 #if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
