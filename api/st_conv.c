@@ -72,6 +72,7 @@
 
 #include "st_conv.h"
 #include "st_engine.h"
+#include "st_file.h"
 #include "st_store.h"
 
 #define PARK_ID_MAX (ST_STORE_ID_MAX + 1)

@@ -41,6 +41,7 @@
 #include <event2/thread.h>
 
 #include "st_api_int.h"
+#include "st_file.h"
 #include "st_store.h"
 
 enum body_kind { BODY_NONE, BODY_JSON, BODY_COMPLETION, BODY_PART };

@@ -33,6 +33,8 @@
 #include <unistd.h>
 
 #include "st_engine.h"
+#include "st_file.h"
+#include "st_store.h"
 
 static double now_s(void)
 {

@@ -30,6 +30,7 @@
 #include <cuda_runtime_api.h>
 
 #include "st_engine.h"
+#include "st_file.h"
 #include "st_store.h"
 
 static double now_s(void)

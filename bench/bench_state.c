@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "st_engine.h"
+#include "st_file.h"
 #include "st_store.h"
 
 static double now_ms(void)

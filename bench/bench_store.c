@@ -41,6 +41,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "st_file.h"
 #include "st_store.h"
 
 #define MIB (1024.0 * 1024.0)

@@ -1398,7 +1398,7 @@ static int xnext(const seg *segs, uint32_t ns, xit *it, xchunk *ch)
 }
 
 /* ---- the state hash on the device -------------------------------------------------------------
- * The block digests of a save's or load's tensors (st_store.h: segment 1 + i of the state hash is
+ * The block digests of a save's or load's tensors (st_image.h: segment 1 + i of the state hash is
  * geometry tensor i, so segment i here) are computed by the GPU from the bytes in device memory,
  * one warp per block (st_xxh3_warp): a save digests the state it copies out, on its own stream
  * while the copies run (a bf16 checkpoint through the bf16 rounding: the values a restore widens);

@@ -22,7 +22,7 @@
 #include <stdint.h>
 
 #include "st_codec.h"
-#include "st_store.h"
+#include "st_image.h"
 
 #ifdef __cplusplus
 extern "C" {

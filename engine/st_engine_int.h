@@ -274,7 +274,7 @@ typedef struct st_backend {
      *       rows, which is all a state is read for); the position tensor must hold the
      *       checkpoint's position (ST_ECORRUPT otherwise).
      * digests (not NULL): also the state hash's block digests of segments 1.. (the geometry
-     *       tensors, st_store.h): of the state as saved (bf16 as a restore widens it), or of
+     *       tensors, st_image.h): of the state as saved (bf16 as a restore widens it), or of
      *       the state as loaded into st; the CUDA backend computes them on the device. */
     int (*save)(void *bctx, void *st, st_image *img, uint32_t ci, uint64_t n, uint64_t *digests);
     int (*load)(void *bctx, void *st, const st_image *img, uint32_t ci, uint64_t n,

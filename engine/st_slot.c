@@ -24,7 +24,7 @@
  *    are the blocks exchanged: the state and chain take the image's, the image gets the spares'
  *    in their place, so a refused restore changes neither the slot nor the image, and the
  *    spares stay within one slot's memory.
- * 6. The state hash (defined in statestore/st_store.h) covers the tokens, the K/V rows and the
+ * 6. The state hash (defined in statestore/st_image.h) covers the tokens, the K/V rows and the
  *    running state as the slot holds it after a restore: f32 tensors as the fp32 values widened
  *    from the stored codec. A snapshot hashes the state as stored (what a restore will widen); a
  *    restore hashes the fresh backend state (the bulk path: where each block arrived; else read
@@ -516,7 +516,7 @@ static uint64_t hash_seg_bytes(const st_engine *e, uint32_t ti, uint64_t n)
 }
 
 /* The state hash of a backend state holding tokens[0..n), its running state as a snapshot in
- * codec would record it (f32 tensors rounded through codec, then widened): see st_store.h. The
+ * codec would record it (f32 tensors rounded through codec, then widened): see st_image.h. The
  * tensors are read into a staging buffer a group at a time and each group's block digests are
  * computed on the pool. */
 static int state_hash(st_engine *e, void *bst, const uint32_t *tokens, uint64_t n, uint32_t codec,

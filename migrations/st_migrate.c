@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "st_file.h"
 #include "st_migrate.h"
 
 struct recode_bridge {
@@ -26,7 +27,7 @@ static void recode_progress(void *arg, uint32_t done, uint32_t total)
     b->opts->progress(b->opts->progress_arg, "recode", done, total);
 }
 
-/* Re-code every checkpoint, keeping the state hash true (st_image_recode, st_store.h). */
+/* Re-code every checkpoint, keeping the state hash true (st_image_recode, st_image.h). */
 static int recode_all(st_image *img, uint32_t codec, const st_convert_opts *opts)
 {
     struct recode_bridge b = {opts};

@@ -2,7 +2,7 @@
  * st_migrate.h - conversions between session-file formats and codecs, and the store's numbered
  * schema steps.
  *
- * File conversions work on images (st_store.h): read any version, change what is asked, write
+ * File conversions work on images (st_image.h): read any version, change what is asked, write
  * with the version forced or automatic. Each conversion says what it changed and never touches
  * its input file; output files are replaced atomically.
  */

@@ -1,6 +1,8 @@
 /*
  * st_file.c - the session file: writer (v1 and v2), reader, inspect, atomic replacement.
- * docs/FORMAT.md describes the bytes; this file implements exactly that and nothing more.
+ * docs/FORMAT.md describes the bytes; this file implements exactly that and nothing more. The
+ * sizes, codes, geometry encoding and structural rules it applies are the format module's
+ * (st_format_int.h): the reader and inspect below share every rule of the walk.
  *
  * Invariants of the reader:
  * 1. Every length read from the input is compared with the bytes that remain (in the file, or in
@@ -69,20 +71,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "st_file.h"
+#include "st_format_int.h"
 #include "st_store_int.h"
 
-#if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
-#error "session files are little-endian and tensors are stored as raw bytes: a little-endian host is required"
-#endif
-
-#define ST_HDR_LEN 64u
-#define ST_SEC_HDR_LEN 32u
-#define ST_SEC_HASHED 24u /* the section checksum covers these header bytes, then the payload */
-#define ST_GEOM_FIXED 48u
-#define ST_GEOM_REC 96u
-#define ST_CKPT_HDR 16u
-#define ST_CFLAG_ZSTD 1u
-#define ST_CFLAG_SHUFFLE 2u
+/* the sizes and codes of the format: st_format_int.h */
 #define ST_IO_CHUNK (1u << 20)
 #define ST_WB_CHUNK (4ull << 20) /* start writeback after this many new bytes */
 #define ST_WB_ALIGN 4096ull /* writeback hints cover whole pages */
@@ -103,8 +96,6 @@
 #define ST_SUM_OK(computed, recorded) ((computed) == (recorded))
 #endif
 
-static const uint8_t st_magic[8] = {'S', 'T', 'R', 'A', 'T', 'A', 's', 'f'};
-
 st_file_sys st_file_sys_ops = {write, pwrite, fsync, rename};
 
 void st_file_sys_reset(void)
@@ -113,27 +104,6 @@ void st_file_sys_reset(void)
     st_file_sys_ops.pwrite = pwrite;
     st_file_sys_ops.fsync = fsync;
     st_file_sys_ops.rename = rename;
-}
-
-static void put32(uint8_t *p, uint32_t v)
-{
-    memcpy(p, &v, 4);
-}
-static void put64(uint8_t *p, uint64_t v)
-{
-    memcpy(p, &v, 8);
-}
-static uint32_t get32(const uint8_t *p)
-{
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
-static uint64_t get64(const uint8_t *p)
-{
-    uint64_t v;
-    memcpy(&v, p, 8);
-    return v;
 }
 
 const char *st_section_type_name(uint32_t type)
@@ -161,15 +131,6 @@ static void st_sec_label(char *out, size_t cap, uint32_t type, uint32_t index)
 }
 
 /* Bytes of a checkpoint's running tensors stored uncompressed in codec. */
-static uint64_t st_ckpt_stored_total(const st_geometry *g, uint32_t codec)
-{
-    uint64_t total = 0;
-    for (uint32_t i = 0; i < g->n_tensors; i++)
-        if (g->tensors[i].role == ST_ROLE_RUNNING)
-            total += st_tensor_stored_bytes(&g->tensors[i], codec); /* bounded by ST_BYTES_MAX */
-    return total;
-}
-
 /* Shuffle width of a stored tensor: the stored element size. */
 static unsigned st_stored_elem_size(const st_tensor_desc *t, uint32_t codec)
 {
@@ -550,9 +511,9 @@ static int st_w_sec_open(st_writer *w, uint32_t type, uint32_t index, uint64_t l
 {
     int rc;
     memset(w->sec_hdr, 0, sizeof w->sec_hdr);
-    put32(w->sec_hdr + 0, type);
-    put32(w->sec_hdr + 4, index);
-    put64(w->sec_hdr + 8, length == UINT64_MAX ? 0 : length);
+    st_fmt_put32(w->sec_hdr + 0, type);
+    st_fmt_put32(w->sec_hdr + 4, index);
+    st_fmt_put64(w->sec_hdr + 8, length == UINT64_MAX ? 0 : length);
     w->sec_start = w->s->off;
     rc = st_sink_put(w->s, w->sec_hdr, ST_SEC_HDR_LEN);
     if (rc)
@@ -621,7 +582,7 @@ static int st_w_sec_close(st_writer *w)
         uint8_t *chunk = malloc(ST_IO_CHUNK);
         if (!chunk)
             return st_error_set(ENOMEM, "write: out of memory");
-        put64(w->sec_hdr + 8, len);
+        st_fmt_put64(w->sec_hdr + 8, len);
         rc = st_checksum_init(&w->h);
         if (rc) {
             free(chunk);
@@ -643,7 +604,7 @@ static int st_w_sec_close(st_writer *w)
     }
     sum = st_checksum_final(&w->h);
     st_checksum_free(&w->h);
-    put64(w->sec_hdr + 24, sum);
+    st_fmt_put64(w->sec_hdr + 24, sum);
     return st_sink_patch(w->s, w->sec_hdr, ST_SEC_HDR_LEN, w->sec_start);
 }
 
@@ -653,24 +614,13 @@ static int st_w_geometry(st_writer *w)
     uint8_t fixed[ST_GEOM_FIXED], rec[ST_GEOM_REC];
     int rc;
 
-    rc = st_w_sec_open(w, ST_SECTION_GEOMETRY, 0, ST_GEOM_FIXED + (uint64_t)ST_GEOM_REC * g->n_tensors);
+    rc = st_w_sec_open(w, ST_SECTION_GEOMETRY, 0, st_fmt_geometry_len(g->n_tensors));
     if (rc)
         return rc;
-    memcpy(fixed, g->model_fp, ST_FINGERPRINT_LEN);
-    put32(fixed + 32, g->page_size);
-    put32(fixed + 36, g->n_ctx);
-    put32(fixed + 40, g->n_vocab);
-    put32(fixed + 44, g->n_tensors);
+    st_fmt_geometry_fixed_put(fixed, g);
     rc = st_w_data(w, fixed, sizeof fixed, 0);
     for (uint32_t i = 0; i < g->n_tensors && !rc; i++) {
-        const st_tensor_desc *t = &g->tensors[i];
-        memset(rec, 0, sizeof rec);
-        memcpy(rec, t->name, strlen(t->name)); /* NUL-padded: the image keeps names canonical */
-        put32(rec + 48, t->role);
-        put32(rec + 52, t->dtype);
-        put32(rec + 56, t->ndim);
-        for (int d = 0; d < ST_TENSOR_NDIM_MAX; d++)
-            put64(rec + 64 + 8 * d, t->shape[d]);
+        st_fmt_tensor_put(rec, &g->tensors[i]);
         rc = st_w_data(w, rec, sizeof rec, 0);
     }
     return rc ? rc : st_w_sec_close(w);
@@ -875,13 +825,13 @@ static int st_w_checkpoint(st_writer *w, uint32_t ci)
     int rc;
 
     memset(hdr, 0, sizeof hdr);
-    put64(hdr, c->position);
+    st_fmt_put64(hdr, c->position);
     if (w->version >= ST_FILE_VERSION_2) {
-        put32(hdr + 8, c->codec);
-        put32(hdr + 12, compressed ? ST_CFLAG_ZSTD | (w->shuffle ? ST_CFLAG_SHUFFLE : 0) : 0);
+        st_fmt_put32(hdr + 8, c->codec);
+        st_fmt_put32(hdr + 12, compressed ? ST_CFLAG_ZSTD | (w->shuffle ? ST_CFLAG_SHUFFLE : 0) : 0);
     }
     rc = st_w_sec_open(w, ST_SECTION_CHECKPOINT, ci,
-                       compressed ? UINT64_MAX : ST_CKPT_HDR + st_ckpt_stored_total(&img->g, c->codec));
+                       compressed ? UINT64_MAX : ST_CKPT_HDR + st_fmt_ckpt_stored_total(&img->g, c->codec));
     if (rc)
         return rc;
     rc = st_w_data(w, hdr, sizeof hdr, 0);
@@ -916,7 +866,7 @@ static int st_w_checkpoint(st_writer *w, uint32_t ci)
         rc = st_z_take(w->zp, w->zi, &frame, &flen);
         if (rc)
             return rc;
-        put64(lenbuf, flen);
+        st_fmt_put64(lenbuf, flen);
         rc = st_w_data(w, lenbuf, 8, 0);
         if (!rc)
             rc = st_w_data(w, frame, flen, 0);
@@ -1011,16 +961,16 @@ static int st_w_run(st_writer *w)
     }
     if (rc)
         return rc;
-    memcpy(hdr, st_magic, sizeof st_magic);
-    put32(hdr + 8, w->version);
-    put32(hdr + 12, ST_HDR_LEN);
-    put32(hdr + 16, 0);
-    put32(hdr + 20, n_sections);
-    put64(hdr + 24, w->s->off);
-    put64(hdr + 32, img->state_hash);
-    put64(hdr + 40, img->n_tokens);
-    put64(hdr + 48, 0);
-    put64(hdr + 56, st_checksum(hdr, 56));
+    memcpy(hdr, st_fmt_magic, sizeof st_fmt_magic);
+    st_fmt_put32(hdr + 8, w->version);
+    st_fmt_put32(hdr + 12, ST_HDR_LEN);
+    st_fmt_put32(hdr + 16, 0);
+    st_fmt_put32(hdr + 20, n_sections);
+    st_fmt_put64(hdr + 24, w->s->off);
+    st_fmt_put64(hdr + 32, img->state_hash);
+    st_fmt_put64(hdr + 40, img->n_tokens);
+    st_fmt_put64(hdr + 48, 0);
+    st_fmt_put64(hdr + 56, st_checksum(hdr, 56));
     rc = st_sink_patch(w->s, hdr, sizeof hdr, 0);
     if (!rc)
         rc = st_sink_flush(w->s);
@@ -1170,46 +1120,46 @@ static int st_hdr_parse(const st_src *s, st_hdr *h, st_file_info *info)
     rc = st_src_read(s, b, have, 0);
     if (rc)
         return rc;
-    if (have < sizeof st_magic) {
-        if (memcmp(b, st_magic, have) == 0)
+    if (have < sizeof st_fmt_magic) {
+        if (memcmp(b, st_fmt_magic, have) == 0)
             return st_error_set(ST_ECORRUPT, "header: the file is %zu bytes, a header needs %u "
                                 "(truncated)", have, ST_HDR_LEN);
         return st_error_set(ST_ENOTSTRATA, "not a Strata file: %zu bytes without the magic \"STRATAsf\"",
                             have);
     }
-    if (memcmp(b, st_magic, sizeof st_magic) != 0)
+    if (memcmp(b, st_fmt_magic, sizeof st_fmt_magic) != 0)
         return st_error_set(ST_ENOTSTRATA, "not a Strata file: the first 8 bytes are not \"STRATAsf\"");
     if (have < 12)
         return st_error_set(ST_ECORRUPT, "header: the file is %zu bytes, a header needs %u (truncated)",
                             have, ST_HDR_LEN);
-    v = get32(b + 8);
+    v = st_fmt_get32(b + 8);
     h->version = v;
     if (v != ST_FILE_VERSION_1 && v != ST_FILE_VERSION_2)
         return st_error_set(ST_EVERSION, "session file version %u; this build reads 1 and 2", v);
     if (have < ST_HDR_LEN)
         return st_error_set(ST_ECORRUPT, "header: the file is %zu bytes, a header needs %u (truncated)",
                             have, ST_HDR_LEN);
-    h->n_sections = get32(b + 20);
-    h->file_len = get64(b + 24);
-    h->state_hash = get64(b + 32);
-    h->n_tokens = get64(b + 40);
-    if (!ST_SUM_OK(st_checksum(b, 56), get64(b + 56)) &&
+    h->n_sections = st_fmt_get32(b + 20);
+    h->file_len = st_fmt_get64(b + 24);
+    h->state_hash = st_fmt_get64(b + 32);
+    h->n_tokens = st_fmt_get64(b + 40);
+    if (!ST_SUM_OK(st_checksum(b, 56), st_fmt_get64(b + 56)) &&
         (rc = st_hdr_bad(info, st_error_set(ST_ECORRUPT, "header at offset 0: checksum mismatch "
                                             "(recorded %016llx, computed %016llx)",
-                                            (unsigned long long)get64(b + 56),
+                                            (unsigned long long)st_fmt_get64(b + 56),
                                             (unsigned long long)st_checksum(b, 56)))))
         return rc;
-    if (get32(b + 12) != ST_HDR_LEN &&
+    if (st_fmt_get32(b + 12) != ST_HDR_LEN &&
         (rc = st_hdr_bad(info, st_error_set(ST_ECORRUPT, "header at offset 12: header_len %u, must be "
-                                            "%u", get32(b + 12), ST_HDR_LEN))))
+                                            "%u", st_fmt_get32(b + 12), ST_HDR_LEN))))
         return rc;
-    if (get32(b + 16) != 0 &&
+    if (st_fmt_get32(b + 16) != 0 &&
         (rc = st_hdr_bad(info, st_error_set(ST_ECORRUPT, "header at offset 16: flags 0x%x, reserved "
-                                            "bits must be 0", get32(b + 16)))))
+                                            "bits must be 0", st_fmt_get32(b + 16)))))
         return rc;
-    if (get64(b + 48) != 0 &&
+    if (st_fmt_get64(b + 48) != 0 &&
         (rc = st_hdr_bad(info, st_error_set(ST_ECORRUPT, "header at offset 48: reserved field is "
-                                            "%llu, must be 0", (unsigned long long)get64(b + 48)))))
+                                            "%llu, must be 0", (unsigned long long)st_fmt_get64(b + 48)))))
         return rc;
     if (h->file_len != s->len &&
         (rc = st_hdr_bad(info, st_error_set(ST_ECORRUPT, "header: the file is %llu bytes but its "
@@ -1226,68 +1176,6 @@ static int st_hdr_parse(const st_src *s, st_hdr *h, st_file_info *info)
     if (h->n_sections > fit)
         h->n_sections = (uint32_t)fit; /* inspect: walk what the file can hold */
     return 0;
-}
-
-/* Parse and check a GEOMETRY payload; tensors go into *tensors (malloc'd). */
-static int st_geometry_parse(const uint8_t *p, uint64_t len, st_geometry *g, st_tensor_desc **tensors)
-{
-    st_tensor_desc *t = NULL;
-    int rc;
-
-    *tensors = NULL;
-    memset(g, 0, sizeof *g);
-    if (len < ST_GEOM_FIXED)
-        return st_error_set(ST_ECORRUPT, "length %llu is shorter than the %u-byte geometry header",
-                            (unsigned long long)len, ST_GEOM_FIXED);
-    memcpy(g->model_fp, p, ST_FINGERPRINT_LEN);
-    g->page_size = get32(p + 32);
-    g->n_ctx = get32(p + 36);
-    g->n_vocab = get32(p + 40);
-    g->n_tensors = get32(p + 44);
-    if (g->n_tensors > ST_GEOMETRY_TENSORS_MAX)
-        return st_error_set(ST_ECORRUPT, "%u tensors exceed the limit of %u", g->n_tensors,
-                            ST_GEOMETRY_TENSORS_MAX);
-    if (len != ST_GEOM_FIXED + (uint64_t)ST_GEOM_REC * g->n_tensors)
-        return st_error_set(ST_ECORRUPT, "length %llu, but %u tensors need %llu",
-                            (unsigned long long)len, g->n_tensors,
-                            (unsigned long long)(ST_GEOM_FIXED + (uint64_t)ST_GEOM_REC * g->n_tensors));
-    t = calloc(g->n_tensors ? g->n_tensors : 1, sizeof *t);
-    if (!t)
-        return st_error_set(ENOMEM, "out of memory");
-    for (uint32_t i = 0; i < g->n_tensors; i++) {
-        const uint8_t *r = p + ST_GEOM_FIXED + (size_t)ST_GEOM_REC * i;
-        size_t nl = strnlen((const char *)r, ST_TENSOR_NAME_MAX);
-        memcpy(t[i].name, r, ST_TENSOR_NAME_MAX);
-        if (nl < ST_TENSOR_NAME_MAX)
-            for (size_t k = nl; k < ST_TENSOR_NAME_MAX; k++)
-                if (r[k] != 0) {
-                    rc = st_error_set(ST_ECORRUPT, "tensor %u: name padding byte %zu is not zero", i, k);
-                    goto fail;
-                }
-        t[i].role = get32(r + 48);
-        t[i].dtype = get32(r + 52);
-        t[i].ndim = get32(r + 56);
-        if (get32(r + 60) != 0) {
-            rc = st_error_set(ST_ECORRUPT, "tensor %u: reserved field is %u, must be 0", i, get32(r + 60));
-            goto fail;
-        }
-        for (int d = 0; d < ST_TENSOR_NDIM_MAX; d++)
-            t[i].shape[d] = get64(r + 64 + 8 * d);
-    }
-    g->tensors = t;
-    rc = st_geometry_check(g);
-    if (rc) {
-        char d[400];
-        snprintf(d, sizeof d, "%s", st_errdetail());
-        rc = st_error_set(ST_ECORRUPT, "%s", d);
-        goto fail;
-    }
-    *tensors = t;
-    return 0;
-fail:
-    free(t);
-    g->tensors = NULL;
-    return rc;
 }
 
 /* One section being read. */
@@ -1314,6 +1202,7 @@ typedef struct st_rd_fin {
 typedef struct st_reader {
     st_src src;
     st_hdr hdr;
+    st_fmt_walk walk; /* the structural rules' view of the file (st_format_int.h) */
     uint64_t off;
     st_image *img;
     uint64_t decoded, max_decoded;
@@ -1625,40 +1514,43 @@ static int st_sec_blame(st_reader *r, st_sec *sec, int rc)
     return rc;
 }
 
-static int st_sec_begin(st_reader *r, st_sec *sec, uint32_t type, uint32_t index, int logits_ok)
+/* Begin section s of the walk: its header is read and checked against what st_fmt_expect says
+ * must be there. */
+static int st_sec_begin(st_reader *r, st_sec *sec, uint32_t s)
 {
     uint8_t b[ST_SEC_HDR_LEN];
     uint64_t remain;
+    uint32_t type, index;
     int rc;
 
     memset(sec, 0, sizeof *sec);
     sec->h = &sec->own;
-    sec->type = type;
-    sec->index = index;
     sec->off = r->off;
     remain = r->src.len - r->off;
-    if (remain < ST_SEC_HDR_LEN)
+    if (remain < ST_SEC_HDR_LEN) {
+        /* name what was due there: the section a valid file would have */
+        st_fmt_expect(&r->walk, s, ST_SECTION_CHECKPOINT, &sec->type, &sec->index);
         return st_sec_err(ST_ECORRUPT, sec, "the section header needs %u bytes, %llu remain",
                           ST_SEC_HDR_LEN, (unsigned long long)remain);
+    }
     rc = st_src_read(&r->src, b, sizeof b, r->off);
     if (rc)
         return rc;
-    if (logits_ok && get32(b) == ST_SECTION_LOGITS) {
-        sec->type = type = ST_SECTION_LOGITS;
-        sec->index = index = 0;
-    }
-    if (get32(b) != type || get32(b + 4) != index) {
+    st_fmt_expect(&r->walk, s, st_fmt_get32(b), &type, &index);
+    sec->type = type;
+    sec->index = index;
+    if (st_fmt_get32(b) != type || st_fmt_get32(b + 4) != index) {
         char want[32], got[32];
         st_sec_label(want, sizeof want, type, index);
-        st_sec_label(got, sizeof got, get32(b), get32(b + 4));
+        st_sec_label(got, sizeof got, st_fmt_get32(b), st_fmt_get32(b + 4));
         return st_error_set(ST_ECORRUPT, "section at offset %llu: found %s where %s was expected",
                             (unsigned long long)r->off, got, want);
     }
-    if (get32(b + 16) != 0 || get32(b + 20) != 0)
+    if (!st_fmt_sec_reserved_ok(b))
         return st_sec_err(ST_ECORRUPT, sec, "reserved header fields are 0x%x and 0x%x, must be 0",
-                          get32(b + 16), get32(b + 20));
-    sec->length = get64(b + 8);
-    sec->checksum = get64(b + 24);
+                          st_fmt_get32(b + 16), st_fmt_get32(b + 20));
+    sec->length = st_fmt_get64(b + 8);
+    sec->checksum = st_fmt_get64(b + 24);
     if (sec->length > remain - ST_SEC_HDR_LEN)
         return st_sec_err(ST_ECORRUPT, sec, "length %llu exceeds the %llu bytes that remain",
                           (unsigned long long)sec->length,
@@ -1744,7 +1636,7 @@ static int st_rd_geometry(st_reader *r, st_sec *sec)
     uint64_t sum;
     int rc;
 
-    rc = st_sec_begin(r, sec, ST_SECTION_GEOMETRY, 0, 0);
+    rc = st_sec_begin(r, sec, 0);
     if (rc)
         return rc;
     if (sec->length < ST_GEOM_FIXED ||
@@ -1759,7 +1651,7 @@ static int st_rd_geometry(st_reader *r, st_sec *sec)
     if (!ST_SUM_OK(sum, sec->checksum))
         return st_sec_err(ST_ECORRUPT, sec, "checksum mismatch (recorded %016llx, computed %016llx)",
                           (unsigned long long)sec->checksum, (unsigned long long)sum);
-    rc = st_geometry_parse(p, sec->length, &g, &t);
+    rc = st_fmt_geometry_decode(p, sec->length, &g, &t);
     if (rc) {
         char d[400];
         snprintf(d, sizeof d, "%s", st_errdetail());
@@ -1801,10 +1693,10 @@ static int st_rd_arch(st_reader *r, st_sec *sec, uint32_t *n)
         return 0; /* the next section's header names the shortage */
     if ((rc = st_src_read(&r->src, t, sizeof t, r->off)))
         return rc;
-    if (get32(t) != ST_SECTION_ARCH)
+    if (st_fmt_get32(t) != ST_SECTION_ARCH)
         return 0;
     *n = 1;
-    rc = st_sec_begin(r, sec, ST_SECTION_ARCH, 0, 0);
+    rc = st_sec_begin(r, sec, 1);
     if (!rc)
         rc = st_sec_expect_len(sec, ST_ARCH_NAME_MAX, "an architecture name");
     if (!rc)
@@ -1845,38 +1737,26 @@ static int st_rd_checkpoint(st_reader *r, st_sec *sec, uint32_t ci)
     const uint8_t *p, *body = NULL;
     uint64_t position, body_len = 0, at = 0;
     uint32_t codec = ST_CODEC_FP32, cflags = 0;
+    st_fmt_ckpt ck;
     int rc;
 
     rc = st_sec_view(r, sec, ST_CKPT_HDR, &p, "the checkpoint header");
     if (rc)
         return rc;
-    position = get64(p);
-    if (r->hdr.version == ST_FILE_VERSION_1) {
-        if (get64(p + 8) != 0)
-            return st_sec_err(ST_ECORRUPT, sec, "reserved field is %llu, must be 0",
-                              (unsigned long long)get64(p + 8));
-    } else {
-        codec = get32(p + 8);
-        cflags = get32(p + 12);
-        if (cflags & ~(ST_CFLAG_ZSTD | ST_CFLAG_SHUFFLE))
-            return st_sec_err(ST_ECORRUPT, sec, "flags 0x%x: reserved bits set", cflags);
-        if ((cflags & ST_CFLAG_SHUFFLE) && !(cflags & ST_CFLAG_ZSTD))
-            return st_sec_err(ST_ECORRUPT, sec, "flags 0x%x: shuffle without compression", cflags);
-        if (st_codec_check(codec) != 0) {
-            st_sec_err(ST_ECODEC, sec, "unknown codec %u", codec);
-            return st_sec_blame(r, sec, ST_ECODEC);
-        }
+    rc = st_fmt_ckpt_parse(p, r->hdr.version, r->hdr.n_tokens, ci,
+                           ci > 0 ? img->ckpt[ci - 1].position : 0, &ck);
+    if (rc) {
+        char d[200];
+        snprintf(d, sizeof d, "%s", st_errdetail());
+        st_sec_err(rc, sec, "%s", d);
+        return rc == ST_ECODEC ? st_sec_blame(r, sec, ST_ECODEC) : rc;
     }
-    if (position > r->hdr.n_tokens)
-        return st_sec_err(ST_ECORRUPT, sec, "position %llu exceeds the %llu tokens",
-                          (unsigned long long)position, (unsigned long long)r->hdr.n_tokens);
-    if (ci > 0 && position <= img->ckpt[ci - 1].position)
-        return st_sec_err(ST_ECORRUPT, sec, "position %llu is not after checkpoint %u's %llu",
-                          (unsigned long long)position, ci - 1,
-                          (unsigned long long)img->ckpt[ci - 1].position);
+    position = ck.position;
+    codec = ck.codec;
+    cflags = ck.cflags;
     if (!(cflags & ST_CFLAG_ZSTD)) {
         uint8_t *data = NULL;
-        rc = st_sec_expect_len(sec, ST_CKPT_HDR + st_ckpt_stored_total(g, codec), "its tensors");
+        rc = st_sec_expect_len(sec, ST_CKPT_HDR + st_fmt_ckpt_stored_total(g, codec), "its tensors");
         if (rc)
             return rc;
         /* the block is at most twice the section (alignment padding) */
@@ -1923,7 +1803,7 @@ static int st_rd_checkpoint(st_reader *r, st_sec *sec, uint32_t ci)
             return st_sec_err(ST_ECORRUPT, sec, "%s: the frame length needs 8 bytes at payload offset "
                               "%llu, only %llu remain in the section", what,
                               (unsigned long long)(ST_CKPT_HDR + at), (unsigned long long)(body_len - at));
-        flen = get64(body + at);
+        flen = st_fmt_get64(body + at);
         if (flen > body_len - at - 8)
             return st_sec_err(ST_ECORRUPT, sec, "%s: a frame of %llu bytes at payload offset %llu, only "
                               "%llu remain in the section", what, (unsigned long long)flen,
@@ -1952,7 +1832,7 @@ static int st_rd_checkpoint(st_reader *r, st_sec *sec, uint32_t ci)
         return st_sec_err(ST_ECORRUPT, sec, "%llu bytes follow the last frame",
                           (unsigned long long)(body_len - at));
     {
-        uint64_t total = st_ckpt_stored_total(g, codec);
+        uint64_t total = st_fmt_ckpt_stored_total(g, codec);
         if (total > r->max_decoded - r->decoded)
             return st_sec_err(ST_ETOOBIG, sec, "decompressed sizes exceed the limit of %llu bytes",
                               (unsigned long long)r->max_decoded);
@@ -1977,7 +1857,7 @@ static int st_rd_checkpoint(st_reader *r, st_sec *sec, uint32_t ci)
             if (t->role != ST_ROLE_RUNNING)
                 continue;
             n = st_tensor_stored_bytes(t, codec);
-            flen = get64(body + at);
+            flen = st_fmt_get64(body + at);
             p = body + at + 8;
             at += 8 + flen;
             rc = st_frame_decode(r->fctx, data + st_ckpt_offset(img, codec, i), (size_t)n, p,
@@ -2013,9 +1893,9 @@ static int st_rd_prepass(const st_reader *r)
             return st_error_set(ST_ECORRUPT, "section %u at offset %llu: the section header needs %u "
                                 "bytes, %llu remain", s, (unsigned long long)off, ST_SEC_HDR_LEN,
                                 (unsigned long long)(len - off));
-        sec.type = get32(m + off);
-        sec.index = get32(m + off + 4);
-        sec.length = get64(m + off + 8);
+        sec.type = st_fmt_get32(m + off);
+        sec.index = st_fmt_get32(m + off + 4);
+        sec.length = st_fmt_get64(m + off + 8);
         if (sec.length > len - off - ST_SEC_HDR_LEN)
             return st_sec_err(ST_ECORRUPT, &sec, "length %llu exceeds the %llu bytes that remain",
                               (unsigned long long)sec.length,
@@ -2027,9 +1907,9 @@ static int st_rd_prepass(const st_reader *r)
         st_checksum_update(&cs, m + off + ST_SEC_HDR_LEN, (size_t)sec.length);
         sum = st_checksum_final(&cs);
         st_checksum_free(&cs);
-        if (!ST_SUM_OK(sum, get64(m + off + 24)))
+        if (!ST_SUM_OK(sum, st_fmt_get64(m + off + 24)))
             return st_sec_err(ST_ECORRUPT, &sec, "checksum mismatch (recorded %016llx, computed %016llx)",
-                              (unsigned long long)get64(m + off + 24), (unsigned long long)sum);
+                              (unsigned long long)st_fmt_get64(m + off + 24), (unsigned long long)sum);
         off += ST_SEC_HDR_LEN + sec.length;
     }
     return 0;
@@ -2051,28 +1931,33 @@ static int st_rd_run(st_reader *r)
             return rc;
     }
     r->off = ST_HDR_LEN;
+    r->walk.n_sections = r->hdr.n_sections;
     rc = st_rd_geometry(r, &sec);
     if (!rc)
         rc = st_rd_arch(r, &sec, &n_arch);
     if (rc)
         goto done;
     img = r->img;
+    r->walk.n_arch = n_arch;
+    r->walk.g = &img->g;
     for (uint32_t i = 0; i < img->g.n_tensors; i++)
         n_kv += img->tensors[i].role == ST_ROLE_KV;
+    r->walk.n_kv = n_kv;
     if (r->hdr.n_tokens > img->g.n_ctx) {
         rc = st_error_set(ST_ECORRUPT, "header at offset 40: %llu tokens exceed n_ctx %u",
                           (unsigned long long)r->hdr.n_tokens, img->g.n_ctx);
         goto done;
     }
-    if (r->hdr.n_sections < 3 + n_arch + n_kv) {
+    if (r->hdr.n_sections < st_fmt_min_sections(&img->g, n_arch)) {
         rc = st_error_set(ST_ECORRUPT, "header at offset 20: %u sections, but a geometry with %u K/V "
-                          "tensors needs at least %u", r->hdr.n_sections, n_kv, 3 + n_arch + n_kv);
+                          "tensors needs at least %u", r->hdr.n_sections, n_kv,
+                          st_fmt_min_sections(&img->g, n_arch));
         goto done;
     }
 
-    rc = st_sec_begin(r, &sec, ST_SECTION_TOKENS, 0, 0);
+    rc = st_sec_begin(r, &sec, 1 + n_arch);
     if (!rc)
-        rc = st_sec_expect_len(&sec, r->hdr.n_tokens * 4, "the header's tokens");
+        rc = st_sec_expect_len(&sec, st_fmt_tokens_len(r->hdr.n_tokens), "the header's tokens");
     if (!rc) {
         /* the image's token buffer and K/V rows are sized here, one section at a time */
         uint32_t *tok = malloc((size_t)(r->hdr.n_tokens ? r->hdr.n_tokens * 4 : 1));
@@ -2092,12 +1977,13 @@ static int st_rd_run(st_reader *r)
     }
     if (!rc)
         rc = st_sec_end_later(r, &sec);
+    s = 2 + n_arch;
     for (uint32_t i = 0; i < img->g.n_tensors && !rc; i++) {
         uint64_t len;
         if (img->tensors[i].role != ST_ROLE_KV)
             continue;
-        len = img->n_tokens * st_tensor_row_bytes(&img->tensors[i]);
-        rc = st_sec_begin(r, &sec, ST_SECTION_KV, i, 0);
+        len = st_fmt_kv_len(&img->g, i, img->n_tokens);
+        rc = st_sec_begin(r, &sec, s++);
         if (!rc)
             rc = st_sec_expect_len(&sec, len, "its rows");
         if (!rc) {
@@ -2111,12 +1997,12 @@ static int st_rd_run(st_reader *r)
             rc = st_sec_end_later(r, &sec);
     }
     for (s = 2 + n_arch + n_kv; s < r->hdr.n_sections && !rc; s++) {
-        int last = s == r->hdr.n_sections - 1;
-        rc = st_sec_begin(r, &sec, ST_SECTION_CHECKPOINT, ci, last && ci > 0 && img->g.n_vocab > 0);
+        r->walk.ci = ci;
+        rc = st_sec_begin(r, &sec, s);
         if (rc)
             break;
         if (sec.type == ST_SECTION_LOGITS) {
-            rc = st_sec_expect_len(&sec, (uint64_t)img->g.n_vocab * 4, "n_vocab logits");
+            rc = st_sec_expect_len(&sec, st_fmt_logits_len(&img->g), "n_vocab logits");
             if (!rc) {
                 img->logits = malloc((size_t)img->g.n_vocab * 4);
                 if (!img->logits)
@@ -2281,35 +2167,23 @@ static void st_insp_note(st_file_info *info, int rc)
 
 /* Structure checks of one section that need only its header and a few payload bytes.
  * Records problems in info; returns nothing: the walk goes on. */
-static void st_insp_section(st_insp *in, st_file_section_info *si, uint32_t s, uint32_t n_arch,
-                            uint32_t n_kv, const uint32_t *kv_index, uint32_t *ci, uint64_t *last_pos)
+static void st_insp_section(st_insp *in, st_file_section_info *si, uint32_t s, uint32_t n_sections,
+                            uint32_t n_arch, uint32_t n_kv, uint32_t *ci, uint64_t *last_pos)
 {
     st_file_info *info = in->info;
     const st_geometry *g = &info->geometry;
     int have_geom = g->tensors != NULL;
     st_sec sec = {.type = si->type, .index = si->index, .off = si->offset, .length = si->length};
-    uint32_t want_type, want_index = 0;
+    st_fmt_walk walk = {.n_sections = n_sections, .n_arch = n_arch, .n_kv = n_kv,
+                        .g = have_geom ? g : NULL, .ci = *ci};
+    uint32_t want_type, want_index;
     uint8_t b[ST_CKPT_HDR];
-    int reserved_bad;
+    st_fmt_ckpt ck;
+    int rc;
 
-    if (s == 0)
-        want_type = ST_SECTION_GEOMETRY;
-    else if (s == 1 && n_arch)
-        want_type = ST_SECTION_ARCH;
-    else if (s == 1 + n_arch)
-        want_type = ST_SECTION_TOKENS;
-    else if (have_geom && s < 2 + n_arch + n_kv) {
-        want_type = ST_SECTION_KV;
-        want_index = kv_index[s - 2 - n_arch];
-    } else if (si->type == ST_SECTION_LOGITS && s == info->n_sections - 1 && *ci > 0) {
-        want_type = ST_SECTION_LOGITS;
-    } else if (have_geom) {
-        want_type = ST_SECTION_CHECKPOINT;
-        want_index = *ci;
-    } else {
-        want_type = si->type; /* no geometry: order cannot be checked past here */
-        want_index = si->index;
-    }
+    st_fmt_expect(&walk, s, si->type, &want_type, &want_index);
+    if (want_index == UINT32_MAX)
+        want_index = si->index; /* no geometry: any index */
     if (si->type != want_type || si->index != want_index) {
         char want[32], got[32];
         st_sec_label(want, sizeof want, want_type, want_index);
@@ -2320,10 +2194,10 @@ static void st_insp_section(st_insp *in, st_file_section_info *si, uint32_t s, u
     }
     if (si->type == ST_SECTION_ARCH && s == 1) {
         uint8_t nb[ST_ARCH_NAME_MAX];
-        int rc = si->length != ST_ARCH_NAME_MAX
-                     ? st_error_set(ST_ECORRUPT, "length %llu, but an architecture name needs %u",
-                                    (unsigned long long)si->length, ST_ARCH_NAME_MAX)
-                     : st_src_read(&in->src, nb, sizeof nb, si->offset + ST_SEC_HDR_LEN);
+        rc = si->length != ST_ARCH_NAME_MAX
+                 ? st_error_set(ST_ECORRUPT, "length %llu, but an architecture name needs %u",
+                                (unsigned long long)si->length, ST_ARCH_NAME_MAX)
+                 : st_src_read(&in->src, nb, sizeof nb, si->offset + ST_SEC_HDR_LEN);
         if (!rc)
             rc = st_arch_field_check(nb);
         if (rc) {
@@ -2334,20 +2208,20 @@ static void st_insp_section(st_insp *in, st_file_section_info *si, uint32_t s, u
         } else if (si->checksum_ok)
             memcpy(info->geometry.arch, nb, sizeof nb);
     }
-    if (si->type == ST_SECTION_TOKENS && si->length != st_mul_sat(info->n_tokens, 4)) {
+    if (si->type == ST_SECTION_TOKENS && si->length != st_fmt_tokens_len(info->n_tokens)) {
         st_sec_err(ST_ECORRUPT, &sec, "length %llu, but %llu tokens need %llu",
                    (unsigned long long)si->length, (unsigned long long)info->n_tokens,
-                   (unsigned long long)st_mul_sat(info->n_tokens, 4));
+                   (unsigned long long)st_fmt_tokens_len(info->n_tokens));
         st_insp_note(info, ST_ECORRUPT);
     }
     if (si->type == ST_SECTION_KV && have_geom && si->index < g->n_tensors &&
         g->tensors[si->index].role == ST_ROLE_KV &&
-        si->length != st_mul_sat(info->n_tokens, st_tensor_row_bytes(&g->tensors[si->index]))) {
+        si->length != st_fmt_kv_len(g, si->index, info->n_tokens)) {
         st_sec_err(ST_ECORRUPT, &sec, "length %llu does not match %llu tokens of its rows",
                    (unsigned long long)si->length, (unsigned long long)info->n_tokens);
         st_insp_note(info, ST_ECORRUPT);
     }
-    if (si->type == ST_SECTION_LOGITS && si->length != (uint64_t)g->n_vocab * 4) {
+    if (si->type == ST_SECTION_LOGITS && si->length != st_fmt_logits_len(g)) {
         st_sec_err(ST_ECORRUPT, &sec, "length %llu, but n_vocab %u logits need %llu",
                    (unsigned long long)si->length, g->n_vocab, (unsigned long long)g->n_vocab * 4);
         st_insp_note(info, ST_ECORRUPT);
@@ -2365,33 +2239,23 @@ static void st_insp_section(st_insp *in, st_file_section_info *si, uint32_t s, u
         st_insp_note(info, ST_ECORRUPT);
         return;
     }
-    si->position = get64(b);
-    si->codec = info->version == ST_FILE_VERSION_1 ? ST_CODEC_FP32 : get32(b + 8);
-    si->compressed = info->version == ST_FILE_VERSION_1 ? 0 : (get32(b + 12) & ST_CFLAG_ZSTD) != 0;
-    if (info->version == ST_FILE_VERSION_1)
-        reserved_bad = get64(b + 8) != 0;
-    else
-        reserved_bad = (get32(b + 12) & ~(ST_CFLAG_ZSTD | ST_CFLAG_SHUFFLE)) != 0 ||
-                       get32(b + 12) == ST_CFLAG_SHUFFLE;
-    if (reserved_bad) {
-        st_sec_err(ST_ECORRUPT, &sec, "reserved checkpoint fields are not 0");
-        st_insp_note(info, ST_ECORRUPT);
-    }
-    if (st_codec_check(si->codec) != 0) {
-        st_sec_err(ST_ECODEC, &sec, "unknown codec %u", si->codec);
-        st_insp_note(info, ST_ECODEC);
-        return;
-    }
-    if ((*ci > 1 && si->position <= *last_pos) || si->position > info->n_tokens) {
-        st_sec_err(ST_ECORRUPT, &sec, "position %llu out of order or beyond the %llu tokens",
-                   (unsigned long long)si->position, (unsigned long long)info->n_tokens);
-        st_insp_note(info, ST_ECORRUPT);
+    rc = st_fmt_ckpt_parse(b, info->version, info->n_tokens, *ci - 1, *last_pos, &ck);
+    si->position = ck.position;
+    si->codec = ck.codec;
+    si->compressed = (ck.cflags & ST_CFLAG_ZSTD) != 0;
+    if (rc) {
+        char d[200];
+        snprintf(d, sizeof d, "%s", st_errdetail());
+        st_sec_err(rc, &sec, "%s", d);
+        st_insp_note(info, rc);
+        if (rc == ST_ECODEC)
+            return; /* the lengths of an unknown codec are unknown */
     }
     *last_pos = si->position;
     if (!have_geom)
         return;
     if (!si->compressed) {
-        uint64_t want = ST_CKPT_HDR + st_ckpt_stored_total(g, si->codec);
+        uint64_t want = ST_CKPT_HDR + st_fmt_ckpt_stored_total(g, si->codec);
         if (si->length != want) {
             st_sec_err(ST_ECORRUPT, &sec, "length %llu, but its tensors need %llu",
                        (unsigned long long)si->length, (unsigned long long)want);
@@ -2409,7 +2273,7 @@ static void st_insp_section(st_insp *in, st_file_section_info *si, uint32_t s, u
                 continue;
             if (si->length - at < 8 ||
                 st_src_read(&in->src, lb, 8, si->offset + ST_SEC_HDR_LEN + at) != 0 ||
-                (flen = get64(lb)) > si->length - at - 8) {
+                (flen = st_fmt_get64(lb)) > si->length - at - 8) {
                 st_sec_err(ST_ECORRUPT, &sec, "tensor %u: frame does not fit in the section", i);
                 st_insp_note(info, ST_ECORRUPT);
                 return;
@@ -2429,7 +2293,7 @@ static int st_insp_run(st_insp *in)
     st_file_info *info = in->info;
     st_hdr h;
     uint64_t off = ST_HDR_LEN, last_pos = 0;
-    uint32_t n_kv = 0, n_arch = 0, ci = 0, *kv_index = NULL;
+    uint32_t n_kv = 0, n_arch = 0, ci = 0;
     int rc;
 
     rc = st_hdr_parse(&in->src, &h, info);
@@ -2460,11 +2324,11 @@ static int st_insp_run(st_insp *in)
         rc = st_src_read(&in->src, b, sizeof b, off);
         if (rc)
             goto done;
-        si->type = get32(b);
-        si->index = get32(b + 4);
+        si->type = st_fmt_get32(b);
+        si->index = st_fmt_get32(b + 4);
         si->offset = off;
-        si->length = get64(b + 8);
-        si->checksum = get64(b + 24);
+        si->length = st_fmt_get64(b + 8);
+        si->checksum = st_fmt_get64(b + 24);
         if (si->length > in->src.len - off - ST_SEC_HDR_LEN) {
             st_sec sec = {.type = si->type, .index = si->index, .off = off};
             rc = st_sec_err(ST_ECORRUPT, &sec, "length %llu exceeds the %llu bytes that remain",
@@ -2496,7 +2360,7 @@ static int st_insp_run(st_insp *in)
             st_sec_err(ST_ECORRUPT, &sec, "checksum mismatch");
             st_insp_note(info, ST_ECORRUPT);
         }
-        if (get32(b + 16) != 0 || get32(b + 20) != 0) {
+        if (st_fmt_get32(b + 16) != 0 || st_fmt_get32(b + 20) != 0) {
             st_sec sec = {.type = si->type, .index = si->index, .off = off};
             st_sec_err(ST_ECORRUPT, &sec, "reserved header fields are not 0");
             st_insp_note(info, ST_ECORRUPT);
@@ -2512,7 +2376,7 @@ static int st_insp_run(st_insp *in)
             }
             rc = st_src_read(&in->src, gp, (size_t)si->length, off + ST_SEC_HDR_LEN);
             if (!rc)
-                rc = st_geometry_parse(gp, si->length, &info->geometry, &t);
+                rc = st_fmt_geometry_decode(gp, si->length, &info->geometry, &t);
             free(gp);
             if (rc) {
                 st_sec sec = {.type = si->type, .index = si->index, .off = off};
@@ -2524,14 +2388,8 @@ static int st_insp_run(st_insp *in)
                 rc = 0;
             } else {
                 info->geometry.tensors = t;
-                kv_index = calloc(t ? info->geometry.n_tensors + 1 : 1, sizeof *kv_index);
-                if (!kv_index) {
-                    rc = st_error_set(ENOMEM, "inspect: out of memory");
-                    goto done;
-                }
                 for (uint32_t i = 0; i < info->geometry.n_tensors; i++)
-                    if (t[i].role == ST_ROLE_KV)
-                        kv_index[n_kv++] = i;
+                    n_kv += t[i].role == ST_ROLE_KV;
                 if (h.n_tokens > info->geometry.n_ctx) {
                     st_error_set(ST_ECORRUPT, "header at offset 40: %llu tokens exceed n_ctx %u",
                                  (unsigned long long)h.n_tokens, info->geometry.n_ctx);
@@ -2541,12 +2399,18 @@ static int st_insp_run(st_insp *in)
         }
         if (s == 1 && si->type == ST_SECTION_ARCH)
             n_arch = 1;
-        st_insp_section(in, si, s, n_arch, info->geometry.tensors ? n_kv : 0, kv_index, &ci, &last_pos);
+        st_insp_section(in, si, s, h.n_sections, n_arch, n_kv, &ci, &last_pos);
         off += ST_SEC_HDR_LEN + si->length;
     }
     if (off != in->src.len) {
         st_error_set(ST_ECORRUPT, "offset %llu: %llu bytes after the last section",
                      (unsigned long long)off, (unsigned long long)(in->src.len - off));
+        st_insp_note(info, ST_ECORRUPT);
+    }
+    if (info->geometry.tensors && h.n_sections < st_fmt_min_sections(&info->geometry, n_arch)) {
+        st_error_set(ST_ECORRUPT, "header at offset 20: %u sections, but a geometry with %u K/V "
+                     "tensors needs at least %u", h.n_sections, n_kv,
+                     st_fmt_min_sections(&info->geometry, n_arch));
         st_insp_note(info, ST_ECORRUPT);
     }
     if (info->geometry.tensors && (ci == 0 || last_pos != h.n_tokens)) {
@@ -2560,7 +2424,6 @@ static int st_insp_run(st_insp *in)
     }
     rc = 0;
 done:
-    free(kv_index);
     return rc;
 }
 

@@ -20,6 +20,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "st_image.h"
 #include "st_store_int.h"
 
 /* ---- dtypes and sizes ---------------------------------------------------------------------- */
@@ -470,7 +471,7 @@ static void st_buf_free(void *p)
         free(p);
 }
 
-/* ---- shared checkpoint blocks (st_store.h) ---- */
+/* ---- shared checkpoint blocks (st_image.h) ---- */
 struct st_image_block {
     uint8_t *data; /* an image buffer, released through st_buf_free with the last reference */
     uint64_t len;
@@ -1148,7 +1149,7 @@ fail:
     return rc;
 }
 
-/* ---- the state hash (st_store.h) -------------------------------------------------------------- */
+/* ---- the state hash (st_image.h) -------------------------------------------------------------- */
 
 #define ST_WIDEN_SLICE 4096u /* fp32 elements widened at a time, on the stack */
 

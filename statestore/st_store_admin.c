@@ -763,7 +763,7 @@ static int check_pages(st_checker *k, MDB_txn *txn)
 }
 
 /* Every version, reassembled as a restore reassembles it, must hash to the state hash it recorded
- * (st_store.h, "the state hash"): chunk checksums alone cannot see a version that was stored
+ * (st_image.h, "the state hash"): chunk checksums alone cannot see a version that was stored
  * whole but with a hash that is not its own, acknowledged and never restorable. A version that
  * does not reassemble is a problem here only when the earlier passes found none (earlier: their
  * count), which otherwise named its cause. */

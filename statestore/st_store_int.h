@@ -8,7 +8,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "st_store.h"
+#include "st_image.h"
 
 /* Every byte size of a checked geometry (each tensor at n_ctx tokens, each checkpoint tensor in
  * the widest codec, their sum) stays at or below this, so sums of a few of them never overflow

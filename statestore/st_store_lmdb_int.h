@@ -11,6 +11,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "st_file.h"
+#include "st_format_int.h"
 #include "st_store.h"
 
 #if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -166,10 +168,7 @@ int st_store__scan(const char *dir, const st_store_opts *opts, st_store_damaged_
 #define ST_SESSION_HDR 112u
 #define ST_SESSION_LABEL 40u
 
-#define ST_GEOM_MAGIC 0x4d475453u      /* "STGM" */
-#define ST_GEOM_FORMAT 1u
-#define ST_GEOM_HDR 56u
-#define ST_GEOM_TENSOR 96u
+/* the geometry record: st_format_int.h */
 
 #define ST_MANIFEST_MAGIC 0x464d5453u  /* "STMF" */
 #define ST_MANIFEST_FORMAT 1u       /* a version of unknown architecture: as before */
@@ -184,15 +183,7 @@ int st_store__scan(const char *dir, const st_store_opts *opts, st_store_damaged_
 #define ST_MANIFEST_CKPTS_MAX (1u << 20)
 #define ST_MANIFEST_CHUNKS_MAX (1u << 26)
 
-/* Section types of a manifest (on-disk codes). */
-enum {
-    ST_MSEC_GEOMETRY = 1, /* one chunk: the geometry record */
-    ST_MSEC_TOKENS = 2,   /* u32 LE tokens */
-    ST_MSEC_KV = 3,       /* index: tensor; n_tokens rows */
-    ST_MSEC_CKPT = 4,     /* index: checkpoint, tensor: running tensor */
-    ST_MSEC_LOGITS = 5,   /* f32 */
-    ST_MSEC_FILE = 6,     /* the imported session file's bytes */
-};
+/* Section types of a manifest (on-disk codes): ST_MSEC_*, st_format_int.h. */
 
 typedef struct st_mchunk {
     uint8_t hash[ST_STORE_HASH_LEN]; /* SHA-256 of the stored bytes: the chunks key */
@@ -252,10 +243,7 @@ int st_session_parse(const void *buf, size_t len, const char *id, st_session_rec
 size_t st_session_encode(const st_session_rec *r, uint8_t *dst);
 #define ST_SESSION_REC_MAX (ST_SESSION_HDR + ST_STORE_LABELS_MAX * ST_SESSION_LABEL)
 
-/* Geometry record: encode into a malloc'd buffer; decode into a geometry whose tensors array
- * is malloc'd (*tensors, caller frees) after st_geometry_check. */
-int st_geometry_encode(const st_geometry *g, uint8_t **out, size_t *out_len);
-int st_geometry_decode(const void *buf, size_t len, st_geometry *g, st_tensor_desc **tensors);
+/* Geometry record (st_geometry_encode, st_geometry_decode): st_format_int.h. */
 
 /* versions key: id bytes, a 0 byte, the version big-endian (so a session's versions sort
  * together, oldest first). */

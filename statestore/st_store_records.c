@@ -1,6 +1,6 @@
 /*
- * st_store_records.c - the LMDB store's records: manifests, session records, the geometry
- * record and versions keys (docs/STORE.md gives the bytes). Pure functions over buffers.
+ * st_store_records.c - the LMDB store's records: manifests, session records and versions keys
+ * (docs/STORE.md gives the bytes). Pure functions over buffers.
  *
  * Invariants:
  * 1. A parser checks every count and length against the bytes present, with overflow-safe
@@ -184,84 +184,7 @@ static int all_zero(const uint8_t *p, size_t n)
 }
 
 
-int st_geometry_encode(const st_geometry *g, uint8_t **out, size_t *out_len)
-{
-    *out = NULL;
-    int rc = st_geometry_check(g);
-    if (rc)
-        return rc;
-    size_t len = ST_GEOM_HDR + (size_t)g->n_tensors * ST_GEOM_TENSOR;
-    uint8_t *b = calloc(1, len);
-    if (!b)
-        return st_error_set(ENOMEM, "geometry record: no memory for %zu bytes", len);
-    st_put32(b, ST_GEOM_MAGIC);
-    st_put32(b + 4, ST_GEOM_FORMAT);
-    memcpy(b + 8, g->model_fp, ST_FINGERPRINT_LEN);
-    st_put32(b + 40, g->page_size);
-    st_put32(b + 44, g->n_ctx);
-    st_put32(b + 48, g->n_vocab);
-    st_put32(b + 52, g->n_tensors);
-    for (uint32_t i = 0; i < g->n_tensors; i++) {
-        const st_tensor_desc *t = &g->tensors[i];
-        uint8_t *p = b + ST_GEOM_HDR + (size_t)i * ST_GEOM_TENSOR;
-        memcpy(p, t->name, strnlen(t->name, ST_TENSOR_NAME_MAX));
-        st_put32(p + 48, t->role);
-        st_put32(p + 52, t->dtype);
-        st_put32(p + 56, t->ndim);
-        for (int d = 0; d < ST_TENSOR_NDIM_MAX; d++)
-            st_put64(p + 64 + 8 * d, t->shape[d]);
-    }
-    *out = b;
-    *out_len = len;
-    return 0;
-}
-
-int st_geometry_decode(const void *buf, size_t len, st_geometry *g, st_tensor_desc **tensors)
-{
-    const uint8_t *b = buf;
-    *tensors = NULL;
-    memset(g, 0, sizeof *g);
-    if (len < ST_GEOM_HDR || st_get32(b) != ST_GEOM_MAGIC)
-        return st_error_set(ST_ECORRUPT, "geometry record: bad magic or %zu bytes is too short", len);
-    if (st_get32(b + 4) != ST_GEOM_FORMAT)
-        return st_error_set(ST_EVERSION, "geometry record format %u; this build reads %u",
-                            st_get32(b + 4), ST_GEOM_FORMAT);
-    uint32_t n = st_get32(b + 52);
-    if (n == 0 || n > ST_GEOMETRY_TENSORS_MAX || len != ST_GEOM_HDR + (size_t)n * ST_GEOM_TENSOR)
-        return st_error_set(ST_ECORRUPT, "geometry record: %u tensors do not fit %zu bytes", n, len);
-    st_tensor_desc *t = calloc(n, sizeof *t);
-    if (!t)
-        return st_error_set(ENOMEM, "geometry record: no memory for %u tensors", n);
-    for (uint32_t i = 0; i < n; i++) {
-        const uint8_t *p = b + ST_GEOM_HDR + (size_t)i * ST_GEOM_TENSOR;
-        const uint8_t *nul = memchr(p, 0, ST_TENSOR_NAME_MAX);
-        if (!nul || !all_zero(nul, ST_TENSOR_NAME_MAX - (size_t)(nul - p)) || st_get32(p + 60) != 0) {
-            free(t);
-            return st_error_set(ST_ECORRUPT, "geometry record: tensor %u: unterminated name, non-zero "
-                                "padding or reserved bits", i);
-        }
-        memcpy(t[i].name, p, ST_TENSOR_NAME_MAX);
-        t[i].role = st_get32(p + 48);
-        t[i].dtype = st_get32(p + 52);
-        t[i].ndim = st_get32(p + 56);
-        for (int d = 0; d < ST_TENSOR_NDIM_MAX; d++)
-            t[i].shape[d] = st_get64(p + 64 + 8 * d);
-    }
-    memcpy(g->model_fp, b + 8, ST_FINGERPRINT_LEN);
-    g->page_size = st_get32(b + 40);
-    g->n_ctx = st_get32(b + 44);
-    g->n_vocab = st_get32(b + 48);
-    g->n_tensors = n;
-    g->tensors = t;
-    int rc = st_geometry_check(g);
-    if (rc) {
-        free(t);
-        g->tensors = NULL;
-        return st_error_set(ST_ECORRUPT, "geometry record fails its check: %s", st_errdetail());
-    }
-    *tensors = t;
-    return 0;
-}
+/* st_geometry_encode and st_geometry_decode: st_format.c (one encoding with the session file's) */
 
 /* ---- manifests ------------------------------------------------------------------------------- */
 

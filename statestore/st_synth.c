@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "st_store.h"
+#include "st_image.h"
 
 static uint64_t mix(uint64_t x)
 {

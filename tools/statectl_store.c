@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "st_migrate.h"
+#include "st_file.h"
 #include "st_store.h"
 #include "statectl_store.h"
 #include "statectl_util.h"

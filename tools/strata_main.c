@@ -22,7 +22,7 @@
 #include <time.h>
 
 #include "st_engine.h"
-#include "st_store.h"
+#include "st_file.h"
 #include "strata_tokenize.h"
 
 static double now_s(void)

@@ -19,7 +19,7 @@
 #include <time.h>
 
 #include "st_api_test.h"
-#include "st_store.h"
+#include "st_file.h"
 
 static st_at_env env = {.backend = "cpu"};
 

@@ -14,6 +14,7 @@
 
 #include "st_api_test.h"
 #include "st_http_client.h"
+#include "st_file.h"
 #include "st_store.h"
 #include "st_test_util.h"
 

@@ -38,6 +38,7 @@
 #include <sys/mount.h>
 
 #include "st_api_test.h"
+#include "st_file.h"
 #include "st_store.h"
 
 #define CTL ST_BIN_DIR "/statectl"

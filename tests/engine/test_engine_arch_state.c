@@ -27,7 +27,7 @@
 #include <cmocka.h>
 
 #include "engine_cli_test.h"
-#include "st_store.h"
+#include "st_file.h"
 
 static void path_of(char *dst, size_t cap, const char *name)
 {

@@ -18,6 +18,7 @@
 #include <cmocka.h>
 
 #include "engine_test.h"
+#include "st_file.h"
 #include "st_engine_int.h"
 #include "st_migrate.h"
 

@@ -24,7 +24,7 @@
 
 #include "engine_test.h"
 #include "st_codec.h"
-#include "st_store.h"
+#include "st_image.h"
 
 #define N_PROMPT 256
 #define N_NEXT 32

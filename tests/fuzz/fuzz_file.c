@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "st_store.h"
+#include "st_file.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

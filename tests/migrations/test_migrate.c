@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "st_file.h"
 #include "st_migrate.h"
 #include "st_test_util.h"
 

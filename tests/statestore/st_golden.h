@@ -5,7 +5,7 @@
 #ifndef ST_GOLDEN_H
 #define ST_GOLDEN_H
 
-#include "st_store.h"
+#include "st_file.h"
 #include "st_test_image.h"
 
 typedef struct st_golden {

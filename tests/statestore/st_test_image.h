@@ -10,7 +10,7 @@
 
 #include <stdint.h>
 
-#include "st_store.h"
+#include "st_image.h"
 
 /* splitmix64: the project's test PRNG (frozen). */
 uint64_t st_test_rand(uint64_t *state);

@@ -17,7 +17,7 @@
 #include <cmocka.h>
 
 #include "st_golden.h"
-#include "st_store.h"
+#include "st_file.h"
 #include "st_test_util.h"
 
 #define GOLDEN_DIR ST_TEST_DATA "/golden"

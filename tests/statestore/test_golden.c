@@ -18,7 +18,7 @@
 #include <cmocka.h>
 
 #include "st_golden.h"
-#include "st_store.h"
+#include "st_file.h"
 #include "st_test_image.h"
 #include "st_test_util.h"
 

@@ -10,7 +10,7 @@
 
 #include <cmocka.h>
 
-#include "st_store.h"
+#include "st_file.h"
 #include "st_test_image.h"
 
 static void desc(st_tensor_desc *t, const char *name, uint32_t role, uint32_t dtype, uint32_t ndim,
@@ -592,7 +592,7 @@ static void test_image_minimal(void **state)
     assert_null(st_image_geometry(NULL));
 }
 
-/* The state hash as st_store.h defines it, recomputed here block by block: segments of tokens,
+/* The state hash as st_image.h defines it, recomputed here block by block: segments of tokens,
  * K/V rows and the live checkpoint widened to fp32, 1 MiB blocks, digests combined in order. */
 static uint64_t ref_digests(uint64_t *dg, uint64_t k, const void *p, uint64_t bytes)
 {

@@ -18,6 +18,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "st_file.h"
 #include "st_store.h"
 #include "st_store_lmdb_int.h"
 

@@ -12,6 +12,7 @@
 #include <cmocka.h>
 #include <string.h>
 
+#include "st_file.h"
 #include "st_store.h"
 #include "st_store_lmdb_int.h"
 #include "st_test_util.h"

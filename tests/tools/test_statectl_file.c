@@ -9,7 +9,6 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include "st_store.h"
 #include "st_test_util.h"
 
 static char dir[4096];
