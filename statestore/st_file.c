@@ -1,5 +1,6 @@
 /*
- * st_file.c - the session file: writer (v1 and v2), reader, inspect, atomic replacement.
+ * st_file.c - the session file: writer (v1 and v2), reader, inspect. Every write goes through
+ * the common layer's call table and atomic replacement (st_common.h).
  * docs/FORMAT.md describes the bytes; this file implements exactly that and nothing more. The
  * sizes, codes, geometry encoding and structural rules it applies are the format module's
  * (st_format_int.h): the reader and inspect below share every rule of the walk.
@@ -96,16 +97,6 @@
 #define ST_SUM_OK(computed, recorded) ((computed) == (recorded))
 #endif
 
-st_file_sys st_file_sys_ops = {write, pwrite, fsync, rename};
-
-void st_file_sys_reset(void)
-{
-    st_file_sys_ops.write = write;
-    st_file_sys_ops.pwrite = pwrite;
-    st_file_sys_ops.fsync = fsync;
-    st_file_sys_ops.rename = rename;
-}
-
 const char *st_section_type_name(uint32_t type)
 {
     switch (type) {
@@ -137,44 +128,7 @@ static unsigned st_stored_elem_size(const st_tensor_desc *t, uint32_t codec)
     return (unsigned)(t->dtype == ST_DTYPE_F32 ? st_codec_elem_size(codec) : st_dtype_size(t->dtype));
 }
 
-/* ==== atomic replacement ====================================================================== */
-
-static int st_write_all(int fd, const void *p, size_t n)
-{
-    const uint8_t *b = p;
-    while (n > 0) {
-        ssize_t w = st_file_sys_ops.write(fd, b, n);
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
-            return errno ? errno : EIO;
-        }
-        if (w == 0)
-            return EIO;
-        b += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
-static int st_pwrite_all(int fd, const void *p, size_t n, uint64_t off)
-{
-    const uint8_t *b = p;
-    while (n > 0) {
-        ssize_t w = st_file_sys_ops.pwrite(fd, b, n, (off_t)off);
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
-            return errno ? errno : EIO;
-        }
-        if (w == 0)
-            return EIO;
-        b += w;
-        n -= (size_t)w;
-        off += (uint64_t)w;
-    }
-    return 0;
-}
+/* ==== file I/O (writes and the atomic replacement: st_sys_calls, st_replace_*, common/) ======= */
 
 static int st_pread_all(int fd, void *p, size_t n, uint64_t off)
 {
@@ -195,126 +149,9 @@ static int st_pread_all(int fd, void *p, size_t n, uint64_t off)
     return 0;
 }
 
-typedef struct st_atomic {
-    char *tmp;
-    char *dir;
-    int fd;
-} st_atomic;
-
-static atomic_uint st_tmp_counter;
-
-/* Create "<path>.tmp.<pid>.<n>" next to path. */
-static int st_atomic_begin(st_atomic *a, const char *path)
-{
-    size_t plen;
-    const char *slash;
-
-    a->tmp = NULL;
-    a->dir = NULL;
-    a->fd = -1;
-    if (!path || !path[0])
-        return st_error_set(ST_EINVAL, "write: empty path");
-    plen = strlen(path);
-    if (path[plen - 1] == '/')
-        return st_error_set(EISDIR, "write %s: path names a directory", path);
-    slash = strrchr(path, '/');
-    if (!slash)
-        a->dir = strdup(".");
-    else if (slash == path)
-        a->dir = strdup("/");
-    else
-        a->dir = strndup(path, (size_t)(slash - path));
-    a->tmp = malloc(plen + 48);
-    if (!a->dir || !a->tmp)
-        return st_error_set(ENOMEM, "write %s: out of memory", path);
-    for (int tries = 0; tries < 100; tries++) {
-        snprintf(a->tmp, plen + 48, "%s.tmp.%ld.%u", path, (long)getpid(),
-                 atomic_fetch_add(&st_tmp_counter, 1));
-        a->fd = open(a->tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-        if (a->fd >= 0)
-            return 0;
-        if (errno != EEXIST && errno != EINTR)
-            break;
-    }
-    {
-        int e = errno;
-        return st_error_set(e, "write %s: cannot create temp file %s: %s", path, a->tmp, strerror(e));
-    }
-}
-
-static void st_atomic_abort(st_atomic *a)
-{
-    if (a->fd >= 0)
-        close(a->fd);
-    if (a->tmp && a->fd >= 0)
-        unlink(a->tmp);
-    a->fd = -1;
-    free(a->tmp);
-    free(a->dir);
-    a->tmp = NULL;
-    a->dir = NULL;
-}
-
-/* fsync, close, rename over path, fsync the directory. Frees a in every case; on failure before
- * the rename the temp file is removed and path is untouched. */
-static int st_atomic_commit(st_atomic *a, const char *path)
-{
-    int rc = 0, dfd;
-
-    if (st_file_sys_ops.fsync(a->fd) != 0) {
-        rc = errno ? errno : EIO;
-        st_error_set(rc, "write %s: fsync of %s failed: %s", path, a->tmp, strerror(rc));
-        goto fail;
-    }
-    if (close(a->fd) != 0) {
-        rc = errno ? errno : EIO;
-        a->fd = -1;
-        unlink(a->tmp);
-        st_error_set(rc, "write %s: close of %s failed: %s", path, a->tmp, strerror(rc));
-        goto fail;
-    }
-    a->fd = -1;
-    if (st_file_sys_ops.rename(a->tmp, path) != 0) {
-        rc = errno ? errno : EIO;
-        unlink(a->tmp);
-        st_error_set(rc, "write %s: rename from %s failed: %s", path, a->tmp, strerror(rc));
-        goto fail;
-    }
-    dfd = open(a->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd < 0 || st_file_sys_ops.fsync(dfd) != 0) {
-        rc = errno ? errno : EIO;
-        st_error_set(rc, "write %s: fsync of directory %s failed: %s", path, a->dir, strerror(rc));
-    }
-    if (dfd >= 0)
-        close(dfd);
-    free(a->tmp);
-    free(a->dir);
-    a->tmp = a->dir = NULL;
-    return rc;
-fail:
-    st_atomic_abort(a);
-    return rc;
-}
-
 int st_file_replace(const char *path, const void *buf, size_t len)
 {
-    st_atomic a;
-    int rc;
-
-    if (!buf && len)
-        return st_error_set(ST_EINVAL, "replace %s: NULL buffer", path ? path : "(null)");
-    rc = st_atomic_begin(&a, path);
-    if (rc) {
-        st_atomic_abort(&a);
-        return rc;
-    }
-    rc = st_write_all(a.fd, buf, len);
-    if (rc) {
-        st_error_set(rc, "write %s: writing %s failed: %s", path, a.tmp, strerror(rc));
-        st_atomic_abort(&a);
-        return rc;
-    }
-    return st_atomic_commit(&a, path);
+    return st_replace_file(path, buf, len);
 }
 
 /* ==== writer ================================================================================== */
@@ -355,7 +192,7 @@ static int st_sink_flush(st_sink *s)
     int rc;
     if (s->fd < 0 || s->len == 0)
         return 0;
-    rc = st_write_all(s->fd, s->buf, s->len);
+    rc = st_sys_write_all(s->fd, s->buf, s->len);
     if (rc)
         return st_error_set(rc, "writing the temp file: %s", strerror(rc));
     s->flushed += s->len;
@@ -395,7 +232,7 @@ static int st_sink_put(st_sink *s, const void *p, size_t n)
             return rc;
     }
     if (n >= s->cap) {
-        rc = st_write_all(s->fd, p, n);
+        rc = st_sys_write_all(s->fd, p, n);
         if (rc)
             return st_error_set(rc, "writing the temp file: %s", strerror(rc));
         s->flushed += n;
@@ -418,7 +255,7 @@ static int st_sink_patch(st_sink *s, const void *p, size_t n, uint64_t at)
     }
     if (at < s->flushed) {
         size_t k = (size_t)(s->flushed - at < n ? s->flushed - at : n);
-        int rc = st_pwrite_all(s->fd, b, k, at);
+        int rc = st_sys_pwrite_all(s->fd, b, k, at);
         if (rc)
             return st_error_set(rc, "writing the temp file: %s", strerror(rc));
         b += k;
@@ -511,9 +348,9 @@ static int st_w_sec_open(st_writer *w, uint32_t type, uint32_t index, uint64_t l
 {
     int rc;
     memset(w->sec_hdr, 0, sizeof w->sec_hdr);
-    st_fmt_put32(w->sec_hdr + 0, type);
-    st_fmt_put32(w->sec_hdr + 4, index);
-    st_fmt_put64(w->sec_hdr + 8, length == UINT64_MAX ? 0 : length);
+    st_put32(w->sec_hdr + 0, type);
+    st_put32(w->sec_hdr + 4, index);
+    st_put64(w->sec_hdr + 8, length == UINT64_MAX ? 0 : length);
     w->sec_start = w->s->off;
     rc = st_sink_put(w->s, w->sec_hdr, ST_SEC_HDR_LEN);
     if (rc)
@@ -582,7 +419,7 @@ static int st_w_sec_close(st_writer *w)
         uint8_t *chunk = malloc(ST_IO_CHUNK);
         if (!chunk)
             return st_error_set(ENOMEM, "write: out of memory");
-        st_fmt_put64(w->sec_hdr + 8, len);
+        st_put64(w->sec_hdr + 8, len);
         rc = st_checksum_init(&w->h);
         if (rc) {
             free(chunk);
@@ -604,7 +441,7 @@ static int st_w_sec_close(st_writer *w)
     }
     sum = st_checksum_final(&w->h);
     st_checksum_free(&w->h);
-    st_fmt_put64(w->sec_hdr + 24, sum);
+    st_put64(w->sec_hdr + 24, sum);
     return st_sink_patch(w->s, w->sec_hdr, ST_SEC_HDR_LEN, w->sec_start);
 }
 
@@ -825,10 +662,10 @@ static int st_w_checkpoint(st_writer *w, uint32_t ci)
     int rc;
 
     memset(hdr, 0, sizeof hdr);
-    st_fmt_put64(hdr, c->position);
+    st_put64(hdr, c->position);
     if (w->version >= ST_FILE_VERSION_2) {
-        st_fmt_put32(hdr + 8, c->codec);
-        st_fmt_put32(hdr + 12, compressed ? ST_CFLAG_ZSTD | (w->shuffle ? ST_CFLAG_SHUFFLE : 0) : 0);
+        st_put32(hdr + 8, c->codec);
+        st_put32(hdr + 12, compressed ? ST_CFLAG_ZSTD | (w->shuffle ? ST_CFLAG_SHUFFLE : 0) : 0);
     }
     rc = st_w_sec_open(w, ST_SECTION_CHECKPOINT, ci,
                        compressed ? UINT64_MAX : ST_CKPT_HDR + st_fmt_ckpt_stored_total(&img->g, c->codec));
@@ -866,7 +703,7 @@ static int st_w_checkpoint(st_writer *w, uint32_t ci)
         rc = st_z_take(w->zp, w->zi, &frame, &flen);
         if (rc)
             return rc;
-        st_fmt_put64(lenbuf, flen);
+        st_put64(lenbuf, flen);
         rc = st_w_data(w, lenbuf, 8, 0);
         if (!rc)
             rc = st_w_data(w, frame, flen, 0);
@@ -962,15 +799,15 @@ static int st_w_run(st_writer *w)
     if (rc)
         return rc;
     memcpy(hdr, st_fmt_magic, sizeof st_fmt_magic);
-    st_fmt_put32(hdr + 8, w->version);
-    st_fmt_put32(hdr + 12, ST_HDR_LEN);
-    st_fmt_put32(hdr + 16, 0);
-    st_fmt_put32(hdr + 20, n_sections);
-    st_fmt_put64(hdr + 24, w->s->off);
-    st_fmt_put64(hdr + 32, img->state_hash);
-    st_fmt_put64(hdr + 40, img->n_tokens);
-    st_fmt_put64(hdr + 48, 0);
-    st_fmt_put64(hdr + 56, st_checksum(hdr, 56));
+    st_put32(hdr + 8, w->version);
+    st_put32(hdr + 12, ST_HDR_LEN);
+    st_put32(hdr + 16, 0);
+    st_put32(hdr + 20, n_sections);
+    st_put64(hdr + 24, w->s->off);
+    st_put64(hdr + 32, img->state_hash);
+    st_put64(hdr + 40, img->n_tokens);
+    st_put64(hdr + 48, 0);
+    st_put64(hdr + 56, st_checksum(hdr, 56));
     rc = st_sink_patch(w->s, hdr, sizeof hdr, 0);
     if (!rc)
         rc = st_sink_flush(w->s);
@@ -1026,14 +863,14 @@ int st_file_write(const st_image *img, const char *path, const st_file_write_opt
 {
     st_sink s = {.fd = -1};
     st_writer w;
-    st_atomic a = {.fd = -1};
+    st_replace a = {.fd = -1};
     int rc;
 
     st_w_init(&w, img, &s, opts);
     rc = st_w_plan(img, opts, &w.version, &w.level, &w.shuffle);
     if (rc)
         goto fail;
-    rc = st_atomic_begin(&a, path);
+    rc = st_replace_begin(&a, path, 0666);
     if (rc)
         goto fail;
     s.fd = a.fd;
@@ -1052,11 +889,11 @@ int st_file_write(const st_image *img, const char *path, const st_file_write_opt
     }
     st_w_fini(&w);
     free(s.buf);
-    return st_atomic_commit(&a, path);
+    return st_replace_commit(&a, path);
 fail:
     st_w_fini(&w);
     free(s.buf);
-    st_atomic_abort(&a);
+    st_replace_abort(&a);
     return rc;
 }
 
@@ -1132,34 +969,34 @@ static int st_hdr_parse(const st_src *s, st_hdr *h, st_file_info *info)
     if (have < 12)
         return st_error_set(ST_ECORRUPT, "header: the file is %zu bytes, a header needs %u (truncated)",
                             have, ST_HDR_LEN);
-    v = st_fmt_get32(b + 8);
+    v = st_get32(b + 8);
     h->version = v;
     if (v != ST_FILE_VERSION_1 && v != ST_FILE_VERSION_2)
         return st_error_set(ST_EVERSION, "session file version %u; this build reads 1 and 2", v);
     if (have < ST_HDR_LEN)
         return st_error_set(ST_ECORRUPT, "header: the file is %zu bytes, a header needs %u (truncated)",
                             have, ST_HDR_LEN);
-    h->n_sections = st_fmt_get32(b + 20);
-    h->file_len = st_fmt_get64(b + 24);
-    h->state_hash = st_fmt_get64(b + 32);
-    h->n_tokens = st_fmt_get64(b + 40);
-    if (!ST_SUM_OK(st_checksum(b, 56), st_fmt_get64(b + 56)) &&
+    h->n_sections = st_get32(b + 20);
+    h->file_len = st_get64(b + 24);
+    h->state_hash = st_get64(b + 32);
+    h->n_tokens = st_get64(b + 40);
+    if (!ST_SUM_OK(st_checksum(b, 56), st_get64(b + 56)) &&
         (rc = st_hdr_bad(info, st_error_set(ST_ECORRUPT, "header at offset 0: checksum mismatch "
                                             "(recorded %016llx, computed %016llx)",
-                                            (unsigned long long)st_fmt_get64(b + 56),
+                                            (unsigned long long)st_get64(b + 56),
                                             (unsigned long long)st_checksum(b, 56)))))
         return rc;
-    if (st_fmt_get32(b + 12) != ST_HDR_LEN &&
+    if (st_get32(b + 12) != ST_HDR_LEN &&
         (rc = st_hdr_bad(info, st_error_set(ST_ECORRUPT, "header at offset 12: header_len %u, must be "
-                                            "%u", st_fmt_get32(b + 12), ST_HDR_LEN))))
+                                            "%u", st_get32(b + 12), ST_HDR_LEN))))
         return rc;
-    if (st_fmt_get32(b + 16) != 0 &&
+    if (st_get32(b + 16) != 0 &&
         (rc = st_hdr_bad(info, st_error_set(ST_ECORRUPT, "header at offset 16: flags 0x%x, reserved "
-                                            "bits must be 0", st_fmt_get32(b + 16)))))
+                                            "bits must be 0", st_get32(b + 16)))))
         return rc;
-    if (st_fmt_get64(b + 48) != 0 &&
+    if (st_get64(b + 48) != 0 &&
         (rc = st_hdr_bad(info, st_error_set(ST_ECORRUPT, "header at offset 48: reserved field is "
-                                            "%llu, must be 0", (unsigned long long)st_fmt_get64(b + 48)))))
+                                            "%llu, must be 0", (unsigned long long)st_get64(b + 48)))))
         return rc;
     if (h->file_len != s->len &&
         (rc = st_hdr_bad(info, st_error_set(ST_ECORRUPT, "header: the file is %llu bytes but its "
@@ -1536,21 +1373,21 @@ static int st_sec_begin(st_reader *r, st_sec *sec, uint32_t s)
     rc = st_src_read(&r->src, b, sizeof b, r->off);
     if (rc)
         return rc;
-    st_fmt_expect(&r->walk, s, st_fmt_get32(b), &type, &index);
+    st_fmt_expect(&r->walk, s, st_get32(b), &type, &index);
     sec->type = type;
     sec->index = index;
-    if (st_fmt_get32(b) != type || st_fmt_get32(b + 4) != index) {
+    if (st_get32(b) != type || st_get32(b + 4) != index) {
         char want[32], got[32];
         st_sec_label(want, sizeof want, type, index);
-        st_sec_label(got, sizeof got, st_fmt_get32(b), st_fmt_get32(b + 4));
+        st_sec_label(got, sizeof got, st_get32(b), st_get32(b + 4));
         return st_error_set(ST_ECORRUPT, "section at offset %llu: found %s where %s was expected",
                             (unsigned long long)r->off, got, want);
     }
     if (!st_fmt_sec_reserved_ok(b))
         return st_sec_err(ST_ECORRUPT, sec, "reserved header fields are 0x%x and 0x%x, must be 0",
-                          st_fmt_get32(b + 16), st_fmt_get32(b + 20));
-    sec->length = st_fmt_get64(b + 8);
-    sec->checksum = st_fmt_get64(b + 24);
+                          st_get32(b + 16), st_get32(b + 20));
+    sec->length = st_get64(b + 8);
+    sec->checksum = st_get64(b + 24);
     if (sec->length > remain - ST_SEC_HDR_LEN)
         return st_sec_err(ST_ECORRUPT, sec, "length %llu exceeds the %llu bytes that remain",
                           (unsigned long long)sec->length,
@@ -1693,7 +1530,7 @@ static int st_rd_arch(st_reader *r, st_sec *sec, uint32_t *n)
         return 0; /* the next section's header names the shortage */
     if ((rc = st_src_read(&r->src, t, sizeof t, r->off)))
         return rc;
-    if (st_fmt_get32(t) != ST_SECTION_ARCH)
+    if (st_get32(t) != ST_SECTION_ARCH)
         return 0;
     *n = 1;
     rc = st_sec_begin(r, sec, 1);
@@ -1803,7 +1640,7 @@ static int st_rd_checkpoint(st_reader *r, st_sec *sec, uint32_t ci)
             return st_sec_err(ST_ECORRUPT, sec, "%s: the frame length needs 8 bytes at payload offset "
                               "%llu, only %llu remain in the section", what,
                               (unsigned long long)(ST_CKPT_HDR + at), (unsigned long long)(body_len - at));
-        flen = st_fmt_get64(body + at);
+        flen = st_get64(body + at);
         if (flen > body_len - at - 8)
             return st_sec_err(ST_ECORRUPT, sec, "%s: a frame of %llu bytes at payload offset %llu, only "
                               "%llu remain in the section", what, (unsigned long long)flen,
@@ -1857,7 +1694,7 @@ static int st_rd_checkpoint(st_reader *r, st_sec *sec, uint32_t ci)
             if (t->role != ST_ROLE_RUNNING)
                 continue;
             n = st_tensor_stored_bytes(t, codec);
-            flen = st_fmt_get64(body + at);
+            flen = st_get64(body + at);
             p = body + at + 8;
             at += 8 + flen;
             rc = st_frame_decode(r->fctx, data + st_ckpt_offset(img, codec, i), (size_t)n, p,
@@ -1893,9 +1730,9 @@ static int st_rd_prepass(const st_reader *r)
             return st_error_set(ST_ECORRUPT, "section %u at offset %llu: the section header needs %u "
                                 "bytes, %llu remain", s, (unsigned long long)off, ST_SEC_HDR_LEN,
                                 (unsigned long long)(len - off));
-        sec.type = st_fmt_get32(m + off);
-        sec.index = st_fmt_get32(m + off + 4);
-        sec.length = st_fmt_get64(m + off + 8);
+        sec.type = st_get32(m + off);
+        sec.index = st_get32(m + off + 4);
+        sec.length = st_get64(m + off + 8);
         if (sec.length > len - off - ST_SEC_HDR_LEN)
             return st_sec_err(ST_ECORRUPT, &sec, "length %llu exceeds the %llu bytes that remain",
                               (unsigned long long)sec.length,
@@ -1907,9 +1744,9 @@ static int st_rd_prepass(const st_reader *r)
         st_checksum_update(&cs, m + off + ST_SEC_HDR_LEN, (size_t)sec.length);
         sum = st_checksum_final(&cs);
         st_checksum_free(&cs);
-        if (!ST_SUM_OK(sum, st_fmt_get64(m + off + 24)))
+        if (!ST_SUM_OK(sum, st_get64(m + off + 24)))
             return st_sec_err(ST_ECORRUPT, &sec, "checksum mismatch (recorded %016llx, computed %016llx)",
-                              (unsigned long long)st_fmt_get64(m + off + 24), (unsigned long long)sum);
+                              (unsigned long long)st_get64(m + off + 24), (unsigned long long)sum);
         off += ST_SEC_HDR_LEN + sec.length;
     }
     return 0;
@@ -2273,7 +2110,7 @@ static void st_insp_section(st_insp *in, st_file_section_info *si, uint32_t s, u
                 continue;
             if (si->length - at < 8 ||
                 st_src_read(&in->src, lb, 8, si->offset + ST_SEC_HDR_LEN + at) != 0 ||
-                (flen = st_fmt_get64(lb)) > si->length - at - 8) {
+                (flen = st_get64(lb)) > si->length - at - 8) {
                 st_sec_err(ST_ECORRUPT, &sec, "tensor %u: frame does not fit in the section", i);
                 st_insp_note(info, ST_ECORRUPT);
                 return;
@@ -2324,11 +2161,11 @@ static int st_insp_run(st_insp *in)
         rc = st_src_read(&in->src, b, sizeof b, off);
         if (rc)
             goto done;
-        si->type = st_fmt_get32(b);
-        si->index = st_fmt_get32(b + 4);
+        si->type = st_get32(b);
+        si->index = st_get32(b + 4);
         si->offset = off;
-        si->length = st_fmt_get64(b + 8);
-        si->checksum = st_fmt_get64(b + 24);
+        si->length = st_get64(b + 8);
+        si->checksum = st_get64(b + 24);
         if (si->length > in->src.len - off - ST_SEC_HDR_LEN) {
             st_sec sec = {.type = si->type, .index = si->index, .off = off};
             rc = st_sec_err(ST_ECORRUPT, &sec, "length %llu exceeds the %llu bytes that remain",
@@ -2360,7 +2197,7 @@ static int st_insp_run(st_insp *in)
             st_sec_err(ST_ECORRUPT, &sec, "checksum mismatch");
             st_insp_note(info, ST_ECORRUPT);
         }
-        if (st_fmt_get32(b + 16) != 0 || st_fmt_get32(b + 20) != 0) {
+        if (st_get32(b + 16) != 0 || st_get32(b + 20) != 0) {
             st_sec sec = {.type = si->type, .index = si->index, .off = off};
             st_sec_err(ST_ECORRUPT, &sec, "reserved header fields are not 0");
             st_insp_note(info, ST_ECORRUPT);

@@ -107,7 +107,8 @@ void st_file_info_free(st_file_info *info);
 
 const char *st_section_type_name(uint32_t type);
 
-/* Atomic durable replacement of path with the given bytes (temp + fsync + rename + dir fsync). */
+/* Atomic durable replacement of path with the given bytes (temp + fsync + rename + dir fsync):
+ * st_replace_file (st_common.h). */
 int st_file_replace(const char *path, const void *buf, size_t len);
 
 #ifdef __cplusplus

@@ -24,21 +24,21 @@ const uint8_t st_fmt_magic[8] = {'S', 'T', 'R', 'A', 'T', 'A', 's', 'f'};
 void st_fmt_geometry_fixed_put(uint8_t dst[ST_GEOM_FIXED], const st_geometry *g)
 {
     memcpy(dst, g->model_fp, ST_FINGERPRINT_LEN);
-    st_fmt_put32(dst + 32, g->page_size);
-    st_fmt_put32(dst + 36, g->n_ctx);
-    st_fmt_put32(dst + 40, g->n_vocab);
-    st_fmt_put32(dst + 44, g->n_tensors);
+    st_put32(dst + 32, g->page_size);
+    st_put32(dst + 36, g->n_ctx);
+    st_put32(dst + 40, g->n_vocab);
+    st_put32(dst + 44, g->n_tensors);
 }
 
 void st_fmt_tensor_put(uint8_t dst[ST_GEOM_REC], const st_tensor_desc *t)
 {
     memset(dst, 0, ST_GEOM_REC);
     memcpy(dst, t->name, strnlen(t->name, ST_TENSOR_NAME_MAX)); /* NUL-padded */
-    st_fmt_put32(dst + 48, t->role);
-    st_fmt_put32(dst + 52, t->dtype);
-    st_fmt_put32(dst + 56, t->ndim);
+    st_put32(dst + 48, t->role);
+    st_put32(dst + 52, t->dtype);
+    st_put32(dst + 56, t->ndim);
     for (int d = 0; d < ST_TENSOR_NDIM_MAX; d++)
-        st_fmt_put64(dst + 64 + 8 * d, t->shape[d]);
+        st_put64(dst + 64 + 8 * d, t->shape[d]);
 }
 
 int st_fmt_geometry_decode(const uint8_t *p, uint64_t len, st_geometry *g, st_tensor_desc **tensors)
@@ -52,10 +52,10 @@ int st_fmt_geometry_decode(const uint8_t *p, uint64_t len, st_geometry *g, st_te
         return st_error_set(ST_ECORRUPT, "length %llu is shorter than the %u-byte geometry header",
                             (unsigned long long)len, ST_GEOM_FIXED);
     memcpy(g->model_fp, p, ST_FINGERPRINT_LEN);
-    g->page_size = st_fmt_get32(p + 32);
-    g->n_ctx = st_fmt_get32(p + 36);
-    g->n_vocab = st_fmt_get32(p + 40);
-    g->n_tensors = st_fmt_get32(p + 44);
+    g->page_size = st_get32(p + 32);
+    g->n_ctx = st_get32(p + 36);
+    g->n_vocab = st_get32(p + 40);
+    g->n_tensors = st_get32(p + 44);
     if (g->n_tensors > ST_GEOMETRY_TENSORS_MAX)
         return st_error_set(ST_ECORRUPT, "%u tensors exceed the limit of %u", g->n_tensors,
                             ST_GEOMETRY_TENSORS_MAX);
@@ -76,16 +76,16 @@ int st_fmt_geometry_decode(const uint8_t *p, uint64_t len, st_geometry *g, st_te
                     rc = st_error_set(ST_ECORRUPT, "tensor %u: name padding byte %zu is not zero", i, k);
                     goto fail;
                 }
-        t[i].role = st_fmt_get32(r + 48);
-        t[i].dtype = st_fmt_get32(r + 52);
-        t[i].ndim = st_fmt_get32(r + 56);
-        if (st_fmt_get32(r + 60) != 0) {
+        t[i].role = st_get32(r + 48);
+        t[i].dtype = st_get32(r + 52);
+        t[i].ndim = st_get32(r + 56);
+        if (st_get32(r + 60) != 0) {
             rc = st_error_set(ST_ECORRUPT, "tensor %u: reserved field is %u, must be 0", i,
-                              st_fmt_get32(r + 60));
+                              st_get32(r + 60));
             goto fail;
         }
         for (int d = 0; d < ST_TENSOR_NDIM_MAX; d++)
-            t[i].shape[d] = st_fmt_get64(r + 64 + 8 * d);
+            t[i].shape[d] = st_get64(r + 64 + 8 * d);
     }
     g->tensors = t;
     rc = st_geometry_check(g); /* an unterminated name fails here */
@@ -113,8 +113,8 @@ int st_geometry_encode(const st_geometry *g, uint8_t **out, size_t *out_len)
     uint8_t *b = calloc(1, len);
     if (!b)
         return st_error_set(ENOMEM, "geometry record: no memory for %zu bytes", len);
-    st_fmt_put32(b, ST_GEOM_MAGIC);
-    st_fmt_put32(b + 4, ST_GEOM_FORMAT);
+    st_put32(b, ST_GEOM_MAGIC);
+    st_put32(b + 4, ST_GEOM_FORMAT);
     st_fmt_geometry_fixed_put(b + 8, g);
     for (uint32_t i = 0; i < g->n_tensors; i++)
         st_fmt_tensor_put(b + ST_GEOM_HDR + (size_t)i * ST_GEOM_TENSOR, &g->tensors[i]);
@@ -128,11 +128,11 @@ int st_geometry_decode(const void *buf, size_t len, st_geometry *g, st_tensor_de
     const uint8_t *b = buf;
     *tensors = NULL;
     memset(g, 0, sizeof *g);
-    if (len < ST_GEOM_HDR || st_fmt_get32(b) != ST_GEOM_MAGIC)
+    if (len < ST_GEOM_HDR || st_get32(b) != ST_GEOM_MAGIC)
         return st_error_set(ST_ECORRUPT, "geometry record: bad magic or %zu bytes is too short", len);
-    if (st_fmt_get32(b + 4) != ST_GEOM_FORMAT)
+    if (st_get32(b + 4) != ST_GEOM_FORMAT)
         return st_error_set(ST_EVERSION, "geometry record format %u; this build reads %u",
-                            st_fmt_get32(b + 4), ST_GEOM_FORMAT);
+                            st_get32(b + 4), ST_GEOM_FORMAT);
     int rc = st_fmt_geometry_decode(b + 8, len - 8, g, tensors);
     if (rc) {
         char d[400];
@@ -217,13 +217,13 @@ uint64_t st_fmt_ckpt_stored_total(const st_geometry *g, uint32_t codec)
 int st_fmt_ckpt_parse(const uint8_t b[ST_CKPT_HDR], uint32_t version, uint64_t n_tokens, uint32_t ci,
                       uint64_t prev_pos, st_fmt_ckpt *out)
 {
-    out->position = st_fmt_get64(b);
-    out->codec = version == ST_FILE_VERSION_1 ? ST_CODEC_FP32 : st_fmt_get32(b + 8);
-    out->cflags = version == ST_FILE_VERSION_1 ? 0 : st_fmt_get32(b + 12);
+    out->position = st_get64(b);
+    out->codec = version == ST_FILE_VERSION_1 ? ST_CODEC_FP32 : st_get32(b + 8);
+    out->cflags = version == ST_FILE_VERSION_1 ? 0 : st_get32(b + 12);
     if (version == ST_FILE_VERSION_1) {
-        if (st_fmt_get64(b + 8) != 0)
+        if (st_get64(b + 8) != 0)
             return st_error_set(ST_ECORRUPT, "reserved field is %llu, must be 0",
-                                (unsigned long long)st_fmt_get64(b + 8));
+                                (unsigned long long)st_get64(b + 8));
     } else {
         if (out->cflags & ~(ST_CFLAG_ZSTD | ST_CFLAG_SHUFFLE))
             return st_error_set(ST_ECORRUPT, "flags 0x%x: reserved bits set", out->cflags);

@@ -51,22 +51,6 @@ enum {
     ST_MSEC_FILE = 6,                       /* the imported session file's bytes */
 };
 
-/* ---- little-endian fields (the host is little-endian, see above) ------------------------------ */
-static inline void st_fmt_put32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
-static inline void st_fmt_put64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
-static inline uint32_t st_fmt_get32(const uint8_t *p)
-{
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
-static inline uint64_t st_fmt_get64(const uint8_t *p)
-{
-    uint64_t v;
-    memcpy(&v, p, 8);
-    return v;
-}
-
 /* ---- the geometry --------------------------------------------------------------------------------
  * The bytes: ST_GEOM_FIXED bytes (fingerprint, page_size, n_ctx, n_vocab, n_tensors) then one
  * ST_GEOM_REC record per tensor (name NUL-padded to 48, role, dtype, ndim, reserved 0, shape[4]).
@@ -137,7 +121,7 @@ int st_fmt_ckpt_parse(const uint8_t b[ST_CKPT_HDR], uint32_t version, uint64_t n
 /* The section header's reserved fields (bytes 16..23) are zero. */
 static inline int st_fmt_sec_reserved_ok(const uint8_t b[ST_SEC_HDR_LEN])
 {
-    return st_fmt_get32(b + 16) == 0 && st_fmt_get32(b + 20) == 0;
+    return st_get32(b + 16) == 0 && st_get32(b + 20) == 0;
 }
 
 #endif /* ST_FORMAT_INT_H */

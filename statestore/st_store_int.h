@@ -73,16 +73,4 @@ int st_arch_name_check(const char name[ST_ARCH_NAME_MAX], const char *what);
 /* Saturating products: UINT64_MAX on overflow. */
 uint64_t st_mul_sat(uint64_t a, uint64_t b);
 
-/* The file system as the session-file writer sees it. Tests replace entries to fail the Nth
- * call; production code never changes this table. Not thread-safe to modify. */
-typedef struct st_file_sys {
-    ssize_t (*write)(int fd, const void *buf, size_t n);
-    ssize_t (*pwrite)(int fd, const void *buf, size_t n, off_t off);
-    int (*fsync)(int fd);
-    int (*rename)(const char *from, const char *to);
-} st_file_sys;
-extern st_file_sys st_file_sys_ops;
-/* Put the real functions back. */
-void st_file_sys_reset(void);
-
 #endif /* ST_STORE_INT_H */

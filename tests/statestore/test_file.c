@@ -520,13 +520,13 @@ static ssize_t bad_write(int fd, const void *b, size_t n)
     /* short writes exercise the retry loop */
     return write(fd, b, n > 7 ? n / 2 : n);
 }
-static ssize_t bad_pwrite(int fd, const void *b, size_t n, off_t off)
+static ssize_t bad_pwrite(int fd, const void *b, size_t n, uint64_t off)
 {
     if (++calls == fail_at) {
         errno = EIO;
         return -1;
     }
-    return pwrite(fd, b, n, off);
+    return pwrite(fd, b, n, (off_t)off);
 }
 static int bad_fsync(int fd)
 {
@@ -573,17 +573,17 @@ static void test_atomic_write(void **state)
         for (fail_at = 1;; fail_at++) {
             int rc;
             calls = 0;
-            st_file_sys_reset();
+            st_sys_reset();
             if (which == 0)
-                st_file_sys_ops.write = bad_write;
+                st_sys_calls.write = bad_write;
             else if (which == 1)
-                st_file_sys_ops.pwrite = bad_pwrite;
+                st_sys_calls.pwrite = bad_pwrite;
             else if (which == 2)
-                st_file_sys_ops.fsync = bad_fsync;
+                st_sys_calls.fsync = bad_fsync;
             else
-                st_file_sys_ops.rename = bad_rename;
+                st_sys_calls.rename = bad_rename;
             rc = st_file_write(a, path, which == 3 ? NULL : &o);
-            st_file_sys_reset();
+            st_sys_reset();
             if (rc == 0) {
                 /* ran out of calls to fail: the last success really wrote the file */
                 st_image *back = NULL;
@@ -614,9 +614,9 @@ static void test_atomic_write(void **state)
     /* st_file_replace under the same faults */
     for (fail_at = 1; fail_at <= 1; fail_at++) {
         calls = 0;
-        st_file_sys_ops.write = bad_write;
+        st_sys_calls.write = bad_write;
         assert_int_equal(st_file_replace(path, "NEWDATA", 7), ENOSPC);
-        st_file_sys_reset();
+        st_sys_reset();
         check_untouched(path);
     }
     assert_int_equal(st_file_replace(path, "NEWDATA", 7), 0);

@@ -26,27 +26,27 @@
 static void reseal(uint8_t *b, size_t len)
 {
     uint64_t off = ST_HDR_LEN;
-    uint32_t n = st_fmt_get32(b + 20);
+    uint32_t n = st_get32(b + 20);
     for (uint32_t s = 0; s < n && off + ST_SEC_HDR_LEN <= len; s++) {
-        uint64_t l = st_fmt_get64(b + off + 8);
+        uint64_t l = st_get64(b + off + 8);
         st_checksum_state cs;
         if (off + ST_SEC_HDR_LEN + l > len)
             break;
         assert_int_equal(st_checksum_init(&cs), 0);
         st_checksum_update(&cs, b + off, ST_SEC_HASHED);
         st_checksum_update(&cs, b + off + ST_SEC_HDR_LEN, l);
-        st_fmt_put64(b + off + 24, st_checksum_final(&cs));
+        st_put64(b + off + 24, st_checksum_final(&cs));
         st_checksum_free(&cs);
         off += ST_SEC_HDR_LEN + l;
     }
-    st_fmt_put64(b + 56, st_checksum(b, 56));
+    st_put64(b + 56, st_checksum(b, 56));
 }
 
 static uint64_t section_off(const uint8_t *b, uint32_t s)
 {
     uint64_t off = ST_HDR_LEN;
     for (uint32_t i = 0; i < s; i++)
-        off += ST_SEC_HDR_LEN + st_fmt_get64(b + off + 8);
+        off += ST_SEC_HDR_LEN + st_get64(b + off + 8);
     return off;
 }
 
@@ -65,8 +65,8 @@ static void test_geometry_one_encoding(void **state)
         assert_int_equal(st_file_read_mem(f, len, NULL, &img), 0);
         uint8_t *rec = NULL;
         assert_int_equal(st_geometry_encode(st_image_geometry(img), &rec, &rec_len), 0);
-        uint64_t glen = st_fmt_get64(f + ST_HDR_LEN + 8);
-        assert_int_equal(st_fmt_get32(f + ST_HDR_LEN), ST_SECTION_GEOMETRY);
+        uint64_t glen = st_get64(f + ST_HDR_LEN + 8);
+        assert_int_equal(st_get32(f + ST_HDR_LEN), ST_SECTION_GEOMETRY);
         assert_int_equal(rec_len, 8 + glen);
         assert_memory_equal(rec + 8, f + ST_HDR_LEN + ST_SEC_HDR_LEN, glen);
         st_geometry g;
@@ -99,7 +99,7 @@ static void test_geometry_rules(void **state)
     assert_int_equal(d.n_tensors, 0);
     assert_int_equal(d.n_ctx, 64);
     free(t);
-    st_fmt_put32(rec + 52, 1); /* one tensor, no bytes for it */
+    st_put32(rec + 52, 1); /* one tensor, no bytes for it */
     assert_int_equal(st_geometry_decode(rec, rec_len, &d, &t), ST_ECORRUPT);
     assert_non_null(strstr(st_errdetail(), "geometry record: length 48, but 1 tensors need 144"));
     assert_null(t);
@@ -142,12 +142,12 @@ static void test_reader_and_inspect_agree(void **state)
         uint8_t *f = st_test_slurp(path, &len);
         assert_non_null(f);
         uint8_t *c = malloc(len);
-        uint32_t n = st_fmt_get32(f + 20), v = st_fmt_get32(f + 8);
+        uint32_t n = st_get32(f + 20), v = st_get32(f + 8);
         uint64_t last = section_off(f, n - 1), prev = section_off(f, n - 2);
         uint64_t ck1 = section_off(f, n - 3);
-        assert_int_equal(st_fmt_get32(f + last), ST_SECTION_LOGITS);
-        assert_int_equal(st_fmt_get32(f + prev), ST_SECTION_CHECKPOINT);
-        assert_int_equal(st_fmt_get32(f + ck1), ST_SECTION_CHECKPOINT);
+        assert_int_equal(st_get32(f + last), ST_SECTION_LOGITS);
+        assert_int_equal(st_get32(f + prev), ST_SECTION_CHECKPOINT);
+        assert_int_equal(st_get32(f + ck1), ST_SECTION_CHECKPOINT);
 
         /* LOGITS before the last checkpoint (whole sections swapped: every checksum right) */
         {
@@ -157,27 +157,27 @@ static void test_reader_and_inspect_agree(void **state)
             memcpy(c + prev, f + last, ll);
             memcpy(c + prev + ll, f + prev, pl);
             snprintf(want, sizeof want, "section at offset %llu: found LOGITS where CHECKPOINT[%u] was "
-                     "expected", (unsigned long long)prev, st_fmt_get32(f + prev + 4));
+                     "expected", (unsigned long long)prev, st_get32(f + prev + 4));
             expect_agree(dir, c, len, ST_ECORRUPT, want);
         }
         /* a position not after the checkpoint before it */
         memcpy(c, f, len);
-        st_fmt_put64(c + ck1 + ST_SEC_HDR_LEN, 1);
+        st_put64(c + ck1 + ST_SEC_HDR_LEN, 1);
         reseal(c, len);
         expect_agree(dir, c, len, ST_ECORRUPT, "is not after checkpoint");
         /* a position beyond the tokens */
         memcpy(c, f, len);
-        st_fmt_put64(c + prev + ST_SEC_HDR_LEN, 1000);
+        st_put64(c + prev + ST_SEC_HDR_LEN, 1000);
         reseal(c, len);
         expect_agree(dir, c, len, ST_ECORRUPT, "position 1000 exceeds the");
         /* reserved checkpoint fields */
         memcpy(c, f, len);
-        st_fmt_put32(c + prev + ST_SEC_HDR_LEN + 12, v == ST_FILE_VERSION_1 ? 1 : 0x7);
+        st_put32(c + prev + ST_SEC_HDR_LEN + 12, v == ST_FILE_VERSION_1 ? 1 : 0x7);
         reseal(c, len);
         expect_agree(dir, c, len, ST_ECORRUPT, v == ST_FILE_VERSION_1 ? "reserved field is" : "reserved bits set");
         if (v == ST_FILE_VERSION_2) {
             memcpy(c, f, len);
-            st_fmt_put32(c + prev + ST_SEC_HDR_LEN + 8, 7);
+            st_put32(c + prev + ST_SEC_HDR_LEN + 8, 7);
             reseal(c, len);
             expect_agree(dir, c, len, ST_ECODEC, "unknown codec 7");
         }
