@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "st_api_int.h"
+#include "st_file.h"
 #include "st_store.h"
 
 #define UPLOAD_ID_LEN 24
