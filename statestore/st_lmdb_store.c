@@ -1,7 +1,10 @@
 /*
- * st_lmdb_store.c - the LMDB state store: environment, map growth, put, get, export, import,
- * listing, deletion, labels. Check, stat, gc and backup live in st_store_admin.c; the records'
- * bytes in st_store_records.c. docs/STORE.md is the description; these are the rules the code
+ * st_lmdb_store.c - the LMDB state store's environment: the system table, LMDB error mapping,
+ * map sizing and growth, opening and closing, and st_store__write (the one way to write). The
+ * rest of the store: st_store_put.c (put), st_store_get.c (get), st_store_export.c (export and
+ * import), st_store_catalog.c (listing, deletion, labels), st_store_par.c (the thread pool),
+ * st_store_direct.c (the put's fast path on LMDB internals); check, stat, gc and backup in
+ * st_store_admin.c; the records' bytes in st_store_records.c. docs/STORE.md is the description; these are the rules the code
  * keeps:
  *
  * 1. Every write is one LMDB write transaction run by st_store__write: a manifest commits with
@@ -38,8 +41,6 @@
 
 #define ST_MAP_MIN (256ull << 20)
 #define ST_MAP_ALIGN (1ull << 20)
-#define ST_GET_RETRIES 3
-#define ST_PAR_MIN_BYTES (4u << 20) /* below this, one thread does all the hashing */
 
 /* ---- the system table ----------------------------------------------------------------------- */
 
@@ -119,7 +120,7 @@ int st_store__lmdb_err(int rc, const char *what)
     }
 }
 
-static int is_lmdb_code(int rc)
+int st_store__is_lmdb(int rc)
 {
     return rc >= MDB_KEYEXIST && rc <= MDB_LAST_ERRCODE;
 }
@@ -155,7 +156,7 @@ uint64_t st_store__file_bytes(const char *dir) { return data_file_size(dir, NULL
 
 /* The most bytes the map may take now: the configured budget, or the data file plus 3/4 of the
  * free disk (re-read every time, so space freed elsewhere becomes usable). */
-static uint64_t map_budget(const st_store *st)
+uint64_t st_store__map_budget(const st_store *st)
 {
     if (st->opts.budget)
         return align_down(st->opts.budget);
@@ -184,7 +185,7 @@ static int map_grow(st_store *st, uint64_t seen)
     pthread_rwlock_wrlock(&st->lock);
     if (st->map_size > seen)
         goto done; /* another thread grew it meanwhile */
-    uint64_t budget = map_budget(st);
+    uint64_t budget = st_store__map_budget(st);
     uint64_t want = st->map_size * 2;
     if (want < st->map_size + (64ull << 20))
         want = st->map_size + (64ull << 20);
@@ -351,7 +352,7 @@ int st_store__write(st_store *st, int (*fn)(st_store *st, MDB_txn *txn, void *ar
         }
         if (rc == 0)
             return 0;
-        if (is_lmdb_code(rc) || rc > 0) {
+        if (st_store__is_lmdb(rc) || rc > 0) {
             if (rc == EIO)
                 return st_error_set(EIO, "store %s: committing failed: %s (the change may not be durable; "
                                     "the store keeps a consistent state)", st->dir, strerror(rc));
@@ -550,7 +551,7 @@ int st_store__open_any(st_store **out, const char *dir, const st_store_opts *opt
 
     uint64_t apparent = 0;
     uint64_t file = data_file_size(dir, &apparent);
-    uint64_t budget = map_budget(st);
+    uint64_t budget = st_store__map_budget(st);
     uint64_t map = st->opts.map_initial ? st->opts.map_initial : (file * 2 > ST_MAP_MIN ? file * 2 : ST_MAP_MIN);
     if (map > budget)
         map = budget;

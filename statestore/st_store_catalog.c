@@ -18,7 +18,7 @@
 
 /* ---- sessions and versions inside a transaction -------------------------------------------------- */
 
-static int session_get(st_store *st, MDB_txn *txn, const char *id, st_session_rec *rec, int *found)
+int st_store__session_get(st_store *st, MDB_txn *txn, const char *id, st_session_rec *rec, int *found)
 {
     MDB_val k = {strlen(id), (void *)id}, v;
     int rc = mdb_get(txn, st->dbi_sessions, &k, &v);
@@ -37,7 +37,7 @@ static int session_get(st_store *st, MDB_txn *txn, const char *id, st_session_re
     return rc;
 }
 
-static int session_put(st_store *st, MDB_txn *txn, const char *id, const st_session_rec *rec)
+int st_store__session_put(st_store *st, MDB_txn *txn, const char *id, const st_session_rec *rec)
 {
     uint8_t b[ST_SESSION_REC_MAX];
     size_t n = st_session_encode(rec, b);
@@ -160,7 +160,7 @@ static int label_index(const st_session_rec *rec, const char *name)
     return -1;
 }
 
-static int label_apply(st_session_rec *rec, const char *id, const char *name, uint64_t version)
+int st_store__label_apply(st_session_rec *rec, const char *id, const char *name, uint64_t version)
 {
     int i = label_index(rec, name);
     if (i >= 0) {
@@ -184,7 +184,7 @@ static int labelled(const st_session_rec *rec, uint64_t version)
 }
 
 /* Retention: delete versions older than the newest keep that carry no label. */
-static int prune_txn(st_store *st, MDB_txn *txn, const char *id, st_session_rec *rec, uint32_t keep,
+int st_store__prune_txn(st_store *st, MDB_txn *txn, const char *id, st_session_rec *rec, uint32_t keep,
                      uint32_t *pruned)
 {
     uint64_t *vs = NULL;
@@ -306,7 +306,7 @@ int st_store_list(st_store *st, st_session_info **out, size_t *n)
     pthread_rwlock_unlock(&st->lock);
     if (rc) {
         free(arr);
-        return is_lmdb_code(rc) ? st_store__lmdb_err(rc, "listing sessions") : rc;
+        return st_store__is_lmdb(rc) ? st_store__lmdb_err(rc, "listing sessions") : rc;
     }
     *out = arr;
     *n = cnt;
@@ -354,7 +354,7 @@ int st_store_list_page(st_store *st, const char *after, st_session_info *out, si
         mdb_txn_abort(txn);
     pthread_rwlock_unlock(&st->lock);
     if (rc)
-        return is_lmdb_code(rc) ? st_store__lmdb_err(rc, "listing sessions") : rc;
+        return st_store__is_lmdb(rc) ? st_store__lmdb_err(rc, "listing sessions") : rc;
     *n = cnt;
     return 0;
 }
@@ -371,12 +371,12 @@ int st_store_show(st_store *st, const char *id, st_session_info *out)
     pthread_rwlock_rdlock(&st->lock);
     int rc = st_store__rtxn(st, &txn);
     if (!rc)
-        rc = session_get(st, txn, id, &rec, &found);
+        rc = st_store__session_get(st, txn, id, &rec, &found);
     if (txn)
         mdb_txn_abort(txn);
     pthread_rwlock_unlock(&st->lock);
     if (rc)
-        return is_lmdb_code(rc) ? st_store__lmdb_err(rc, "reading a session") : rc;
+        return st_store__is_lmdb(rc) ? st_store__lmdb_err(rc, "reading a session") : rc;
     if (!found)
         return st_error_set(ST_ENOTFOUND, "no session %s", id);
     session_info_fill(out, id, strlen(id), &rec);
@@ -442,7 +442,7 @@ int st_store_versions(st_store *st, const char *id, st_version_info **out, size_
     pthread_rwlock_rdlock(&st->lock);
     int rc = st_store__rtxn(st, &txn);
     if (!rc)
-        rc = session_get(st, txn, id, &rec, &found);
+        rc = st_store__session_get(st, txn, id, &rec, &found);
     if (!rc && !found)
         rc = st_error_set(ST_ENOTFOUND, "no session %s", id);
     if (!rc)
@@ -471,7 +471,7 @@ int st_store_versions(st_store *st, const char *id, st_version_info **out, size_
     free(vs);
     if (rc) {
         free(arr);
-        return is_lmdb_code(rc) ? st_store__lmdb_err(rc, "listing versions") : rc;
+        return st_store__is_lmdb(rc) ? st_store__lmdb_err(rc, "listing versions") : rc;
     }
     *out = arr;
     *n = nv;
@@ -497,7 +497,7 @@ int st_store_versions_page(st_store *st, const char *id, uint64_t after, st_vers
     pthread_rwlock_rdlock(&st->lock);
     int rc = st_store__rtxn(st, &txn);
     if (!rc)
-        rc = session_get(st, txn, id, &rec, &found);
+        rc = st_store__session_get(st, txn, id, &rec, &found);
     if (!rc && !found)
         rc = st_error_set(ST_ENOTFOUND, "no session %s", id);
     if (!rc && limit && after != UINT64_MAX)
@@ -527,7 +527,7 @@ int st_store_versions_page(st_store *st, const char *id, uint64_t after, st_vers
         mdb_txn_abort(txn);
     pthread_rwlock_unlock(&st->lock);
     if (rc)
-        return is_lmdb_code(rc) ? st_store__lmdb_err(rc, "listing versions") : rc;
+        return st_store__is_lmdb(rc) ? st_store__lmdb_err(rc, "listing versions") : rc;
     *n = cnt;
     return 0;
 }
@@ -541,7 +541,7 @@ int st_store_version_info(st_store *st, const char *id, uint64_t version, st_ver
     char what[ST_STORE_ID_MAX + 64];
     if (!st || !out)
         return st_error_set(ST_EINVAL, "version info: bad arguments");
-    int rc = manifest_read(st, id, version, &v, &mbuf, &mlen, NULL);
+    int rc = st_store__manifest_read(st, id, version, &v, &mbuf, &mlen, NULL);
     if (rc)
         return rc;
     snprintf(what, sizeof what, "session %s version %llu", id, (unsigned long long)v);
@@ -566,7 +566,7 @@ typedef struct st_del_ctx {
 static int session_require(st_store *st, MDB_txn *txn, const char *id, st_session_rec *rec)
 {
     int found = 0;
-    int rc = session_get(st, txn, id, rec, &found);
+    int rc = st_store__session_get(st, txn, id, rec, &found);
     if (!rc && !found)
         rc = st_error_set(ST_ENOTFOUND, "no session %s", id);
     return rc;
@@ -603,7 +603,7 @@ static int delete_fn(st_store *st, MDB_txn *txn, void *arg)
         rec.head = vs[n - 1];
         rec.n_versions = n;
         rec.updated_ns = st_store_now_ns();
-        rc = session_put(st, txn, c->id, &rec);
+        rc = st_store__session_put(st, txn, c->id, &rec);
     }
     free(vs);
     return rc;
@@ -647,10 +647,10 @@ static int label_fn(st_store *st, MDB_txn *txn, void *arg)
             return st_error_set(ST_ENOTFOUND, "session %s has no version %llu", c->id, (unsigned long long)v);
         if (rc)
             return rc;
-        if ((rc = label_apply(&rec, c->id, c->label, v)))
+        if ((rc = st_store__label_apply(&rec, c->id, c->label, v)))
             return rc;
     }
-    return session_put(st, txn, c->id, &rec);
+    return st_store__session_put(st, txn, c->id, &rec);
 }
 
 int st_store_label_set(st_store *st, const char *id, const char *name, uint64_t version)

@@ -14,7 +14,6 @@
 
 #define ST_POPULATE_MARGIN_PAGES 16ull    /* room for a put's copied B-tree and meta pages */
 #define ST_POPULATE_MARGIN_MAX (64ull << 20)
-#define ST_VERIFY_EVERY 16
 
 /* Where LMDB mapped data.mdb (mdb_env_info's me_mapaddr is only the MDB_FIXEDMAP address): the
  * mapping of the environment's file, from offset 0, of map_size bytes, in /proc/self/maps.
@@ -62,7 +61,7 @@ static void *map_base(st_store *st, uint64_t map_size)
  * it returns MDB_MAP_FULL at once (the caller grows the map and runs the transaction again)
  * instead of inserting until LMDB finds the map full. Pages LMDB takes from its free list beyond
  * that estimate leave part of the range unused for later puts. */
-static int put_populate(st_store *st, MDB_txn *txn, const st_plan *p, int *direct)
+int st_store__put_populate(st_store *st, MDB_txn *txn, const st_plan *p, int *direct)
 {
     *direct = 0;
     if (!(st->env_flags & MDB_WRITEMAP))
@@ -113,7 +112,7 @@ static int put_populate(st_store *st, MDB_txn *txn, const st_plan *p, int *direc
     }
     uint64_t start = ((uint64_t)info.me_last_pgno + 1) * psize, end = start + need + need / 64;
     if (end > info.me_mapsize) {
-        if (map_budget(st) > info.me_mapsize)
+        if (st_store__map_budget(st) > info.me_mapsize)
             return MDB_MAP_FULL;
         end = info.me_mapsize;
     }
@@ -155,7 +154,7 @@ static int put_populate(st_store *st, MDB_txn *txn, const st_plan *p, int *direc
  * dirty again; a failed hint is ignored). */
 #define ST_WRITEBACK_STEP ((uint64_t)64 << 20)
 
-static void writeback_hint(st_store *st, st_put_ctx *c, const char *from, const char *to)
+void st_store__writeback_hint(st_store *st, st_put_ctx *c, const char *from, const char *to)
 {
 #ifdef SYNC_FILE_RANGE_WRITE
     const char *b = (const char *)st->map_base;
@@ -181,15 +180,11 @@ static void writeback_hint(st_store *st, st_put_ctx *c, const char *from, const 
 #endif
 }
 
-/* A reserved put writes new chunks of at least this many bytes with pwrite (smaller ones, in
- * B-tree leaves, are copied into the map). */
-#define ST_PWRITE_MIN (8u << 10)
-
 /* Whether at, a value LMDB reserved, is the data of an overflow page at its file offset, seen
  * through the map at base: the page's header (LMDB 0.9: 16 bytes, its page number first) must
  * carry the page number of that offset. Guards the offsets pwrite uses against a map address
  * that went stale; false (copy through the map instead) whenever anything does not match. */
-static int overflow_at(st_store *st, const char *base, const char *at)
+int st_store__overflow_at(st_store *st, const char *base, const char *at)
 {
     const uint64_t hdr = 16;
     MDB_stat ms;
@@ -202,7 +197,7 @@ static int overflow_at(st_store *st, const char *base, const char *at)
     return pgno == off / ms.ms_psize;
 }
 
-static int pwrite_chunk(st_store *st, int fd, const uint8_t *p, size_t n, uint64_t off)
+int st_store__pwrite_chunk(st_store *st, int fd, const uint8_t *p, size_t n, uint64_t off)
 {
     while (n) {
         ssize_t w = st->sys.pwrite(fd, p, n, off);

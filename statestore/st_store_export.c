@@ -30,9 +30,9 @@ static int export_verbatim(st_store *st, const char *id, uint64_t v, const uint8
         rc = st_error_set(ENOMEM, "export: no memory for %llu bytes", (unsigned long long)sec->length);
         goto done;
     }
-    jobs_for_section(m, m->n_sec - 1, buf, jobs, &nj);
+    st_store__jobs_for_section(m, m->n_sec - 1, buf, jobs, &nj);
     st_store__progress(st, "read", 0, sec->length);
-    if ((rc = fetch(st, id, v, mbuf, mlen, m, jobs, nj)))
+    if ((rc = st_store__fetch(st, id, v, mbuf, mlen, m, jobs, nj)))
         goto done;
     st_store__progress(st, "read", sec->length, sec->length);
     rc = st_file_replace(path, buf, sec->length);
@@ -60,7 +60,7 @@ int st_store_export(st_store *st, const char *id, uint64_t version, const char *
     if (!st || !path)
         return st_error_set(ST_EINVAL, "export: no store or path");
     for (int attempt = 0;; attempt++) {
-        int rc = manifest_read(st, id, version, &v, &mbuf, &mlen, NULL);
+        int rc = st_store__manifest_read(st, id, version, &v, &mbuf, &mlen, NULL);
         if (rc)
             return rc;
         snprintf(what, sizeof what, "session %s version %llu", id, (unsigned long long)v);
@@ -192,7 +192,7 @@ int st_store_import(st_store *st, const char *path, const char *id, const st_put
         buf = NULL;
     }
     st_store__progress(st, "store", 0, 1);
-    rc = put_ex(st, id, img, ST_STORE_HEAD_ANY, opts, &fa, version);
+    rc = st_store__put_ex(st, id, img, ST_STORE_HEAD_ANY, opts, &fa, version);
     if (!rc)
         st_store__progress(st, "store", 1, 1);
 done:

@@ -29,7 +29,7 @@ static int head_missing(const char *id, uint64_t head)
 }
 
 /* One read: copy the session record and version's manifest out of a read transaction. */
-static int manifest_read(st_store *st, const char *id, uint64_t version, uint64_t *resolved, uint8_t **mbuf,
+int st_store__manifest_read(st_store *st, const char *id, uint64_t version, uint64_t *resolved, uint8_t **mbuf,
                          size_t *mlen, st_session_rec *rec_out)
 {
     MDB_txn *txn = NULL;
@@ -42,7 +42,7 @@ static int manifest_read(st_store *st, const char *id, uint64_t version, uint64_
     int rc = st_store__rtxn(st, &txn);
     if (rc)
         goto done;
-    if ((rc = session_get(st, txn, id, &rec, &found)))
+    if ((rc = st_store__session_get(st, txn, id, &rec, &found)))
         goto done;
     if (!found) {
         rc = st_error_set(ST_ENOTFOUND, "no session %s", id);
@@ -77,18 +77,10 @@ done:
     if (txn)
         mdb_txn_abort(txn);
     pthread_rwlock_unlock(&st->lock);
-    if (rc && is_lmdb_code(rc))
+    if (rc && st_store__is_lmdb(rc))
         rc = st_store__lmdb_err(rc, "reading a manifest");
     return rc;
 }
-
-/* A chunk to bring out of the store into dst (raw_len bytes). */
-typedef struct st_job {
-    uint32_t chunk;     /* index in the manifest's chunk table */
-    uint8_t *dst;
-    uint8_t *staged;    /* where its stored bytes were copied when framed (into the stage) */
-    const void *src;    /* in the map: valid only while fetch's read transaction is open */
-} st_job;
 
 typedef struct st_fetch {
     st_store *st;
@@ -99,8 +91,6 @@ typedef struct st_fetch {
     uint64_t version;
     int sha;
 } st_fetch;
-
-#define ST_CHANGED (-4900) /* private to this file: the manifest changed between two reads */
 
 /* Copy one job's stored bytes out of the map. Runs on helper threads while the thread that owns
  * the read transaction keeps it open (the snapshot's pages stay mapped and unchanged until it
@@ -152,7 +142,7 @@ static int fetch_verify_one(void *ctx, size_t i, st_frame_ctx **fctx)
 
 /* Copy the jobs' chunks out of one read transaction (after checking the manifest is still the
  * one in mbuf), end it, then check and decode them (invariant 3). */
-static int fetch(st_store *st, const char *id, uint64_t version, const uint8_t *mbuf, size_t mlen,
+int st_store__fetch(st_store *st, const char *id, uint64_t version, const uint8_t *mbuf, size_t mlen,
                  const st_manifest *m, st_job *jobs, size_t n)
 {
     MDB_txn *txn = NULL;
@@ -229,7 +219,7 @@ unlock:
         st_fetch f = {st, m, jobs, n, id, version, st->opts.verify_sha256};
         unsigned threads = bytes < ST_PAR_MIN_BYTES ? 1 : st->threads;
         rc = st_store__par_run(threads, n, fetch_verify_one, &f);
-    } else if (is_lmdb_code(rc)) {
+    } else if (st_store__is_lmdb(rc)) {
         rc = st_store__lmdb_err(rc, "reading chunks");
     }
     free(stage);
@@ -288,7 +278,7 @@ int st_store__manifest_layout_check(const st_manifest *m, const st_geometry *g, 
     return 0;
 }
 
-static int jobs_for_section(const st_manifest *m, uint32_t s, uint8_t *base, st_job *jobs, size_t *n)
+int st_store__jobs_for_section(const st_manifest *m, uint32_t s, uint8_t *base, st_job *jobs, size_t *n)
 {
     const st_msection *sec = &m->sec[s];
     uint64_t off = 0;
@@ -322,7 +312,7 @@ static int get_once(st_store *st, const char *id, uint64_t version, const st_ima
     char what[ST_STORE_ID_MAX + 64];
     size_t nj = 0;
     memset(&m, 0, sizeof m);
-    int rc = manifest_read(st, id, version, &v, &mbuf, &mlen, &rec);
+    int rc = st_store__manifest_read(st, id, version, &v, &mbuf, &mlen, &rec);
     if (rc)
         return rc;
     snprintf(what, sizeof what, "session %s version %llu", id, (unsigned long long)v);
@@ -341,8 +331,8 @@ static int get_once(st_store *st, const char *id, uint64_t version, const st_ima
     }
     /* First the geometry (one chunk of at most 4 MiB): every other length is checked against it
      * before anything is allocated for it. */
-    jobs_for_section(&m, 0, geo, jobs, &nj);
-    if ((rc = fetch(st, id, v, mbuf, mlen, &m, jobs, nj)))
+    st_store__jobs_for_section(&m, 0, geo, jobs, &nj);
+    if ((rc = st_store__fetch(st, id, v, mbuf, mlen, &m, jobs, nj)))
         goto done;
     if ((rc = st_geometry_decode(geo, m.chunks[0].raw_len, &g, &gt)))
         goto done;
@@ -355,8 +345,8 @@ static int get_once(st_store *st, const char *id, uint64_t version, const st_ima
         goto done;
     }
     nj = 0;
-    jobs_for_section(&m, 1, (uint8_t *)tokens, jobs, &nj);
-    if ((rc = fetch(st, id, v, mbuf, mlen, &m, jobs, nj)))
+    st_store__jobs_for_section(&m, 1, (uint8_t *)tokens, jobs, &nj);
+    if ((rc = st_store__fetch(st, id, v, mbuf, mlen, &m, jobs, nj)))
         goto done;
     /* every K/V row and checkpoint tensor is one of the sections copied below (the layout
      * check), so nothing is zeroed first; an image whose copy fails is freed */
@@ -393,9 +383,9 @@ static int get_once(st_store *st, const char *id, uint64_t version, const st_ima
                               s, (unsigned long long)sec->length);
             goto done;
         }
-        jobs_for_section(&m, s, base, jobs, &nj);
+        st_store__jobs_for_section(&m, s, base, jobs, &nj);
     }
-    if ((rc = fetch(st, id, v, mbuf, mlen, &m, jobs, nj)))
+    if ((rc = st_store__fetch(st, id, v, mbuf, mlen, &m, jobs, nj)))
         goto done;
     if (logits && (rc = st_image_logits_set(img, logits, g.n_vocab)))
         goto done;

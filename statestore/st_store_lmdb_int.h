@@ -291,4 +291,96 @@ void st_store_hex(char *dst, const uint8_t *p, size_t n);
 int st_store_sha256(const void *p, size_t n, uint8_t out[ST_STORE_HASH_LEN]);
 uint64_t st_store_now_ns(void);
 
+/* ---- the store's files (st_lmdb_store.c: environment; st_store_put.c, st_store_get.c,
+ * st_store_export.c, st_store_catalog.c, st_store_par.c, st_store_direct.c): what they share --- */
+
+#define ST_GET_RETRIES 3
+#define ST_PAR_MIN_BYTES (4u << 20) /* below this, one thread does all the hashing */
+#define ST_VERIFY_EVERY 16          /* put: about one existing chunk in 16 is compared */
+/* A reserved put writes new chunks of at least this many bytes with pwrite (smaller ones, in
+ * B-tree leaves, are copied into the map). */
+#define ST_PWRITE_MIN (8u << 10)
+
+/* 1 for an LMDB error code (MDB_KEYEXIST..MDB_LAST_ERRCODE). */
+int st_store__is_lmdb(int rc);
+/* The most bytes the map may take now (the budget, or the data file plus 3/4 of the free disk). */
+uint64_t st_store__map_budget(const st_store *st);
+
+typedef struct st_piece {
+    const uint8_t *src;   /* raw bytes (in the image, the geometry record or the file) */
+    uint32_t raw_len;
+    uint32_t elem;        /* shuffle width for compression (0: none) */
+    int no_compress;
+    uint8_t *framed;      /* owned: the frame, when it is smaller than the raw bytes */
+    const uint8_t *stored;
+    uint32_t stored_len;
+    uint8_t hash[ST_STORE_HASH_LEN];
+    uint64_t xxh;
+} st_piece;
+
+typedef struct st_plan {
+    st_manifest m;        /* sections/chunks filled by the cut, chunks by the hashing */
+    uint32_t cap_sec, cap_chunks;
+    st_piece *pieces;
+    int compress;
+    int verify_sha;       /* get: SHA-256 instead of XXH3 */
+} st_plan;
+
+typedef struct st_put_ctx {
+    const char *id;
+    st_plan *plan;
+    const st_image *img;
+    uint64_t expected;
+    uint8_t *mbuf;
+    size_t mlen;
+    uint8_t digest[ST_STORE_HASH_LEN];
+    const char *label;
+    st_put_stats stats;
+    double t_fn, t_pop, t_ins; /* STRATA_STORE_TRACE: write start, populate done, inserts done */
+    int attempts;
+    uint64_t wb_done, wb_hi;   /* early writeback: file bytes handed to it, end of the copies */
+} st_put_ctx;
+
+typedef struct st_file_as {
+    uint32_t version;
+    int compress, shuffle;
+    const uint8_t *verbatim;
+    size_t verbatim_len;
+} st_file_as;
+
+/* A chunk to bring out of the store into dst (raw_len bytes). */
+typedef struct st_job {
+    uint32_t chunk;     /* index in the manifest's chunk table */
+    uint8_t *dst;
+    uint8_t *staged;    /* where its stored bytes were copied when framed (into the stage) */
+    const void *src;    /* in the map: valid only while fetch's read transaction is open */
+} st_job;
+
+#define ST_CHANGED (-4900) /* the manifest changed between two reads (get, export) */
+
+/* put (st_store_put.c); fa (NULL for a plain put) says how the image came as a session file. */
+int st_store__put_ex(st_store *st, const char *id, const st_image *img, uint64_t expected, const st_put_opts *opts,
+                     const st_file_as *fa, uint64_t *version);
+
+/* get (st_store_get.c): one read of a session record and a version's manifest (copied out);
+ * the jobs of one section; copying jobs' chunks out of one read transaction and checking them. */
+int st_store__manifest_read(st_store *st, const char *id, uint64_t version, uint64_t *resolved, uint8_t **mbuf,
+                            size_t *mlen, st_session_rec *rec_out);
+int st_store__jobs_for_section(const st_manifest *m, uint32_t s, uint8_t *base, st_job *jobs, size_t *n);
+int st_store__fetch(st_store *st, const char *id, uint64_t version, const uint8_t *mbuf, size_t mlen,
+                    const st_manifest *m, st_job *jobs, size_t n);
+
+/* catalog (st_store_catalog.c): session records and retention inside a write transaction. */
+int st_store__session_get(st_store *st, MDB_txn *txn, const char *id, st_session_rec *rec, int *found);
+int st_store__session_put(st_store *st, MDB_txn *txn, const char *id, const st_session_rec *rec);
+int st_store__label_apply(st_session_rec *rec, const char *id, const char *name, uint64_t version);
+int st_store__prune_txn(st_store *st, MDB_txn *txn, const char *id, st_session_rec *rec, uint32_t keep,
+                        uint32_t *pruned);
+
+/* the fast path (st_store_direct.c) */
+int st_store__put_populate(st_store *st, MDB_txn *txn, const st_plan *p, int *direct);
+void st_store__writeback_hint(st_store *st, st_put_ctx *c, const char *from, const char *to);
+int st_store__overflow_at(st_store *st, const char *base, const char *at);
+int st_store__pwrite_chunk(st_store *st, int fd, const uint8_t *p, size_t n, uint64_t off);
+
 #endif /* ST_STORE_LMDB_INT_H */

@@ -18,26 +18,6 @@
 
 /* ---- cutting an image into chunks --------------------------------------------------------------- */
 
-typedef struct st_piece {
-    const uint8_t *src;   /* raw bytes (in the image, the geometry record or the file) */
-    uint32_t raw_len;
-    uint32_t elem;        /* shuffle width for compression (0: none) */
-    int no_compress;
-    uint8_t *framed;      /* owned: the frame, when it is smaller than the raw bytes */
-    const uint8_t *stored;
-    uint32_t stored_len;
-    uint8_t hash[ST_STORE_HASH_LEN];
-    uint64_t xxh;
-} st_piece;
-
-typedef struct st_plan {
-    st_manifest m;        /* sections/chunks filled by the cut, chunks by the hashing */
-    uint32_t cap_sec, cap_chunks;
-    st_piece *pieces;
-    int compress;
-    int verify_sha;       /* get: SHA-256 instead of XXH3 */
-} st_plan;
-
 static void plan_free(st_plan *p)
 {
     if (!p)
@@ -200,21 +180,6 @@ static int prepare_one(void *ctx, size_t i, st_frame_ctx **fctx)
 
 /* ---- put ------------------------------------------------------------------------------------------- */
 
-typedef struct st_put_ctx {
-    const char *id;
-    st_plan *plan;
-    const st_image *img;
-    uint64_t expected;
-    uint8_t *mbuf;
-    size_t mlen;
-    uint8_t digest[ST_STORE_HASH_LEN];
-    const char *label;
-    st_put_stats stats;
-    double t_fn, t_pop, t_ins; /* STRATA_STORE_TRACE: write start, populate done, inserts done */
-    int attempts;
-    uint64_t wb_done, wb_hi;   /* early writeback: file bytes handed to it, end of the copies */
-} st_put_ctx;
-
 /* Monotonic milliseconds, for STRATA_STORE_TRACE. */
 static double trace_ms(void)
 {
@@ -247,7 +212,6 @@ static int geometry_mismatch(st_store *st, MDB_txn *txn, const char *id, const s
     return st_error_set(ST_EGEOMETRY, "session %s was saved with another geometry", id);
 }
 
-
 static int put_fn(st_store *st, MDB_txn *txn, void *arg)
 {
     st_put_ctx *c = arg;
@@ -255,7 +219,7 @@ static int put_fn(st_store *st, MDB_txn *txn, void *arg)
     st_session_rec rec;
     int found = 0;
     memset(&c->stats, 0, sizeof c->stats);
-    int rc = session_get(st, txn, c->id, &rec, &found);
+    int rc = st_store__session_get(st, txn, c->id, &rec, &found);
     if (rc)
         return rc;
     if (c->expected == ST_STORE_HEAD_NONE && found)
@@ -286,7 +250,7 @@ static int put_fn(st_store *st, MDB_txn *txn, void *arg)
     c->wb_done = c->wb_hi = 0;
     c->t_fn = trace_ms();
     int direct = 0;
-    if ((rc = put_populate(st, txn, p, &direct)))
+    if ((rc = st_store__put_populate(st, txn, p, &direct)))
         return rc;
     c->t_pop = trace_ms();
     mdb_filehandle_t fd = -1;
@@ -302,12 +266,12 @@ static int put_fn(st_store *st, MDB_txn *txn, void *arg)
         if (rc == 0) {
             const char *at = (const char *)v.mv_data;
             if (direct && pc->stored_len >= ST_PWRITE_MIN &&
-                (!overflow_at(st, base, at) || (uint64_t)(at - base) + pc->stored_len > st->map_base_size))
+                (!st_store__overflow_at(st, base, at) || (uint64_t)(at - base) + pc->stored_len > st->map_base_size))
                 direct = 0; /* the map is not where it was looked up: copy through it from now on */
             if (direct && pc->stored_len >= ST_PWRITE_MIN) {
-                if ((rc = pwrite_chunk(st, fd, pc->stored, pc->stored_len, (uint64_t)(at - base))))
+                if ((rc = st_store__pwrite_chunk(st, fd, pc->stored, pc->stored_len, (uint64_t)(at - base))))
                     return rc;
-                writeback_hint(st, c, at, at + pc->stored_len);
+                st_store__writeback_hint(st, c, at, at + pc->stored_len);
             } else {
                 memcpy(v.mv_data, pc->stored, pc->stored_len);
             }
@@ -356,11 +320,11 @@ static int put_fn(st_store *st, MDB_txn *txn, void *arg)
     rec.next_version = version + 1;
     rec.n_versions++;
     rec.updated_ns = now;
-    if (c->label && (rc = label_apply(&rec, c->id, c->label, version)))
+    if (c->label && (rc = st_store__label_apply(&rec, c->id, c->label, version)))
         return rc;
-    if ((rc = prune_txn(st, txn, c->id, &rec, st->keep_last, &c->stats.pruned)))
+    if ((rc = st_store__prune_txn(st, txn, c->id, &rec, st->keep_last, &c->stats.pruned)))
         return rc;
-    if ((rc = session_put(st, txn, c->id, &rec)))
+    if ((rc = st_store__session_put(st, txn, c->id, &rec)))
         return rc;
     c->t_ins = trace_ms();
     c->stats.version = version;
@@ -369,13 +333,6 @@ static int put_fn(st_store *st, MDB_txn *txn, void *arg)
     c->stats.stored_bytes = p->m.stored_bytes;
     return 0;
 }
-
-typedef struct st_file_as {
-    uint32_t version;
-    int compress, shuffle;
-    const uint8_t *verbatim;
-    size_t verbatim_len;
-} st_file_as;
 
 /* A version is only kept when a restore of it can succeed: the state hash the image records
  * (nonzero) must be the hash of its own tokens, K/V and live checkpoint (st_store.h, "the state
@@ -395,7 +352,7 @@ static int put_state_hash_check(const st_image *img, const char *id, unsigned th
     return 0;
 }
 
-static int put_ex(st_store *st, const char *id, const st_image *img, uint64_t expected, const st_put_opts *opts,
+int st_store__put_ex(st_store *st, const char *id, const st_image *img, uint64_t expected, const st_put_opts *opts,
                   const st_file_as *fa, uint64_t *version)
 {
     st_plan plan;
@@ -480,5 +437,5 @@ done:
 int st_store_put(st_store *st, const char *id, const st_image *img, uint64_t expected_head,
                  const st_put_opts *opts, uint64_t *version)
 {
-    return put_ex(st, id, img, expected_head, opts, NULL, version);
+    return st_store__put_ex(st, id, img, expected_head, opts, NULL, version);
 }
