@@ -4,8 +4,8 @@
  * rest of the store: st_store_put.c (put), st_store_get.c (get), st_store_export.c (export and
  * import), st_store_catalog.c (listing, deletion, labels), st_store_par.c (the thread pool),
  * st_store_direct.c (the put's fast path on LMDB internals); check, stat, gc and backup in
- * st_store_admin.c; the records' bytes in st_store_records.c. docs/STORE.md is the description; these are the rules the code
- * keeps:
+ * st_store_admin.c; the records' bytes in st_store_records.c. docs/STORE.md is the description;
+ * these are the rules all of these files keep:
  *
  * 1. Every write is one LMDB write transaction run by st_store__write: a manifest commits with
  *    its new chunks, its count increments, the session record and any retention deletions, or
