@@ -585,6 +585,7 @@ int st_store__open_any(st_store **out, const char *dir, const st_store_opts *opt
         st->have_refcounts = 1;
         st->keep_last = st->opts.keep_last ? st->opts.keep_last : ST_STORE_KEEP_LAST_DEFAULT;
     }
+    st_store__direct_probe(st); /* the put's fast path, or plain mdb_put (st_store_direct.c) */
     *out = st;
     return 0;
 fail:

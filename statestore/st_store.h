@@ -758,6 +758,8 @@ typedef struct st_store_stats {
                                    (0 when it is empty): the largest value that fits without
                                    growing the file */
     uint64_t file_bytes;        /* bytes data.mdb occupies on disk */
+    char put_path[192];         /* how this handle's puts write: "fast path" (st_store_direct.c),
+                                   or "plain mdb_put: " and why the fast path is off */
 } st_store_stats;
 /* The free map in pages: pages_used - pages_free hold data (of which zero_count_bytes are chunks
  * a gc frees), pages_free are freed pages LMDB reuses for later writes (those a reader still

@@ -923,6 +923,9 @@ int st_store_stat(st_store *st, st_store_stats *out)
     MDB_envinfo info;
     mdb_env_info(st->env, &info);
     s.pages_used = (uint64_t)info.me_last_pgno + 1;
+    int direct = 0;
+    const char *why = st_store__direct_status(st, &direct);
+    snprintf(s.put_path, sizeof s.put_path, "%s%s", direct ? "fast path" : "plain mdb_put: ", why);
     s.map_size = info.me_mapsize;
     MDB_stat ms;
     if ((rc = mdb_stat(txn, st->dbi_sessions, &ms)))

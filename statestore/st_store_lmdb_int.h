@@ -38,6 +38,8 @@ struct st_store {
     uint64_t map_base_size;
     uint32_t verify_tick;     /* put: which existing chunks to compare (inside write txns only) */
     uint32_t damaged_dbs;     /* ST_STORE_DB_* a start-up scan found damaged (st_store_damaged_dbs_set) */
+    int direct;               /* put's fast path (st_store_direct.c) on; chosen at open */
+    char direct_why[160];     /* why it is off */
     /* st_store__value_check: the mapping of data.mdb last seen holding a value, [vc_lo, vc_hi)
      * with the file's offset 0 at vc_base (reset by every remap; under vc_mu) */
     pthread_mutex_t vc_mu;
@@ -338,7 +340,7 @@ typedef struct st_put_ctx {
     st_put_stats stats;
     double t_fn, t_pop, t_ins; /* STRATA_STORE_TRACE: write start, populate done, inserts done */
     int attempts;
-    uint64_t wb_done, wb_hi;   /* early writeback: file bytes handed to it, end of the copies */
+    int direct;                /* the last attempt wrote with pwrite (the fast path) */
 } st_put_ctx;
 
 typedef struct st_file_as {
@@ -377,10 +379,31 @@ int st_store__label_apply(st_session_rec *rec, const char *id, const char *name,
 int st_store__prune_txn(st_store *st, MDB_txn *txn, const char *id, st_session_rec *rec, uint32_t keep,
                         uint32_t *pruned);
 
-/* the fast path (st_store_direct.c) */
-int st_store__put_populate(st_store *st, MDB_txn *txn, const st_plan *p, int *direct);
-void st_store__writeback_hint(st_store *st, st_put_ctx *c, const char *from, const char *to);
-int st_store__overflow_at(st_store *st, const char *base, const char *at);
-int st_store__pwrite_chunk(st_store *st, int fd, const uint8_t *p, size_t n, uint64_t off);
+/* ---- the put's fast path (st_store_direct.c: its top comment lists what it assumes of LMDB) -- */
+
+/* One put's use of it, inside one write transaction. */
+typedef struct st_direct {
+    int on;                    /* new large chunks go in with pwrite (else: copied) */
+    mdb_filehandle_t fd;
+    const char *base;          /* the map, as looked up */
+    uint64_t wb_done, wb_hi;   /* early writeback: file bytes handed to it, end of the copies */
+} st_direct;
+/* Reserve (and with the fast path on, populate) the file range the plan's new chunks will take;
+ * MDB_MAP_FULL when they cannot fit and the map may grow; ST_EFULL when the disk cannot. */
+int st_store__direct_begin(st_store *st, MDB_txn *txn, const st_plan *p, st_direct *d);
+/* Insert one chunk under its hash with MDB_NOOVERWRITE: 0 (stored), MDB_KEYEXIST (v is the
+ * stored value), or an error. */
+int st_store__direct_insert(st_store *st, MDB_txn *txn, st_direct *d, const st_piece *pc, MDB_val *v);
+/* At open: check the fast path's assumptions against the running liblmdb and this environment;
+ * sets st->direct and, when off, st->direct_why (also on stderr with STRATA_STORE_TRACE). */
+void st_store__direct_probe(st_store *st);
+/* The assumptions as a pure function (tests feed it other versions and damaged meta pages): 1
+ * when they hold, else 0 and why in dst. meta0/meta1: the first meta_len bytes of pages 0 and 1. */
+int st_store__direct_check(int major, int minor, uint32_t psize, long os_page, const uint8_t *meta0,
+                           const uint8_t *meta1, size_t meta_len, char *dst, size_t cap);
+/* Bytes of a meta page st_store__direct_check reads. */
+#define ST_DIRECT_PROBE_BYTES 44u
+/* "" when the fast path is on (*on = 1), else why it is off. */
+const char *st_store__direct_status(const st_store *st, int *on);
 
 #endif /* ST_STORE_LMDB_INT_H */

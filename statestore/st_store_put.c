@@ -247,34 +247,19 @@ static int put_fn(st_store *st, MDB_txn *txn, void *arg)
     uint64_t version = rec.next_version;
     st_manifest_patch(c->mbuf, c->mlen, version, now);
     c->attempts++;
-    c->wb_done = c->wb_hi = 0;
     c->t_fn = trace_ms();
-    int direct = 0;
-    if ((rc = st_store__put_populate(st, txn, p, &direct)))
+    st_direct d;
+    if ((rc = st_store__direct_begin(st, txn, p, &d)))
         return rc;
     c->t_pop = trace_ms();
-    mdb_filehandle_t fd = -1;
-    const char *base = (const char *)st->map_base;
-    if (direct && (mdb_env_get_fd(st->env, &fd) || !base))
-        direct = 0;
+    c->direct = d.on;
     uint32_t tick = st->verify_tick++;
 
     for (uint32_t i = 0; i < p->m.n_chunks; i++) {
         const st_piece *pc = &p->pieces[i];
-        MDB_val k = {ST_STORE_HASH_LEN, (void *)pc->hash}, v = {pc->stored_len, NULL};
-        rc = mdb_put(txn, st->dbi_chunks, &k, &v, MDB_NOOVERWRITE | MDB_RESERVE);
+        MDB_val k = {ST_STORE_HASH_LEN, (void *)pc->hash}, v;
+        rc = st_store__direct_insert(st, txn, &d, pc, &v);
         if (rc == 0) {
-            const char *at = (const char *)v.mv_data;
-            if (direct && pc->stored_len >= ST_PWRITE_MIN &&
-                (!st_store__overflow_at(st, base, at) || (uint64_t)(at - base) + pc->stored_len > st->map_base_size))
-                direct = 0; /* the map is not where it was looked up: copy through it from now on */
-            if (direct && pc->stored_len >= ST_PWRITE_MIN) {
-                if ((rc = st_store__pwrite_chunk(st, fd, pc->stored, pc->stored_len, (uint64_t)(at - base))))
-                    return rc;
-                st_store__writeback_hint(st, c, at, at + pc->stored_len);
-            } else {
-                memcpy(v.mv_data, pc->stored, pc->stored_len);
-            }
             c->stats.new_chunks++;
             c->stats.new_bytes += pc->stored_len;
         } else if (rc == MDB_KEYEXIST) {
@@ -420,9 +405,10 @@ int st_store__put_ex(st_store *st, const char *id, const st_image *img, uint64_t
     if (getenv("STRATA_STORE_TRACE") && *getenv("STRATA_STORE_TRACE"))
         fprintf(stderr, "strata store put %s: %.1f MB in %u chunks (%u new): state hash %.1f ms, "
                 "hash and frame %.1f ms, reserve %.1f ms, inserts %.1f ms, commit %.1f ms (%d "
-                "attempt%s)\n", id, (double)total / 1e6, plan.m.n_chunks, c.stats.new_chunks,
+                "attempt%s; %s)\n", id, (double)total / 1e6, plan.m.n_chunks, c.stats.new_chunks,
                 th - t0, t1 - th, c.t_pop - c.t_fn,
-                c.t_ins - c.t_pop, trace_ms() - c.t_ins, c.attempts, c.attempts == 1 ? "" : "s");
+                c.t_ins - c.t_pop, trace_ms() - c.t_ins, c.attempts, c.attempts == 1 ? "" : "s",
+                c.direct ? "fast path: pwrite" : st->direct ? "fast path: copied" : "plain mdb_put");
     if (version)
         *version = c.stats.version;
     if (opts && opts->stats)
