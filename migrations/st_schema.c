@@ -1,9 +1,14 @@
 /*
- * st_schema.c - the store's numbered schema steps and the driver that runs them.
+ * st_schema.c - the store's numbered schema steps and the driver that runs them. The steps'
+ * bodies, which rewrite LMDB records, live with the store (statestore/st_store_schema.c); this
+ * file numbers and names them and drives them through the store's public schema API only
+ * (st_store_open_schema, st_store_schema, st_store_schema_step, st_store_schema_backup in
+ * st_store.h): it includes no private header of the store and touches no LMDB handle.
  *
  * Invariants:
  * 1. A step never changes meaning: a new layout gets a new step with the next number.
- * 2. Every step is a sequence of write transactions that each move whole records, and leaves
+ * 2. (Kept by the steps' bodies in statestore/st_store_schema.c.)
+ *    Every step is a sequence of write transactions that each move whole records, and leaves
  *    the schema number to its last transaction; the meta key "migrating" is set by its first.
  *    A store interrupted anywhere is therefore either untouched, or marked and resumable: each
  *    step recognises the records it already moved.
@@ -17,20 +22,17 @@
 #include <unistd.h>
 
 #include "st_migrate.h"
-#include "st_store_lmdb_int.h"
 
 
 /* ---- the table of steps ------------------------------------------------------------------------- */
 
+/* Each step's body is the store's (st_store_schema_step with its `from`). */
 typedef struct st_step_impl {
     st_schema_step info;
-    int (*run)(st_store *st, uint64_t *items);
-    int (*count)(st_store *st, uint64_t *items);
 } st_step_impl;
 
 static const st_step_impl st_steps[] = {
-    {{1, "refcounts-db", "move each chunk's reference count out of its value into the refcounts database"},
-     step12_run, step12_count},
+    {{1, "refcounts-db", "move each chunk's reference count out of its value into the refcounts database"}},
 };
 #define ST_N_STEPS (sizeof st_steps / sizeof st_steps[0])
 
@@ -62,7 +64,6 @@ static int default_backup_dir(const char *dir, uint32_t schema, char *dst, size_
     return st_error_set(ST_EINVAL, "migrate: no free name for a backup next to %s", dir);
 }
 
-
 /* st_schema_migrate; resume_hint ends the detail of a step that stopped. */
 static int migrate_dir(const char *dir, const st_schema_migrate_opts *opts, st_schema_migrate_report *rep,
                        const char *resume_hint)
@@ -78,56 +79,59 @@ static int migrate_dir(const char *dir, const st_schema_migrate_opts *opts, st_s
         o.progress_arg = opts->progress_arg;
     }
     o.read_only = dry;
-    int rc = st_store__open_any(&st, dir, &o, 0);
+    int rc = st_store_open_schema(&st, dir, &o);
     if (rc)
         goto done;
-    r.from = r.to = st->schema;
-    if (st->schema > ST_STORE_SCHEMA) {
-        rc = st_error_set(ST_EVERSION, "store schema %u is newer than this build's %u", st->schema, ST_STORE_SCHEMA);
+    uint32_t schema = st_store_schema(st);
+    r.from = r.to = schema;
+    if (schema > ST_STORE_SCHEMA) {
+        rc = st_error_set(ST_EVERSION, "store schema %u is newer than this build's %u", schema, ST_STORE_SCHEMA);
         goto done;
     }
-    if (st->schema == ST_STORE_SCHEMA)
+    if (schema == ST_STORE_SCHEMA)
         goto done; /* nothing to do */
     for (size_t i = 0; i < ST_N_STEPS; i++)
-        if (st_steps[i].info.from >= st->schema && st_steps[i].info.from < ST_STORE_SCHEMA)
+        if (st_steps[i].info.from >= schema && st_steps[i].info.from < ST_STORE_SCHEMA)
             r.n_steps++;
-    if (r.n_steps != ST_STORE_SCHEMA - st->schema) {
-        rc = st_error_set(ST_EVERSION, "store schema %u: this build has no steps from it to %u", st->schema,
+    if (r.n_steps != ST_STORE_SCHEMA - schema) {
+        rc = st_error_set(ST_EVERSION, "store schema %u: this build has no steps from it to %u", schema,
                           ST_STORE_SCHEMA);
         goto done;
     }
     if (dry) {
         for (size_t i = 0; i < ST_N_STEPS && !rc; i++)
-            if (st_steps[i].info.from >= st->schema)
-                rc = st_steps[i].count(st, &r.items);
+            if (st_steps[i].info.from >= schema)
+                rc = st_store_schema_step(st, st_steps[i].info.from, 1, &r.items);
         r.to = ST_STORE_SCHEMA;
         goto done;
     }
     if (!(opts && opts->no_backup)) {
         if (opts && opts->backup_dir)
             snprintf(r.backup_dir, sizeof r.backup_dir, "%s", opts->backup_dir);
-        else if ((rc = default_backup_dir(dir, st->schema, r.backup_dir, sizeof r.backup_dir)))
+        else if ((rc = default_backup_dir(dir, schema, r.backup_dir, sizeof r.backup_dir)))
             goto done;
-        st_store__progress(st, "backup", 0, 1);
-        if ((rc = backup_old(st, r.backup_dir))) {
+        if (o.progress)
+            o.progress(o.progress_arg, "backup", 0, 1);
+        if ((rc = st_store_schema_backup(st, r.backup_dir))) {
             r.backup_dir[0] = '\0';
             goto done;
         }
-        st_store__progress(st, "backup", 1, 1);
+        if (o.progress)
+            o.progress(o.progress_arg, "backup", 1, 1);
     }
     for (size_t i = 0; i < ST_N_STEPS && !rc; i++) {
-        if (st_steps[i].info.from != st->schema)
+        if (st_steps[i].info.from != schema)
             continue;
-        rc = st_steps[i].run(st, &r.items);
+        rc = st_store_schema_step(st, schema, 0, &r.items);
         if (rc) {
             char d[512];
             snprintf(d, sizeof d, "%s", st_errdetail());
-            rc = st_error_set(rc, "migrate: step %u -> %u (%s) stopped: %s%s", st->schema, st->schema + 1,
+            rc = st_error_set(rc, "migrate: step %u -> %u (%s) stopped: %s%s", schema, schema + 1,
                               st_steps[i].info.name, d, resume_hint);
             break;
         }
-        st->schema++;
-        r.to = st->schema;
+        schema = st_store_schema(st);
+        r.to = schema;
     }
 done:
     st_store_close(st);

@@ -1,7 +1,7 @@
 /*
- * st_store_lmdb_int.h - internals of the LMDB store shared by its .c files, the schema steps in
- * migrations/ (which open an older store through st_store__open_any) and white-box tests.
- * Nothing else includes this header. docs/STORE.md describes every record below byte by byte.
+ * st_store_lmdb_int.h - internals of the LMDB store shared by its .c files (statestore/) and
+ * white-box tests. Nothing else includes this header: migrations/ drives the schema steps, which
+ * live in st_store_schema.c, through st_store.h's schema API. docs/STORE.md describes every record below byte by byte.
  */
 #ifndef ST_STORE_LMDB_INT_H
 #define ST_STORE_LMDB_INT_H

@@ -1,7 +1,20 @@
 /*
  * st_store_schema.c - the schema steps that rewrite the store's records of an older schema in
- * LMDB, and the backup taken before them. They live with the store (they touch its databases
- * directly); migrations/st_schema.c numbers and names the steps and drives them.
+ * LMDB, and the backup taken before them. They live with the store because they read and write
+ * its databases directly (an old schema's records are the store's format, docs/STORE.md);
+ * migrations/st_schema.c numbers and names the steps, takes the decisions (dry run, backup
+ * name, resume) and drives them through the store's narrow schema API (st_store.h, "schema
+ * steps"): st_store_open_schema, st_store_schema, st_store_schema_step, st_store_schema_backup.
+ *
+ * Invariants (those of migrations/st_schema.c, kept here):
+ * 1. Every step is a sequence of write transactions that each move whole records, and leaves
+ *    the schema number to its last transaction; the meta key "migrating" is set by its first.
+ *    A store interrupted anywhere is therefore either untouched, or marked and resumable: each
+ *    step recognises the records it already moved.
+ * 2. A step runs only on a store of exactly its `from` schema, and the handle's schema becomes
+ *    from + 1 only when its last transaction committed.
+ * 3. The backup is complete, reopened and its record counts and schema compared before it is
+ *    reported taken; a failed one is removed.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -182,7 +195,7 @@ static int step12_count(st_store *st, uint64_t *items)
 }
 
 /* Compacted copy of the old-schema store, verified by opening it and comparing record counts. */
-static int backup_old(st_store *st, const char *bdir)
+int st_store_schema_backup(st_store *st, const char *bdir)
 {
     int rc = 0;
     if (st->sys.mkdir(bdir, 0755) != 0)
@@ -228,4 +241,37 @@ fail:;
     snprintf(d, sizeof d, "%s", st_errdetail());
     st_store__remove_env_dir(bdir);
     return st_error_set(rc, "migrate: backup to %s failed: %s", bdir, d);
+}
+
+/* ---- the schema API migrations/ drives ------------------------------------------------------- */
+
+int st_store_open_schema(st_store **out, const char *dir, const st_store_opts *opts)
+{
+    if (!out)
+        return st_error_set(ST_EINVAL, "store open: no out pointer");
+    return st_store__open_any(out, dir, opts, 0);
+}
+
+uint32_t st_store_schema(const st_store *st)
+{
+    return st ? st->schema : 0;
+}
+
+int st_store_schema_step(st_store *st, uint32_t from, int count_only, uint64_t *items)
+{
+    if (!st || !items)
+        return st_error_set(ST_EINVAL, "schema step: bad arguments");
+    if (count_only ? from < st->schema : from != st->schema)
+        return st_error_set(ST_EINVAL, "schema step from %u: the store is of schema %u", from, st->schema);
+    int rc;
+    switch (from) {
+    case 1:
+        rc = count_only ? step12_count(st, items) : step12_run(st, items);
+        break;
+    default:
+        return st_error_set(ST_EVERSION, "store schema %u: this build has no step from it", from);
+    }
+    if (!rc && !count_only)
+        st->schema = from + 1;
+    return rc;
 }
