@@ -1,5 +1,5 @@
 /*
- * st_codec.h - Strata's bottom layer: the error space, element codecs (fp32 / bf16 / f16),
+ * st_codec.h - element codecs (fp32 / bf16 / f16),
  * slice-wise conversion with a bounded scratch, byte-shuffle + zstd framing, XXH3-64 checksums.
  *
  * Everything here is a pure function over caller-owned buffers, except the framing context
@@ -7,12 +7,9 @@
  * No function in this module does I/O. All functions are thread-safe; an st_frame_ctx must be
  * used by one thread at a time.
  *
- * The error space of the whole project lives here because every module depends on this one:
- * functions return int, 0 on success, a positive errno value for system errors, or a negative
- * ST_E* code. The ST_E* values are part of the project's contract and are never renumbered.
- * A function that fails with an ST_E* code may also record a detail string on the calling
- * thread ("section KV 3: length 4096 exceeds the 100 bytes that remain"); st_errdetail()
- * returns it until the next error recorded on that thread.
+ * The error space of the whole project (ST_E* codes, st_strerror, the per-thread detail) lives in
+ * common/st_common.h, the layer under this one, which this header includes: every module that
+ * sees the codec sees it.
  */
 #ifndef ST_CODEC_H
 #define ST_CODEC_H
@@ -20,45 +17,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "st_common.h" /* the error space, and the layer under this one */
+
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* ---- errors ----------------------------------------------------------------------------- */
-
-#define ST_ECORRUPT   (-4001) /* stored or received bytes fail a check (checksum, structure) */
-#define ST_EVERSION   (-4002) /* a format or schema version this build does not know */
-#define ST_EGEOMETRY  (-4003) /* state geometry does not match */
-#define ST_ECODEC     (-4004) /* unknown codec id, or a conversion a codec cannot do */
-#define ST_ETOOBIG    (-4005) /* a size beyond a configured or structural limit */
-#define ST_ENOTFOUND  (-4006) /* no such session, version, section, tensor ... */
-#define ST_ECONFLICT  (-4007) /* expected head version is not current */
-#define ST_ENOTSTRATA (-4008) /* input is not a Strata file at all (bad magic) */
-#define ST_EINVAL     (-4009) /* an invalid argument or request */
-#define ST_EMODEL     (-4010) /* model fingerprint does not match */
-#define ST_EFULL      (-4011) /* the store's map or the disk is full */
-#define ST_ELOSSY     (-4012) /* the operation would lose information (e.g. v1 from bf16 state) */
-#define ST_EBUSY      (-4013) /* resource in use, retry later */
-#define ST_ENOMEMGUARD (-4014) /* the memory guard refused (not enough available RAM) */
-#define ST_EIO        (-4015) /* an I/O step failed in a way errno does not describe */
-#define ST_EDAMAGED   (-4016) /* a stored session the start-up scan found damaged (quarantined) */
-#define ST_EFIRST     (-4001)
-#define ST_ELAST      (-4016)
-
-/* Text for any return code: 0, a positive errno or an ST_E* code. Never NULL. */
-const char *st_strerror(int rc);
-
-/* The detail of the last error recorded on this thread ("" when none). Valid until the next
- * st_error_set() on this thread. */
-const char *st_errdetail(void);
-
-/* Record a detail for rc on this thread and return rc, so that code can `return st_error_set(...)`.
- * printf-style; the text is truncated at 511 bytes. The arguments may include st_errdetail() (to
- * wrap a lower layer's detail). */
-int st_error_set(int rc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-/* Clear this thread's detail. */
-void st_error_clear(void);
 
 /* ---- element codecs ------------------------------------------------------------------------
  * On-disk enum: values never change, new codecs are only ever added. */

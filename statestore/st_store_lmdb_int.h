@@ -269,16 +269,7 @@ int st_vkey_parse(const void *key, size_t len, char *id, uint64_t *version);
  * walks one session's versions stops there). */
 int st_vkey_of(const void *key, size_t len, const char *id, size_t idlen, uint64_t *version);
 
-/* ---- little-endian helpers -------------------------------------------------------------------- */
-static inline void st_put32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i)); }
-static inline void st_put64(uint8_t *p, uint64_t v) { for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i)); }
-static inline void st_put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
-static inline uint16_t st_get16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
-static inline uint32_t st_get32(const uint8_t *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-static inline uint64_t st_get64(const uint8_t *p) { return (uint64_t)st_get32(p) | (uint64_t)st_get32(p + 4) << 32; }
+/* little-endian helpers: st_put16/32/64, st_get16/32/64 (st_common.h) */
 
 /* dir + "/" + name into dst; ST_EINVAL when it does not fit. */
 static inline int st_path(char *dst, size_t cap, const char *dir, const char *name)

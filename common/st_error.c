@@ -1,11 +1,13 @@
 /*
  * st_error.c - the project's error space: texts for every code and a per-thread detail string.
+ * Invariant: the detail is written only through a local buffer, so any argument may be
+ * st_errdetail() itself (a wrap of a lower layer's detail); it is always NUL-terminated.
  */
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
-#include "st_codec.h"
+#include "st_common.h"
 
 static _Thread_local char st_detail[512];
 
@@ -57,6 +59,24 @@ int st_error_set(int rc, const char *fmt, ...)
     vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
     memcpy(st_detail, buf, strlen(buf) + 1);
+    return rc;
+}
+
+int st_error_wrap(int rc, const char *fmt, ...)
+{
+    char buf[sizeof st_detail];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    size_t k = n < 0 ? 0 : (size_t)n < sizeof buf ? (size_t)n : sizeof buf - 1;
+    /* ": " and the detail so far, truncated like the rest (st_detail is not changed before this) */
+    for (const char *t = ": "; *t && k + 1 < sizeof buf; t++)
+        buf[k++] = *t;
+    for (const char *t = st_detail; *t && k + 1 < sizeof buf; t++)
+        buf[k++] = *t;
+    buf[k] = '\0';
+    memcpy(st_detail, buf, k + 1);
     return rc;
 }
 
