@@ -87,6 +87,11 @@ void st_store_sys_init(st_store_sys *sys)
 
 /* ---- errors ------------------------------------------------------------------------------------ */
 
+static int is_lmdb(int rc)
+{
+    return rc >= MDB_KEYEXIST && rc <= MDB_LAST_ERRCODE;
+}
+
 int st_store__lmdb_err(int rc, const char *what)
 {
     switch (rc) {
@@ -114,15 +119,15 @@ int st_store__lmdb_err(int rc, const char *what)
     default:
         if (rc > 0)
             return st_error_set(rc, "%s: %s", what, strerror(rc));
-        if (rc >= MDB_KEYEXIST && rc <= MDB_LAST_ERRCODE)
+        if (is_lmdb(rc))
             return st_error_set(ST_EIO, "%s: LMDB: %s", what, mdb_strerror(rc));
         return rc; /* already one of ours, detail set where it happened */
     }
 }
 
-int st_store__is_lmdb(int rc)
+int st_store__edge(int rc, const char *what)
 {
-    return rc >= MDB_KEYEXIST && rc <= MDB_LAST_ERRCODE;
+    return is_lmdb(rc) ? st_store__lmdb_err(rc, what) : rc;
 }
 
 void st_store__progress(const st_store *st, const char *phase, uint64_t done, uint64_t total)
@@ -352,7 +357,7 @@ int st_store__write(st_store *st, int (*fn)(st_store *st, MDB_txn *txn, void *ar
         }
         if (rc == 0)
             return 0;
-        if (st_store__is_lmdb(rc) || rc > 0) {
+        if (is_lmdb(rc) || rc > 0) {
             if (rc == EIO)
                 return st_error_set(EIO, "store %s: committing failed: %s (the change may not be durable; "
                                     "the store keeps a consistent state)", st->dir, strerror(rc));
@@ -493,7 +498,7 @@ int st_store__open_any(st_store **out, const char *dir, const st_store_opts *opt
         return st_error_set(ST_EINVAL, "store open: no directory");
     st = calloc(1, sizeof *st);
     if (!st)
-        return st_error_set(ENOMEM, "store open: no memory");
+        return st_error_set(ENOMEM, "store open: no memory for the handle (%zu bytes)", sizeof *st);
     if (opts)
         st->opts = *opts;
     if (st->opts.sys)
@@ -518,7 +523,7 @@ int st_store__open_any(st_store **out, const char *dir, const st_store_opts *opt
     st->dir = strdup(dir);
     if (!st->dir) {
         free(st);
-        return st_error_set(ENOMEM, "store open: no memory");
+        return st_error_set(ENOMEM, "store open: no memory for the directory's name (%zu bytes)", strlen(dir) + 1);
     }
     int read_only = st->opts.read_only || (extra_flags & MDB_RDONLY);
 

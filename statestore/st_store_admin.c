@@ -34,9 +34,10 @@
 #define ST_READ_BATCH_BYTES (64u << 20)
 #define ST_READ_BATCH_CHUNKS 4096u
 
+/* The edge of check and gc, whose positive codes all come from LMDB calls (errno). */
 static int lmdb_or(int rc, const char *what)
 {
-    return (rc >= MDB_KEYEXIST && rc <= MDB_LAST_ERRCODE) || rc > 0 ? st_store__lmdb_err(rc, what) : rc;
+    return rc > 0 ? st_store__lmdb_err(rc, what) : st_store__edge(rc, what);
 }
 
 /* ---- gc ----------------------------------------------------------------------------------------- */

@@ -66,7 +66,8 @@ static int session_versions(st_store *st, MDB_txn *txn, const char *id, uint64_t
             cap = cap ? cap * 2 : 16;
             uint64_t *nv = realloc(vs, cap * sizeof *nv);
             if (!nv) {
-                rc = st_error_set(ENOMEM, "no memory listing versions");
+                rc = st_error_set(ENOMEM, "no memory listing the versions of session %s (%zu of them, %zu bytes)", id,
+                                  cap, cap * sizeof *nv);
                 goto done;
             }
             vs = nv;
@@ -288,7 +289,7 @@ int st_store_list(st_store *st, st_session_info **out, size_t *n)
             cap = cap ? cap * 2 : 64;
             st_session_info *na = realloc(arr, cap * sizeof *na);
             if (!na) {
-                rc = st_error_set(ENOMEM, "list: no memory");
+                rc = st_error_set(ENOMEM, "list: no memory for %zu sessions (%zu bytes)", cap, cap * sizeof *na);
                 break;
             }
             arr = na;
@@ -306,7 +307,7 @@ int st_store_list(st_store *st, st_session_info **out, size_t *n)
     pthread_rwlock_unlock(&st->lock);
     if (rc) {
         free(arr);
-        return st_store__is_lmdb(rc) ? st_store__lmdb_err(rc, "listing sessions") : rc;
+        return st_store__edge(rc, "listing sessions");
     }
     *out = arr;
     *n = cnt;
@@ -354,7 +355,7 @@ int st_store_list_page(st_store *st, const char *after, st_session_info *out, si
         mdb_txn_abort(txn);
     pthread_rwlock_unlock(&st->lock);
     if (rc)
-        return st_store__is_lmdb(rc) ? st_store__lmdb_err(rc, "listing sessions") : rc;
+        return st_store__edge(rc, "listing sessions");
     *n = cnt;
     return 0;
 }
@@ -376,7 +377,7 @@ int st_store_show(st_store *st, const char *id, st_session_info *out)
         mdb_txn_abort(txn);
     pthread_rwlock_unlock(&st->lock);
     if (rc)
-        return st_store__is_lmdb(rc) ? st_store__lmdb_err(rc, "reading a session") : rc;
+        return st_store__edge(rc, "reading a session");
     if (!found)
         return st_error_set(ST_ENOTFOUND, "no session %s", id);
     session_info_fill(out, id, strlen(id), &rec);
@@ -448,7 +449,8 @@ int st_store_versions(st_store *st, const char *id, st_version_info **out, size_
     if (!rc)
         rc = session_versions(st, txn, id, &vs, &nv);
     if (!rc && !(arr = calloc(nv ? nv : 1, sizeof *arr)))
-        rc = st_error_set(ENOMEM, "versions: no memory");
+        rc = st_error_set(ENOMEM, "versions: no memory for the %zu versions of session %s (%zu bytes)", nv, id,
+                          (nv ? nv : 1) * sizeof *arr);
     for (size_t i = 0; i < nv && !rc; i++) {
         uint8_t kb[ST_VKEY_MAX];
         char what[ST_STORE_ID_MAX + 64];
@@ -471,7 +473,7 @@ int st_store_versions(st_store *st, const char *id, st_version_info **out, size_
     free(vs);
     if (rc) {
         free(arr);
-        return st_store__is_lmdb(rc) ? st_store__lmdb_err(rc, "listing versions") : rc;
+        return st_store__edge(rc, "listing versions");
     }
     *out = arr;
     *n = nv;
@@ -527,7 +529,7 @@ int st_store_versions_page(st_store *st, const char *id, uint64_t after, st_vers
         mdb_txn_abort(txn);
     pthread_rwlock_unlock(&st->lock);
     if (rc)
-        return st_store__is_lmdb(rc) ? st_store__lmdb_err(rc, "listing versions") : rc;
+        return st_store__edge(rc, "listing versions");
     *n = cnt;
     return 0;
 }

@@ -77,8 +77,7 @@ done:
     if (txn)
         mdb_txn_abort(txn);
     pthread_rwlock_unlock(&st->lock);
-    if (rc && st_store__is_lmdb(rc))
-        rc = st_store__lmdb_err(rc, "reading a manifest");
+    rc = st_store__edge(rc, "reading a manifest");
     return rc;
 }
 
@@ -128,7 +127,8 @@ static int fetch_verify_one(void *ctx, size_t i, st_frame_ctx **fctx)
     }
     if (j->staged) {
         if (!*fctx && !(*fctx = st_frame_ctx_new()))
-            return st_error_set(ENOMEM, "no memory for a decompression context");
+            return st_error_set(ENOMEM, "no memory for a decompression context (for a chunk of %u bytes)",
+                                c->raw_len);
         size_t out = 0;
         int rc = st_frame_decode(*fctx, j->dst, c->raw_len, j->staged, c->stored_len, &out);
         if (rc || out != c->raw_len) {
@@ -219,8 +219,8 @@ unlock:
         st_fetch f = {st, m, jobs, n, id, version, st->opts.verify_sha256};
         unsigned threads = bytes < ST_PAR_MIN_BYTES ? 1 : st->threads;
         rc = st_store__par_run(threads, n, fetch_verify_one, &f);
-    } else if (st_store__is_lmdb(rc)) {
-        rc = st_store__lmdb_err(rc, "reading chunks");
+    } else {
+        rc = st_store__edge(rc, "reading chunks");
     }
     free(stage);
     return rc;
@@ -326,7 +326,8 @@ static int get_once(st_store *st, const char *id, uint64_t version, const st_ima
     jobs = calloc(m.n_chunks ? m.n_chunks : 1, sizeof *jobs);
     geo = malloc(m.chunks[0].raw_len);
     if (!jobs || !geo) {
-        rc = st_error_set(ENOMEM, "%s: no memory", what);
+        rc = st_error_set(ENOMEM, "%s: no memory for %u chunk jobs (%zu bytes) and the %u-byte geometry", what,
+                          m.n_chunks, (size_t)(m.n_chunks ? m.n_chunks : 1) * sizeof *jobs, m.chunks[0].raw_len);
         goto done;
     }
     /* First the geometry (one chunk of at most 4 MiB): every other length is checked against it
@@ -341,7 +342,8 @@ static int get_once(st_store *st, const char *id, uint64_t version, const st_ima
         goto done;
     /* Then the tokens (n_tokens <= n_ctx now), to build the image. */
     if (!(tokens = malloc(m.sec[1].length ? m.sec[1].length : 1))) {
-        rc = st_error_set(ENOMEM, "%s: no memory for %llu tokens", what, (unsigned long long)m.n_tokens);
+        rc = st_error_set(ENOMEM, "%s: no memory for %llu tokens (%llu bytes)", what, (unsigned long long)m.n_tokens,
+                          (unsigned long long)m.sec[1].length);
         goto done;
     }
     nj = 0;

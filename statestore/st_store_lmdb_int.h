@@ -58,6 +58,13 @@ int st_store__open_any(st_store **out, const char *dir, const st_store_opts *opt
  * ST_EBUSY, MDB_NOTFOUND -> ST_ENOTFOUND, MDB_VERSION_MISMATCH/MDB_INVALID -> ST_EVERSION,
  * MDB_TXN_FULL -> ST_ETOOBIG, MDB_PANIC -> ST_EIO, other errno values unchanged. */
 int st_store__lmdb_err(int rc, const char *what);
+/* The store's edge. Inside the store, LMDB codes travel up raw from the mdb_* call that gave
+ * them; where a call leaves the store (a public function returns, or the code is reported with
+ * a detail) it goes through here, once: an LMDB code becomes its st_err code with a detail
+ * naming `what` (st_store__lmdb_err's table, the only one); 0, ST_E* codes and errno values that
+ * the store's own code set (with their detail) pass unchanged. st_store__write applies it to
+ * every write (and maps the errno of a commit too). */
+int st_store__edge(int rc, const char *what);
 
 /* Begin a read transaction (caller holds st->lock shared). */
 int st_store__rtxn(st_store *st, MDB_txn **txn);
@@ -294,8 +301,6 @@ uint64_t st_store_now_ns(void);
  * B-tree leaves, are copied into the map). */
 #define ST_PWRITE_MIN (8u << 10)
 
-/* 1 for an LMDB error code (MDB_KEYEXIST..MDB_LAST_ERRCODE). */
-int st_store__is_lmdb(int rc);
 /* The most bytes the map may take now (the budget, or the data file plus 3/4 of the free disk). */
 uint64_t st_store__map_budget(const st_store *st);
 

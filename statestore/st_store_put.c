@@ -37,7 +37,8 @@ static int plan_section(st_plan *p, uint32_t type, uint32_t index, uint32_t tens
         uint32_t cap = p->cap_sec ? p->cap_sec * 2 : 16;
         st_msection *s = realloc(p->m.sec, cap * sizeof *s);
         if (!s)
-            return st_error_set(ENOMEM, "put: no memory for the manifest");
+            return st_error_set(ENOMEM, "put: no memory for the manifest's table of %u sections (%zu bytes)", cap,
+                                (size_t)cap * sizeof *s);
         p->m.sec = s;
         p->cap_sec = cap;
     }
@@ -61,7 +62,8 @@ static int plan_section(st_plan *p, uint32_t type, uint32_t index, uint32_t tens
                                         ST_MANIFEST_CHUNKS_MAX);
                 st_piece *np = realloc(p->pieces, cap * sizeof *np);
                 if (!np)
-                    return st_error_set(ENOMEM, "put: no memory for %u chunks", cap);
+                    return st_error_set(ENOMEM, "put: no memory for the plan of %u chunks (%zu bytes)", cap,
+                                        (size_t)cap * sizeof *np);
                 p->pieces = np;
                 p->cap_chunks = cap;
             }
@@ -115,7 +117,8 @@ static int plan_cut(st_plan *p, const st_image *img, const uint8_t *geo, size_t 
     uint32_t n_ckpt = st_image_n_checkpoints(img);
     p->m.ckpt = calloc(n_ckpt ? n_ckpt : 1, sizeof *p->m.ckpt);
     if (!rc && !p->m.ckpt)
-        rc = st_error_set(ENOMEM, "put: no memory");
+        rc = st_error_set(ENOMEM, "put: no memory for the manifest's %u checkpoints (%zu bytes)", n_ckpt,
+                          (size_t)(n_ckpt ? n_ckpt : 1) * sizeof *p->m.ckpt);
     for (uint32_t c = 0; c < n_ckpt && !rc; c++) {
         st_mckpt *mc = &p->m.ckpt[p->m.n_ckpt++];
         rc = st_image_checkpoint_info(img, c, &mc->position, &mc->codec);
@@ -147,11 +150,13 @@ static int prepare_one(void *ctx, size_t i, st_frame_ctx **fctx)
     pc->stored_len = pc->raw_len;
     if (p->compress && !pc->no_compress) {
         if (!*fctx && !(*fctx = st_frame_ctx_new()))
-            return st_error_set(ENOMEM, "put: no memory for a compression context");
+            return st_error_set(ENOMEM, "put: no memory for a compression context (to frame a chunk of %u bytes)",
+                                pc->raw_len);
         size_t cap = st_frame_bound(pc->raw_len), flen = 0;
         uint8_t *buf = malloc(cap);
         if (!buf)
-            return st_error_set(ENOMEM, "put: no memory to compress a chunk of %u bytes", pc->raw_len);
+            return st_error_set(ENOMEM, "put: no memory for %zu bytes to compress a chunk of %u bytes", cap,
+                                pc->raw_len);
         unsigned elem = pc->elem == 2 || pc->elem == 4 || pc->elem == 8 ? pc->elem : 0;
         int rc = st_frame_encode(*fctx, buf, cap, pc->src, pc->raw_len, elem, p->compress, &flen);
         if (rc) {
@@ -367,7 +372,8 @@ int st_store__put_ex(st_store *st, const char *id, const st_image *img, uint64_t
     if (!rc) {
         plan.m.chunks = calloc(plan.m.n_chunks ? plan.m.n_chunks : 1, sizeof *plan.m.chunks);
         if (!plan.m.chunks)
-            rc = st_error_set(ENOMEM, "put: no memory for %u chunks", plan.m.n_chunks);
+            rc = st_error_set(ENOMEM, "put: no memory for the manifest's table of %u chunks (%zu bytes)",
+                              plan.m.n_chunks, (size_t)plan.m.n_chunks * sizeof *plan.m.chunks);
     }
     if (rc)
         goto done;

@@ -152,7 +152,8 @@ static int step12_run(st_store *st, uint64_t *items)
     memset(&c, 0, sizeof c);
     c.first = 1;
     if (!(c.items = calloc(ST_SCHEMA_BATCH_CHUNKS, sizeof *c.items)))
-        return st_error_set(ENOMEM, "schema 1 -> 2: no memory");
+        return st_error_set(ENOMEM, "schema 1 -> 2: no memory for a batch table of %u chunks (%zu bytes)",
+                            ST_SCHEMA_BATCH_CHUNKS, (size_t)ST_SCHEMA_BATCH_CHUNKS * sizeof *c.items);
     MDB_stat ms;
     MDB_txn *txn = NULL;
     uint64_t total = 0;
