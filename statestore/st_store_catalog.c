@@ -94,7 +94,7 @@ static int chunk_unref(st_store *st, MDB_txn *txn, const uint8_t *hash, const ch
     char hex[2 * ST_STORE_HASH_LEN + 1];
     int rc = mdb_get(txn, st->dbi_refcounts, &k, &v);
     if (rc == MDB_NOTFOUND || (!rc && (v.mv_size != 8 || st_get64(v.mv_data) == 0))) {
-        st_store_hex(hex, hash, ST_STORE_HASH_LEN);
+        st_hex_encode(hex, hash, ST_STORE_HASH_LEN);
         return st_error_set(ST_ECORRUPT, "%s: chunk %s has no positive reference count (run `statectl check`)",
                             what, hex);
     }

@@ -112,7 +112,7 @@ static int fetch_verify_one(void *ctx, size_t i, st_frame_ctx **fctx)
     int ok;
     if (f->sha) {
         uint8_t h[ST_STORE_HASH_LEN];
-        int rc = st_store_sha256(stored, c->stored_len, h);
+        int rc = st_sha256(stored, c->stored_len, h);
         if (rc)
             return rc;
         ok = !memcmp(h, c->hash, ST_STORE_HASH_LEN);
@@ -121,7 +121,7 @@ static int fetch_verify_one(void *ctx, size_t i, st_frame_ctx **fctx)
     }
     char hex[2 * ST_STORE_HASH_LEN + 1];
     if (!ok) {
-        st_store_hex(hex, c->hash, ST_STORE_HASH_LEN);
+        st_hex_encode(hex, c->hash, ST_STORE_HASH_LEN);
         return st_error_set(ST_ECORRUPT, "chunk %s of session %s version %llu: %s mismatch (stored bytes damaged)",
                             hex, f->id, (unsigned long long)f->version, f->sha ? "SHA-256" : "checksum");
     }
@@ -132,7 +132,7 @@ static int fetch_verify_one(void *ctx, size_t i, st_frame_ctx **fctx)
         size_t out = 0;
         int rc = st_frame_decode(*fctx, j->dst, c->raw_len, j->staged, c->stored_len, &out);
         if (rc || out != c->raw_len) {
-            st_store_hex(hex, c->hash, ST_STORE_HASH_LEN);
+            st_hex_encode(hex, c->hash, ST_STORE_HASH_LEN);
             return st_error_set(ST_ECORRUPT, "chunk %s of session %s version %llu: frame does not decode to %u bytes",
                                 hex, f->id, (unsigned long long)f->version, c->raw_len);
         }
@@ -188,7 +188,7 @@ int st_store__fetch(st_store *st, const char *id, uint64_t version, const uint8_
             goto unlock;
         if (rc) {
             char hex[2 * ST_STORE_HASH_LEN + 1];
-            st_store_hex(hex, c->hash, ST_STORE_HASH_LEN);
+            st_hex_encode(hex, c->hash, ST_STORE_HASH_LEN);
             rc = rc == MDB_NOTFOUND
                      ? st_error_set(ST_ECORRUPT, "chunk %s of session %s version %llu is missing from the store", hex,
                                     id, (unsigned long long)version)
@@ -358,9 +358,7 @@ static int get_once(st_store *st, const char *id, uint64_t version, const st_ima
         goto done;
     for (uint32_t c = 0; c < m.n_ckpt; c++)
         if ((rc = st_image_checkpoint_add_unzeroed(img, m.ckpt[c].position, m.ckpt[c].codec, NULL))) {
-            char d[512];
-            snprintf(d, sizeof d, "%s", st_errdetail());
-            rc = st_error_set(ST_ECORRUPT, "%s: checkpoint %u: %s", what, c, d);
+            rc = st_error_wrap(ST_ECORRUPT, "%s: checkpoint %u", what, c);
             goto done;
         }
     /* Last, everything else, straight into the image. */
@@ -393,9 +391,7 @@ static int get_once(st_store *st, const char *id, uint64_t version, const st_ima
         goto done;
     st_image_state_hash_set(img, m.state_hash);
     if ((rc = st_image_check(img))) {
-        char d[512];
-        snprintf(d, sizeof d, "%s", st_errdetail());
-        rc = st_error_set(ST_ECORRUPT, "%s: the stored image is incomplete: %s", what, d);
+        rc = st_error_wrap(ST_ECORRUPT, "%s: the stored image is incomplete", what);
         goto done;
     }
     *out = img;

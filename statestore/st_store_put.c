@@ -171,7 +171,7 @@ static int prepare_one(void *ctx, size_t i, st_frame_ctx **fctx)
             free(buf);
         }
     }
-    int rc = st_store_sha256(pc->stored, pc->stored_len, pc->hash);
+    int rc = st_sha256(pc->stored, pc->stored_len, pc->hash);
     if (rc)
         return rc;
     pc->xxh = st_checksum(pc->stored, pc->stored_len);
@@ -209,11 +209,8 @@ static int geometry_mismatch(st_store *st, MDB_txn *txn, const char *id, const s
         return st_error_set(ST_EGEOMETRY, "session %s was saved with another geometry (its record is unreadable)", id);
     rc = st_geometry_compare(&g, st_image_geometry(img));
     free(t);
-    if (rc) {
-        char d[512];
-        snprintf(d, sizeof d, "%s", st_errdetail());
-        return st_error_set(rc, "session %s: %s", id, d);
-    }
+    if (rc)
+        return st_error_wrap(rc, "session %s", id);
     return st_error_set(ST_EGEOMETRY, "session %s was saved with another geometry", id);
 }
 

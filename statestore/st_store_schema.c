@@ -92,7 +92,7 @@ static int step12_batch(st_store *st, MDB_txn *txn, void *arg)
         }
         if (v.mv_size < 8) {
             char hex[2 * ST_STORE_HASH_LEN + 1];
-            st_store_hex(hex, k.mv_data, ST_STORE_HASH_LEN);
+            st_hex_encode(hex, k.mv_data, ST_STORE_HASH_LEN);
             rc = st_error_set(ST_ECORRUPT, "schema 1 -> 2: chunk %s has a %zu-byte value, less than its count",
                               hex, v.mv_size);
             break;
