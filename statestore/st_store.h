@@ -399,6 +399,8 @@ typedef struct st_store_stats {
                                    (0 when it is empty): the largest value that fits without
                                    growing the file */
     uint64_t file_bytes;        /* bytes data.mdb occupies on disk */
+    char put_path[192];         /* how this handle's puts write: "fast path" (st_store_direct.c),
+                                   or "plain mdb_put: " and why the fast path is off */
 } st_store_stats;
 /* The free map in pages: pages_used - pages_free hold data (of which zero_count_bytes are chunks
  * a gc frees), pages_free are freed pages LMDB reuses for later writes (those a reader still
@@ -434,6 +436,25 @@ typedef int (*st_store_upgrade_fn)(void *arg, const char *dir, uint32_t schema);
 int st_store_restore_backup_upgrade(const char *backup_dir, const char *dest_dir,
                                     const st_store_opts *opts, st_store_upgrade_fn upgrade,
                                     void *arg);
+
+/* ---- schema steps (migrations/st_schema.c drives them; statestore/st_store_schema.c holds them)
+ * A step rewrites the store's records of schema `from` into those of from + 1 inside the store
+ * (it touches LMDB directly, so it lives here); migrations/ numbers, names and orders the steps
+ * (st_migrate.h), decides on dry runs and backups, and calls only these. */
+
+/* Open the store in dir whatever its schema (st_store_open refuses any but ST_STORE_SCHEMA), for
+ * the calls below only: no other call may be made on a handle of an older schema. */
+int st_store_open_schema(st_store **out, const char *dir, const st_store_opts *opts);
+/* The handle's schema: found at open, raised by each step that completed. */
+uint32_t st_store_schema(const st_store *st);
+/* Run the store's step from schema `from` (the handle's schema) to from + 1, adding the records
+ * it moved to *items; with count_only (from at or above the handle's schema), only add the
+ * records it would move (a read-only handle may count). ST_EVERSION when this build has no step from `from`; a step that stops leaves the
+ * store marked and resumable (st_migrate.h). */
+int st_store_schema_step(st_store *st, uint32_t from, int count_only, uint64_t *items);
+/* Backup of the handle's store before a step: a compacted copy into dest_dir (created; must not
+ * exist), reopened and compared (record counts, schema), fsynced; removed on failure. */
+int st_store_schema_backup(st_store *st, const char *dest_dir);
 
 #ifdef __cplusplus
 }

@@ -34,9 +34,10 @@
 #define ST_READ_BATCH_BYTES (64u << 20)
 #define ST_READ_BATCH_CHUNKS 4096u
 
+/* The edge of check and gc, whose positive codes all come from LMDB calls (errno). */
 static int lmdb_or(int rc, const char *what)
 {
-    return (rc >= MDB_KEYEXIST && rc <= MDB_LAST_ERRCODE) || rc > 0 ? st_store__lmdb_err(rc, what) : rc;
+    return rc > 0 ? st_store__lmdb_err(rc, what) : st_store__edge(rc, what);
 }
 
 /* ---- gc ----------------------------------------------------------------------------------------- */
@@ -919,6 +920,9 @@ int st_store_stat(st_store *st, st_store_stats *out)
     MDB_envinfo info;
     mdb_env_info(st->env, &info);
     s.pages_used = (uint64_t)info.me_last_pgno + 1;
+    int direct = 0;
+    const char *why = st_store__direct_status(st, &direct);
+    snprintf(s.put_path, sizeof s.put_path, "%s%s", direct ? "fast path" : "plain mdb_put: ", why);
     s.map_size = info.me_mapsize;
     MDB_stat ms;
     if ((rc = mdb_stat(txn, st->dbi_sessions, &ms)))

@@ -1,7 +1,7 @@
 /*
- * st_store_lmdb_int.h - internals of the LMDB store shared by its .c files, the schema steps in
- * migrations/ (which open an older store through st_store__open_any) and white-box tests.
- * Nothing else includes this header. docs/STORE.md describes every record below byte by byte.
+ * st_store_lmdb_int.h - internals of the LMDB store shared by its .c files (statestore/) and
+ * white-box tests. Nothing else includes this header: migrations/ drives the schema steps, which
+ * live in st_store_schema.c, through st_store.h's schema API. docs/STORE.md describes every record below byte by byte.
  */
 #ifndef ST_STORE_LMDB_INT_H
 #define ST_STORE_LMDB_INT_H
@@ -40,6 +40,8 @@ struct st_store {
     uint64_t map_base_size;
     uint32_t verify_tick;     /* put: which existing chunks to compare (inside write txns only) */
     uint32_t damaged_dbs;     /* ST_STORE_DB_* a start-up scan found damaged (st_store_damaged_dbs_set) */
+    int direct;               /* put's fast path (st_store_direct.c) on; chosen at open */
+    char direct_why[160];     /* why it is off */
     /* st_store__value_check: the mapping of data.mdb last seen holding a value, [vc_lo, vc_hi)
      * with the file's offset 0 at vc_base (reset by every remap; under vc_mu) */
     pthread_mutex_t vc_mu;
@@ -58,6 +60,13 @@ int st_store__open_any(st_store **out, const char *dir, const st_store_opts *opt
  * ST_EBUSY, MDB_NOTFOUND -> ST_ENOTFOUND, MDB_VERSION_MISMATCH/MDB_INVALID -> ST_EVERSION,
  * MDB_TXN_FULL -> ST_ETOOBIG, MDB_PANIC -> ST_EIO, other errno values unchanged. */
 int st_store__lmdb_err(int rc, const char *what);
+/* The store's edge. Inside the store, LMDB codes travel up raw from the mdb_* call that gave
+ * them; where a call leaves the store (a public function returns, or the code is reported with
+ * a detail) it goes through here, once: an LMDB code becomes its st_err code with a detail
+ * naming `what` (st_store__lmdb_err's table, the only one); 0, ST_E* codes and errno values that
+ * the store's own code set (with their detail) pass unchanged. st_store__write applies it to
+ * every write (and maps the errno of a commit too). */
+int st_store__edge(int rc, const char *what);
 
 /* Begin a read transaction (caller holds st->lock shared). */
 int st_store__rtxn(st_store *st, MDB_txn **txn);
@@ -269,5 +278,116 @@ void st_store_hex(char *dst, const uint8_t *p, size_t n);
 /* SHA-256 (OpenSSL EVP). */
 int st_store_sha256(const void *p, size_t n, uint8_t out[ST_STORE_HASH_LEN]);
 uint64_t st_store_now_ns(void);
+
+/* ---- the store's files (st_lmdb_store.c: environment; st_store_put.c, st_store_get.c,
+ * st_store_export.c, st_store_catalog.c, st_store_par.c, st_store_direct.c): what they share --- */
+
+#define ST_GET_RETRIES 3
+#define ST_PAR_MIN_BYTES (4u << 20) /* below this, one thread does all the hashing */
+#define ST_VERIFY_EVERY 16          /* put: about one existing chunk in 16 is compared */
+/* A reserved put writes new chunks of at least this many bytes with pwrite (smaller ones, in
+ * B-tree leaves, are copied into the map). */
+#define ST_PWRITE_MIN (8u << 10)
+
+/* The most bytes the map may take now (the budget, or the data file plus 3/4 of the free disk). */
+uint64_t st_store__map_budget(const st_store *st);
+
+typedef struct st_piece {
+    const uint8_t *src;   /* raw bytes (in the image, the geometry record or the file) */
+    uint32_t raw_len;
+    uint32_t elem;        /* shuffle width for compression (0: none) */
+    int no_compress;
+    uint8_t *framed;      /* owned: the frame, when it is smaller than the raw bytes */
+    const uint8_t *stored;
+    uint32_t stored_len;
+    uint8_t hash[ST_STORE_HASH_LEN];
+    uint64_t xxh;
+} st_piece;
+
+typedef struct st_plan {
+    st_manifest m;        /* sections/chunks filled by the cut, chunks by the hashing */
+    uint32_t cap_sec, cap_chunks;
+    st_piece *pieces;
+    int compress;
+    int verify_sha;       /* get: SHA-256 instead of XXH3 */
+} st_plan;
+
+typedef struct st_put_ctx {
+    const char *id;
+    st_plan *plan;
+    const st_image *img;
+    uint64_t expected;
+    uint8_t *mbuf;
+    size_t mlen;
+    uint8_t digest[ST_STORE_HASH_LEN];
+    const char *label;
+    st_put_stats stats;
+    double t_fn, t_pop, t_ins; /* STRATA_STORE_TRACE: write start, populate done, inserts done */
+    int attempts;
+    int direct;                /* the last attempt wrote with pwrite (the fast path) */
+} st_put_ctx;
+
+typedef struct st_file_as {
+    uint32_t version;
+    int compress, shuffle;
+    const uint8_t *verbatim;
+    size_t verbatim_len;
+} st_file_as;
+
+/* A chunk to bring out of the store into dst (raw_len bytes). */
+typedef struct st_job {
+    uint32_t chunk;     /* index in the manifest's chunk table */
+    uint8_t *dst;
+    uint8_t *staged;    /* where its stored bytes were copied when framed (into the stage) */
+    const void *src;    /* in the map: valid only while fetch's read transaction is open */
+} st_job;
+
+#define ST_CHANGED (-4900) /* the manifest changed between two reads (get, export) */
+
+/* put (st_store_put.c); fa (NULL for a plain put) says how the image came as a session file. */
+int st_store__put_ex(st_store *st, const char *id, const st_image *img, uint64_t expected, const st_put_opts *opts,
+                     const st_file_as *fa, uint64_t *version);
+
+/* get (st_store_get.c): one read of a session record and a version's manifest (copied out);
+ * the jobs of one section; copying jobs' chunks out of one read transaction and checking them. */
+int st_store__manifest_read(st_store *st, const char *id, uint64_t version, uint64_t *resolved, uint8_t **mbuf,
+                            size_t *mlen, st_session_rec *rec_out);
+int st_store__jobs_for_section(const st_manifest *m, uint32_t s, uint8_t *base, st_job *jobs, size_t *n);
+int st_store__fetch(st_store *st, const char *id, uint64_t version, const uint8_t *mbuf, size_t mlen,
+                    const st_manifest *m, st_job *jobs, size_t n);
+
+/* catalog (st_store_catalog.c): session records and retention inside a write transaction. */
+int st_store__session_get(st_store *st, MDB_txn *txn, const char *id, st_session_rec *rec, int *found);
+int st_store__session_put(st_store *st, MDB_txn *txn, const char *id, const st_session_rec *rec);
+int st_store__label_apply(st_session_rec *rec, const char *id, const char *name, uint64_t version);
+int st_store__prune_txn(st_store *st, MDB_txn *txn, const char *id, st_session_rec *rec, uint32_t keep,
+                        uint32_t *pruned);
+
+/* ---- the put's fast path (st_store_direct.c: its top comment lists what it assumes of LMDB) -- */
+
+/* One put's use of it, inside one write transaction. */
+typedef struct st_direct {
+    int on;                    /* new large chunks go in with pwrite (else: copied) */
+    mdb_filehandle_t fd;
+    const char *base;          /* the map, as looked up */
+    uint64_t wb_done, wb_hi;   /* early writeback: file bytes handed to it, end of the copies */
+} st_direct;
+/* Reserve (and with the fast path on, populate) the file range the plan's new chunks will take;
+ * MDB_MAP_FULL when they cannot fit and the map may grow; ST_EFULL when the disk cannot. */
+int st_store__direct_begin(st_store *st, MDB_txn *txn, const st_plan *p, st_direct *d);
+/* Insert one chunk under its hash with MDB_NOOVERWRITE: 0 (stored), MDB_KEYEXIST (v is the
+ * stored value), or an error. */
+int st_store__direct_insert(st_store *st, MDB_txn *txn, st_direct *d, const st_piece *pc, MDB_val *v);
+/* At open: check the fast path's assumptions against the running liblmdb and this environment;
+ * sets st->direct and, when off, st->direct_why (also on stderr with STRATA_STORE_TRACE). */
+void st_store__direct_probe(st_store *st);
+/* The assumptions as a pure function (tests feed it other versions and damaged meta pages): 1
+ * when they hold, else 0 and why in dst. meta0/meta1: the first meta_len bytes of pages 0 and 1. */
+int st_store__direct_check(int major, int minor, uint32_t psize, long os_page, const uint8_t *meta0,
+                           const uint8_t *meta1, size_t meta_len, char *dst, size_t cap);
+/* Bytes of a meta page st_store__direct_check reads. */
+#define ST_DIRECT_PROBE_BYTES 44u
+/* "" when the fast path is on (*on = 1), else why it is off. */
+const char *st_store__direct_status(const st_store *st, int *on);
 
 #endif /* ST_STORE_LMDB_INT_H */

@@ -685,7 +685,7 @@ int st_store__pages_require(st_store *st, const char *what)
         mdb_txn_abort(txn);
     pthread_rwlock_unlock(&st->lock);
     if (rc)
-        return rc >= MDB_KEYEXIST && rc <= MDB_LAST_ERRCODE ? st_store__lmdb_err(rc, what) : rc;
+        return st_store__edge(rc, what);
     if (f.n)
         return st_error_set(ST_ECORRUPT, "%s: %s (%llu damaged pages); the store is damaged: restore a backup with "
                             "`statectl restore-backup`", what, f.text, (unsigned long long)f.n);

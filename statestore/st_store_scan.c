@@ -285,8 +285,7 @@ int st_store__scan(const char *dir, const st_store_opts *opts, st_store_damaged_
     if (txn)
         mdb_txn_abort(txn);
     pthread_rwlock_unlock(&st->lock);
-    if (rc && (rc >= MDB_KEYEXIST && rc <= MDB_LAST_ERRCODE))
-        rc = st_store__lmdb_err(rc, "scanning the store");
+    rc = st_store__edge(rc, "scanning the store");
 done:
     st_store_close(st);
     for (size_t i = 0; i < c.n; i++) {

@@ -1,0 +1,414 @@
+/*
+ * st_store_direct.c - the put's fast path, the one part of the store that relies on LMDB
+ * internals lmdb.h never promises, and the plain path it falls back to. Nothing else in the
+ * store's put depends on them (the page walker of st_store_pages.c, which reads data.mdb as a
+ * file for check and value checks, tests its own LMDB version: st_store__pages_version_ok).
+ *
+ * The fast path (docs/STORE.md "Writing"): before a put inserts, the file range its new chunks
+ * will take is sized (less the pages on LMDB's free list) and reserved with fallocate (or
+ * populated with madvise), and each large new chunk is written with pwrite at the file offset
+ * of the value LMDB reserved for it, finished ranges handed to writeback as the put goes.
+ *
+ * Its assumptions about LMDB, each checked at open against the running liblmdb by
+ * st_store__direct_probe (A1-A3, A7 there; A4 and A5 also at every chunk they are used for):
+ *  A1. liblmdb is 0.9.x by mdb_version() (the release whose layout A2-A6 describe), and so is
+ *      the lmdb.h this was built with.
+ *  A2. A page starts with a 16-byte header: its page number (pgno_t, a 64-bit size_t) at offset
+ *      0, its flags (u16) at offset 10. A meta page (pages 0 and 1) has flag P_META (0x08) and,
+ *      after the header, the magic 0xBEEFC0DE, data version 1, and the page size in the free
+ *      database's md_pad (header + 24). Probe: both meta pages read from data.mdb with pread.
+ *  A3. The page size the meta records is mdb_env_stat's ms_psize, a power of two and a multiple
+ *      of the OS page size (so page offsets are file offsets pwrite and fallocate may use).
+ *  A4. A value longer than a page lives in overflow pages: mdb_put(MDB_RESERVE) returns a
+ *      pointer into the map 16 bytes (the header) past its first page, whose header holds that
+ *      page's number (st_store__overflow_at checks it before every pwrite).
+ *  A5. With MDB_WRITEMAP the map is one shared mapping of data.mdb from offset 0 of exactly
+ *      me_mapsize bytes, listed in /proc/self/maps (map_base), and the page cache behind a
+ *      pwrite of the file is the map's, so LMDB sees the bytes pwrite put there.
+ *  A6. The free-list database is DBI 0, readable with a cursor in a write transaction; each of
+ *      its values is a page list led by its length (a size_t); a write takes pages from it
+ *      before it extends the file past me_last_pgno.
+ *  A7. The host is Linux with 64-bit size_t: /proc/self/maps, fallocate, sync_file_range.
+ * A wrong A6 only mis-sizes the reservation; a wrong A4 or A5 would put chunk bytes at wrong
+ * offsets, which is why each pwrite is guarded and the put copies through the map from the first
+ * value that does not match.
+ *
+ * The plain path, taken when the probe finds an assumption that does not hold, when the store
+ * is read-only or opened without MDB_WRITEMAP, or when the environment variable
+ * STRATA_STORE_PLAIN_PUT is set (non-empty, not "0": tests force it so): chunks are inserted
+ * with plain mdb_put of their bytes; the reservation uses lmdb.h alone (the new chunks' pages,
+ * without the free list, fallocate'd past me_last_pgno; nothing is populated or pwritten).
+ * Why the fast path is off is in st_store_stats.put_path, the STRATA_STORE_TRACE lines and
+ * st_store__direct_status.
+ *
+ * Invariants:
+ * 1. The path is chosen once per handle, at open (st->direct, st->direct_why), before any put.
+ * 2. Both paths store the same bytes under the same keys in the same transaction: the choice
+ *    changes only how the bytes reach the file, never what a get, check or export reads.
+ * 3. No pwrite happens at an offset whose value A4 did not confirm in this transaction.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+
+#include "st_store_lmdb_int.h"
+
+#define ST_POPULATE_MARGIN_PAGES 16ull    /* room for a put's copied B-tree and meta pages */
+#define ST_POPULATE_MARGIN_MAX (64ull << 20)
+
+/* Where LMDB mapped data.mdb (mdb_env_info's me_mapaddr is only the MDB_FIXEDMAP address): the
+ * mapping of the environment's file, from offset 0, of map_size bytes, in /proc/self/maps.
+ * Found once per map size; NULL when it cannot be found. Called inside a write transaction. */
+static void *map_base(st_store *st, uint64_t map_size)
+{
+    if (st->map_base && st->map_base_size == map_size)
+        return st->map_base;
+    st->map_base = NULL;
+    int fd = -1;
+    struct stat sb;
+    if (mdb_env_get_fd(st->env, &fd) || fd < 0 || fstat(fd, &sb) != 0)
+        return NULL;
+    FILE *f = fopen("/proc/self/maps", "re");
+    if (!f)
+        return NULL;
+    char line[4352];
+    while (fgets(line, sizeof line, f)) {
+        unsigned long lo, hi, off, ino;
+        unsigned maj, mnr;
+        if (sscanf(line, "%lx-%lx %*s %lx %x:%x %lu", &lo, &hi, &off, &maj, &mnr, &ino) != 6)
+            continue;
+        if (off == 0 && ino == (unsigned long)sb.st_ino && makedev(maj, mnr) == sb.st_dev &&
+            hi - lo == map_size) {
+            st->map_base = (void *)lo;
+            st->map_base_size = map_size;
+            break;
+        }
+    }
+    fclose(f);
+    return st->map_base;
+}
+
+/* With MDB_WRITEMAP LMDB writes a put's new pages straight into the file's shared map, past the
+ * last page in use (or into pages of its free list). A write into a page the file system cannot
+ * back (full disk) would be a SIGBUS, and each first write to a page is a page fault (about
+ * 20 us on the benchmark VM). So before inserting, the range the new chunks will take is sized:
+ * only new chunks count (looked up in this transaction), less the pages on LMDB's free list (which
+ * it uses first), plus a margin for the B-tree pages the put copies. That range is reserved with
+ * fallocate (the disk says now whether it can take it: ST_EFULL), and *direct tells the caller to
+ * write the new chunks' bytes with pwrite at the places LMDB gives them (no fault, no zeroing of
+ * pages that are overwritten at once); where the file system cannot fallocate, the range is
+ * populated with one madvise(MADV_POPULATE_WRITE) instead (EFAULT: ST_EFULL) and the bytes are
+ * copied into the map. When the pages cannot fit past the last page and the map may still grow,
+ * it returns MDB_MAP_FULL at once (the caller grows the map and runs the transaction again)
+ * instead of inserting until LMDB finds the map full. Pages LMDB takes from its free list beyond
+ * that estimate leave part of the range unused for later puts.
+ * On the plain path (!st->direct) only what lmdb.h tells is used: the new chunks' pages plus the
+ * margin are reserved past me_last_pgno (the free list is not read, so it may reserve more than
+ * the put takes), nothing is populated, no MDB_MAP_FULL is predicted, and *direct stays 0. */
+static int put_populate(st_store *st, MDB_txn *txn, const st_plan *p, int *direct)
+{
+    *direct = 0;
+    if (!(st->env_flags & MDB_WRITEMAP))
+        return 0;
+    const int internals = st->direct;
+    MDB_stat ms;
+    MDB_envinfo info;
+    int rc = mdb_env_stat(st->env, &ms);
+    if (rc)
+        return rc;
+    uint64_t psize = ms.ms_psize, need = 0;
+    for (uint32_t i = 0; i < p->m.n_chunks; i++) {
+        const st_piece *pc = &p->pieces[i];
+        MDB_val k = {ST_STORE_HASH_LEN, (void *)pc->hash}, v;
+        rc = mdb_get(txn, st->dbi_chunks, &k, &v);
+        if (rc == MDB_NOTFOUND)
+            need += ((uint64_t)pc->stored_len + 16 + psize - 1) / psize * psize; /* overflow pages */
+        else if (rc)
+            return rc;
+    }
+    /* LMDB takes pages from its free list (database 0; each value a page list led by its
+     * length) before growing the file: only what the free list cannot hold is populated. */
+    MDB_cursor *fc = NULL;
+    uint64_t free_pages = 0;
+    /* Every put also dirties B-tree, manifest and free-list pages (copy on write): room for
+     * them is counted too, so that no put - however small - first touches an unbacked page of
+     * the map, where a full disk would be a SIGBUS instead of ST_EFULL. */
+    uint64_t margin = (ST_POPULATE_MARGIN_PAGES + (uint64_t)p->m.n_chunks) * psize;
+    need += margin < ST_POPULATE_MARGIN_MAX ? margin : ST_POPULATE_MARGIN_MAX;
+    if (internals && mdb_cursor_open(txn, 0, &fc) == 0) {
+        MDB_val fk, fv;
+        for (int frc = mdb_cursor_get(fc, &fk, &fv, MDB_FIRST); !frc; frc = mdb_cursor_get(fc, &fk, &fv, MDB_NEXT))
+            if (fv.mv_size >= sizeof(size_t)) {
+                size_t cnt;
+                memcpy(&cnt, fv.mv_data, sizeof cnt);
+                free_pages += cnt;
+            }
+        mdb_cursor_close(fc);
+    }
+    need = need > free_pages * psize ? need - free_pages * psize : 0;
+    mdb_filehandle_t fd;
+    int have_fd = mdb_env_get_fd(st->env, &fd) == 0;
+    mdb_env_info(st->env, &info);
+    if (!need && internals) {
+        /* everything fits in free-list pages, which have their blocks: write with pwrite all the
+         * same (a page LMDB takes past them gets its block from the pwrite, ENOSPC an error) */
+        *direct = have_fd && map_base(st, info.me_mapsize) != NULL;
+        return 0;
+    }
+    uint64_t start = ((uint64_t)info.me_last_pgno + 1) * psize, end = start + need + need / 64;
+    if (end > info.me_mapsize) {
+        if (internals && st_store__map_budget(st) > info.me_mapsize)
+            return MDB_MAP_FULL;
+        end = info.me_mapsize;
+    }
+    char *base = internals ? map_base(st, info.me_mapsize) : NULL;
+    if ((internals && !base) || start >= end)
+        return 0;
+    /* Reserve the blocks (fallocate): no page is touched, the disk's answer comes now, and the
+     * new chunks' bytes then go into the file with pwrite at the places LMDB gives them (the
+     * page cache is the map's, so LMDB sees them); only the pages LMDB writes itself (chunk
+     * headers, B-tree) fault in, onto reserved blocks. Without fallocate, populate the range. */
+    if (have_fd) {
+        int r;
+        while ((r = st->sys.reserve(fd, start, end - start)) != 0 && errno == EINTR)
+            ;
+        if (r == 0) {
+            *direct = internals;
+            return 0;
+        }
+        int e = errno;
+        if (e == ENOSPC || e == EDQUOT)
+            return st_error_set(ST_EFULL, "store %s: the disk cannot take %llu KiB of new chunks", st->dir,
+                                (unsigned long long)((end - start + 1023) >> 10));
+        if (e != EOPNOTSUPP && e != ENOSYS && e != EINVAL)
+            return st_error_set(ST_EIO, "store %s: reserving %llu KiB for new chunks: %s", st->dir,
+                                (unsigned long long)((end - start + 1023) >> 10), strerror(e));
+        /* the file system cannot fallocate: populate the range instead */
+    }
+    if (!base)
+        return 0; /* plain: the writes fault page by page */
+    if (st->sys.populate(base + start, (size_t)(end - start)) != 0 && errno == EFAULT)
+        return st_error_set(ST_EFULL, "store %s: the disk cannot take %llu KiB of new chunks", st->dir,
+                            (unsigned long long)((end - start + 1023) >> 10));
+    return 0; /* other errors (a kernel without MADV_POPULATE_WRITE): the writes fault page by page */
+}
+
+/* With MDB_WRITEMAP a new chunk's bytes land in the file's shared map, mostly past the last page
+ * in use and in order. Every ST_WRITEBACK_STEP of them, the file range up to the end of the last
+ * copy is handed to the kernel's writeback (sync_file_range, SYNC_FILE_RANGE_WRITE: start, do not
+ * wait), so that the disk writes while later chunks are copied and the commit's sync finds most
+ * of the put on its way. Only a hint: durability is the commit's (pages written again later are
+ * dirty again; a failed hint is ignored). */
+#define ST_WRITEBACK_STEP ((uint64_t)64 << 20)
+
+static void writeback_hint(st_store *st, st_direct *c, const char *from, const char *to)
+{
+#ifdef SYNC_FILE_RANGE_WRITE
+    const char *b = (const char *)st->map_base;
+    if (!(st->env_flags & MDB_WRITEMAP) || !b || from < b || to <= from ||
+        (uint64_t)(to - b) > st->map_base_size)
+        return;
+    uint64_t lo = (uint64_t)(from - b) & ~(uint64_t)4095, hi = (uint64_t)(to - b) & ~(uint64_t)4095;
+    if (!c->wb_hi)
+        c->wb_done = lo; /* the first new chunk: hints start there */
+    if (hi > c->wb_hi)
+        c->wb_hi = hi;
+    if (c->wb_hi < c->wb_done + ST_WRITEBACK_STEP)
+        return;
+    mdb_filehandle_t fd;
+    if (mdb_env_get_fd(st->env, &fd) == 0)
+        (void)sync_file_range(fd, (off_t)c->wb_done, (off_t)(c->wb_hi - c->wb_done), SYNC_FILE_RANGE_WRITE);
+    c->wb_done = c->wb_hi;
+#else
+    (void)st;
+    (void)c;
+    (void)from;
+    (void)to;
+#endif
+}
+
+/* Whether at, a value LMDB reserved, is the data of an overflow page at its file offset, seen
+ * through the map at base: the page's header (LMDB 0.9: 16 bytes, its page number first) must
+ * carry the page number of that offset. Guards the offsets pwrite uses against a map address
+ * that went stale; false (copy through the map instead) whenever anything does not match. */
+static int overflow_at(st_store *st, const char *base, const char *at)
+{
+    const uint64_t hdr = 16;
+    MDB_stat ms;
+    if (!base || at < base + hdr || (uint64_t)(at - base) > st->map_base_size || mdb_env_stat(st->env, &ms))
+        return 0;
+    uint64_t off = (uint64_t)(at - hdr - base), pgno;
+    if (off % ms.ms_psize)
+        return 0;
+    memcpy(&pgno, at - hdr, sizeof pgno);
+    return pgno == off / ms.ms_psize;
+}
+
+static int pwrite_chunk(st_store *st, int fd, const uint8_t *p, size_t n, uint64_t off)
+{
+    while (n) {
+        ssize_t w = st->sys.pwrite(fd, p, n, off);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0) {
+            int e = w < 0 ? errno : EIO;
+            return st_error_set(e == ENOSPC || e == EDQUOT ? ST_EFULL : ST_EIO,
+                                "store %s: writing a chunk of %zu bytes at offset %llu: %s", st->dir, n,
+                                (unsigned long long)off, strerror(e));
+        }
+        p += w;
+        n -= (size_t)w;
+        off += (uint64_t)w;
+    }
+    return 0;
+}
+
+int st_store__direct_begin(st_store *st, MDB_txn *txn, const st_plan *p, st_direct *d)
+{
+    memset(d, 0, sizeof *d);
+    d->fd = -1;
+    int direct = 0, rc = put_populate(st, txn, p, &direct);
+    if (rc)
+        return rc;
+    d->base = (const char *)st->map_base;
+    if (direct && (mdb_env_get_fd(st->env, &d->fd) || !d->base))
+        direct = 0;
+    d->on = direct;
+    return 0;
+}
+
+int st_store__direct_insert(st_store *st, MDB_txn *txn, st_direct *d, const st_piece *pc, MDB_val *v)
+{
+    MDB_val k = {ST_STORE_HASH_LEN, (void *)pc->hash};
+    if (!st->direct) {
+        /* the plain path: LMDB copies the bytes (on MDB_KEYEXIST, v is the stored value) */
+        v->mv_size = pc->stored_len;
+        v->mv_data = (void *)pc->stored;
+        return mdb_put(txn, st->dbi_chunks, &k, v, MDB_NOOVERWRITE);
+    }
+    v->mv_size = pc->stored_len;
+    v->mv_data = NULL;
+    int rc = mdb_put(txn, st->dbi_chunks, &k, v, MDB_NOOVERWRITE | MDB_RESERVE);
+    if (rc)
+        return rc;
+    const char *at = (const char *)v->mv_data, *base = d->base;
+    if (d->on && pc->stored_len >= ST_PWRITE_MIN &&
+        (!overflow_at(st, base, at) || (uint64_t)(at - base) + pc->stored_len > st->map_base_size))
+        d->on = 0; /* the map is not where it was looked up: copy through it from now on */
+    if (d->on && pc->stored_len >= ST_PWRITE_MIN) {
+        if ((rc = pwrite_chunk(st, d->fd, pc->stored, pc->stored_len, (uint64_t)(at - base))))
+            return rc;
+        writeback_hint(st, d, at, at + pc->stored_len);
+    } else {
+        memcpy(v->mv_data, pc->stored, pc->stored_len);
+    }
+    return 0;
+}
+
+/* ---- the assumptions, checked at open ------------------------------------------------------- */
+
+#define ST_PG_HDR 16u          /* A2 */
+#define ST_PG_FLAGS_OFF 10u
+#define ST_P_META 0x08u
+#define ST_MDB_MAGIC 0xBEEFC0DEu
+#define ST_MDB_DATA_VERSION 1u
+#define ST_META_PSIZE_OFF (ST_PG_HDR + 24u)
+_Static_assert(ST_DIRECT_PROBE_BYTES == ST_META_PSIZE_OFF + 4u, "the probe reads up to the page size field");
+
+static int why(char *dst, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int why(char *dst, size_t cap, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(dst, cap, fmt, ap);
+    va_end(ap);
+    return 0;
+}
+
+static int meta_ok(const uint8_t *m, uint64_t pgno, uint32_t psize, char *dst, size_t cap)
+{
+    uint64_t got = st_get64(m);
+    uint16_t flags = st_get16(m + ST_PG_FLAGS_OFF);
+    if (got != pgno)
+        return why(dst, cap, "meta page %llu records page number %llu (the page header layout differs)",
+                   (unsigned long long)pgno, (unsigned long long)got);
+    if (!(flags & ST_P_META))
+        return why(dst, cap, "meta page %llu has flags 0x%04x, no P_META (the page header layout differs)",
+                   (unsigned long long)pgno, flags);
+    if (st_get32(m + ST_PG_HDR) != ST_MDB_MAGIC || st_get32(m + ST_PG_HDR + 4) != ST_MDB_DATA_VERSION)
+        return why(dst, cap, "meta page %llu: magic 0x%08x data version %u, not 0x%08x version %u",
+                   (unsigned long long)pgno, st_get32(m + ST_PG_HDR), st_get32(m + ST_PG_HDR + 4), ST_MDB_MAGIC,
+                   ST_MDB_DATA_VERSION);
+    if (st_get32(m + ST_META_PSIZE_OFF) != psize)
+        return why(dst, cap, "meta page %llu records page size %u, the environment uses %u",
+                   (unsigned long long)pgno, st_get32(m + ST_META_PSIZE_OFF), psize);
+    return 1;
+}
+
+int st_store__direct_check(int major, int minor, uint32_t psize, long os_page, const uint8_t *meta0,
+                           const uint8_t *meta1, size_t meta_len, char *dst, size_t cap)
+{
+    dst[0] = '\0';
+    if (MDB_VERSION_MAJOR != 0 || MDB_VERSION_MINOR != 9)
+        return why(dst, cap, "built against lmdb.h %d.%d, the fast path knows 0.9", MDB_VERSION_MAJOR,
+                   MDB_VERSION_MINOR);
+    if (major != 0 || minor != 9)
+        return why(dst, cap, "liblmdb is %d.%d, the fast path knows 0.9's layout", major, minor);
+    if (sizeof(size_t) != 8)
+        return why(dst, cap, "size_t is %zu bytes; LMDB 0.9's page numbers the fast path reads are 8",
+                   sizeof(size_t));
+    if (psize < 4096 || (psize & (psize - 1)) || os_page <= 0 || psize % (uint32_t)os_page)
+        return why(dst, cap, "page size %u is not a power of two multiple of the OS page (%ld)", psize, os_page);
+    if (!meta0 || !meta1 || meta_len < ST_DIRECT_PROBE_BYTES)
+        return why(dst, cap, "the meta pages could not be read");
+    return meta_ok(meta0, 0, psize, dst, cap) && meta_ok(meta1, 1, psize, dst, cap);
+}
+
+static int plain_forced(void)
+{
+    const char *e = getenv("STRATA_STORE_PLAIN_PUT");
+    return e && *e && strcmp(e, "0") != 0;
+}
+
+void st_store__direct_probe(st_store *st)
+{
+    char *w = st->direct_why;
+    size_t cap = sizeof st->direct_why;
+    st->direct = 0;
+    w[0] = '\0';
+    if (plain_forced()) {
+        why(w, cap, "STRATA_STORE_PLAIN_PUT is set");
+    } else if (!(st->env_flags & MDB_WRITEMAP) || (st->env_flags & MDB_RDONLY)) {
+        why(w, cap, "the store is not open for writing with MDB_WRITEMAP");
+    } else {
+        int major = 0, minor = 0;
+        MDB_stat ms;
+        mdb_filehandle_t fd;
+        uint8_t m0[ST_DIRECT_PROBE_BYTES], m1[ST_DIRECT_PROBE_BYTES];
+        const uint8_t *p0 = NULL, *p1 = NULL;
+        mdb_version(&major, &minor, NULL);
+        uint32_t psize = mdb_env_stat(st->env, &ms) == 0 ? ms.ms_psize : 0;
+        if (psize && mdb_env_get_fd(st->env, &fd) == 0 && pread(fd, m0, sizeof m0, 0) == (ssize_t)sizeof m0 &&
+            pread(fd, m1, sizeof m1, (off_t)psize) == (ssize_t)sizeof m1) {
+            p0 = m0;
+            p1 = m1;
+        }
+        st->direct = st_store__direct_check(major, minor, psize, sysconf(_SC_PAGESIZE), p0, p1, sizeof m0, w, cap);
+    }
+    if (!st->direct && getenv("STRATA_STORE_TRACE") && *getenv("STRATA_STORE_TRACE"))
+        fprintf(stderr, "strata store %s: put fast path off (plain mdb_put): %s\n", st->dir, w);
+}
+
+const char *st_store__direct_status(const st_store *st, int *on)
+{
+    if (on)
+        *on = st->direct;
+    return st->direct ? "" : st->direct_why;
+}
