@@ -46,21 +46,27 @@
 
 static int sys_txn_commit(MDB_txn *txn) { return mdb_txn_commit(txn); }
 static int sys_set_mapsize(MDB_env *env, size_t size) { return mdb_env_set_mapsize(env, size); }
-static int sys_open(const char *path, int flags, unsigned mode) { return open(path, flags, (mode_t)mode); }
-static ssize_t sys_write(int fd, const void *buf, size_t n) { return write(fd, buf, n); }
-static int sys_fsync(int fd) { return fsync(fd); }
-static int sys_rename(const char *from, const char *to) { return rename(from, to); }
-static int sys_mkdir(const char *path, unsigned mode) { return mkdir(path, (mode_t)mode); }
+/* The file calls go through common's one table (st_sys_calls), so that a test injecting there
+ * reaches the store too; a store opened with its own st_store_sys replaces them per store. */
+static int sys_open(const char *path, int flags, unsigned mode) { return st_sys_calls.open(path, flags, mode); }
+static ssize_t sys_write(int fd, const void *buf, size_t n) { return st_sys_calls.write(fd, buf, n); }
+static int sys_fsync(int fd) { return st_sys_calls.fsync(fd); }
+static int sys_rename(const char *from, const char *to) { return st_sys_calls.rename(from, to); }
+static int sys_mkdir(const char *path, unsigned mode) { return st_sys_calls.mkdir(path, mode); }
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23
 #endif
 static int sys_populate(void *addr, size_t len) { return madvise(addr, len, MADV_POPULATE_WRITE); }
 static int sys_reserve(int fd, uint64_t off, uint64_t len)
 {
-    /* not posix_fallocate, which writes zeros where the file system cannot allocate */
-    return fallocate(fd, 0, (off_t)off, (off_t)len);
+    /* common's fallocate is mode 0, not posix_fallocate, which writes zeros where the file system
+     * cannot allocate */
+    return st_sys_calls.fallocate(fd, off, len);
 }
-static ssize_t sys_pwrite(int fd, const void *buf, size_t n, uint64_t off) { return pwrite(fd, buf, n, (off_t)off); }
+static ssize_t sys_pwrite(int fd, const void *buf, size_t n, uint64_t off)
+{
+    return st_sys_calls.pwrite(fd, buf, n, off);
+}
 static int sys_disk_free(const char *path, uint64_t *bytes)
 {
     struct statvfs v;

@@ -451,6 +451,42 @@ static void test_reserve_and_pwrite_fail(void **state)
     st_image_free(big);
 }
 
+/* A store opened with the default table (no st_store_sys of its own) writes through common's
+ * one table: a pwrite failed there (st_sys_set, as any other module's test injects) reaches the
+ * store's reserved put, which answers ST_EIO and keeps what it held. */
+static int common_pwrites;
+static ssize_t common_pwrite_fail(int fd, const void *buf, size_t n, uint64_t off)
+{
+    (void)fd, (void)buf, (void)n, (void)off;
+    common_pwrites++;
+    errno = EIO;
+    return -1;
+}
+
+static void test_common_table_reaches_store(void **state)
+{
+    (void)state;
+    char dir[1200];
+    st_store *st = open_fresh(dir, sizeof dir, NULL, 64u << 20, 0);
+    st_synth_opts so = {.seed = 12, .n_tokens = 4000, .n_checkpoints = 2, .n_layers = 16, .attn_every = 1};
+    st_image *big = NULL;
+    assert_int_equal(st_image_synthesize(&so, &big), 0);
+    assert_int_equal(st_store_put(st, "small", imgs[0], 0, NULL, NULL), 0);
+    common_pwrites = 0;
+    assert_int_equal(st_sys_set("pwrite", (st_sys_fn)common_pwrite_fail), 0);
+    int rc = st_store_put(st, "big", big, 0, NULL, NULL);
+    st_sys_reset();
+    assert_int_equal(rc, ST_EIO);
+    assert_true(common_pwrites > 0);
+    assert_int_equal(st_store_show(st, "big", &(st_session_info){0}), ST_ENOTFOUND);
+    store_test_assert_clean(st);
+    store_test_assert_get(st, "small", 0, imgs[0]);
+    assert_int_equal(st_store_put(st, "big", big, 0, NULL, NULL), 0);
+    store_test_assert_get(st, "big", 0, big);
+    st_store_close(st);
+    st_image_free(big);
+}
+
 static int exists(const char *p)
 {
     struct stat sb;
@@ -556,6 +592,7 @@ int main(void)
         cmocka_unit_test(test_map_growth_fails),
         cmocka_unit_test(test_populate_fails),
         cmocka_unit_test(test_reserve_and_pwrite_fail),
+        cmocka_unit_test(test_common_table_reaches_store),
         cmocka_unit_test(test_panic_reopen_then_put),
         cmocka_unit_test(test_backup_restore_faults),
         cmocka_unit_test(test_create_fails),
