@@ -45,35 +45,16 @@ static int sys_mkdir(const char *path, unsigned mode)
     return mkdir(path, (mode_t)mode);
 }
 
-const st_sys st_sys_real = {
-    .open = sys_open,
-    .close = close,
-    .write = write,
-    .pwrite = sys_pwrite,
-    .fsync = fsync,
-    .fdatasync = fdatasync,
-    .ftruncate = sys_ftruncate,
-    .fallocate = sys_fallocate,
-    .rename = rename,
-    .unlink = unlink,
-    .mkdir = sys_mkdir,
-    .rmdir = rmdir,
-};
+/* The real calls, once: st_sys_real keeps them, st_sys_calls starts as them (tests replace entries) */
+#define ST_SYS_REAL_CALLS                                                                          \
+    {                                                                                              \
+        .open = sys_open, .close = close, .write = write, .pwrite = sys_pwrite, .fsync = fsync,    \
+        .fdatasync = fdatasync, .ftruncate = sys_ftruncate, .fallocate = sys_fallocate,            \
+        .rename = rename, .unlink = unlink, .mkdir = sys_mkdir, .rmdir = rmdir,                    \
+    }
 
-st_sys st_sys_calls = {
-    .open = sys_open,
-    .close = close,
-    .write = write,
-    .pwrite = sys_pwrite,
-    .fsync = fsync,
-    .fdatasync = fdatasync,
-    .ftruncate = sys_ftruncate,
-    .fallocate = sys_fallocate,
-    .rename = rename,
-    .unlink = unlink,
-    .mkdir = sys_mkdir,
-    .rmdir = rmdir,
-};
+const st_sys st_sys_real = ST_SYS_REAL_CALLS;
+st_sys st_sys_calls = ST_SYS_REAL_CALLS;
 
 #define ST_SYS_ENTRY(f) {#f, offsetof(st_sys, f)}
 static const struct {
