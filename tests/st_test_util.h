@@ -97,6 +97,21 @@ static inline int st_test_spit(const char *path, const void *buf, size_t len)
     return fclose(f) == 0 && w == len ? 0 : -1;
 }
 
+/* The number of entries of dir other than . and .. (-1 when it cannot be opened). */
+static inline int st_test_count_entries(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return -1;
+    struct dirent *e;
+    int n = 0;
+    while ((e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+            n++;
+    closedir(d);
+    return n;
+}
+
 /* 1 when path's directory holds an entry named "<name of path>.tmp.<anything>": a temp file or
  * directory that an atomic replacement of path (st_replace_tmp_name's name) left behind. */
 static inline int st_test_has_temp(const char *path)

@@ -131,19 +131,6 @@ static void test_sys_table(void **state)
 
 /* ---- atomic replacement ------------------------------------------------------------------- */
 
-static int count_entries(const char *dir)
-{
-    DIR *d = opendir(dir);
-    struct dirent *e;
-    int n = 0;
-    assert_non_null(d);
-    while ((e = readdir(d)))
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
-            n++;
-    closedir(d);
-    return n;
-}
-
 static void check_content(const char *path, const char *want)
 {
     size_t len = 0;
@@ -198,7 +185,7 @@ static void test_replace_faults(void **state)
                 if (rc == 0) {
                     /* ran out of calls to fail: the last success really replaced the file */
                     check_content(path, "NEWDATA");
-                    assert_int_equal(count_entries(tmpdir), 1);
+                    assert_int_equal(st_test_count_entries(tmpdir), 1);
                     break;
                 }
                 failures++;
@@ -208,11 +195,11 @@ static void test_replace_faults(void **state)
                     /* the directory's fsync comes after the rename: reported, new file in place */
                     assert_non_null(strstr(st_errdetail(), "fsync of directory"));
                     check_content(path, "NEWDATA");
-                    assert_int_equal(count_entries(tmpdir), 1);
+                    assert_int_equal(st_test_count_entries(tmpdir), 1);
                     continue;
                 }
                 check_content(path, "OLD"); /* the old file intact */
-                assert_int_equal(count_entries(tmpdir), 1); /* and no temp file behind */
+                assert_int_equal(st_test_count_entries(tmpdir), 1); /* and no temp file behind */
             }
             /* the control: each injected call was reached (a table nobody calls through would
              * pass every check above without one failure) */
@@ -231,8 +218,8 @@ static void test_replace_faults(void **state)
     assert_int_equal(st_test_spit(nested, "OLD", 3), 0);
     int rc = st_replace_file(dpath, "x", 1);
     assert_true(rc == EISDIR || rc == ENOTEMPTY || rc == EEXIST);
-    assert_int_equal(count_entries(tmpdir), 1);
-    assert_int_equal(count_entries(dpath), 1);
+    assert_int_equal(st_test_count_entries(tmpdir), 1);
+    assert_int_equal(st_test_count_entries(dpath), 1);
     snprintf(nested, sizeof nested, "%s/nope/x", tmpdir);
     assert_int_equal(st_replace_file(nested, "x", 1), ENOENT);
     assert_int_equal(st_test_run(NULL, 0, "rm -rf '%s'", dpath), 0);
@@ -266,7 +253,7 @@ static void test_replace_tmp_name(void **state)
     assert_int_equal(sb.st_mode & 0777, 0600);
     st_replace_abort(&a);
     assert_int_not_equal(stat(want, &sb), 0);
-    assert_int_equal(count_entries(tmpdir), 0);
+    assert_int_equal(st_test_count_entries(tmpdir), 0);
     /* the next one counts on */
     assert_int_equal(st_replace_begin(&a, path, 0600), 0);
     assert_int_equal(st_replace_tmp_name(want, sizeof want, path, (long)getpid(), n + 1), 0);

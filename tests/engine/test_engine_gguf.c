@@ -356,19 +356,6 @@ static int fault_rename(const char *a, const char *b)
     return st_sys_real.rename(a, b);
 }
 
-static int dir_entries(const char *dir)
-{
-    DIR *d = opendir(dir);
-    struct dirent *e;
-    int n = 0;
-    assert_non_null(d);
-    while ((e = readdir(d)))
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
-            n++;
-    closedir(d);
-    return n;
-}
-
 static char fault_detail[512];
 static int write_small(const char *path)
 {
@@ -409,7 +396,7 @@ static void test_writer_faults(void **state)
             size_t len = 0;
             uint8_t *b = st_test_slurp(path, &len);
             assert_non_null(b);
-            assert_int_equal(dir_entries(dir), 1); /* never a temp file behind */
+            assert_int_equal(st_test_count_entries(dir), 1); /* never a temp file behind */
             if (rc == 0) {
                 assert_true(len > 4096 * 4);
                 free(b);
