@@ -10,8 +10,10 @@
  * 1. Every write is one LMDB write transaction run by st_store__write: a manifest commits with
  *    its new chunks, its count increments, the session record and any retention deletions, or
  *    none of them does. Counts therefore always equal the references the manifests hold.
- * 2. A write transaction only inserts, deletes and copies: cutting, compressing and hashing of a
- *    put happen before it begins, so the single writer lock is held for the copy alone.
+ * 2. A write transaction only inserts, deletes and copies; what it waits for is done on other
+ *    threads: a put's chunks are cut before it begins and hashed and compressed on the store's
+ *    threads while it writes the earlier ones (st_store_put.c), so the single writer lock is
+ *    held for the copy and the tail of the hashing.
  * 3. A read transaction copies bytes out and ends; checking (XXH3/SHA-256) and decompressing
  *    happen after it. A pointer into the map never outlives the transaction it came from.
  * 4. No transaction of this process is in flight while the map size changes or the environment

@@ -98,50 +98,92 @@ static void *map_base(st_store *st, uint64_t map_size)
 /* With MDB_WRITEMAP LMDB writes a put's new pages straight into the file's shared map, past the
  * last page in use (or into pages of its free list). A write into a page the file system cannot
  * back (full disk) would be a SIGBUS, and each first write to a page is a page fault (about
- * 20 us on the benchmark VM). So before inserting, the range the new chunks will take is sized:
- * only new chunks count (looked up in this transaction), less the pages on LMDB's free list (which
- * it uses first), plus a margin for the B-tree pages the put copies. That range is reserved with
- * fallocate (the disk says now whether it can take it: ST_EFULL), and *direct tells the caller to
- * write the new chunks' bytes with pwrite at the places LMDB gives them (no fault, no zeroing of
- * pages that are overwritten at once); where the file system cannot fallocate, the range is
- * populated with one madvise(MADV_POPULATE_WRITE) instead (EFAULT: ST_EFULL) and the bytes are
- * copied into the map. When the pages cannot fit past the last page and the map may still grow,
- * it returns MDB_MAP_FULL at once (the caller grows the map and runs the transaction again)
- * instead of inserting until LMDB finds the map full. Pages LMDB takes from its free list beyond
- * that estimate leave part of the range unused for later puts.
+ * 20 us on the benchmark VM). So the file range a put's new chunks take is reserved as the put
+ * goes, ahead of each new chunk (the chunks are hashed while earlier ones are written, so which
+ * are new is known one at a time): only new chunks count (looked up in this transaction), less
+ * the pages on LMDB's free list (which it uses first), plus a margin for the B-tree pages the put
+ * copies. The range is reserved with fallocate in steps of at least ST_RESERVE_STEP (the disk
+ * says before each chunk whether it can take it: ST_EFULL), and d->on tells the put to write the
+ * new chunks' bytes with pwrite at the places LMDB gives them (no fault, no zeroing of pages that
+ * are overwritten at once); where the file system cannot fallocate, the range is populated with
+ * madvise(MADV_POPULATE_WRITE) instead (EFAULT: ST_EFULL) and the bytes are copied into the map.
+ * When the chunks could not fit past the last page even if all were new (their raw sizes are
+ * known before any is hashed) and the map may still grow, st_store__direct_begin returns
+ * MDB_MAP_FULL at once (the caller grows the map and runs the transaction again) instead of
+ * inserting until LMDB finds the map full; a reservation that does not fit later returns it too.
+ * Pages LMDB takes from its free list beyond the estimate leave part of the range unused for
+ * later puts; a step reserves at most ST_RESERVE_STEP past what the put needs.
  * On the plain path (!st->direct) only what lmdb.h tells is used: the new chunks' pages plus the
  * margin are reserved past me_last_pgno (the free list is not read, so it may reserve more than
- * the put takes), nothing is populated, no MDB_MAP_FULL is predicted, and *direct stays 0. */
-static int put_populate(st_store *st, MDB_txn *txn, const st_plan *p, int *direct)
+ * the put takes), nothing is populated, no MDB_MAP_FULL is predicted, and d->on stays 0. */
+#define ST_RESERVE_STEP ((uint64_t)32 << 20)
+
+static uint64_t pages_of(uint64_t psize, uint64_t stored_len)
 {
-    *direct = 0;
-    if (!(st->env_flags & MDB_WRITEMAP))
+    return (stored_len + 16 + psize - 1) / psize * psize; /* overflow pages and their header */
+}
+
+/* Make the reservation cover add more bytes of new pages (beyond the free list's). */
+static int reserve_more(st_store *st, st_direct *d, uint64_t add)
+{
+    d->need += add;
+    uint64_t net = d->need > d->credit ? d->need - d->credit : 0;
+    uint64_t target = d->start + net + net / 64;
+    if (target <= d->res_end)
         return 0;
+    const int internals = st->direct;
+    if (target > d->map_size && internals && st_store__map_budget(st) > d->map_size)
+        return MDB_MAP_FULL;
+    uint64_t end = target > d->res_end + ST_RESERVE_STEP ? target : d->res_end + ST_RESERVE_STEP;
+    if (end > d->map_size)
+        end = d->map_size;
+    uint64_t from = d->res_end > d->start ? d->res_end : d->start;
+    if (from >= end)
+        return 0;
+    d->res_end = end;
+    /* Reserve the blocks (fallocate): no page is touched, the disk's answer comes now, and the
+     * new chunks' bytes then go into the file with pwrite at the places LMDB gives them (the
+     * page cache is the map's, so LMDB sees them); only the pages LMDB writes itself (chunk
+     * headers, B-tree) fault in, onto reserved blocks. Without fallocate, populate the range. */
+    if (d->have_fd && !d->no_reserve) {
+        int r;
+        while ((r = st->sys.reserve(d->fd, from, end - from)) != 0 && errno == EINTR)
+            ;
+        if (r == 0)
+            return 0;
+        int e = errno;
+        if (e == ENOSPC || e == EDQUOT)
+            return st_error_set(ST_EFULL, "store %s: the disk cannot take %llu KiB of new chunks", st->dir,
+                                (unsigned long long)((end - from + 1023) >> 10));
+        if (e != EOPNOTSUPP && e != ENOSYS && e != EINVAL)
+            return st_error_set(ST_EIO, "store %s: reserving %llu KiB for new chunks: %s", st->dir,
+                                (unsigned long long)((end - from + 1023) >> 10), strerror(e));
+        /* the file system cannot fallocate: populate from now on, and copy through the map */
+        d->no_reserve = 1;
+        d->on = 0;
+    }
+    if (!d->pop_base)
+        return 0; /* plain: the writes fault page by page */
+    if (st->sys.populate(d->pop_base + from, (size_t)(end - from)) != 0 && errno == EFAULT)
+        return st_error_set(ST_EFULL, "store %s: the disk cannot take %llu KiB of new chunks", st->dir,
+                            (unsigned long long)((end - from + 1023) >> 10));
+    return 0; /* other errors (a kernel without MADV_POPULATE_WRITE): the writes fault page by page */
+}
+
+/* Before any chunk: the free list, the range's start, the map-full prediction, the margin. */
+static int reserve_begin(st_store *st, MDB_txn *txn, const st_plan *p, st_direct *d)
+{
     const int internals = st->direct;
     MDB_stat ms;
     MDB_envinfo info;
     int rc = mdb_env_stat(st->env, &ms);
     if (rc)
         return rc;
-    uint64_t psize = ms.ms_psize, need = 0;
-    for (uint32_t i = 0; i < p->m.n_chunks; i++) {
-        const st_piece *pc = &p->pieces[i];
-        MDB_val k = {ST_STORE_HASH_LEN, (void *)pc->hash}, v;
-        rc = mdb_get(txn, st->dbi_chunks, &k, &v);
-        if (rc == MDB_NOTFOUND)
-            need += ((uint64_t)pc->stored_len + 16 + psize - 1) / psize * psize; /* overflow pages */
-        else if (rc)
-            return rc;
-    }
+    d->psize = ms.ms_psize;
     /* LMDB takes pages from its free list (database 0; each value a page list led by its
-     * length) before growing the file: only what the free list cannot hold is populated. */
+     * length) before growing the file: only what the free list cannot hold is reserved. */
     MDB_cursor *fc = NULL;
     uint64_t free_pages = 0;
-    /* Every put also dirties B-tree, manifest and free-list pages (copy on write): room for
-     * them is counted too, so that no put - however small - first touches an unbacked page of
-     * the map, where a full disk would be a SIGBUS instead of ST_EFULL. */
-    uint64_t margin = (ST_POPULATE_MARGIN_PAGES + (uint64_t)p->m.n_chunks) * psize;
-    need += margin < ST_POPULATE_MARGIN_MAX ? margin : ST_POPULATE_MARGIN_MAX;
     if (internals && mdb_cursor_open(txn, 0, &fc) == 0) {
         MDB_val fk, fv;
         for (int frc = mdb_cursor_get(fc, &fk, &fv, MDB_FIRST); !frc; frc = mdb_cursor_get(fc, &fk, &fv, MDB_NEXT))
@@ -152,52 +194,32 @@ static int put_populate(st_store *st, MDB_txn *txn, const st_plan *p, int *direc
             }
         mdb_cursor_close(fc);
     }
-    need = need > free_pages * psize ? need - free_pages * psize : 0;
-    mdb_filehandle_t fd;
-    int have_fd = mdb_env_get_fd(st->env, &fd) == 0;
+    d->credit = free_pages * d->psize;
+    d->have_fd = mdb_env_get_fd(st->env, &d->fd) == 0;
+    if (!d->have_fd)
+        d->fd = -1;
     mdb_env_info(st->env, &info);
-    if (!need && internals) {
-        /* everything fits in free-list pages, which have their blocks: write with pwrite all the
-         * same (a page LMDB takes past them gets its block from the pwrite, ENOSPC an error) */
-        *direct = have_fd && map_base(st, info.me_mapsize) != NULL;
-        return 0;
-    }
-    uint64_t start = ((uint64_t)info.me_last_pgno + 1) * psize, end = start + need + need / 64;
-    if (end > info.me_mapsize) {
-        if (internals && st_store__map_budget(st) > info.me_mapsize)
-            return MDB_MAP_FULL;
-        end = info.me_mapsize;
-    }
+    d->map_size = info.me_mapsize;
+    d->start = d->res_end = ((uint64_t)info.me_last_pgno + 1) * d->psize;
     char *base = internals ? map_base(st, info.me_mapsize) : NULL;
-    if ((internals && !base) || start >= end)
-        return 0;
-    /* Reserve the blocks (fallocate): no page is touched, the disk's answer comes now, and the
-     * new chunks' bytes then go into the file with pwrite at the places LMDB gives them (the
-     * page cache is the map's, so LMDB sees them); only the pages LMDB writes itself (chunk
-     * headers, B-tree) fault in, onto reserved blocks. Without fallocate, populate the range. */
-    if (have_fd) {
-        int r;
-        while ((r = st->sys.reserve(fd, start, end - start)) != 0 && errno == EINTR)
-            ;
-        if (r == 0) {
-            *direct = internals;
-            return 0;
-        }
-        int e = errno;
-        if (e == ENOSPC || e == EDQUOT)
-            return st_error_set(ST_EFULL, "store %s: the disk cannot take %llu KiB of new chunks", st->dir,
-                                (unsigned long long)((end - start + 1023) >> 10));
-        if (e != EOPNOTSUPP && e != ENOSYS && e != EINVAL)
-            return st_error_set(ST_EIO, "store %s: reserving %llu KiB for new chunks: %s", st->dir,
-                                (unsigned long long)((end - start + 1023) >> 10), strerror(e));
-        /* the file system cannot fallocate: populate the range instead */
+    d->pop_base = base;
+    d->on = internals && d->have_fd && base != NULL;
+    /* Every put also dirties B-tree, manifest and free-list pages (copy on write): room for
+     * them is counted too, so that no put - however small - first touches an unbacked page of
+     * the map, where a full disk would be a SIGBUS instead of ST_EFULL. */
+    uint64_t margin = (ST_POPULATE_MARGIN_PAGES + (uint64_t)p->m.n_chunks) * d->psize, all = 0;
+    margin = margin < ST_POPULATE_MARGIN_MAX ? margin : ST_POPULATE_MARGIN_MAX;
+    if (internals) {
+        for (uint32_t i = 0; i < p->m.n_chunks; i++)
+            all += pages_of(d->psize, p->pieces[i].raw_len); /* a frame is kept only when smaller */
+        uint64_t net = all + margin > d->credit ? all + margin - d->credit : 0;
+        if (d->start + net + net / 64 > d->map_size && st_store__map_budget(st) > d->map_size)
+            return MDB_MAP_FULL;
     }
-    if (!base)
-        return 0; /* plain: the writes fault page by page */
-    if (st->sys.populate(base + start, (size_t)(end - start)) != 0 && errno == EFAULT)
-        return st_error_set(ST_EFULL, "store %s: the disk cannot take %llu KiB of new chunks", st->dir,
-                            (unsigned long long)((end - start + 1023) >> 10));
-    return 0; /* other errors (a kernel without MADV_POPULATE_WRITE): the writes fault page by page */
+    if (internals && !base)
+        return 0; /* the map was not found: no reservation, the inserts copy (d->on is 0) */
+    d->reserving = 1;
+    return reserve_more(st, d, margin);
 }
 
 /* With MDB_WRITEMAP a new chunk's bytes land in the file's shared map, mostly past the last page
@@ -205,8 +227,10 @@ static int put_populate(st_store *st, MDB_txn *txn, const st_plan *p, int *direc
  * copy is handed to the kernel's writeback (sync_file_range, SYNC_FILE_RANGE_WRITE: start, do not
  * wait), so that the disk writes while later chunks are copied and the commit's sync finds most
  * of the put on its way. Only a hint: durability is the commit's (pages written again later are
- * dirty again; a failed hint is ignored). */
-#define ST_WRITEBACK_STEP ((uint64_t)64 << 20)
+ * dirty again; a failed hint is ignored). The step is small (4 MiB, as st_file_write's) so
+ * that the disk starts on the first chunks at once: with 64 MiB steps the commit's sync of a
+ * 282 MiB put waited 30-40 ms on the project VM, with 4 MiB 13-17 ms (docs/BENCHMARKS.md). */
+#define ST_WRITEBACK_STEP ((uint64_t)4 << 20)
 
 static void writeback_hint(st_store *st, st_direct *c, const char *from, const char *to)
 {
@@ -274,19 +298,28 @@ int st_store__direct_begin(st_store *st, MDB_txn *txn, const st_plan *p, st_dire
 {
     memset(d, 0, sizeof *d);
     d->fd = -1;
-    int direct = 0, rc = put_populate(st, txn, p, &direct);
-    if (rc)
-        return rc;
+    if (!(st->env_flags & MDB_WRITEMAP))
+        return 0;
+    int rc = reserve_begin(st, txn, p, d);
     d->base = (const char *)st->map_base;
-    if (direct && (mdb_env_get_fd(st->env, &d->fd) || !d->base))
-        direct = 0;
-    d->on = direct;
-    return 0;
+    if (d->on && !d->base)
+        d->on = 0;
+    return rc;
 }
 
 int st_store__direct_insert(st_store *st, MDB_txn *txn, st_direct *d, const st_piece *pc, MDB_val *v)
 {
     MDB_val k = {ST_STORE_HASH_LEN, (void *)pc->hash};
+    if (d->reserving) {
+        /* a new chunk: its pages reserved before LMDB touches them (its header page included) */
+        int rc = mdb_get(txn, st->dbi_chunks, &k, v);
+        if (rc == MDB_NOTFOUND)
+            rc = reserve_more(st, d, pages_of(d->psize, pc->stored_len));
+        else if (rc == 0)
+            return MDB_KEYEXIST; /* v is the stored value */
+        if (rc)
+            return rc;
+    }
     if (!st->direct) {
         /* the plain path: LMDB copies the bytes (on MDB_KEYEXIST, v is the stored value) */
         v->mv_size = pc->stored_len;

@@ -100,6 +100,16 @@ int st_store__fsync_dir(const st_store_sys *sys, const char *dir);
  * with its detail. */
 int st_store__par_run(unsigned threads, size_t n, int (*fn)(void *ctx, size_t i, st_frame_ctx **fctx),
                       void *ctx);
+/* The same pool left running (st_store_par.c, "the stream"): helpers threads start running
+ * fn(ctx, i, &fctx) for i = 0, 1, ... at once; st_store__stream_wait(s, i) returns when item i
+ * is done (running later items itself while it waits), or the first failure with its detail;
+ * st_store__stream_stop stops claiming, joins the helpers, frees s and returns when the last
+ * item finished (monotonic ms; 0 if it did not). */
+typedef struct st_stream st_stream;
+int st_store__stream_start(unsigned helpers, size_t n, int (*fn)(void *ctx, size_t i, st_frame_ctx **fctx),
+                           void *ctx, st_stream **out);
+int st_store__stream_wait(st_stream *s, size_t i);
+double st_store__stream_stop(st_stream *s);
 /* A state-hash runner (st_state_hash_runner) spreading the block digests over *run_arg threads
  * (an unsigned) with st_store__par_run. */
 void st_store__state_hash_runner(void *run_arg, uint64_t n, st_state_hash_task task, void *arg);
@@ -322,7 +332,10 @@ typedef struct st_put_ctx {
     uint8_t digest[ST_STORE_HASH_LEN];
     const char *label;
     st_put_stats stats;
+    st_stream *hashing;        /* prepare_one of every chunk, running ahead of the inserts */
     double t_fn, t_pop, t_ins; /* STRATA_STORE_TRACE: write start, populate done, inserts done */
+    double t_wait;             /* STRATA_STORE_TRACE: put_fn's time waiting for hashes */
+    double t_state;            /* STRATA_STORE_TRACE: the state-hash check's time (its item) */
     int attempts;
     int direct;                /* the last attempt wrote with pwrite (the fast path) */
 } st_put_ctx;
@@ -371,12 +384,21 @@ typedef struct st_direct {
     mdb_filehandle_t fd;
     const char *base;          /* the map, as looked up */
     uint64_t wb_done, wb_hi;   /* early writeback: file bytes handed to it, end of the copies */
+    /* the reservation, made as new chunks come (st_store_direct.c, reserve_more) */
+    int reserving;             /* reserve ahead of each new chunk */
+    int have_fd, no_reserve;   /* no_reserve: the file system cannot fallocate (populate) */
+    char *pop_base;            /* the map to populate (fast path), else NULL */
+    uint64_t psize, map_size;
+    uint64_t start, res_end;   /* file bytes [start, res_end) past the last page are reserved */
+    uint64_t need, credit;     /* bytes of new pages counted so far; free-list bytes LMDB uses first */
 } st_direct;
-/* Reserve (and with the fast path on, populate) the file range the plan's new chunks will take;
- * MDB_MAP_FULL when they cannot fit and the map may grow; ST_EFULL when the disk cannot. */
+/* Start a put's use of the fast path: read the free list, predict MDB_MAP_FULL (the chunks
+ * could not fit if all were new, and the map may grow) and reserve the margin; ST_EFULL when the
+ * disk cannot take it. */
 int st_store__direct_begin(st_store *st, MDB_txn *txn, const st_plan *p, st_direct *d);
 /* Insert one chunk under its hash with MDB_NOOVERWRITE: 0 (stored), MDB_KEYEXIST (v is the
- * stored value), or an error. */
+ * stored value), or an error. A new chunk's pages are reserved first (ST_EFULL when the disk
+ * cannot take them; MDB_MAP_FULL when they do not fit and the map may grow). */
 int st_store__direct_insert(st_store *st, MDB_txn *txn, st_direct *d, const st_piece *pc, MDB_val *v);
 /* At open: check the fast path's assumptions against the running liblmdb and this environment;
  * sets st->direct and, when off, st->direct_why (also on stderr with STRATA_STORE_TRACE). */

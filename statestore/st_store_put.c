@@ -1,12 +1,20 @@
 /*
  * st_store_put.c - the put path: an image is cut into chunks on natural boundaries (plan_cut),
- * each chunk framed and hashed outside any transaction (prepare_one, on the thread pool), then
- * one write transaction (put_fn) inserts the new chunks, counts every reference, adds the
- * manifest, applies retention and writes the session record. Import (st_store_export.c) puts
- * through put_ex. The rules are those of st_lmdb_store.c (invariants 1, 2, 5, 6); besides:
- * 1. put_fn has no effect outside its transaction: st_store__write may run it several times.
+ * each chunk framed and hashed by the store's threads (prepare_one, on a stream of st_store_par.c)
+ * while one write transaction (put_fn) takes them in order: it inserts each new chunk as soon as
+ * it is hashed (so chunk i is written while chunks i+1.. are hashed), counts every reference,
+ * adds the manifest, applies retention and writes the session record. Import
+ * (st_store_export.c) puts through put_ex. The rules are those of st_lmdb_store.c (invariants
+ * 1, 5, 6; of its invariant 2, only the cut stays outside the transaction: the hashing and the
+ * state-hash check overlap the writes, so the write lock is held while the last chunks are
+ * hashed); besides:
+ * 1. put_fn has no effect outside its transaction: st_store__write may run it several times (a
+ *    second run finds every chunk hashed).
  * 2. How new chunk bytes reach the file (pwrite or a copy into the map) is the fast path's
  *    (st_store_direct.c); this file only asks it.
+ * 3. No chunk is inserted before the session's geometry (chunk 0) was compared, and nothing
+ *    commits unless the state-hash check passed: a mismatch or a failed hashing aborts the
+ *    transaction (the bytes pwritten into pages it took are free pages again).
  */
 #include <errno.h>
 #include <stdio.h>
@@ -221,7 +229,13 @@ static int put_fn(st_store *st, MDB_txn *txn, void *arg)
     st_session_rec rec;
     int found = 0;
     memset(&c->stats, 0, sizeof c->stats);
-    int rc = st_store__session_get(st, txn, c->id, &rec, &found);
+    double tw = trace_ms();
+    int rc = st_store__stream_wait(c->hashing, 1); /* the geometry record: the session's digest */
+    c->t_wait += trace_ms() - tw;
+    if (rc)
+        return rc;
+    memcpy(c->digest, p->pieces[0].hash, ST_STORE_HASH_LEN);
+    rc = st_store__session_get(st, txn, c->id, &rec, &found);
     if (rc)
         return rc;
     if (c->expected == ST_STORE_HEAD_NONE && found)
@@ -247,7 +261,6 @@ static int put_fn(st_store *st, MDB_txn *txn, void *arg)
         rec.created_ns = now;
     }
     uint64_t version = rec.next_version;
-    st_manifest_patch(c->mbuf, c->mlen, version, now);
     c->attempts++;
     c->t_fn = trace_ms();
     st_direct d;
@@ -259,6 +272,11 @@ static int put_fn(st_store *st, MDB_txn *txn, void *arg)
 
     for (uint32_t i = 0; i < p->m.n_chunks; i++) {
         const st_piece *pc = &p->pieces[i];
+        tw = trace_ms();
+        rc = st_store__stream_wait(c->hashing, (size_t)i + 1);
+        c->t_wait += trace_ms() - tw;
+        if (rc)
+            return rc;
         MDB_val k = {ST_STORE_HASH_LEN, (void *)pc->hash}, v;
         rc = st_store__direct_insert(st, txn, &d, pc, &v);
         if (rc == 0) {
@@ -295,6 +313,20 @@ static int put_fn(st_store *st, MDB_txn *txn, void *arg)
         if ((rc = mdb_put(txn, st->dbi_refcounts, &k, &cv, 0)))
             return rc;
     }
+    /* every chunk is hashed now, and the state hash must have been checked before anything
+     * commits: then the manifest (once; a second run patches it again) */
+    tw = trace_ms();
+    rc = st_store__stream_wait(c->hashing, 0);
+    c->t_wait += trace_ms() - tw;
+    if (rc)
+        return rc;
+    if (!c->mbuf) {
+        for (uint32_t i = 0; i < p->m.n_chunks; i++)
+            p->m.stored_bytes += p->pieces[i].stored_len;
+        if ((rc = st_manifest_encode(&p->m, &c->mbuf, &c->mlen)))
+            return rc;
+    }
+    st_manifest_patch(c->mbuf, c->mlen, version, now);
     uint8_t kb[ST_VKEY_MAX];
     MDB_val k = {st_vkey(kb, c->id, version), kb}, v = {c->mlen, c->mbuf};
     rc = mdb_put(txn, st->dbi_versions, &k, &v, MDB_NOOVERWRITE);
@@ -323,7 +355,8 @@ static int put_fn(st_store *st, MDB_txn *txn, void *arg)
 
 /* A version is only kept when a restore of it can succeed: the state hash the image records
  * (nonzero) must be the hash of its own tokens, K/V and live checkpoint (st_store.h, "the state
- * hash"), or the version would be acknowledged and never restore. */
+ * hash"), or the version would be acknowledged and never restore (put_fn waits for this check
+ * before it adds the manifest: a mismatch aborts the transaction). */
 static int put_state_hash_check(const st_image *img, const char *id, unsigned threads)
 {
     uint64_t want = st_image_state_hash(img), got = 0;
@@ -337,6 +370,19 @@ static int put_state_hash_check(const st_image *img, const char *id, unsigned th
                             "its content hashes to %016llx (a restore would fail): nothing was "
                             "written", id, (unsigned long long)want, (unsigned long long)got);
     return 0;
+}
+
+/* The items of a put's stream: 0 checks the state hash (on one thread, beside the hashing of
+ * the chunks), i > 0 hashes and frames chunk i - 1. */
+static int put_item(void *ctx, size_t i, st_frame_ctx **fctx)
+{
+    st_put_ctx *c = ctx;
+    if (i > 0)
+        return prepare_one(c->plan, i - 1, fctx);
+    double t = trace_ms();
+    int rc = put_state_hash_check(c->img, c->id, 1);
+    c->t_state = trace_ms() - t;
+    return rc;
 }
 
 int st_store__put_ex(st_store *st, const char *id, const st_image *img, uint64_t expected, const st_put_opts *opts,
@@ -374,49 +420,46 @@ int st_store__put_ex(st_store *st, const char *id, const st_image *img, uint64_t
     }
     if (rc)
         goto done;
-    /* Compress and hash before the write transaction (invariant 2). */
+    /* From here the state hash is checked and the chunks hashed and framed on the store's
+     * threads while this thread writes them in order (put_fn waits for each). */
     double t0 = trace_ms();
     uint64_t total = st_image_bytes(img);
     unsigned threads = total < ST_PAR_MIN_BYTES ? 1 : st->threads;
-    if ((rc = put_state_hash_check(img, id, threads)))
-        goto done;
-    double th = trace_ms();
-    if ((rc = st_store__par_run(threads, plan.m.n_chunks, prepare_one, &plan)))
-        goto done;
     plan.m.state_hash = st_image_state_hash(img);
     plan.m.n_tokens = st_image_n_tokens(img);
     plan.m.logical_bytes = total;
     plan.m.compress = (uint32_t)plan.compress;
-    for (uint32_t i = 0; i < plan.m.n_chunks; i++)
-        plan.m.stored_bytes += plan.pieces[i].stored_len;
     if (fa) {
         plan.m.file_version = fa->version;
         plan.m.file_compress = fa->compress;
         plan.m.file_shuffle = fa->shuffle;
     }
-    if ((rc = st_manifest_encode(&plan.m, &c.mbuf, &c.mlen)))
-        goto done;
-    memcpy(c.digest, plan.pieces[0].hash, ST_STORE_HASH_LEN);
     c.id = id;
     c.plan = &plan;
     c.img = img;
     c.expected = expected;
     c.label = opts ? opts->label : NULL;
-    double t1 = trace_ms();
-    if ((rc = st_store__write(st, put_fn, &c)))
+    if (!(rc = st_store__stream_start(threads > 1 ? threads : 0, (size_t)plan.m.n_chunks + 1, put_item, &c,
+                                      &c.hashing)))
+        rc = st_store__write(st, put_fn, &c);
+    double t_hashed = st_store__stream_stop(c.hashing);
+    c.hashing = NULL;
+    if (rc)
         goto done;
     if (getenv("STRATA_STORE_TRACE") && *getenv("STRATA_STORE_TRACE"))
         fprintf(stderr, "strata store put %s: %.1f MB in %u chunks (%u new): state hash %.1f ms, "
-                "hash and frame %.1f ms, reserve %.1f ms, inserts %.1f ms, commit %.1f ms (%d "
-                "attempt%s; %s)\n", id, (double)total / 1e6, plan.m.n_chunks, c.stats.new_chunks,
-                th - t0, t1 - th, c.t_pop - c.t_fn,
-                c.t_ins - c.t_pop, trace_ms() - c.t_ins, c.attempts, c.attempts == 1 ? "" : "s",
+                "chunks hashed and framed at %.1f ms, reserve %.1f ms, inserts %.1f ms (%.1f ms of "
+                "them waiting for hashes), commit %.1f ms, put %.1f ms (%d attempt%s; %s)\n", id,
+                (double)total / 1e6, plan.m.n_chunks, c.stats.new_chunks, c.t_state,
+                t_hashed > 0 ? t_hashed - t0 : 0.0, c.t_pop - c.t_fn, c.t_ins - c.t_pop, c.t_wait,
+                trace_ms() - c.t_ins, trace_ms() - t0, c.attempts, c.attempts == 1 ? "" : "s",
                 c.direct ? "fast path: pwrite" : st->direct ? "fast path: copied" : "plain mdb_put");
     if (version)
         *version = c.stats.version;
     if (opts && opts->stats)
         *opts->stats = c.stats;
 done:
+    st_store__stream_stop(c.hashing);
     free(c.mbuf);
     free(geo);
     plan_free(&plan);
