@@ -46,9 +46,12 @@
  * 2. Both paths store the same bytes under the same keys in the same transaction: the choice
  *    changes only how the bytes reach the file, never what a get, check or export reads.
  * 3. No pwrite happens at an offset whose value A4 did not confirm in this transaction.
+ * 4. Every pwrite of a transaction (the writer thread's) has finished before it commits or
+ *    aborts: st_store__direct_end joins the writer, and put_fn calls it on every return.
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -294,6 +297,152 @@ static int pwrite_chunk(st_store *st, int fd, const uint8_t *p, size_t n, uint64
     return 0;
 }
 
+/* The writer: a thread that pwrites the new chunks' bytes in the order the put reserved them,
+ * so that the transaction's thread goes on with the next chunk's reservation, its count and the
+ * writeback hints while the page cache takes the bytes (a buffered write of one file is one
+ * copy at a time: one writer is enough). Every job is finished before st_store__direct_end
+ * returns, and that is before the transaction commits or aborts (invariant 4). */
+typedef struct st_wjob {
+    const uint8_t *p;
+    size_t n;
+    uint64_t off;
+} st_wjob;
+
+struct st_writer {
+    st_store *st;
+    int fd;
+    pthread_t tid;
+    pthread_mutex_t mu;
+    pthread_cond_t cv_job, cv_done;
+    st_wjob *jobs;
+    size_t cap, n_in, n_out;   /* jobs queued; jobs finished (in order) */
+    uint64_t first, done_hi;   /* offset of the first job; end of the furthest finished one */
+    int closing, rc;
+    char detail[256];
+};
+
+static void *writer_main(void *arg)
+{
+    st_writer *w = arg;
+    pthread_mutex_lock(&w->mu);
+    for (;;) {
+        while (w->n_out == w->n_in && !w->closing)
+            pthread_cond_wait(&w->cv_job, &w->mu);
+        if (w->n_out == w->n_in)
+            break;
+        st_wjob j = w->jobs[w->n_out];
+        int failed = w->rc != 0;
+        pthread_mutex_unlock(&w->mu);
+        int rc = failed ? 0 : pwrite_chunk(w->st, w->fd, j.p, j.n, j.off);
+        pthread_mutex_lock(&w->mu);
+        if (rc && !w->rc) {
+            w->rc = rc;
+            snprintf(w->detail, sizeof w->detail, "%s", st_errdetail());
+        }
+        w->n_out++;
+        if (j.off + j.n > w->done_hi)
+            w->done_hi = j.off + j.n;
+        pthread_cond_broadcast(&w->cv_done);
+    }
+    pthread_mutex_unlock(&w->mu);
+    return NULL;
+}
+
+static int writer_start(st_store *st, st_direct *d, size_t cap)
+{
+    st_writer *w = calloc(1, sizeof *w);
+    st_wjob *jobs = calloc(cap ? cap : 1, sizeof *jobs);
+    if (!w || !jobs) {
+        free(w);
+        free(jobs);
+        return 0; /* no memory for the queue: the transaction's thread writes itself */
+    }
+    w->st = st;
+    w->fd = d->fd;
+    w->jobs = jobs;
+    w->cap = cap;
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_cond_init(&w->cv_job, NULL);
+    pthread_cond_init(&w->cv_done, NULL);
+    if (pthread_create(&w->tid, NULL, writer_main, w) != 0) {
+        pthread_cond_destroy(&w->cv_done);
+        pthread_cond_destroy(&w->cv_job);
+        pthread_mutex_destroy(&w->mu);
+        free(jobs);
+        free(w);
+        return 0;
+    }
+    d->w = w;
+    return 0;
+}
+
+/* Hand the bytes written so far to writeback (the range from the first job to the furthest
+ * finished one). */
+static void writer_hint(st_store *st, st_direct *d)
+{
+    st_writer *w = d->w;
+    pthread_mutex_lock(&w->mu);
+    uint64_t lo = w->first, hi = w->done_hi;
+    pthread_mutex_unlock(&w->mu);
+    if (hi > lo)
+        writeback_hint(st, d, d->base + lo, d->base + hi);
+}
+
+/* Queue one chunk's pwrite; 0, or the first failed write's error. */
+static int writer_put(st_store *st, st_direct *d, const uint8_t *p, size_t n, uint64_t off)
+{
+    st_writer *w = d->w;
+    pthread_mutex_lock(&w->mu);
+    int rc = w->rc;
+    if (!rc && w->n_in < w->cap) {
+        if (!w->n_in)
+            w->first = off;
+        w->jobs[w->n_in++] = (st_wjob){p, n, off};
+        pthread_cond_signal(&w->cv_job);
+        pthread_mutex_unlock(&w->mu);
+        writer_hint(st, d);
+        return 0;
+    }
+    char detail[256];
+    snprintf(detail, sizeof detail, "%s", w->detail);
+    pthread_mutex_unlock(&w->mu);
+    if (rc)
+        return st_error_set(rc, "%s", detail);
+    return pwrite_chunk(st, d->fd, p, n, off); /* more jobs than the plan's chunks (a repair) */
+}
+
+int st_store__direct_end(st_store *st, st_direct *d, int rc)
+{
+    st_writer *w = d->w;
+    if (!w)
+        return rc;
+    pthread_mutex_lock(&w->mu);
+    w->closing = 1;
+    pthread_cond_signal(&w->cv_job);
+    while (w->n_out < w->n_in) {
+        pthread_cond_wait(&w->cv_done, &w->mu);
+        if (!rc && !w->rc) {
+            pthread_mutex_unlock(&w->mu);
+            writer_hint(st, d);
+            pthread_mutex_lock(&w->mu);
+        }
+    }
+    int wrc = w->rc;
+    char detail[256];
+    snprintf(detail, sizeof detail, "%s", w->detail);
+    pthread_mutex_unlock(&w->mu);
+    pthread_join(w->tid, NULL);
+    pthread_cond_destroy(&w->cv_done);
+    pthread_cond_destroy(&w->cv_job);
+    pthread_mutex_destroy(&w->mu);
+    free(w->jobs);
+    free(w);
+    d->w = NULL;
+    if (!rc && wrc)
+        rc = st_error_set(wrc, "%s", detail);
+    return rc;
+}
+
 int st_store__direct_begin(st_store *st, MDB_txn *txn, const st_plan *p, st_direct *d)
 {
     memset(d, 0, sizeof *d);
@@ -304,6 +453,8 @@ int st_store__direct_begin(st_store *st, MDB_txn *txn, const st_plan *p, st_dire
     d->base = (const char *)st->map_base;
     if (d->on && !d->base)
         d->on = 0;
+    if (!rc && d->on)
+        rc = writer_start(st, d, p->m.n_chunks);
     return rc;
 }
 
@@ -336,6 +487,8 @@ int st_store__direct_insert(st_store *st, MDB_txn *txn, st_direct *d, const st_p
         (!overflow_at(st, base, at) || (uint64_t)(at - base) + pc->stored_len > st->map_base_size))
         d->on = 0; /* the map is not where it was looked up: copy through it from now on */
     if (d->on && pc->stored_len >= ST_PWRITE_MIN) {
+        if (d->w)
+            return writer_put(st, d, pc->stored, pc->stored_len, (uint64_t)(at - base));
         if ((rc = pwrite_chunk(st, d->fd, pc->stored, pc->stored_len, (uint64_t)(at - base))))
             return rc;
         writeback_hint(st, d, at, at + pc->stored_len);

@@ -336,6 +336,7 @@ typedef struct st_put_ctx {
     double t_fn, t_pop, t_ins; /* STRATA_STORE_TRACE: write start, populate done, inserts done */
     double t_wait;             /* STRATA_STORE_TRACE: put_fn's time waiting for hashes */
     double t_state;            /* STRATA_STORE_TRACE: the state-hash check's time (its item) */
+    double t_drain;            /* STRATA_STORE_TRACE: waiting for the writer after the inserts */
     int attempts;
     int direct;                /* the last attempt wrote with pwrite (the fast path) */
 } st_put_ctx;
@@ -379,7 +380,9 @@ int st_store__prune_txn(st_store *st, MDB_txn *txn, const char *id, st_session_r
 /* ---- the put's fast path (st_store_direct.c: its top comment lists what it assumes of LMDB) -- */
 
 /* One put's use of it, inside one write transaction. */
+typedef struct st_writer st_writer;
 typedef struct st_direct {
+    st_writer *w;              /* the thread that pwrites (NULL: the caller's thread does) */
     int on;                    /* new large chunks go in with pwrite (else: copied) */
     mdb_filehandle_t fd;
     const char *base;          /* the map, as looked up */
@@ -400,6 +403,9 @@ int st_store__direct_begin(st_store *st, MDB_txn *txn, const st_plan *p, st_dire
  * stored value), or an error. A new chunk's pages are reserved first (ST_EFULL when the disk
  * cannot take them; MDB_MAP_FULL when they do not fit and the map may grow). */
 int st_store__direct_insert(st_store *st, MDB_txn *txn, st_direct *d, const st_piece *pc, MDB_val *v);
+/* After the inserts, on every path out of the transaction's function: wait for the queued
+ * pwrites and stop the writer. Returns rc, or when rc is 0 the first failed write's error. */
+int st_store__direct_end(st_store *st, st_direct *d, int rc);
 /* At open: check the fast path's assumptions against the running liblmdb and this environment;
  * sets st->direct and, when off, st->direct_why (also on stderr with STRATA_STORE_TRACE). */
 void st_store__direct_probe(st_store *st);
