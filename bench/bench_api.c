@@ -1,6 +1,8 @@
 /*
  * bench_api - strata-server over loopback: SAVE / PARK / RESTORE latency and throughput for small
- * and large conversations under concurrent clients, and /healthz latency while large SAVEs run.
+ * and large conversations under concurrent clients, one large conversation at a time (a SAVE
+ * alone on the server and the disk: issue 13's section 6 figure), and /healthz latency while
+ * large SAVEs run.
  *
  *   bench_api [--quick] [--keep DIR]
  *
@@ -177,6 +179,8 @@ typedef struct phase {
     int clients, rounds;
     const char *prefix;
     int prompt_chars;
+    int salt;           /* varies the prompts (so another phase's conversations share no chunks) */
+    int inited;
     series op[OP_N];
     _Atomic int failures;
     _Atomic int saving; /* SAVEs in flight */
@@ -210,7 +214,7 @@ static void *worker_main(void *arg)
     char *body = malloc((size_t)ph->prompt_chars + 256);
     int n = sprintf(body, "{\"session\":\"%s\",\"n_predict\":4,\"prompt\":\"", id);
     for (int k = 0; k < ph->prompt_chars; k++)
-        body[n++] = (char)('a' + (k * 7 + w->i) % 26);
+        body[n++] = (char)('a' + (k * 7 + w->i + ph->salt * 3) % 26);
     strcpy(body + n, "\"}");
     st_hc_resp r;
     if (post(ph->port, "/v1/completions", body, &r) || r.status != 200) {
@@ -295,8 +299,10 @@ static void run_phase(phase *ph, poller *pol)
 {
     pthread_t th[64], pt;
     worker w[64];
-    for (int i = 0; i < OP_N; i++)
-        pthread_mutex_init(&ph->op[i].mu, NULL);
+    if (!ph->inited)
+        for (int i = 0; i < OP_N; i++)
+            pthread_mutex_init(&ph->op[i].mu, NULL);
+    ph->inited = 1;
     if (pol) {
         pol->ph = ph;
         pol->run = 1;
@@ -458,6 +464,33 @@ int main(int argc, char **argv)
            pol.during_save.n, pct(&pol.during_save, 50), p99, mx, p99 < 10 ? "met" : "MISSED",
            pol.all.n, pct(&pol.all, 99), pol.failed);
     if (large.failures || pol.failed)
+        status = 1;
+    st_hc_server_stop(&s, SIGTERM);
+
+    /* one large conversation at a time, on a server and store of its own: each SAVE has the
+     * disk to itself (the two clients above share it) and writes new chunks */
+    snprintf(store, sizeof store, "%s/store-alone", work);
+    if (server_start(&s, big, store, "2", "--prompt-cache", "1")) {
+        fprintf(stderr, "bench_api: strata-server did not start (see %s/server.log)\n", work);
+        return 1;
+    }
+    static const char *const alone_names[] = {"alone-a", "alone-b", "alone-c", "alone-d", "alone-e"};
+    int n_alone = quick ? 3 : 5;
+    phase alone;
+    memset(&alone, 0, sizeof alone);
+    alone.port = s.port;
+    alone.clients = 1;
+    alone.rounds = 1;
+    alone.prompt_chars = large.prompt_chars;
+    for (int k = 0; k < n_alone; k++) {
+        alone.prefix = alone_names[k];
+        alone.salt = k + 1;
+        run_phase(&alone, NULL);
+    }
+    printf("one large conversation at a time (bench model), %d conversations x 1 round of SAVE, PARK, "
+           "RESTORE:\n", n_alone);
+    report(&alone, fs, mc);
+    if (alone.failures)
         status = 1;
     st_hc_server_stop(&s, SIGTERM);
     if (!keep) {
