@@ -391,6 +391,8 @@ typedef struct st_direct {
     int reserving;             /* reserve ahead of each new chunk */
     int have_fd, no_reserve;   /* no_reserve: the file system cannot fallocate (populate) */
     char *pop_base;            /* the map to populate (fast path), else NULL */
+    void *advised;             /* the map, MADV_RANDOM while the transaction runs (or NULL) */
+    uint64_t advised_len;
     uint64_t psize, map_size;
     uint64_t start, res_end;   /* file bytes [start, res_end) past the last page are reserved */
     uint64_t need, credit;     /* bytes of new pages counted so far; free-list bytes LMDB uses first */
