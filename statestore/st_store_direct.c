@@ -4,10 +4,11 @@
  * store's put depends on them (the page walker of st_store_pages.c, which reads data.mdb as a
  * file for check and value checks, tests its own LMDB version: st_store__pages_version_ok).
  *
- * The fast path (docs/STORE.md "Writing"): before a put inserts, the file range its new chunks
- * will take is sized (less the pages on LMDB's free list) and reserved with fallocate (or
- * populated with madvise), and each large new chunk is written with pwrite at the file offset
- * of the value LMDB reserved for it, finished ranges handed to writeback as the put goes.
+ * The fast path (docs/STORE.md "Writing"): ahead of each new chunk, the file range the put's
+ * new chunks take is extended (less the pages on LMDB's free list) and reserved with fallocate
+ * (or populated with madvise), and each large new chunk is written with pwrite at the file
+ * offset of the value LMDB reserved for it, by a writer thread, finished ranges handed to
+ * writeback as the put goes; the map does no read-around while the transaction runs.
  *
  * Its assumptions about LMDB, each checked at open against the running liblmdb by
  * st_store__direct_probe (A1-A3, A7 there; A4 and A5 also at every chunk they are used for):
