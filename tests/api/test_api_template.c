@@ -125,10 +125,10 @@ static void test_model_template(void **state)
     assert_non_null(want);
     int n = snprintf(long_body, big + 128, "{\"messages\":[{\"role\":\"user\",\"content\":\"");
     memset(long_body + n, 'a', big);
-    snprintf(long_body + n + big, 128, "\"}],\"add_generation_prompt\":false}");
+    snprintf(long_body + n + big, 128 - (size_t)n, "\"}],\"add_generation_prompt\":false}");
     n = snprintf(want, big + 128, "<|im_start|>user\n");
     memset(want + n, 'a', big);
-    snprintf(want + n + big, 128, "<|im_end|>\n");
+    snprintf(want + n + big, 128 - (size_t)n, "<|im_end|>\n");
     prompt_is(s.port, long_body, want);
     free(long_body);
     free(want);
