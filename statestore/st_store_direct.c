@@ -211,7 +211,8 @@ static int reserve_begin(st_store *st, MDB_txn *txn, const st_plan *p, st_direct
     /* The put's own faults on the map (LMDB writing an overflow header or a B-tree page) would
      * each read around the faulting page (the file's readahead window: 8 MiB on the project VM),
      * pulling in pages the put is about to overwrite and locking those the writer is writing
-     * into: a 237 MB put into a store that already held one took 0.6-0.8 s instead of 0.15-0.25.
+     * into: a 237 MB put into a store that already held one took 0.70-0.79 s on the project VM,
+     * 0.22-0.42 s without the read-around (the inserts' thread: 580-720 ms, then 90-150 ms).
      * So the map reads no further than the page faulted while the put's transaction runs
      * (MADV_RANDOM, back to MADV_NORMAL in st_store__direct_end; a hint: failures are ignored;
      * reads by other threads meanwhile go without readahead). */
@@ -244,7 +245,7 @@ static int reserve_begin(st_store *st, MDB_txn *txn, const st_plan *p, st_direct
  * of the put on its way. Only a hint: durability is the commit's (pages written again later are
  * dirty again; a failed hint is ignored). The step is small (4 MiB, as st_file_write's) so
  * that the disk starts on the first chunks at once: with 64 MiB steps the commit's sync of a
- * 282 MiB put waited 30-40 ms on the project VM, with 4 MiB 13-17 ms (docs/BENCHMARKS.md). */
+ * 282 MiB put waited 30-40 ms on the project VM, with 4 MiB 10-17 ms (an A/B of this constant). */
 #define ST_WRITEBACK_STEP ((uint64_t)4 << 20)
 
 static void writeback_hint(st_store *st, st_direct *c, const char *from, const char *to)
@@ -420,7 +421,7 @@ static int writer_put(st_store *st, st_direct *d, const uint8_t *p, size_t n, ui
     pthread_mutex_unlock(&w->mu);
     if (rc)
         return st_error_set(rc, "%s", detail);
-    return pwrite_chunk(st, d->fd, p, n, off); /* more jobs than the plan's chunks (a repair) */
+    return pwrite_chunk(st, d->fd, p, n, off); /* a full queue (one job per plan chunk: not expected) */
 }
 
 static int writer_end(st_store *st, st_direct *d, int rc);

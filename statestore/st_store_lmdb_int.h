@@ -103,7 +103,7 @@ int st_store__par_run(unsigned threads, size_t n, int (*fn)(void *ctx, size_t i,
 /* The same pool left running (st_store_par.c, "the stream"): helpers threads start running
  * fn(ctx, i, &fctx) for i = 0, 1, ... at once; st_store__stream_wait(s, i) returns when item i
  * is done (running later items itself while it waits), or the first failure with its detail;
- * st_store__stream_stop stops claiming, joins the helpers, frees s and returns when the last
+ * st_store__stream_stop stops claiming, joins the helpers, frees s and returns when every
  * item finished (monotonic ms; 0 if it did not). */
 typedef struct st_stream st_stream;
 int st_store__stream_start(unsigned helpers, size_t n, int (*fn)(void *ctx, size_t i, st_frame_ctx **fctx),

@@ -120,7 +120,8 @@ struct st_stream {
     st_frame_ctx *fctx;        /* the consumer's, for the items it runs while it waits */
     pthread_t tid[16];
     unsigned started;
-    double t_last;             /* under mu: when the last item finished (STRATA_STORE_TRACE) */
+    size_t n_done;             /* under mu: items finished */
+    double t_last;             /* under mu: when every item had finished (STRATA_STORE_TRACE) */
 };
 
 static double stream_ms(void)
@@ -148,7 +149,7 @@ static int stream_one(st_stream *s, st_frame_ctx **fctx)
         atomic_store(&s->failed, 1);
     } else {
         atomic_store_explicit(&s->done[i], 1, memory_order_release);
-        if (i + 1 == s->n)
+        if (++s->n_done == s->n)
             s->t_last = stream_ms();
     }
     pthread_cond_broadcast(&s->cv);

@@ -370,12 +370,12 @@ static int put_fn(st_store *st, MDB_txn *txn, void *arg)
  * (nonzero) must be the hash of its own tokens, K/V and live checkpoint (st_store.h, "the state
  * hash"), or the version would be acknowledged and never restore (put_fn waits for this check
  * before it adds the manifest: a mismatch aborts the transaction). */
-static int put_state_hash_check(const st_image *img, const char *id, unsigned threads)
+static int put_state_hash_check(const st_image *img, const char *id)
 {
     uint64_t want = st_image_state_hash(img), got = 0;
     if (want == 0)
         return 0;
-    int rc = st_image_state_hash_compute(img, threads > 1 ? st_store__state_hash_runner : NULL, &threads, &got);
+    int rc = st_image_state_hash_compute(img, NULL, NULL, &got);
     if (rc)
         return rc;
     if (got != want)
@@ -393,7 +393,7 @@ static int put_item(void *ctx, size_t i, st_frame_ctx **fctx)
     if (i > 0)
         return prepare_one(c->plan, i - 1, fctx);
     double t = trace_ms();
-    int rc = put_state_hash_check(c->img, c->id, 1);
+    int rc = put_state_hash_check(c->img, c->id);
     c->t_state = trace_ms() - t;
     return rc;
 }
