@@ -331,6 +331,7 @@ struct st_writer {
     size_t cap, n_in, n_out;   /* jobs queued; jobs finished (in order) */
     uint64_t first, done_hi;   /* offset of the first job; end of the furthest finished one */
     int closing, rc;
+    double pwrite_ms;          /* time inside pwrite_chunk (the store's trace) */
     char detail[256];
 };
 
@@ -346,8 +347,12 @@ static void *writer_main(void *arg)
         st_wjob j = w->jobs[w->n_out];
         int failed = w->rc != 0;
         pthread_mutex_unlock(&w->mu);
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
         int rc = failed ? 0 : pwrite_chunk(w->st, w->fd, j.p, j.n, j.off);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
         pthread_mutex_lock(&w->mu);
+        w->pwrite_ms += (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
         if (rc && !w->rc) {
             w->rc = rc;
             snprintf(w->detail, sizeof w->detail, "%s", st_errdetail());
@@ -457,6 +462,7 @@ static int writer_end(st_store *st, st_direct *d, int rc)
     snprintf(detail, sizeof detail, "%s", w->detail);
     pthread_mutex_unlock(&w->mu);
     pthread_join(w->tid, NULL);
+    d->pwrite_ms = w->pwrite_ms;
     pthread_cond_destroy(&w->cv_done);
     pthread_cond_destroy(&w->cv_job);
     pthread_mutex_destroy(&w->mu);

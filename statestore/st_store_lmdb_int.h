@@ -337,6 +337,7 @@ typedef struct st_put_ctx {
     double t_wait;             /* STRATA_STORE_TRACE: put_fn's time waiting for hashes */
     double t_state;            /* STRATA_STORE_TRACE: the state-hash check's time (its item) */
     double t_drain;            /* STRATA_STORE_TRACE: waiting for the writer after the inserts */
+    double t_pwrite;           /* STRATA_STORE_TRACE: the writer's time inside pwrite */
     int attempts;
     int direct;                /* the last attempt wrote with pwrite (the fast path) */
 } st_put_ctx;
@@ -396,6 +397,7 @@ typedef struct st_direct {
     uint64_t psize, map_size;
     uint64_t start, res_end;   /* file bytes [start, res_end) past the last page are reserved */
     uint64_t need, credit;     /* bytes of new pages counted so far; free-list bytes LMDB uses first */
+    double pwrite_ms;          /* the writer's time inside pwrite, this attempt (the store's trace) */
 } st_direct;
 /* Start a put's use of the fast path: read the free list, predict MDB_MAP_FULL (the chunks
  * could not fit if all were new, and the map may grow) and reserve the margin; ST_EFULL when the

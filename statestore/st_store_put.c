@@ -363,6 +363,7 @@ static int put_fn(st_store *st, MDB_txn *txn, void *arg)
     double t = trace_ms();
     rc = st_store__direct_end(st, &d, rc);
     c->t_drain = trace_ms() - t;
+    c->t_pwrite = d.pwrite_ms;
     return rc;
 }
 
@@ -462,11 +463,11 @@ int st_store__put_ex(st_store *st, const char *id, const st_image *img, uint64_t
     if (getenv("STRATA_STORE_TRACE") && *getenv("STRATA_STORE_TRACE"))
         fprintf(stderr, "strata store put %s: %.1f MB in %u chunks (%u new): state hash %.1f ms, "
                 "chunks hashed and framed at %.1f ms, reserve %.1f ms, inserts %.1f ms (%.1f ms of "
-                "them waiting for hashes), the writer's last pwrite %.1f ms later, commit %.1f ms, put "
+                "them waiting for hashes), the writer's last pwrite %.1f ms later (%.1f ms in pwrite), commit %.1f ms, put "
                 "%.1f ms (%d attempt%s; %s)\n", id,
                 (double)total / 1e6, plan.m.n_chunks, c.stats.new_chunks, c.t_state,
                 t_hashed > 0 ? t_hashed - t0 : 0.0, c.t_pop - c.t_fn, c.t_ins - c.t_pop, c.t_wait,
-                c.t_drain, trace_ms() - c.t_ins - c.t_drain, trace_ms() - t0, c.attempts, c.attempts == 1 ? "" : "s",
+                c.t_drain, c.t_pwrite, trace_ms() - c.t_ins - c.t_drain, trace_ms() - t0, c.attempts, c.attempts == 1 ? "" : "s",
                 c.direct ? "fast path: pwrite" : st->direct ? "fast path: copied" : "plain mdb_put");
     if (version)
         *version = c.stats.version;
