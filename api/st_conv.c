@@ -1212,6 +1212,12 @@ const st_chat_template *st_conv_chat(st_conv *cv) { return cv->chat; }
 uint32_t st_conv_n_ctx(st_conv *cv) { return cv->n_ctx; }
 uint32_t st_conv_n_vocab(st_conv *cv) { return cv->n_vocab; }
 
+void st_conv_wcache(st_conv *cv, st_engine_wcache *out)
+{
+    if (st_engine_wcache_get(cv->engine, out))
+        memset(out, 0, sizeof *out);
+}
+
 const char *st_conv_model_name(st_conv *cv)
 {
     const char *name = NULL;

@@ -97,6 +97,9 @@ const st_chat_template *st_conv_chat(st_conv *cv);
 uint32_t st_conv_n_ctx(st_conv *cv);
 uint32_t st_conv_n_vocab(st_conv *cv);
 const char *st_conv_model_name(st_conv *cv); /* general.name, else the file's name */
+/* The engine's weight-conversion cache figures (st_engine_wcache_get: never waits for the
+ * engine's computation, so the loop may call it). */
+void st_conv_wcache(st_conv *cv, st_engine_wcache *out);
 
 /* ---- generation: the one path of every completion, native or OpenAI --------------------------
  * st_conv_generate takes the session's conversation (slot, park pool or store; a new id when

@@ -98,7 +98,7 @@ static void store_render(struct evbuffer *o, const st_store_stats *ss)
 }
 
 void st_metrics_render(st_metrics *m, struct evbuffer *o, const st_http_stats *http,
-                       uint32_t work_outstanding, uint32_t work_queued)
+                       uint32_t work_outstanding, uint32_t work_queued, const st_engine_wcache *wc)
 {
     evbuffer_add_printf(o, "# HELP strata_http_requests_total Requests answered, by route and "
                            "status class.\n# TYPE strata_http_requests_total counter\n");
@@ -139,6 +139,18 @@ void st_metrics_render(st_metrics *m, struct evbuffer *o, const st_http_stats *h
             http->peer_refused);
     gauge(o, "strata_worker_jobs", "Jobs submitted to workers and not yet answered.", work_outstanding);
     gauge(o, "strata_worker_queue", "Jobs waiting for a worker.", work_queued);
+    /* the CUDA backend's BF16 -> FP16 weight-conversion cache (0 everywhere when it is off) */
+    gauge(o, "strata_wcache_fp16", "1: BF16 weights' products run on FP16 tensor cores "
+          "(STRATA_BF16_TC).", wc->fp16);
+    gauge(o, "strata_wcache_arena_bytes", "Device bytes held by the weight-conversion arena.",
+          (double)wc->arena_bytes);
+    gauge(o, "strata_wcache_used_bytes", "Bytes of the arena its entries span.", (double)wc->used_bytes);
+    gauge(o, "strata_wcache_entries", "Converted weights resident in the arena.", (double)wc->entries);
+    counter(o, "strata_wcache_hits_total", "Products whose weight was found converted.", wc->hits);
+    counter(o, "strata_wcache_misses_total", "Products whose weight was not in the arena.", wc->misses);
+    counter(o, "strata_wcache_bypassed_total",
+            "Misses converted per call: no room in the arena (nothing is evicted).", wc->bypassed);
+    counter(o, "strata_wcache_invalidations_total", "Times the arena was emptied.", wc->invalidations);
 
     counter(o, "strata_saves_total", "Conversations saved to the store (SAVE, uploads).", m->conv.saves);
     counter(o, "strata_saved_bytes_total", "Image bytes saved (logical).", m->conv.save_logical_bytes);

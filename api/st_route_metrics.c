@@ -3,6 +3,8 @@
  * slots, the park pool, the quarantined sessions) and GET /metrics (Prometheus text, st_metrics.c).
  * Invariant: they read counters and gauges only; nothing here blocks the loop.
  */
+#include <string.h>
+
 #include "st_api_int.h"
 
 /* ---- routes answered on the loop ---------------------------------------------------------- */
@@ -42,5 +44,9 @@ void st_api_h_metrics(st_api_call *c)
     c->status = 200;
     st_http_stats hs;
     st_http_stats_get(s->http, &hs);
-    st_metrics_render(&s->metrics, c->text, &hs, st_work_outstanding(s->work), st_work_queued(s->work));
+    st_engine_wcache wc;
+    memset(&wc, 0, sizeof wc);
+    if (s->conv)
+        st_conv_wcache(s->conv, &wc);
+    st_metrics_render(&s->metrics, c->text, &hs, st_work_outstanding(s->work), st_work_queued(s->work), &wc);
 }

@@ -38,6 +38,15 @@
  *    bf16 checkpoint); a load digests what arrived once the copies are done, so a restore is
  *    verified over the bytes the slot will run on.
  *    The slot code (engine/st_slot.c) adds the tokens' digests and combines them.
+ * 7. The FP16 path for BF16 weights (STRATA_BF16_TC, st_wcache.c): each product converts its
+ *    input and its weight to FP16 (saturated to +-65504) and runs cuBLAS on FP16 with FP32
+ *    accumulation. A weight's conversion is looked up in the engine's own arena when the arena
+ *    is on and the weight is immutable (the model's: all that the forward pass multiplies);
+ *    a miss that does not fit is converted into wtmp for that call only. The arena and wtmp
+ *    are allocated by cudaMalloc (256-byte aligned) and the product's shape and leading
+ *    dimensions are the same either way, so a cached and an uncached product are the same
+ *    cuBLAS call on the same bytes: the same bits. The arena is its own allocation, never lent
+ *    as scratch, and exists only when the path and the cache are both on.
  */
 #include <errno.h>
 #include <math.h>
@@ -192,6 +201,18 @@ typedef struct cu_ctx {
     /* pools */
     void **free_pages, **free_run;
     uint32_t n_free_pages, cap_free_pages, n_free_run, cap_free_run;
+    /* the FP16 path for BF16 weights (invariant 7; st_wcache.c) */
+    int fp16;          /* the products run on FP16 tensor cores */
+    __half *xh;        /* a product's input in FP16: [T][cmax] */
+    __half *wtmp;      /* the per-call conversion of one weight: wmax elements */
+    uint64_t wmax;     /* elements of the largest weight */
+    uint32_t cmax;     /* the widest product input */
+    st_wcache wc;      /* the arena's entries (wc.cap 0: no arena) */
+    __half *arena;
+    uint64_t device_bytes;
+    pthread_mutex_t wc_mu; /* guards wc_pub: read by st_engine_wcache_get from any thread */
+    int wc_mu_ok;
+    st_engine_wcache wc_pub;
 } cu_ctx;
 
 typedef struct cu_state {
@@ -804,6 +825,26 @@ __global__ void k_kv_copy(uint8_t *const *pages, uint64_t off, uint32_t ps, uint
 static uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
 /* ---- create / destroy -------------------------------------------------------------------- */
+/* The cache's figures, copied where st_engine_wcache_get reads them (any thread). */
+static void wcache_publish(cu_ctx *c)
+{
+    if (!c->wc_mu_ok)
+        return;
+    pthread_mutex_lock(&c->wc_mu);
+    st_engine_wcache *o = &c->wc_pub;
+    o->fp16 = c->fp16;
+    o->cache = c->wc.cap != 0;
+    o->arena_bytes = c->wc.cap;
+    o->used_bytes = c->wc.used;
+    o->entries = c->wc.n;
+    o->hits = c->wc.hits;
+    o->misses = c->wc.misses;
+    o->bypassed = c->wc.bypassed;
+    o->invalidations = c->wc.invalidations;
+    o->device_bytes = c->device_bytes;
+    pthread_mutex_unlock(&c->wc_mu);
+}
+
 static void cu_destroy(void *bctx)
 {
     cu_ctx *c = (cu_ctx *)bctx;
@@ -821,8 +862,18 @@ static void cu_destroy(void *bctx)
         cu_release(cudaFree(c->free_run[i]), "cudaFree (running state)");
     free(c->free_pages);
     free(c->free_run);
+    if (c->wc.cap)
+        fprintf(stderr, "strata: cuda backend: weight-conversion arena: %u entries, %.1f of %.1f "
+                "MiB, %llu hits, %llu misses, %llu converted per call, %llu invalidations\n",
+                c->wc.n, (double)c->wc.used / 1048576.0, (double)c->wc.cap / 1048576.0,
+                (unsigned long long)c->wc.hits, (unsigned long long)c->wc.misses,
+                (unsigned long long)c->wc.bypassed, (unsigned long long)c->wc.invalidations);
+    st_wcache_release(&c->wc);
+    if (c->wc_mu_ok)
+        pthread_mutex_destroy(&c->wc_mu);
     void *dev[] = {c->wbuf, c->x, c->out, c->mix, c->qkvc, c->ab, c->o, c->logits_d, c->xnb,
-                   c->gin, c->tok_d, c->att_po, c->att_pm, c->att_pl, c->blas_ws};
+                   c->gin, c->tok_d, c->att_po, c->att_pm, c->att_pl, c->blas_ws, c->wtmp,
+                   c->xh, c->arena};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i])
             cu_release(cudaFree(dev[i]), "cudaFree");
@@ -1036,7 +1087,10 @@ static int cu_create(st_engine *e, void **out)
 {
     *out = NULL;
     const st_model_hparams *hp = &e->m->hp;
-    int rc = 0, ndev = 0, dev = 0;
+    int rc = 0, ndev = 0, dev = 0, cc_major = 0, cc_minor = 0;
+    size_t free0 = 0, total0 = 0, free1 = 0, total1 = 0;
+    st_wcache_cfg wcfg;
+    char wdiag[512];
     /* this backend's forward pass is strata-hybrid's own, on f32 / f16 / bf16 weights; the
      * other architectures and quantized weights run on the CPU backend's operation table */
     if ((rc = st_engine_cuda_check(st_model_gguf(e->m))))
@@ -1047,6 +1101,8 @@ static int cu_create(st_engine *e, void **out)
     c->e = e;
     c->m = e->m;
     c->hp = hp;
+    if (pthread_mutex_init(&c->wc_mu, NULL) == 0)
+        c->wc_mu_ok = 1;
     c->T = e->o.ubatch;
     c->n_ctx = e->o.n_ctx;
     c->ps = e->o.page_size;
@@ -1080,6 +1136,9 @@ static int cu_create(st_engine *e, void **out)
     }
     CUG(cudaGetDevice(&dev));
     CUG(cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, dev));
+    CUG(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, dev));
+    CUG(cudaDeviceGetAttribute(&cc_minor, cudaDevAttrComputeCapabilityMinor, dev));
+    CUG(cudaMemGetInfo(&free0, &total0));
     CUG(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     {
         cublasStatus_t st = cublasCreate(&c->blas);
@@ -1219,12 +1278,61 @@ static int cu_create(st_engine *e, void **out)
     CUG(cudaHostAlloc((void **)&c->hdg_h, (size_t)c->hjob_cap * sizeof *c->hdg_h,
                       cudaHostAllocDefault));
     CUG(cudaMalloc((void **)&c->hdg_d, (size_t)c->hjob_cap * sizeof *c->hdg_d));
+    /* the FP16 path for BF16 weights and its arena (invariant 7), priced before it is taken */
+    st_wcache_from_env(&wcfg, wdiag, sizeof wdiag);
+    if (wdiag[0])
+        fprintf(stderr, "strata: cuda backend: %s\n", wdiag);
+    c->fp16 = wcfg.mode == 2 || (wcfg.mode == 1 && cc_major < 8);
+    if (wcfg.mode == 1 && !c->fp16)
+        fprintf(stderr, "strata: cuda backend: STRATA_BF16_TC=1: sm_%d%d computes BF16 natively; "
+                "the native path is kept (2 forces the FP16 path)\n", cc_major, cc_minor);
+    if (!c->fp16 && wcfg.cache)
+        fprintf(stderr, "strata: cuda backend: STRATA_BF16_TC_CACHE=1 without the FP16 path: no "
+                "arena is made\n");
+    if (c->fp16) {
+        uint64_t E = c->E, wm = (uint64_t)c->V * E;
+        uint64_t sizes[] = {(uint64_t)2 * c->F * E, E * c->F,
+                            c->n_dn ? (uint64_t)(c->C + c->hdv + 2 * c->H) * E : 0, E * c->hdv,
+                            c->n_attn ? (uint64_t)(c->qa + 2 * c->kva) * E : 0, E * c->qa};
+        for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+            wm = sizes[i] > wm ? sizes[i] : wm;
+        c->wmax = wm;
+        c->cmax = c->E;
+        uint32_t w2[] = {c->F, c->hdv, c->qa};
+        for (size_t i = 0; i < 3; i++)
+            c->cmax = w2[i] > c->cmax ? w2[i] : c->cmax;
+        CUG(cudaMalloc((void **)&c->wtmp, c->wmax * 2));
+        CUG(cudaMalloc((void **)&c->xh, (size_t)c->T * c->cmax * 2));
+        if (wcfg.cache) {
+            uint64_t want = (uint64_t)wcfg.mib << 20;
+            CUG(cudaMemGetInfo(&free1, &total1));
+            /* keep room for the K/V pages and running state of one full context */
+            uint64_t keep = (uint64_t)c->n_pages * c->page_bytes + c->state_bytes;
+            if (want + keep > free1) {
+                fprintf(stderr, "strata: cuda backend: the weight-conversion arena of %u MiB does "
+                        "not fit (%llu MiB free after the weights and workspace, %llu MiB kept for "
+                        "one context's state): the cache stays off\n", wcfg.mib,
+                        (unsigned long long)(free1 >> 20), (unsigned long long)(keep >> 20));
+            } else {
+                CUG(cudaMalloc((void **)&c->arena, want));
+                st_wcache_init(&c->wc, want);
+            }
+        }
+    }
     {
         size_t asm8 = (size_t)(32 + AT_BK) * at_stride(c->hd) * 4;
         CUG(cudaFuncSetAttribute(k_attn<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)asm8));
         CUG(cudaFuncSetAttribute(k_attn<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)asm8));
         CUG(cudaFuncSetAttribute(k_attn<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)asm8));
     }
+    CUG(cudaMemGetInfo(&free1, &total1));
+    c->device_bytes = free0 > free1 ? (uint64_t)(free0 - free1) : 0;
+    if (c->fp16)
+        fprintf(stderr, "strata: cuda backend: BF16 weights on FP16 tensor cores (STRATA_BF16_TC=%d), "
+                "weight-conversion arena %s%llu MiB; device memory at creation %.1f MiB\n",
+                wcfg.mode, c->wc.cap ? "" : "off, ", (unsigned long long)(c->wc.cap >> 20),
+                (double)c->device_bytes / 1048576.0);
+    wcache_publish(c);
     *out = c;
     return 0;
 fail:
@@ -2193,9 +2301,78 @@ static int cu_load(void *bctx, void *stp, const st_image *img, uint32_t ci, uint
 }
 
 /* ---- the forward pass ------------------------------------------------------------------------ */
+/* BF16 -> FP16, saturated to the largest finite FP16 (NaN stays NaN): dst[r][k] = src[r][k]
+ * for r < rows, k < cols, src with leading dimension lds, dst packed (cols). */
+__global__ void k_bf16_f16(const bf16 *src, uint32_t lds, __half *dst, uint32_t cols, uint64_t n)
+{
+    for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (uint64_t)gridDim.x * blockDim.x) {
+        uint64_t r = i / cols, k = i - r * cols;
+        float f = __bfloat162float(src[r * lds + k]);
+        f = f > 65504.0f ? 65504.0f : f < -65504.0f ? -65504.0f : f;
+        dst[i] = __float2half_rn(f);
+    }
+}
+
+static int to_f16(cu_ctx *c, const bf16 *src, uint32_t lds, __half *dst, uint32_t rows,
+                  uint32_t cols)
+{
+    uint64_t n = (uint64_t)rows * cols;
+    uint64_t blocks = (n + 255) / 256;
+    unsigned grid = (unsigned)(blocks < (uint64_t)c->n_sm * 16 ? blocks : (uint64_t)c->n_sm * 16);
+    k_bf16_f16<<<grid ? grid : 1, 256, 0, c->stream>>>(src, lds, dst, cols, n);
+    KCHECK("k_bf16_f16");
+    return 0;
+}
+
+/* Y[T][ldy] (rows used) = W [rows][cols] times each X row, on FP16 tensor cores (invariant 7);
+ * immutable: W is a model weight that may be kept converted in the arena. */
+static int gemm_f16(cu_ctx *c, const bf16 *W, int immutable, uint32_t rows, uint32_t cols,
+                    const bf16 *X, uint32_t ldx, uint32_t T, float *Y, uint32_t ldy)
+{
+    uint64_t n = (uint64_t)rows * cols;
+    const __half *Wh = NULL;
+    int rc;
+    if (immutable && c->wc.cap) {
+        uint64_t off = 0;
+        int r = st_wcache_lookup(&c->wc, W, rows, cols, n * 2, &off);
+        if (r != ST_WCACHE_BYPASS) {
+            __half *dst = (__half *)((uint8_t *)c->arena + off);
+            if (r == ST_WCACHE_ADMIT && (rc = to_f16(c, W, cols, dst, rows, cols))) {
+                st_wcache_drop_last(&c->wc);
+                return rc;
+            }
+            Wh = dst;
+        }
+    }
+    if (!Wh) {
+        if (n > c->wmax)
+            return st_error_set(ST_EINVAL, "cuda backend: a %u x %u product is larger than the "
+                                "largest weight (%llu elements)", rows, cols, (unsigned long long)c->wmax);
+        if ((rc = to_f16(c, W, cols, c->wtmp, rows, cols)))
+            return rc;
+        Wh = c->wtmp;
+    }
+    if (cols > c->cmax || T > c->T)
+        return st_error_set(ST_EINVAL, "cuda backend: a product of %u inputs of %u (at most %u of %u)",
+                            T, cols, c->T, c->cmax);
+    if ((rc = to_f16(c, X, ldx, c->xh, T, cols)))
+        return rc;
+    const float one = 1.0f, zero = 0.0f;
+    cublasStatus_t st = cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, (int)T,
+                                     (int)cols, &one, Wh, CUDA_R_16F, (int)cols, c->xh, CUDA_R_16F,
+                                     (int)cols, &zero, Y, CUDA_R_32F, (int)ldy, CUBLAS_COMPUTE_32F,
+                                     CUBLAS_GEMM_DEFAULT);
+    if (st != CUBLAS_STATUS_SUCCESS)
+        return blas_fail(st, "cublasGemmEx (fp16)");
+    return 0;
+}
+
 static int gemm(cu_ctx *c, const bf16 *W, uint32_t rows, uint32_t cols, const bf16 *X,
                 uint32_t ldx, uint32_t T, float *Y, uint32_t ldy)
 {
+    if (c->fp16)
+        return gemm_f16(c, W, 1, rows, cols, X, ldx, T, Y, ldy);
     const float one = 1.0f, zero = 0.0f;
     cublasStatus_t st = cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, (int)T,
                                      (int)cols, &one, W, CUDA_R_16BF, (int)cols, X, CUDA_R_16BF,
@@ -2386,9 +2563,74 @@ static int cu_forward(void *bctx, void *stp, const uint32_t *tokens, uint32_t n,
     if (logits)
         memcpy(logits, c->logits_h, (size_t)c->V * 4);
     s->pos = (int64_t)(pos0 + n);
+    if (c->fp16)
+        wcache_publish(c);
     return 0;
 fail:
     cu_release(cudaStreamSynchronize(c->stream), "cudaStreamSynchronize");
+    if (c->fp16)
+        wcache_publish(c);
+    return rc;
+}
+
+static void cu_wcache_get(void *bctx, st_engine_wcache *out)
+{
+    cu_ctx *c = (cu_ctx *)bctx;
+    if (!c->wc_mu_ok)
+        return;
+    pthread_mutex_lock(&c->wc_mu);
+    *out = c->wc_pub;
+    pthread_mutex_unlock(&c->wc_mu);
+}
+
+static int cu_wcache_invalidate(void *bctx)
+{
+    cu_ctx *c = (cu_ctx *)bctx;
+    if (!c->wc.cap)
+        return 0;
+    CU(cudaStreamSynchronize(c->stream)); /* no product still reads an entry */
+    st_wcache_invalidate(&c->wc);
+    wcache_publish(c);
+    return 0;
+}
+
+/* Test access (st_engine_int.h): one product on the FP16 path. */
+extern "C" int st_cuda_gemm_probe(st_engine *e, const void *w_dev, uint32_t rows, uint32_t cols,
+                                  int immutable, const float *x, uint32_t T, float *y)
+{
+    if (!e || e->be != &st_backend_cuda || !e->bctx)
+        return st_error_set(ST_EINVAL, "gemm probe: not a CUDA engine");
+    cu_ctx *c = (cu_ctx *)e->bctx;
+    if (!c->fp16)
+        return st_error_set(ST_EINVAL, "gemm probe: the FP16 path is off (STRATA_BF16_TC)");
+    if (!T || T > c->T || !cols || cols > c->E || !rows || rows > c->E || rows > c->nmix)
+        return st_error_set(ST_EINVAL, "gemm probe: %u x %u for %u inputs (at most %u x %u, %u "
+                            "inputs)", rows, cols, T, c->E, c->E, c->T);
+    pthread_mutex_lock(&e->lock);
+    int rc = 0;
+    bf16 *xb = (bf16 *)c->xnb; /* [T][E] */
+    float *yd = c->mix;        /* [T][nmix], nmix >= 2F >= ... : rows <= E fits as [T][rows] */
+    bf16 *hx = (bf16 *)malloc((size_t)T * cols * sizeof *hx);
+    if (!hx) {
+        pthread_mutex_unlock(&e->lock);
+        return st_error_set(ENOMEM, "gemm probe: %zu bytes", (size_t)T * cols * sizeof *hx);
+    }
+    for (uint64_t i = 0; i < (uint64_t)T * cols; i++)
+        hx[i] = __float2bfloat16_rn(x[i]);
+    CUG(cudaMemcpyAsync(xb, hx, (size_t)T * cols * sizeof *hx, cudaMemcpyHostToDevice, c->stream));
+    if ((rc = gemm_f16(c, (const bf16 *)w_dev, immutable, rows, cols, xb, cols, T, yd, rows)))
+        goto fail;
+    CUG(cudaMemcpyAsync(y, yd, (size_t)T * rows * 4, cudaMemcpyDeviceToHost, c->stream));
+    CUG(cudaStreamSynchronize(c->stream));
+    wcache_publish(c);
+    free(hx);
+    pthread_mutex_unlock(&e->lock);
+    return 0;
+fail:
+    cu_release(cudaStreamSynchronize(c->stream), "cudaStreamSynchronize");
+    wcache_publish(c);
+    free(hx);
+    pthread_mutex_unlock(&e->lock);
     return rc;
 }
 
@@ -2410,4 +2652,6 @@ extern "C" const st_backend st_backend_cuda = {
     cu_image_allocator,
     NULL, /* load_adopt: the state is device memory; restores copy */
     NULL, /* adopt */
+    cu_wcache_get,
+    cu_wcache_invalidate,
 };

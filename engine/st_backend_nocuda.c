@@ -15,3 +15,23 @@ const st_backend st_backend_cuda = {
     .name = "cuda",
     .create = nocuda_create,
 };
+
+int st_cuda_gemm_probe(st_engine *e, const void *w_dev, uint32_t rows, uint32_t cols, int immutable,
+                       const float *x, uint32_t T, float *y)
+{
+    (void)e, (void)w_dev, (void)rows, (void)cols, (void)immutable, (void)x, (void)T, (void)y;
+    return st_error_set(ST_EINVAL, "gemm probe: built without CUDA");
+}
+
+int st_cuda_qmv_supported(uint32_t wtype)
+{
+    (void)wtype;
+    return 0;
+}
+
+int st_cuda_qmv(uint32_t wtype, const void *w, uint32_t rows, uint32_t cols, const float *x, float *y,
+                void *stream)
+{
+    (void)wtype, (void)w, (void)rows, (void)cols, (void)x, (void)y, (void)stream;
+    return st_error_set(ST_EINVAL, "cuda qmv: built without CUDA");
+}

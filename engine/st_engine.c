@@ -162,6 +162,28 @@ const st_image_allocator *st_engine_image_allocator(const st_engine *e)
     return e->be->image_allocator ? e->be->image_allocator(e->bctx) : NULL;
 }
 
+int st_engine_wcache_get(const st_engine *e, st_engine_wcache *out)
+{
+    if (!e || !out)
+        return st_error_set(ST_EINVAL, "engine: wcache_get: NULL argument");
+    memset(out, 0, sizeof *out);
+    if (e->be->wcache_get) /* the backend's own copy under its own lock: never waits for a computation */
+        e->be->wcache_get(e->bctx, out);
+    return 0;
+}
+
+int st_engine_wcache_invalidate(st_engine *e)
+{
+    if (!e)
+        return st_error_set(ST_EINVAL, "engine: wcache_invalidate: NULL engine");
+    if (!e->be->wcache_invalidate)
+        return 0;
+    pthread_mutex_lock(&e->lock);
+    int rc = e->be->wcache_invalidate(e->bctx);
+    pthread_mutex_unlock(&e->lock);
+    return rc;
+}
+
 const char *st_engine_isa(const st_engine *e)
 {
     return e->kern.v512 ? "avx2+fma+avx512vnni" : e->kern.vec ? "avx2+fma" : "scalar";

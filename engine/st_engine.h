@@ -388,6 +388,27 @@ const char *st_engine_isa(const st_engine *e); /* "avx2+fma" or "scalar" */
  * backend's pinned pool) instead of fresh pages. */
 const st_image_allocator *st_engine_image_allocator(const st_engine *e);
 
+/* The BF16 -> FP16 weight-conversion cache of the CUDA backend (docs/ENGINE.md, "The FP16 path
+ * for BF16 weights"): STRATA_BF16_TC=1 computes the products on FP16 tensor cores on a card
+ * without native BF16 (=2 on any card), converting each weight per call or, with the exact
+ * STRATA_BF16_TC_CACHE=1, once into a bounded arena of STRATA_BF16_TC_CACHE_MIB MiB (default
+ * 256, 1..65536) per engine. Every field is 0 on the CPU backend and when the path is off. */
+typedef struct st_engine_wcache {
+    int fp16;                /* the products of BF16 weights run on FP16 tensor cores */
+    int cache;               /* the conversion arena is allocated */
+    uint64_t arena_bytes;    /* its size (device memory held for it) */
+    uint64_t used_bytes;     /* bytes of it the admitted entries span */
+    uint64_t entries;        /* weights resident in it */
+    uint64_t hits, misses;   /* lookups of immutable weights */
+    uint64_t bypassed;       /* misses converted per call (no room: nothing is evicted) */
+    uint64_t invalidations;
+    uint64_t device_bytes;   /* the backend's device memory at creation, arena included */
+} st_engine_wcache;
+int st_engine_wcache_get(const st_engine *e, st_engine_wcache *out);
+/* Drop every entry of the arena (after the stream is idle); the arena's memory stays with the
+ * engine and is filled again from its start. No-op without one. */
+int st_engine_wcache_invalidate(st_engine *e);
+
 int st_slot_new(st_engine *e, st_slot **out);
 void st_slot_free(st_slot *s); /* accepts NULL */
 /* Forget the conversation and every checkpoint. */

@@ -297,12 +297,68 @@ typedef struct st_backend {
     int (*load_adopt)(void *bctx, void *st, const st_image *img, uint32_t ci, uint64_t n,
                       uint64_t *digests, int *adopt);
     void (*adopt)(void *bctx, void *st, st_image *img, uint32_t ci);
+    /* Optional (NULL: every field 0): the weight-conversion cache's figures; invalidate
+     * (after the stream is idle) drops its entries. */
+    void (*wcache_get)(void *bctx, st_engine_wcache *out);
+    int (*wcache_invalidate)(void *bctx);
 } st_backend;
 
 extern const st_backend st_backend_cpu;
 /* The CUDA backend (st_backend_cuda.cu); in a build without CUDA its create refuses with
  * ST_EINVAL "built without CUDA" (st_backend_nocuda.c). */
 extern const st_backend st_backend_cuda;
+
+/* ---- the BF16 -> FP16 weight-conversion cache, host half (st_wcache.c) ---------------------- */
+#define ST_WCACHE_MIB_DEFAULT 256u
+#define ST_WCACHE_ALIGN 256u
+typedef struct st_wcache_cfg {
+    int mode;     /* STRATA_BF16_TC: 0 native, 1 FP16 where BF16 is not native, 2 FP16 on any card */
+    int cache;    /* STRATA_BF16_TC_CACHE is exactly "1" and the size valid */
+    uint32_t mib; /* STRATA_BF16_TC_CACHE_MIB (default 256) */
+} st_wcache_cfg;
+/* Parse the three values (NULL: unset). diag (may be NULL) gets what was refused, "" if
+ * nothing: each refused value disables what it configures (st_wcache.c invariant 1). */
+void st_wcache_parse(const char *tc, const char *cache, const char *mib, st_wcache_cfg *cfg,
+                     char *diag, size_t diag_cap);
+void st_wcache_from_env(st_wcache_cfg *cfg, char *diag, size_t diag_cap);
+
+typedef struct st_wcache_entry {
+    const void *src;
+    uint32_t rows, cols;
+    uint64_t off, bytes;
+} st_wcache_entry;
+/* One owner's arena: which weight's conversion is at which offset (st_wcache.c). */
+typedef struct st_wcache {
+    uint64_t cap, used;
+    st_wcache_entry *ent;
+    uint32_t n, n_cap;
+    uint64_t hits, misses, bypassed, invalidations, admitted_bytes;
+} st_wcache;
+enum { ST_WCACHE_HIT = 0, ST_WCACHE_ADMIT = 1, ST_WCACHE_BYPASS = 2 };
+void st_wcache_init(st_wcache *a, uint64_t cap);
+void st_wcache_release(st_wcache *a);
+/* HIT: *off holds its conversion. ADMIT: a new entry at *off, which the caller must now fill
+ * (or take back with st_wcache_drop_last). BYPASS: convert per call; nothing resident moves. */
+int st_wcache_lookup(st_wcache *a, const void *src, uint32_t rows, uint32_t cols,
+                     uint64_t bytes, uint64_t *off);
+void st_wcache_drop_last(st_wcache *a);
+void st_wcache_invalidate(st_wcache *a);
+/* Test access to the CUDA backend's FP16 path: y [T][rows] = W x for the bf16 W [rows][cols] at
+ * device address w_dev and x [T][cols] (rounded to bf16 as activations are); immutable: W may be
+ * looked up in the arena. rows, cols <= n_embd, T <= ubatch. ST_EINVAL on another backend, with
+ * the path off, or in a build without CUDA. */
+int st_cuda_gemm_probe(st_engine *e, const void *w_dev, uint32_t rows, uint32_t cols, int immutable,
+                       const float *x, uint32_t T, float *y);
+
+/* Quantized matrix-vector products on the GPU, dequantized in registers (st_qmv_cuda.cu; not
+ * yet used by the forward pass): y [rows] = W x for W [rows][cols] of ggml type wtype in its
+ * file layout at device address w, x [cols] (16-byte aligned) and y f32 device arrays, queued on
+ * stream (a cudaStream_t; NULL: the default stream). ST_EINVAL for a type without a kernel
+ * (st_cuda_qmv_supported: Q8_0, Q4_K, Q6_K), columns not a multiple of its block, or a build
+ * without CUDA. */
+int st_cuda_qmv_supported(uint32_t wtype);
+int st_cuda_qmv(uint32_t wtype, const void *w, uint32_t rows, uint32_t cols, const float *x, float *y,
+                void *stream);
 
 struct st_engine {
     const st_model *m;

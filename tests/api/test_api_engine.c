@@ -216,6 +216,10 @@ static void test_spill_past_ceiling_and_back(void **state)
     st_hc_resp r;
     assert_int_equal(st_hc_request(s.port, "GET", "/metrics", NULL, NULL, 0, &r), 0);
     assert_non_null(strstr((char *)r.body, "strata_park_pool_entries{where=\"disk\"} 4"));
+    /* the weight-conversion cache is off without STRATA_BF16_TC: its figures are 0 */
+    assert_non_null(strstr((char *)r.body, "\nstrata_wcache_fp16 0\n"));
+    assert_non_null(strstr((char *)r.body, "\nstrata_wcache_arena_bytes 0\n"));
+    assert_non_null(strstr((char *)r.body, "\nstrata_wcache_hits_total 0\n"));
     st_hc_resp_free(&r);
     assert_int_equal(st_hc_server_stop(&s, SIGKILL), -1);
     assert_int_equal(start(&s, store, args), 0);
