@@ -8,10 +8,11 @@
  * Invariants:
  * 1. y[r] = sum over k of W[r][k] * x[k] for W [rows][cols] (rows of cols / block blocks, packed
  *    as in the file), x and y f32 in device memory; x 16-byte aligned.
- * 2. Each warp computes R rows; every lane reads the x values it needs once per block and uses
- *    them for the R rows (the x traffic is 1/R of a warp per row), the weights once.
+ * 2. A CTA of QMV_S warps computes QMV_R rows: its warps take the row's blocks in turn, every
+ *    lane reads the x values of its part of a block once and uses them for the QMV_R rows (the
+ *    x traffic is 1/QMV_R per row), the weights once; the warps' sums are added in warp order.
  * 3. Determinism: each lane sums its elements in block order, the warp reduces with a fixed
- *    shuffle tree, no atomics: the same inputs give the same bits. The order is not the CPU's
+ *    shuffle tree, the CTA adds its warps in order, no atomics: the same inputs give the same bits. The order is not the CPU's
  *    (the results agree within float rounding; tests/gpu/test_gpu_qmv.c).
  */
 #include <stdint.h>
@@ -24,8 +25,8 @@ extern "C" {
 #include "st_wtype.h"
 }
 
-#define QMV_R 4        /* rows per warp */
-#define QMV_WARPS 8    /* warps per block */
+#define QMV_R 4        /* rows per CTA (each of its warps computes all of them) */
+#define QMV_S 4        /* warps per CTA: each takes every QMV_S-th step of the row's blocks */
 #define FULLMASK 0xffffffffu
 
 __device__ __forceinline__ float qmv_warp_sum(float v)
@@ -40,19 +41,44 @@ __device__ __forceinline__ float h2f(const uint8_t *p)
     return __half2float(*(const __half *)p);
 }
 
+__device__ __forceinline__ float h2f_bits(uint32_t bits16)
+{
+    __half_raw r;
+    r.x = (unsigned short)bits16;
+    return __half2float(__half(r));
+}
+
+/* The end of every kernel: each warp's sums of the R rows, then the CTA's warps added in warp
+ * order by thread r (a fixed order: invariant 3). */
+__device__ __forceinline__ void qmv_finish(float *acc, uint32_t r0, uint32_t nr, float *y)
+{
+    __shared__ float part[QMV_S][QMV_R];
+    uint32_t lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+#pragma unroll
+    for (int r = 0; r < QMV_R; r++) {
+        float v = qmv_warp_sum(acc[r]);
+        if (lane == 0)
+            part[w][r] = v;
+    }
+    __syncthreads();
+    if (threadIdx.x < nr) {
+        float t = 0.0f;
+        for (int k = 0; k < QMV_S; k++)
+            t += part[k][threadIdx.x];
+        y[r0 + threadIdx.x] = t;
+    }
+}
+
 /* Q8_0: 34-byte blocks of 32 (f16 d, 32 int8). A warp covers 4 blocks per step, 8 lanes per
  * block, 4 values per lane. */
 __global__ void k_qmv_q8_0(const uint8_t *W, uint64_t row_bytes, uint32_t rows, uint32_t nb,
                            const float *x, float *y)
 {
-    uint32_t warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
-    uint32_t r0 = warp * QMV_R;
-    if (r0 >= rows)
-        return;
+    uint32_t lane = threadIdx.x & 31, w = threadIdx.x >> 5, r0 = blockIdx.x * QMV_R;
     uint32_t nr = rows - r0 < QMV_R ? rows - r0 : QMV_R;
     float acc[QMV_R] = {0.0f, 0.0f, 0.0f, 0.0f};
-    uint32_t sub = lane >> 3, e = (lane & 7) * 4;
-    for (uint32_t b = sub; b < nb; b += 4) {
+    uint32_t e = (lane & 7) * 4;
+    for (uint32_t b = 4 * w + (lane >> 3); b < nb; b += 4 * QMV_S) {
         float4 xv = *(const float4 *)(x + (uint64_t)b * 32 + e);
 #pragma unroll
         for (int r = 0; r < QMV_R; r++) {
@@ -68,86 +94,96 @@ __global__ void k_qmv_q8_0(const uint8_t *W, uint64_t row_bytes, uint32_t rows, 
             }
         }
     }
-#pragma unroll
-    for (int r = 0; r < QMV_R; r++) {
-        float v = qmv_warp_sum(acc[r]);
-        if (lane == 0 && (uint32_t)r < nr)
-            y[r0 + r] = v;
-    }
+    qmv_finish(acc, r0, nr, y);
 }
 
-/* The 6-bit scale and min of sub-block j of a Q4_K block (ggml's get_scale_min_k4). */
-__device__ __forceinline__ void q4k_scale(const uint8_t *q, int j, float *sc, float *m)
+/* Byte k (0..11) of a Q4_K block's 12 scale bytes, held in head.y, head.z, head.w (no local
+ * array). The 6-bit scale and min of sub-block j follow ggml's get_scale_min_k4. */
+__device__ __forceinline__ uint32_t q4k_byte(uint4 head, uint32_t k)
+{
+    uint32_t wd = k < 4 ? head.y : k < 8 ? head.z : head.w;
+    return (wd >> (8 * (k & 3))) & 0xff;
+}
+
+__device__ __forceinline__ void q4k_scale_w(uint4 head, uint32_t j, float *sc, float *m)
 {
     if (j < 4) {
-        *sc = (float)(q[j] & 63);
-        *m = (float)(q[j + 4] & 63);
+        *sc = (float)(q4k_byte(head, j) & 63);
+        *m = (float)(q4k_byte(head, j + 4) & 63);
     } else {
-        *sc = (float)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
-        *m = (float)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+        *sc = (float)((q4k_byte(head, j + 4) & 0xF) | ((q4k_byte(head, j - 4) >> 6) << 4));
+        *m = (float)((q4k_byte(head, j + 4) >> 4) | ((q4k_byte(head, j) >> 6) << 4));
     }
 }
 
-/* Q4_K: 144-byte blocks of 256 (f16 d, f16 dmin, 12 bytes of scales, 128 bytes of nibbles). A
- * warp takes one block per step: lane l reads 4 bytes of group g = l / 8, the values
- * 64g + 4(l % 8) + 0..3 (low nibbles, sub-block 2g) and 32 further (high, sub-block 2g + 1). */
+/* Q4_K: 144-byte blocks of 256 (f16 d, f16 dmin, 12 bytes of scales, 128 bytes of nibbles),
+ * 16-byte aligned. A warp covers 4 blocks per step, 8 lanes per block: lane part p reads the
+ * block's 16-byte head and 16 bytes of nibbles, group g = p / 2, the values
+ * 64g + 16 (p % 2) + 0..15 (low nibbles, sub-block 2g) and those 32 further (high, 2g + 1). */
 __global__ void k_qmv_q4_k(const uint8_t *W, uint64_t row_bytes, uint32_t rows, uint32_t nb,
                            const float *x, float *y)
 {
-    uint32_t warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
-    uint32_t r0 = warp * QMV_R;
-    if (r0 >= rows)
-        return;
+    uint32_t lane = threadIdx.x & 31, w = threadIdx.x >> 5, r0 = blockIdx.x * QMV_R;
     uint32_t nr = rows - r0 < QMV_R ? rows - r0 : QMV_R;
     float acc[QMV_R] = {0.0f, 0.0f, 0.0f, 0.0f};
-    uint32_t g = lane >> 3, k = (lane & 7) * 4;
-    for (uint32_t b = 0; b < nb; b++) {
-        const float *xb = x + (uint64_t)b * 256 + 64 * g + k;
-        float4 xl = *(const float4 *)xb, xh = *(const float4 *)(xb + 32);
-        float sl = xl.x + xl.y + xl.z + xl.w, sh = xh.x + xh.y + xh.z + xh.w;
+    uint32_t p = lane & 7, g = p >> 1, off = 64 * g + 16 * (p & 1);
+    for (uint32_t b = 4 * w + (lane >> 3); b < nb; b += 4 * QMV_S) {
+        const float4 *xb = (const float4 *)(x + (uint64_t)b * 256 + off);
+        float4 xl[4], xh[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            xl[i] = xb[i];
+            xh[i] = xb[8 + i];
+        }
+        float sl = 0.0f, sh = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            sl += xl[i].x + xl[i].y + xl[i].z + xl[i].w;
+            sh += xh[i].x + xh[i].y + xh[i].z + xh[i].w;
+        }
 #pragma unroll
         for (int r = 0; r < QMV_R; r++) {
             if ((uint32_t)r < nr) {
                 const uint8_t *blk = W + (uint64_t)(r0 + r) * row_bytes + (uint64_t)b * 144;
-                float d = h2f(blk), dmin = h2f(blk + 2);
+                uint4 head = *(const uint4 *)blk;
+                uint4 qv = *(const uint4 *)(blk + 16 + 32 * g + 16 * (p & 1));
+                float d = h2f_bits(head.x & 0xffff), dmin = h2f_bits(head.x >> 16);
                 float sc1, m1, sc2, m2;
-                q4k_scale(blk + 4, (int)(2 * g), &sc1, &m1);
-                q4k_scale(blk + 4, (int)(2 * g + 1), &sc2, &m2);
-                uint32_t q = *(const uint32_t *)(blk + 16 + 32 * g + k);
-                float ql = (float)(q & 0xF) * xl.x;
-                ql += (float)((q >> 8) & 0xF) * xl.y;
-                ql += (float)((q >> 16) & 0xF) * xl.z;
-                ql += (float)((q >> 24) & 0xF) * xl.w;
-                float qh = (float)((q >> 4) & 0xF) * xh.x;
-                qh += (float)((q >> 12) & 0xF) * xh.y;
-                qh += (float)((q >> 20) & 0xF) * xh.z;
-                qh += (float)((q >> 28) & 0xF) * xh.w;
+                q4k_scale_w(head, 2 * g, &sc1, &m1);
+                q4k_scale_w(head, 2 * g + 1, &sc2, &m2);
+                uint32_t qw[4] = {qv.x, qv.y, qv.z, qv.w};
+                float ql = 0.0f, qh = 0.0f;
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    uint32_t q = qw[i];
+                    ql += (float)(q & 0xF) * xl[i].x;
+                    ql += (float)((q >> 8) & 0xF) * xl[i].y;
+                    ql += (float)((q >> 16) & 0xF) * xl[i].z;
+                    ql += (float)((q >> 24) & 0xF) * xl[i].w;
+                    qh += (float)((q >> 4) & 0xF) * xh[i].x;
+                    qh += (float)((q >> 12) & 0xF) * xh[i].y;
+                    qh += (float)((q >> 20) & 0xF) * xh[i].z;
+                    qh += (float)((q >> 28) & 0xF) * xh[i].w;
+                }
                 acc[r] += d * sc1 * ql - dmin * m1 * sl;
                 acc[r] += d * sc2 * qh - dmin * m2 * sh;
             }
         }
     }
-#pragma unroll
-    for (int r = 0; r < QMV_R; r++) {
-        float v = qmv_warp_sum(acc[r]);
-        if (lane == 0 && (uint32_t)r < nr)
-            y[r0 + r] = v;
-    }
+    qmv_finish(acc, r0, nr, y);
 }
 
 /* Q6_K: 210-byte blocks of 256 (128 bytes of low nibbles, 64 of high 2-bit pairs, 16 int8
- * scales, f16 d). Per half n of a block, lane l makes the values 128n + l + {0, 32, 64, 96}. */
+ * scales, f16 d). A warp takes one block per step; per half n, lane l makes the values
+ * 128n + l + {0, 32, 64, 96}. */
 __global__ void k_qmv_q6_k(const uint8_t *W, uint64_t row_bytes, uint32_t rows, uint32_t nb,
                            const float *x, float *y)
 {
-    uint32_t warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
-    uint32_t r0 = warp * QMV_R;
-    if (r0 >= rows)
-        return;
+    uint32_t lane = threadIdx.x & 31, w = threadIdx.x >> 5, r0 = blockIdx.x * QMV_R;
     uint32_t nr = rows - r0 < QMV_R ? rows - r0 : QMV_R;
     float acc[QMV_R] = {0.0f, 0.0f, 0.0f, 0.0f};
     uint32_t is = lane / 16;
-    for (uint32_t b = 0; b < nb; b++) {
+    for (uint32_t b = w; b < nb; b += QMV_S) {
 #pragma unroll
         for (int n = 0; n < 2; n++) {
             const float *xb = x + (uint64_t)b * 256 + 128 * n + lane;
@@ -173,12 +209,7 @@ __global__ void k_qmv_q6_k(const uint8_t *W, uint64_t row_bytes, uint32_t rows, 
             }
         }
     }
-#pragma unroll
-    for (int r = 0; r < QMV_R; r++) {
-        float v = qmv_warp_sum(acc[r]);
-        if (lane == 0 && (uint32_t)r < nr)
-            y[r0 + r] = v;
-    }
+    qmv_finish(acc, r0, nr, y);
 }
 
 extern "C" int st_cuda_qmv_supported(uint32_t wtype)
@@ -200,8 +231,7 @@ extern "C" int st_cuda_qmv(uint32_t wtype, const void *w, uint32_t rows, uint32_
         return st_error_set(ST_EINVAL, "cuda qmv: NULL or misaligned operand (x must be 16-byte aligned)");
     uint32_t nb = cols / t->block;
     uint64_t row_bytes = (uint64_t)nb * t->bytes;
-    uint32_t warps = (rows + QMV_R - 1) / QMV_R;
-    dim3 grid((warps + QMV_WARPS - 1) / QMV_WARPS), block(32 * QMV_WARPS);
+    dim3 grid((rows + QMV_R - 1) / QMV_R), block(32 * QMV_S);
     cudaStream_t st = (cudaStream_t)stream;
     const uint8_t *W = (const uint8_t *)w;
     if (wtype == ST_GGML_Q8_0)
