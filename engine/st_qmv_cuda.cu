@@ -11,7 +11,8 @@
  * 2. A CTA of QMV_S warps computes QMV_R rows: its warps take the row's blocks in turn, every
  *    lane reads the x values of its part of a block once and uses them for the QMV_R rows (the
  *    x traffic is 1/QMV_R per row), the weights once; the warps' sums are added in warp order.
- * 3. Determinism: each lane sums its elements in block order, the warp reduces with a fixed
+ * 3. Determinism: each lane sums its elements in block order with written-out fused
+ *    multiply-adds (__fmaf_rn; the engine is compiled with --fmad=false), the warp reduces with a fixed
  *    shuffle tree, the CTA adds its warps in order, no atomics: the same inputs give the same bits. The order is not the CPU's
  *    (the results agree within float rounding; tests/gpu/test_gpu_qmv.c).
  */
@@ -34,6 +35,19 @@ __device__ __forceinline__ float qmv_warp_sum(float v)
     for (int o = 16; o > 0; o >>= 1)
         v += __shfl_xor_sync(FULLMASK, v, o);
     return v;
+}
+
+/* An integer below 2^23 as a float, exactly, on the full-rate pipes (an I2F conversion runs at a
+ * fraction of the FMA rate): the bits of 2^23 + v, less 2^23. */
+__device__ __forceinline__ float u2f(uint32_t v)
+{
+    return __int_as_float(0x4B000000u | v) - 8388608.0f;
+}
+
+/* The signed byte whose bits are b (0..255), exactly. */
+__device__ __forceinline__ float i8f(uint32_t b)
+{
+    return __int_as_float(0x4B000000u | (b ^ 0x80u)) - 8388736.0f;
 }
 
 __device__ __forceinline__ float h2f(const uint8_t *p)
@@ -86,11 +100,11 @@ __global__ void k_qmv_q8_0(const uint8_t *W, uint64_t row_bytes, uint32_t rows, 
                 const uint8_t *blk = W + (uint64_t)(r0 + r) * row_bytes + (uint64_t)b * 34;
                 float d = h2f(blk);
                 uint16_t lo = *(const uint16_t *)(blk + 2 + e), hi = *(const uint16_t *)(blk + 4 + e);
-                float s = (float)(int8_t)(lo & 0xff) * xv.x;
-                s += (float)(int8_t)(lo >> 8) * xv.y;
-                s += (float)(int8_t)(hi & 0xff) * xv.z;
-                s += (float)(int8_t)(hi >> 8) * xv.w;
-                acc[r] += d * s;
+                float s = i8f(lo & 0xff) * xv.x;
+                s = __fmaf_rn(i8f(lo >> 8), xv.y, s);
+                s = __fmaf_rn(i8f(hi & 0xff), xv.z, s);
+                s = __fmaf_rn(i8f(hi >> 8), xv.w, s);
+                acc[r] = __fmaf_rn(d, s, acc[r]);
             }
         }
     }
@@ -108,11 +122,11 @@ __device__ __forceinline__ uint32_t q4k_byte(uint4 head, uint32_t k)
 __device__ __forceinline__ void q4k_scale_w(uint4 head, uint32_t j, float *sc, float *m)
 {
     if (j < 4) {
-        *sc = (float)(q4k_byte(head, j) & 63);
-        *m = (float)(q4k_byte(head, j + 4) & 63);
+        *sc = u2f(q4k_byte(head, j) & 63);
+        *m = u2f(q4k_byte(head, j + 4) & 63);
     } else {
-        *sc = (float)((q4k_byte(head, j + 4) & 0xF) | ((q4k_byte(head, j - 4) >> 6) << 4));
-        *m = (float)((q4k_byte(head, j + 4) >> 4) | ((q4k_byte(head, j) >> 6) << 4));
+        *sc = u2f((q4k_byte(head, j + 4) & 0xF) | ((q4k_byte(head, j - 4) >> 6) << 4));
+        *m = u2f((q4k_byte(head, j + 4) >> 4) | ((q4k_byte(head, j) >> 6) << 4));
     }
 }
 
@@ -156,17 +170,19 @@ __global__ void k_qmv_q4_k(const uint8_t *W, uint64_t row_bytes, uint32_t rows, 
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
                     uint32_t q = qw[i];
-                    ql += (float)(q & 0xF) * xl[i].x;
-                    ql += (float)((q >> 8) & 0xF) * xl[i].y;
-                    ql += (float)((q >> 16) & 0xF) * xl[i].z;
-                    ql += (float)((q >> 24) & 0xF) * xl[i].w;
-                    qh += (float)((q >> 4) & 0xF) * xh[i].x;
-                    qh += (float)((q >> 12) & 0xF) * xh[i].y;
-                    qh += (float)((q >> 20) & 0xF) * xh[i].z;
-                    qh += (float)((q >> 28) & 0xF) * xh[i].w;
+                    ql = __fmaf_rn(u2f(q & 0xF), xl[i].x, ql);
+                    ql = __fmaf_rn(u2f((q >> 8) & 0xF), xl[i].y, ql);
+                    ql = __fmaf_rn(u2f((q >> 16) & 0xF), xl[i].z, ql);
+                    ql = __fmaf_rn(u2f((q >> 24) & 0xF), xl[i].w, ql);
+                    qh = __fmaf_rn(u2f((q >> 4) & 0xF), xh[i].x, qh);
+                    qh = __fmaf_rn(u2f((q >> 12) & 0xF), xh[i].y, qh);
+                    qh = __fmaf_rn(u2f((q >> 20) & 0xF), xh[i].z, qh);
+                    qh = __fmaf_rn(u2f(q >> 28), xh[i].w, qh);
                 }
-                acc[r] += d * sc1 * ql - dmin * m1 * sl;
-                acc[r] += d * sc2 * qh - dmin * m2 * sh;
+                acc[r] = __fmaf_rn(d * sc1, ql, acc[r]);
+                acc[r] = __fmaf_rn(-dmin * m1, sl, acc[r]);
+                acc[r] = __fmaf_rn(d * sc2, qh, acc[r]);
+                acc[r] = __fmaf_rn(-dmin * m2, sh, acc[r]);
             }
         }
     }
@@ -196,15 +212,15 @@ __global__ void k_qmv_q6_k(const uint8_t *W, uint64_t row_bytes, uint32_t rows, 
                     const int8_t *sc = (const int8_t *)(blk + 192) + 8 * n;
                     float d = h2f(blk + 208);
                     uint8_t a = ql[lane], c = ql[lane + 32], h = qh[lane];
-                    int q1 = (int)((a & 0xF) | (((h >> 0) & 3) << 4)) - 32;
-                    int q2 = (int)((c & 0xF) | (((h >> 2) & 3) << 4)) - 32;
-                    int q3 = (int)((a >> 4) | (((h >> 4) & 3) << 4)) - 32;
-                    int q4 = (int)((c >> 4) | (((h >> 6) & 3) << 4)) - 32;
-                    float s = (float)sc[is + 0] * (float)q1 * x0;
-                    s += (float)sc[is + 2] * (float)q2 * x1;
-                    s += (float)sc[is + 4] * (float)q3 * x2;
-                    s += (float)sc[is + 6] * (float)q4 * x3;
-                    acc[r] += d * s;
+                    float q1 = u2f((a & 0xFu) | ((h & 3u) << 4)) - 32.0f;
+                    float q2 = u2f((c & 0xFu) | (((h >> 2) & 3u) << 4)) - 32.0f;
+                    float q3 = u2f((uint32_t)(a >> 4) | (((h >> 4) & 3u) << 4)) - 32.0f;
+                    float q4 = u2f((uint32_t)(c >> 4) | (((h >> 6) & 3u) << 4)) - 32.0f;
+                    float s = i8f((uint8_t)sc[is + 0]) * q1 * x0;
+                    s = __fmaf_rn(i8f((uint8_t)sc[is + 2]) * q2, x1, s);
+                    s = __fmaf_rn(i8f((uint8_t)sc[is + 4]) * q3, x2, s);
+                    s = __fmaf_rn(i8f((uint8_t)sc[is + 6]) * q4, x3, s);
+                    acc[r] = __fmaf_rn(d, s, acc[r]);
                 }
             }
         }
