@@ -117,6 +117,40 @@ int main(int argc, char **argv)
         double us = time_ms(e0, e1) * 1e3 / n, gbs = (double)bytes / (us * 1e-6);
         printf("%-6s %10.1f %10.1f %10.0f %12.2f\n", t->name, bytes / 1e6, us, gbs / 1e9, gbs / hbm);
     }
+    /* the integer form of Q8_0: activations quantized as the CPU's integer path does */
+    {
+        const st_wtype *t = st_wtype_get(ST_GGML_Q8_0);
+        const st_qdot *qd = st_qdot_get(ST_GGML_Q8_0);
+        uint64_t bytes = (uint64_t)rows * (cols / 32) * t->bytes, xs = (uint64_t)cols / 32 * qd->act_bytes;
+        float *w = malloc((size_t)cols * 4);
+        uint8_t *q = malloc(bytes / rows), *xq = malloc(xs);
+        for (uint32_t k = 0; k < cols; k++)
+            w[k] = (float)(k % 17) / 8.0f - 1.0f;
+        t->quantize(w, q, cols);
+        qd->quantize(w, xq, cols);
+        for (uint32_t r = 0; r < rows; r++)
+            CK(cudaMemcpy((uint8_t *)a + (uint64_t)r * (bytes / rows), q, bytes / rows, cudaMemcpyHostToDevice));
+        void *xqd;
+        CK(cudaMalloc(&xqd, xs));
+        CK(cudaMemcpy(xqd, xq, xs, cudaMemcpyHostToDevice));
+        free(w), free(q), free(xq);
+        if (st_cuda_qmv_i8(ST_GGML_Q8_0, a, rows, cols, xqd, y, NULL)) {
+            fprintf(stderr, "bench_gpu_qmv: %s\n", st_errdetail());
+            return 1;
+        }
+        CK(cudaDeviceSynchronize());
+        int n = 50;
+        CK(cudaEventRecord(e0, 0));
+        for (int i = 0; i < n; i++)
+            st_cuda_qmv_i8(ST_GGML_Q8_0, a, rows, cols, xqd, y, NULL);
+        CK(cudaEventRecord(e1, 0));
+        CK(cudaEventSynchronize(e1));
+        CK(cudaGetLastError());
+        double us = time_ms(e0, e1) * 1e3 / n, gbs = (double)bytes / (us * 1e-6);
+        printf("%-6s %10.1f %10.1f %10.0f %12.2f   (int8 activations, dp4a)\n", "q8_0", bytes / 1e6, us,
+               gbs / 1e9, gbs / hbm);
+        CK(cudaFree(xqd));
+    }
     CK(cudaFree(a));
     CK(cudaFree(x));
     CK(cudaFree(y));

@@ -35,3 +35,10 @@ int st_cuda_qmv(uint32_t wtype, const void *w, uint32_t rows, uint32_t cols, con
     (void)wtype, (void)w, (void)rows, (void)cols, (void)x, (void)y, (void)stream;
     return st_error_set(ST_EINVAL, "cuda qmv: built without CUDA");
 }
+
+int st_cuda_qmv_i8(uint32_t wtype, const void *w, uint32_t rows, uint32_t cols, const void *xq, float *y,
+                   void *stream)
+{
+    (void)wtype, (void)w, (void)rows, (void)cols, (void)xq, (void)y, (void)stream;
+    return st_error_set(ST_EINVAL, "cuda qmv: built without CUDA");
+}

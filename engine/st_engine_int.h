@@ -359,6 +359,11 @@ int st_cuda_gemm_probe(st_engine *e, const void *w_dev, uint32_t rows, uint32_t 
 int st_cuda_qmv_supported(uint32_t wtype);
 int st_cuda_qmv(uint32_t wtype, const void *w, uint32_t rows, uint32_t cols, const float *x, float *y,
                 void *stream);
+/* The integer form for Q8_0 weights: xq is the activation row as the CPU's integer path
+ * quantizes it (st_qdot_get(ST_GGML_Q8_0)->quantize: 36-byte blocks), in device memory, 4-byte
+ * aligned; y as st_cuda_qmv. ST_EINVAL for another type or without CUDA. */
+int st_cuda_qmv_i8(uint32_t wtype, const void *w, uint32_t rows, uint32_t cols, const void *xq, float *y,
+                   void *stream);
 
 struct st_engine {
     const st_model *m;

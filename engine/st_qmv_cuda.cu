@@ -228,6 +228,54 @@ __global__ void k_qmv_q6_k(const uint8_t *W, uint64_t row_bytes, uint32_t rows, 
     qmv_finish(acc, r0, nr, y);
 }
 
+/* Q8_0 weights against activations quantized as the CPU's integer path does (st_qdot_get:
+ * 36-byte blocks of an f32 d and 32 int8): per lane one dp4a of 4 weight bytes and 4 activation
+ * bytes, scaled by both blocks' d. The lanes as in k_qmv_q8_0. */
+__global__ void k_qmv_q8_0_i8(const uint8_t *W, uint64_t row_bytes, uint32_t rows, uint32_t nb,
+                              const uint8_t *xq, float *y)
+{
+    uint32_t lane = threadIdx.x & 31, w = threadIdx.x >> 5, r0 = blockIdx.x * QMV_R;
+    uint32_t nr = rows - r0 < QMV_R ? rows - r0 : QMV_R;
+    float acc[QMV_R] = {0.0f, 0.0f, 0.0f, 0.0f};
+    uint32_t e = (lane & 7) * 4;
+    for (uint32_t b = 4 * w + (lane >> 3); b < nb; b += 4 * QMV_S) {
+        const uint8_t *xb = xq + (uint64_t)b * 36;
+        float dx = *(const float *)xb;
+        int xv = *(const int *)(xb + 4 + e);
+#pragma unroll
+        for (int r = 0; r < QMV_R; r++) {
+            if ((uint32_t)r < nr) {
+                const uint8_t *blk = W + (uint64_t)(r0 + r) * row_bytes + (uint64_t)b * 34;
+                float d = h2f(blk) * dx;
+                uint32_t lo = *(const uint16_t *)(blk + 2 + e), hi = *(const uint16_t *)(blk + 4 + e);
+                int sumi = __dp4a((int)(lo | (hi << 16)), xv, 0);
+                acc[r] = __fmaf_rn(d, __int2float_rn(sumi), acc[r]);
+            }
+        }
+    }
+    qmv_finish(acc, r0, nr, y);
+}
+
+extern "C" int st_cuda_qmv_i8(uint32_t wtype, const void *w, uint32_t rows, uint32_t cols,
+                              const void *xq, float *y, void *stream)
+{
+    if (wtype != ST_GGML_Q8_0)
+        return st_error_set(ST_EINVAL, "cuda qmv: no integer kernel for weight type %u (Q8_0 has one)", wtype);
+    if (!rows || !cols || cols % 32)
+        return st_error_set(ST_EINVAL, "cuda qmv: %u x %u: the columns must be a positive multiple of 32",
+                            rows, cols);
+    if (!w || !xq || !y || ((uintptr_t)xq & 3))
+        return st_error_set(ST_EINVAL, "cuda qmv: NULL or misaligned operand (xq must be 4-byte aligned)");
+    uint32_t nb = cols / 32;
+    dim3 grid((rows + QMV_R - 1) / QMV_R), block(32 * QMV_S);
+    k_qmv_q8_0_i8<<<grid, block, 0, (cudaStream_t)stream>>>((const uint8_t *)w, (uint64_t)nb * 34, rows,
+                                                           nb, (const uint8_t *)xq, y);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess)
+        return st_error_set(ST_EIO, "cuda qmv: launch: %s", cudaGetErrorString(e));
+    return 0;
+}
+
 extern "C" int st_cuda_qmv_supported(uint32_t wtype)
 {
     return wtype == ST_GGML_Q8_0 || wtype == ST_GGML_Q4_K || wtype == ST_GGML_Q6_K;

@@ -133,11 +133,87 @@ static void test_controls(void **state)
     CU_OK(cudaFree(d));
 }
 
+/* The integer form (Q8_0 weights, activations quantized by the CPU's integer path) against the
+ * CPU's integer path on the same bytes: the block dots are exact integers on both sides, only
+ * the order of the scaled sums differs. Control: one changed weight byte moves its row. */
+static uint32_t check_i8(uint32_t rows, uint32_t cols, int corrupt, uint32_t *bad_row0)
+{
+    const st_wtype *t = st_wtype_get(ST_GGML_Q8_0);
+    const st_qdot *qd = st_qdot_get(ST_GGML_Q8_0);
+    assert_non_null(qd);
+    uint64_t rb = (uint64_t)cols / 32 * t->bytes, xs = (uint64_t)cols / qd->block * qd->act_bytes;
+    uint64_t s = 0xabcdefull + rows * 7 + cols;
+    float *w = malloc((size_t)rows * cols * 4), *x = malloc((size_t)cols * 4), *deq = malloc((size_t)cols * 4);
+    uint8_t *q = malloc((size_t)(rows * rb)), *xq = malloc((size_t)xs);
+    float *y = malloc((size_t)rows * 4), *yref = malloc((size_t)rows * 4);
+    assert_true(w && x && deq && q && xq && y && yref);
+    for (uint64_t i = 0; i < (uint64_t)rows * cols; i++)
+        w[i] = rnd(&s) * (1.0f + (float)(i % 5));
+    for (uint32_t i = 0; i < cols; i++)
+        x[i] = rnd(&s);
+    for (uint32_t r = 0; r < rows; r++)
+        t->quantize(w + (uint64_t)r * cols, q + r * rb, cols);
+    qd->quantize(x, xq, cols);
+    qd->mm[0](q, rb, xq, xs, cols / qd->block, yref, rows, rows, 1);
+    if (corrupt)
+        q[2] ^= 0x77;
+    void *qdv, *xd, *yd;
+    CU_OK(cudaMalloc(&qdv, rows * rb));
+    CU_OK(cudaMalloc(&xd, xs));
+    CU_OK(cudaMalloc(&yd, (size_t)rows * 4));
+    CU_OK(cudaMemcpy(qdv, q, rows * rb, cudaMemcpyHostToDevice));
+    CU_OK(cudaMemcpy(xd, xq, xs, cudaMemcpyHostToDevice));
+    if (st_cuda_qmv_i8(ST_GGML_Q8_0, qdv, rows, cols, xd, yd, NULL))
+        fail_msg("st_cuda_qmv_i8: %s", st_errdetail());
+    CU_OK(cudaMemcpy(y, yd, (size_t)rows * 4, cudaMemcpyDeviceToHost));
+    uint32_t bad = 0;
+    double worst = 0;
+    *bad_row0 = 0;
+    for (uint32_t r = 0; r < rows; r++) {
+        t->dequant[0](q + r * rb, deq, cols);
+        double mag = 0;
+        for (uint32_t k = 0; k < cols; k++)
+            mag += fabs((double)deq[k] * x[k]);
+        double err = fabs((double)y[r] - yref[r]);
+        if (err / (mag + 1e-30) > worst)
+            worst = err / (mag + 1e-30);
+        if (err > 1e-5 * mag + 1e-6) {
+            bad++;
+            if (r == 0)
+                *bad_row0 = 1;
+        }
+    }
+    printf("q8_0 int8 %5u x %5u%s: max |gpu - cpu integer path| / sum |w x| %.2e, %u rows out of "
+           "tolerance\n", rows, cols, corrupt ? " (row 0 changed)" : "", worst, bad);
+    CU_OK(cudaFree(qdv));
+    CU_OK(cudaFree(xd));
+    CU_OK(cudaFree(yd));
+    free(w), free(x), free(deq), free(q), free(xq), free(y), free(yref);
+    return bad;
+}
+
+static void test_integer(void **state)
+{
+    (void)state;
+    static const uint32_t shapes[][2] = {{1, 32}, {7, 512}, {33, 1024}, {1000, 4096}, {5, 2816}};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        uint32_t b0, bad = check_i8(shapes[si][0], shapes[si][1], 0, &b0);
+        if (bad)
+            fail_msg("q8_0 int8, %u x %u: %u rows differ from the CPU's integer path", shapes[si][0],
+                     shapes[si][1], bad);
+    }
+    uint32_t b0, bad = check_i8(9, 1024, 1, &b0);
+    if (!b0 || bad != 1)
+        fail_msg("control: a changed byte of row 0 gave %u rows out of tolerance", bad);
+    assert_int_equal(st_cuda_qmv_i8(ST_GGML_Q4_K, (void *)16, 1, 256, (void *)16, (float *)16, NULL), ST_EINVAL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_agree),
         cmocka_unit_test(test_controls),
+        cmocka_unit_test(test_integer),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
