@@ -8,7 +8,7 @@
  * Invariants:
  * 1. y[r] = sum over k of W[r][k] * x[k] for W [rows][cols] (rows of cols / block blocks, packed
  *    as in the file), x and y f32 in device memory; x 16-byte aligned.
- * 2. A CTA of QMV_S warps computes QMV_R rows: its warps take the row's blocks in turn, every
+ * 2. A CTA of S warps computes QMV_R rows: its warps take the row's blocks in turn, every
  *    lane reads the x values of its part of a block once and uses them for the QMV_R rows (the
  *    x traffic is 1/QMV_R per row), the weights once; the warps' sums are added in warp order.
  * 3. Determinism: each lane sums its elements in block order with written-out fused
@@ -27,7 +27,9 @@ extern "C" {
 }
 
 #define QMV_R 4        /* rows per CTA (each of its warps computes all of them) */
-#define QMV_S 4        /* warps per CTA: each takes every QMV_S-th step of the row's blocks */
+/* warps per CTA (each takes every S-th step of the row's blocks): 8 for Q8_0 and Q6_K, 4 for
+ * Q4_K, the faster of the two for each (docs/BENCHMARKS.md, "Quantized products on the GPU") */
+#define QMV_S_MAX 8
 #define FULLMASK 0xffffffffu
 
 __device__ __forceinline__ float qmv_warp_sum(float v)
@@ -64,9 +66,10 @@ __device__ __forceinline__ float h2f_bits(uint32_t bits16)
 
 /* The end of every kernel: each warp's sums of the R rows, then the CTA's warps added in warp
  * order by thread r (a fixed order: invariant 3). */
+template <int S>
 __device__ __forceinline__ void qmv_finish(float *acc, uint32_t r0, uint32_t nr, float *y)
 {
-    __shared__ float part[QMV_S][QMV_R];
+    __shared__ float part[QMV_S_MAX][QMV_R];
     uint32_t lane = threadIdx.x & 31, w = threadIdx.x >> 5;
 #pragma unroll
     for (int r = 0; r < QMV_R; r++) {
@@ -77,7 +80,7 @@ __device__ __forceinline__ void qmv_finish(float *acc, uint32_t r0, uint32_t nr,
     __syncthreads();
     if (threadIdx.x < nr) {
         float t = 0.0f;
-        for (int k = 0; k < QMV_S; k++)
+        for (int k = 0; k < S; k++)
             t += part[k][threadIdx.x];
         y[r0 + threadIdx.x] = t;
     }
@@ -85,6 +88,7 @@ __device__ __forceinline__ void qmv_finish(float *acc, uint32_t r0, uint32_t nr,
 
 /* Q8_0: 34-byte blocks of 32 (f16 d, 32 int8). A warp covers 4 blocks per step, 8 lanes per
  * block, 4 values per lane. */
+template <int S>
 __global__ void k_qmv_q8_0(const uint8_t *W, uint64_t row_bytes, uint32_t rows, uint32_t nb,
                            const float *x, float *y)
 {
@@ -92,7 +96,7 @@ __global__ void k_qmv_q8_0(const uint8_t *W, uint64_t row_bytes, uint32_t rows, 
     uint32_t nr = rows - r0 < QMV_R ? rows - r0 : QMV_R;
     float acc[QMV_R] = {0.0f, 0.0f, 0.0f, 0.0f};
     uint32_t e = (lane & 7) * 4;
-    for (uint32_t b = 4 * w + (lane >> 3); b < nb; b += 4 * QMV_S) {
+    for (uint32_t b = 4 * w + (lane >> 3); b < nb; b += 4 * S) {
         float4 xv = *(const float4 *)(x + (uint64_t)b * 32 + e);
 #pragma unroll
         for (int r = 0; r < QMV_R; r++) {
@@ -108,7 +112,7 @@ __global__ void k_qmv_q8_0(const uint8_t *W, uint64_t row_bytes, uint32_t rows, 
             }
         }
     }
-    qmv_finish(acc, r0, nr, y);
+    qmv_finish<S>(acc, r0, nr, y);
 }
 
 /* Byte k (0..11) of a Q4_K block's 12 scale bytes, held in head.y, head.z, head.w (no local
@@ -134,6 +138,7 @@ __device__ __forceinline__ void q4k_scale_w(uint4 head, uint32_t j, float *sc, f
  * 16-byte aligned. A warp covers 4 blocks per step, 8 lanes per block: lane part p reads the
  * block's 16-byte head and 16 bytes of nibbles, group g = p / 2, the values
  * 64g + 16 (p % 2) + 0..15 (low nibbles, sub-block 2g) and those 32 further (high, 2g + 1). */
+template <int S>
 __global__ void k_qmv_q4_k(const uint8_t *W, uint64_t row_bytes, uint32_t rows, uint32_t nb,
                            const float *x, float *y)
 {
@@ -141,7 +146,7 @@ __global__ void k_qmv_q4_k(const uint8_t *W, uint64_t row_bytes, uint32_t rows, 
     uint32_t nr = rows - r0 < QMV_R ? rows - r0 : QMV_R;
     float acc[QMV_R] = {0.0f, 0.0f, 0.0f, 0.0f};
     uint32_t p = lane & 7, g = p >> 1, off = 64 * g + 16 * (p & 1);
-    for (uint32_t b = 4 * w + (lane >> 3); b < nb; b += 4 * QMV_S) {
+    for (uint32_t b = 4 * w + (lane >> 3); b < nb; b += 4 * S) {
         const float4 *xb = (const float4 *)(x + (uint64_t)b * 256 + off);
         float4 xl[4], xh[4];
 #pragma unroll
@@ -186,12 +191,13 @@ __global__ void k_qmv_q4_k(const uint8_t *W, uint64_t row_bytes, uint32_t rows, 
             }
         }
     }
-    qmv_finish(acc, r0, nr, y);
+    qmv_finish<S>(acc, r0, nr, y);
 }
 
 /* Q6_K: 210-byte blocks of 256 (128 bytes of low nibbles, 64 of high 2-bit pairs, 16 int8
  * scales, f16 d). A warp takes one block per step; per half n, lane l makes the values
  * 128n + l + {0, 32, 64, 96}. */
+template <int S>
 __global__ void k_qmv_q6_k(const uint8_t *W, uint64_t row_bytes, uint32_t rows, uint32_t nb,
                            const float *x, float *y)
 {
@@ -199,7 +205,7 @@ __global__ void k_qmv_q6_k(const uint8_t *W, uint64_t row_bytes, uint32_t rows, 
     uint32_t nr = rows - r0 < QMV_R ? rows - r0 : QMV_R;
     float acc[QMV_R] = {0.0f, 0.0f, 0.0f, 0.0f};
     uint32_t is = lane / 16;
-    for (uint32_t b = w; b < nb; b += QMV_S) {
+    for (uint32_t b = w; b < nb; b += S) {
 #pragma unroll
         for (int n = 0; n < 2; n++) {
             const float *xb = x + (uint64_t)b * 256 + 128 * n + lane;
@@ -225,12 +231,13 @@ __global__ void k_qmv_q6_k(const uint8_t *W, uint64_t row_bytes, uint32_t rows, 
             }
         }
     }
-    qmv_finish(acc, r0, nr, y);
+    qmv_finish<S>(acc, r0, nr, y);
 }
 
 /* Q8_0 weights against activations quantized as the CPU's integer path does (st_qdot_get:
  * 36-byte blocks of an f32 d and 32 int8): per lane one dp4a of 4 weight bytes and 4 activation
  * bytes, scaled by both blocks' d. The lanes as in k_qmv_q8_0. */
+template <int S>
 __global__ void k_qmv_q8_0_i8(const uint8_t *W, uint64_t row_bytes, uint32_t rows, uint32_t nb,
                               const uint8_t *xq, float *y)
 {
@@ -238,7 +245,7 @@ __global__ void k_qmv_q8_0_i8(const uint8_t *W, uint64_t row_bytes, uint32_t row
     uint32_t nr = rows - r0 < QMV_R ? rows - r0 : QMV_R;
     float acc[QMV_R] = {0.0f, 0.0f, 0.0f, 0.0f};
     uint32_t e = (lane & 7) * 4;
-    for (uint32_t b = 4 * w + (lane >> 3); b < nb; b += 4 * QMV_S) {
+    for (uint32_t b = 4 * w + (lane >> 3); b < nb; b += 4 * S) {
         const uint8_t *xb = xq + (uint64_t)b * 36;
         float dx = *(const float *)xb;
         int xv = *(const int *)(xb + 4 + e);
@@ -253,7 +260,7 @@ __global__ void k_qmv_q8_0_i8(const uint8_t *W, uint64_t row_bytes, uint32_t row
             }
         }
     }
-    qmv_finish(acc, r0, nr, y);
+    qmv_finish<S>(acc, r0, nr, y);
 }
 
 extern "C" int st_cuda_qmv_i8(uint32_t wtype, const void *w, uint32_t rows, uint32_t cols,
@@ -267,8 +274,8 @@ extern "C" int st_cuda_qmv_i8(uint32_t wtype, const void *w, uint32_t rows, uint
     if (!w || !xq || !y || ((uintptr_t)xq & 3))
         return st_error_set(ST_EINVAL, "cuda qmv: NULL or misaligned operand (xq must be 4-byte aligned)");
     uint32_t nb = cols / 32;
-    dim3 grid((rows + QMV_R - 1) / QMV_R), block(32 * QMV_S);
-    k_qmv_q8_0_i8<<<grid, block, 0, (cudaStream_t)stream>>>((const uint8_t *)w, (uint64_t)nb * 34, rows,
+    dim3 grid((rows + QMV_R - 1) / QMV_R);
+    k_qmv_q8_0_i8<8><<<grid, 32 * 8, 0, (cudaStream_t)stream>>>((const uint8_t *)w, (uint64_t)nb * 34, rows,
                                                            nb, (const uint8_t *)xq, y);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess)
@@ -295,15 +302,15 @@ extern "C" int st_cuda_qmv(uint32_t wtype, const void *w, uint32_t rows, uint32_
         return st_error_set(ST_EINVAL, "cuda qmv: NULL or misaligned operand (x must be 16-byte aligned)");
     uint32_t nb = cols / t->block;
     uint64_t row_bytes = (uint64_t)nb * t->bytes;
-    dim3 grid((rows + QMV_R - 1) / QMV_R), block(32 * QMV_S);
+    dim3 grid((rows + QMV_R - 1) / QMV_R);
     cudaStream_t st = (cudaStream_t)stream;
     const uint8_t *W = (const uint8_t *)w;
     if (wtype == ST_GGML_Q8_0)
-        k_qmv_q8_0<<<grid, block, 0, st>>>(W, row_bytes, rows, nb, x, y);
+        k_qmv_q8_0<8><<<grid, 32 * 8, 0, st>>>(W, row_bytes, rows, nb, x, y);
     else if (wtype == ST_GGML_Q4_K)
-        k_qmv_q4_k<<<grid, block, 0, st>>>(W, row_bytes, rows, nb, x, y);
+        k_qmv_q4_k<4><<<grid, 32 * 4, 0, st>>>(W, row_bytes, rows, nb, x, y);
     else
-        k_qmv_q6_k<<<grid, block, 0, st>>>(W, row_bytes, rows, nb, x, y);
+        k_qmv_q6_k<8><<<grid, 32 * 8, 0, st>>>(W, row_bytes, rows, nb, x, y);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess)
         return st_error_set(ST_EIO, "cuda qmv: launch: %s", cudaGetErrorString(e));
