@@ -34,6 +34,36 @@ static float time_ms(cudaEvent_t a, cudaEvent_t b)
     return ms;
 }
 
+typedef int (*qmv_call)(uint32_t wtype, const void *w, uint32_t rows, uint32_t cols, const void *x,
+                        float *y);
+static int call_float(uint32_t t, const void *w, uint32_t r, uint32_t c, const void *x, float *y)
+{
+    return st_cuda_qmv(t, w, r, c, (const float *)x, y, NULL);
+}
+static int call_i8(uint32_t t, const void *w, uint32_t r, uint32_t c, const void *x, float *y)
+{
+    return st_cuda_qmv_i8(t, w, r, c, x, y, NULL);
+}
+
+/* One warm-up call, then microseconds per call over 50 (CUDA events); exits on an error. */
+static double time_calls(qmv_call f, uint32_t wtype, const void *w, uint32_t rows, uint32_t cols,
+                         const void *x, float *y, cudaEvent_t e0, cudaEvent_t e1)
+{
+    if (f(wtype, w, rows, cols, x, y)) {
+        fprintf(stderr, "bench_gpu_qmv: %s\n", st_errdetail());
+        exit(1);
+    }
+    CK(cudaDeviceSynchronize());
+    int n = 50;
+    CK(cudaEventRecord(e0, 0));
+    for (int i = 0; i < n; i++)
+        f(wtype, w, rows, cols, x, y);
+    CK(cudaEventRecord(e1, 0));
+    CK(cudaEventSynchronize(e1));
+    CK(cudaGetLastError());
+    return time_ms(e0, e1) * 1e3 / n;
+}
+
 int main(int argc, char **argv)
 {
     uint32_t rows = 16384, cols = 8192;
@@ -102,19 +132,8 @@ int main(int argc, char **argv)
             CK(cudaMemcpy((uint8_t *)a + (uint64_t)r * (bytes / rows), q, bytes / rows, cudaMemcpyHostToDevice));
         free(w);
         free(q);
-        if (st_cuda_qmv(types[ti], a, rows, cols, x, y, NULL)) {
-            fprintf(stderr, "bench_gpu_qmv: %s\n", st_errdetail());
-            return 1;
-        }
-        CK(cudaDeviceSynchronize());
-        int n = 50;
-        CK(cudaEventRecord(e0, 0));
-        for (int i = 0; i < n; i++)
-            st_cuda_qmv(types[ti], a, rows, cols, x, y, NULL);
-        CK(cudaEventRecord(e1, 0));
-        CK(cudaEventSynchronize(e1));
-        CK(cudaGetLastError());
-        double us = time_ms(e0, e1) * 1e3 / n, gbs = (double)bytes / (us * 1e-6);
+        double us = time_calls(call_float, types[ti], a, rows, cols, x, y, e0, e1);
+        double gbs = (double)bytes / (us * 1e-6);
         printf("%-6s %10.1f %10.1f %10.0f %12.2f\n", t->name, bytes / 1e6, us, gbs / 1e9, gbs / hbm);
     }
     /* the integer form of Q8_0: activations quantized as the CPU's integer path does */
@@ -134,19 +153,8 @@ int main(int argc, char **argv)
         CK(cudaMalloc(&xqd, xs));
         CK(cudaMemcpy(xqd, xq, xs, cudaMemcpyHostToDevice));
         free(w), free(q), free(xq);
-        if (st_cuda_qmv_i8(ST_GGML_Q8_0, a, rows, cols, xqd, y, NULL)) {
-            fprintf(stderr, "bench_gpu_qmv: %s\n", st_errdetail());
-            return 1;
-        }
-        CK(cudaDeviceSynchronize());
-        int n = 50;
-        CK(cudaEventRecord(e0, 0));
-        for (int i = 0; i < n; i++)
-            st_cuda_qmv_i8(ST_GGML_Q8_0, a, rows, cols, xqd, y, NULL);
-        CK(cudaEventRecord(e1, 0));
-        CK(cudaEventSynchronize(e1));
-        CK(cudaGetLastError());
-        double us = time_ms(e0, e1) * 1e3 / n, gbs = (double)bytes / (us * 1e-6);
+        double us = time_calls(call_i8, ST_GGML_Q8_0, a, rows, cols, xqd, y, e0, e1);
+        double gbs = (double)bytes / (us * 1e-6);
         printf("%-6s %10.1f %10.1f %10.0f %12.2f   (int8 activations, dp4a)\n", "q8_0", bytes / 1e6, us,
                gbs / 1e9, gbs / hbm);
         CK(cudaFree(xqd));

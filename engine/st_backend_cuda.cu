@@ -2333,6 +2333,10 @@ static int gemm_f16(cu_ctx *c, const bf16 *W, int immutable, uint32_t rows, uint
     uint64_t n = (uint64_t)rows * cols;
     const __half *Wh = NULL;
     int rc;
+    if (n > c->wmax || cols > c->cmax || T > c->T) /* before any work: the scratch's sizes */
+        return st_error_set(ST_EINVAL, "cuda backend: a %u x %u product of %u inputs (at most %llu "
+                            "weight elements, %u columns, %u inputs)", rows, cols, T,
+                            (unsigned long long)c->wmax, c->cmax, c->T);
     if (immutable && c->wc.cap) {
         uint64_t off = 0;
         int r = st_wcache_lookup(&c->wc, W, rows, cols, n * 2, &off);
@@ -2346,16 +2350,10 @@ static int gemm_f16(cu_ctx *c, const bf16 *W, int immutable, uint32_t rows, uint
         }
     }
     if (!Wh) {
-        if (n > c->wmax)
-            return st_error_set(ST_EINVAL, "cuda backend: a %u x %u product is larger than the "
-                                "largest weight (%llu elements)", rows, cols, (unsigned long long)c->wmax);
         if ((rc = to_f16(c, W, cols, c->wtmp, rows, cols)))
             return rc;
         Wh = c->wtmp;
     }
-    if (cols > c->cmax || T > c->T)
-        return st_error_set(ST_EINVAL, "cuda backend: a product of %u inputs of %u (at most %u of %u)",
-                            T, cols, c->T, c->cmax);
     if ((rc = to_f16(c, X, ldx, c->xh, T, cols)))
         return rc;
     const float one = 1.0f, zero = 0.0f;

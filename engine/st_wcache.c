@@ -55,16 +55,14 @@ static void diag_add(char *diag, size_t cap, const char *fmt, const char *v)
 void st_wcache_parse(const char *tc, const char *cache, const char *mib, st_wcache_cfg *cfg,
                      char *diag, size_t diag_cap)
 {
+    char own[512]; /* where the diagnostic goes when the caller wants none */
     memset(cfg, 0, sizeof *cfg);
     cfg->mib = ST_WCACHE_MIB_DEFAULT;
-    if (diag && diag_cap)
-        diag[0] = 0;
-    char none[1];
     if (!diag || !diag_cap) {
-        diag = none;
-        diag_cap = 1;
-        none[0] = 0;
+        diag = own;
+        diag_cap = sizeof own;
     }
+    diag[0] = 0;
     if (tc && *tc && strcmp(tc, "0")) {
         if (!strcmp(tc, "1"))
             cfg->mode = 1;

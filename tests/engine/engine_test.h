@@ -6,6 +6,7 @@
 #define ENGINE_TEST_H
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "st_engine.h"
@@ -35,6 +36,24 @@ static inline uint64_t et_tokens(uint32_t *dst, const char *text)
     dst[0] = ST_TOKEN_BOS;
     st_tokenize(text, n, dst + 1, n);
     return n + 1;
+}
+
+/* A prompt of n tokens: BOS, then n - 1 printable bytes of a fixed pseudo-random text (seed).
+ * malloc'd; aborts without memory. */
+static inline uint32_t *et_prompt(uint64_t n, uint64_t seed)
+{
+    uint32_t *t = (uint32_t *)malloc(n * sizeof *t);
+    if (!t)
+        abort();
+    t[0] = ST_TOKEN_BOS;
+    uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
+    for (uint64_t i = 1; i < n; i++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        t[i] = 32 + (uint32_t)(x % 95);
+    }
+    return t;
 }
 
 #endif

@@ -91,22 +91,6 @@ static st_engine *engine(const st_model *m, const char *backend, uint32_t ubatch
     return e;
 }
 
-/* BOS and n - 1 bytes of a fixed pseudo-random text. */
-static uint32_t *prompt(uint64_t n, uint64_t seed)
-{
-    uint32_t *t = malloc(n * sizeof *t);
-    assert_non_null(t);
-    t[0] = ST_TOKEN_BOS;
-    uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
-    for (uint64_t i = 1; i < n; i++) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        t[i] = 32 + (uint32_t)(x % 95);
-    }
-    return t;
-}
-
 static uint32_t argmax(const float *l, uint32_t n)
 {
     uint32_t b = 0;
@@ -171,7 +155,7 @@ static void agree(const char *name, void (*tweak)(st_model_hparams *), uint64_t 
     st_slot *sc = NULL, *sg = NULL;
     ST_OK(st_slot_new(ec, &sc));
     ST_OK(st_slot_new(eg, &sg));
-    uint32_t *t = prompt(n_prompt, 3);
+    uint32_t *t = et_prompt(n_prompt, 3);
     ST_OK(st_slot_eval(sc, t, n_prompt, 0, NULL));
     ST_OK(st_slot_eval(sg, t, n_prompt, 0, NULL));
     cmp c = {0};
@@ -211,7 +195,7 @@ static void test_deterministic(void **state)
     ST_OK(st_slot_new(e1, &a));
     ST_OK(st_slot_new(e1, &b));
     ST_OK(st_slot_new(e2, &c));
-    uint32_t *t = prompt(500, 5);
+    uint32_t *t = et_prompt(500, 5);
     ST_OK(st_slot_eval(a, t, 500, 0, NULL));
     ST_OK(st_slot_eval(b, t, 500, 0, NULL));
     ST_OK(st_slot_eval(c, t, 500, 0, NULL));
@@ -246,7 +230,7 @@ static void restore_case(const char *name, void (*tweak)(st_model_hparams *), ui
     st_slot *a = NULL, *b = NULL;
     ST_OK(st_slot_new(e, &a));
     ST_OK(st_slot_new(e, &b));
-    uint32_t *t = prompt(700, 13);
+    uint32_t *t = et_prompt(700, 13);
     /* two reads: the first leaves a resume checkpoint in the chain */
     ST_OK(st_slot_eval(a, t, 400, 0, NULL));
     ST_OK(st_slot_eval(a, t, 700, 0, NULL));
@@ -298,7 +282,7 @@ static void test_restore_corrupt(void **state)
     st_slot *a = NULL, *b = NULL;
     ST_OK(st_slot_new(e, &a));
     ST_OK(st_slot_new(e, &b));
-    uint32_t *t = prompt(300, 29);
+    uint32_t *t = et_prompt(300, 29);
     ST_OK(st_slot_eval(a, t, 300, 0, NULL));
     ST_OK(st_slot_eval(b, t, 100, 0, NULL));
     uint64_t hb0;
@@ -347,7 +331,7 @@ static void across(st_engine *from, st_engine *to, st_engine *ref, uint32_t code
     ST_OK(st_slot_new(from, &a));
     ST_OK(st_slot_new(to, &b));
     ST_OK(st_slot_new(ref, &r));
-    uint32_t *t = prompt(333, 17);
+    uint32_t *t = et_prompt(333, 17);
     ST_OK(st_slot_eval(a, t, 333, 0, NULL));
     st_image *img = NULL;
     ST_OK(st_slot_snapshot(a, ST_SNAPSHOT_SESSION, codec, &img));
@@ -402,7 +386,7 @@ static void test_cache_root(void **state)
     st_slot *a = NULL, *f = NULL;
     ST_OK(st_slot_new(e, &a));
     ST_OK(st_slot_new(e, &f));
-    uint32_t *c1 = prompt(160, 29), *c2 = prompt(160, 31);
+    uint32_t *c1 = et_prompt(160, 29), *c2 = et_prompt(160, 31);
     memcpy(c2, c1, 100 * sizeof *c1); /* a 100-token system prompt */
     st_eval_stats es;
     ST_OK(st_slot_eval(a, c1, 160, 100, &es));
@@ -427,7 +411,7 @@ static void test_refused(void **state)
     st_slot *a = NULL, *b = NULL;
     ST_OK(st_slot_new(e, &a));
     ST_OK(st_slot_new(e64, &b));
-    uint32_t *t = prompt(50, 1);
+    uint32_t *t = et_prompt(50, 1);
     ST_OK(st_slot_eval(a, t, 50, 0, NULL));
     st_image *img = NULL;
     ST_OK(st_slot_snapshot(a, ST_SNAPSHOT_SESSION, ST_CODEC_FP32, &img));

@@ -19,15 +19,10 @@
 #include <cmocka.h>
 #include <cuda_runtime.h>
 
+#include "gpu_test.h"
 #include "st_engine_int.h"
 #include "st_wtype.h"
 
-#define CU_OK(call)                                                                            \
-    do {                                                                                       \
-        cudaError_t e_ = (call);                                                               \
-        if (e_ != cudaSuccess)                                                                 \
-            fail_msg("%s: %s", #call, cudaGetErrorString(e_));                                 \
-    } while (0)
 
 static float rnd(uint64_t *s)
 {

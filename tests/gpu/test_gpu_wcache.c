@@ -30,6 +30,7 @@
 #include <cuda_runtime.h>
 
 #include "engine/engine_test.h"
+#include "gpu_test.h"
 #include "st_engine_int.h"
 
 #define GPU_TOL 0.05
@@ -39,12 +40,6 @@
         int rc_ = (call);                                                                      \
         if (rc_ != 0)                                                                          \
             fail_msg("%s: %s: %s", #call, st_strerror(rc_), st_errdetail());                   \
-    } while (0)
-#define CU_OK(call)                                                                            \
-    do {                                                                                       \
-        cudaError_t e_ = (call);                                                               \
-        if (e_ != cudaSuccess)                                                                 \
-            fail_msg("%s: %s", #call, cudaGetErrorString(e_));                                 \
     } while (0)
 
 static char g_dir[4096];
@@ -105,21 +100,6 @@ static st_model *load(const char *name, void (*tweak)(st_model_hparams *))
     st_model *m = NULL;
     ST_OK(st_model_load(path, &m));
     return m;
-}
-
-static uint32_t *prompt(uint64_t n, uint64_t seed)
-{
-    uint32_t *t = malloc(n * sizeof *t);
-    assert_non_null(t);
-    t[0] = ST_TOKEN_BOS;
-    uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
-    for (uint64_t i = 1; i < n; i++) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        t[i] = 32 + (uint32_t)(x % 95);
-    }
-    return t;
 }
 
 static double rel_diff(const float *ref, const float *x, uint32_t n)
@@ -190,7 +170,7 @@ static void run_same(st_model *m, const char *mib, int expect_bypass)
         ST_OK(st_slot_new(eb, &sb));
         ST_OK(st_slot_new(en, &sn));
         ST_OK(st_slot_new(ec, &sc));
-        uint32_t *t = prompt(lens[li], li + 1);
+        uint32_t *t = et_prompt(lens[li], li + 1);
         ST_OK(st_slot_eval(sa, t, lens[li], 0, NULL));
         ST_OK(st_slot_eval(sb, t, lens[li], 0, NULL));
         ST_OK(st_slot_eval(sn, t, lens[li], 0, NULL));
@@ -442,7 +422,7 @@ static void test_owners(void **state)
     st_slot *sa, *sb;
     ST_OK(st_slot_new(a, &sa));
     ST_OK(st_slot_new(b, &sb));
-    uint32_t *t = prompt(100, 9);
+    uint32_t *t = et_prompt(100, 9);
     ST_OK(st_slot_eval(sa, t, 100, 0, NULL));
     st_engine_wcache fa = figures(a), fb = figures(b);
     assert_true(fa.entries > 0 && fa.hits > 0);
