@@ -1827,8 +1827,7 @@ int st_conv_new(const st_conv_env *ce, st_conv **out)
     eo.backend = cfg->backend;
     if (!eo.backend) {
         const char *env = getenv("STRATA_BACKEND");
-        /* the CUDA backend runs strata-hybrid with f32 / f16 / bf16 weights only: every other
-         * architecture and quantized weights run on the CPU */
+        /* the CUDA backend where a GPU is and it computes the model (st_engine_cuda_check) */
         int cuda = st_codec_cuda_available() && !st_engine_cuda_check(st_model_gguf(cv->model));
         eo.backend = env && *env ? env : cuda ? "cuda" : "cpu";
     }

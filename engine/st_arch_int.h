@@ -69,19 +69,38 @@ void st_fp_f32(st_fp *fp, float f);    /* its bits, little-endian */
 
 /* ---- the forward pass -------------------------------------------------------------------------
  * One call reads T tokens at positions pos0.. of a slot: the model, the backend's operations and
- * the slot's memory modules; logits (n_vocab, the last token's) when not NULL. The backend has
- * checked the tokens and the position and reserved the K/V rows. */
+ * the slot's memory as the backend keeps it (mem, reached through kv_view and rec); logits
+ * (n_vocab, the last token's, in the backend's memory) when not NULL. The backend has checked
+ * the tokens (host memory) and the position and reserved the K/V rows. The model's weights
+ * and vectors are in the backend's memory too: the CUDA backend passes a copy of the model
+ * whose pointers are device addresses (st_backend_cuda.cu). */
 typedef struct st_fwd {
     const st_model *m;
     const st_ops *ops;
     void *oc;
-    st_kvmem *kv;
-    st_recmem *rec;
+    void *mem;
+    /* K/V layer slot's view; recurrent layer slot's matrix (conv 0) or convolution history */
+    void (*kv_view)(void *mem, uint32_t slot, st_kv_view *v);
+    float *(*rec)(void *mem, uint32_t slot, int conv);
     const uint32_t *tokens;
     uint32_t T;
     uint64_t pos0;
     float *logits;
 } st_fwd;
+
+/* The memory modules as a forward pass's memory (the CPU backend's): st_fwd_host_mem(&f, &hm,
+ * kv, rec) points f at them. */
+typedef struct st_fwd_host {
+    st_kvmem *kv;
+    st_recmem *rec;
+} st_fwd_host;
+void st_fwd_host_mem(st_fwd *f, st_fwd_host *hm, st_kvmem *kv, st_recmem *rec);
+
+/* Workspace in the backend's memory (st_ops mem_alloc): n floats, zeroed (*err set to 1 when
+ * there is none); n doubles copied from src; released by st_ws_free (accepts NULL). */
+float *st_ws_floats(const st_ops *ops, void *oc, uint64_t n, int *err);
+double *st_ws_doubles(const st_ops *ops, void *oc, const double *src, uint64_t n, int *err);
+void st_ws_free(const st_ops *ops, void *oc, void *p);
 
 /* The shared layers. Activations are [T][width] rows of the caller's workspace; E = n_embd. */
 /* x = the rows of emb the tokens name. */
@@ -147,10 +166,11 @@ void st_layer_gdn_fused(const st_fwd *f, uint32_t il, const float *xn, float *ou
  * sigmoid(sh_router . xn) into out, then per token the top-k experts of the router's softmax,
  * each one's SwiGLU weighted by its renormalised probability, added in rank order. k experts
  * of Fe, shared expert of Fs. Workspace: logits [T][X], sel and w [T][k], g and u [T][max(Fe,
- * Fs)], y [E], gs [T]. */
+ * Fs)], y [E], gs [T]; sel_h: the selection downloaded to host memory ([T][k]), where the
+ * layer reads it to pick the experts' rows. */
 typedef struct st_moe_ws {
     float *logits, *w, *g, *u, *y, *gs;
-    uint32_t *sel;
+    uint32_t *sel, *sel_h;
     uint32_t k;
 } st_moe_ws;
 void st_layer_moe(const st_fwd *f, uint32_t il, const float *xn, float *out, const st_moe_ws *ws);
@@ -178,9 +198,11 @@ typedef struct st_arch {
     void (*fingerprint)(const st_model_hparams *hp, st_fp *fp);
     /* After every tensor is bound: derived constant data, owned by the layers (st_model_free). */
     int (*prepare)(st_model *m);
-    /* The forward pass: a workspace for chunks of up to T tokens (ENOMEM), freed by fwd_free
-     * (accepts NULL), and one pass on it (f->T <= T). */
-    int (*fwd_new)(const st_model *m, uint32_t T, void **ws);
+    /* The forward pass: a workspace for chunks of up to T tokens in the memory of the backend
+     * whose operations are ops (ENOMEM), freed by fwd_free (accepts NULL; ops and oc must still
+     * be alive), and one pass on it (f->T <= T, f->ops the same). m is the host model: fwd_new
+     * reads its hyperparameters and vectors on the host. */
+    int (*fwd_new)(const st_model *m, const st_ops *ops, void *oc, uint32_t T, void **ws);
     void (*fwd_free)(void *ws);
     void (*forward)(const st_fwd *f, void *ws);
 } st_arch;

@@ -54,8 +54,8 @@ static void cpu_destroy(void *bctx)
         return;
     free(c->descs);
     free(c->tm);
+    c->m->arch->fwd_free(c->ws); /* before the operations' context it was allocated through */
     st_ops_cpu_free(c->oc);
-    c->m->arch->fwd_free(c->ws);
     free(c);
 }
 
@@ -95,7 +95,7 @@ static int cpu_create(st_engine *e, void **out)
             qcols = t->dims[0];
     }
     if ((rc = st_ops_cpu_new(&e->kern, e->pool, &m->mem, c->n_ctx, c->T, qcols, &c->oc)) ||
-        (rc = m->arch->fwd_new(m, c->T, &c->ws))) {
+        (rc = m->arch->fwd_new(m, &st_ops_cpu_table, c->oc, c->T, &c->ws))) {
         cpu_destroy(c);
         return rc;
     }
@@ -480,8 +480,10 @@ static int cpu_forward(void *bctx, void *stp, const uint32_t *tokens, uint32_t n
     if ((rc = st_kvmem_reserve(s->kv, pos0, pos0 + n))) {
         return st_error_wrap(rc, "cpu backend");
     }
-    st_fwd f = {.m = m, .ops = &st_ops_cpu_table, .oc = c->oc, .kv = s->kv, .rec = s->rec,
-                .tokens = tokens, .T = n, .pos0 = pos0, .logits = logits};
+    st_fwd f = {.m = m, .ops = &st_ops_cpu_table, .oc = c->oc, .tokens = tokens, .T = n,
+                .pos0 = pos0, .logits = logits};
+    st_fwd_host hm;
+    st_fwd_host_mem(&f, &hm, s->kv, s->rec);
     m->arch->forward(&f, c->ws);
     s->pos = (int64_t)(pos0 + n);
     return 0;

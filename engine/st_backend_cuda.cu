@@ -47,6 +47,18 @@
  *    dimensions are the same either way, so a cached and an uncached product are the same
  *    cuBLAS call on the same bytes: the same bits. The arena is its own allocation, never lent
  *    as scratch, and exists only when the path and the cache are both on.
+ * 8. Every model but strata-hybrid on f32 / f16 / bf16 weights runs on the operation table
+ *    (st_ops_cuda.cu) with the architecture's own forward pass (engine/arch/): the weights are
+ *    copied to the device in their file types (VRAM about the file's size), one allocation per
+ *    tensor, into a copy of the model whose pointers are device addresses; the K/V views are
+ *    this file's page blocks (st_kv_view.blocks) and the recurrent state its running buffer, so
+ *    the state, its transfers and its hashes are the same code for both paths. A decode step
+ *    (one token) of a model without MoE routing (whose layer waits for the selection) is
+ *    captured into a CUDA graph and replayed: the kernels and their arguments are the ones a
+ *    direct run would launch, so the bits are the same; the executable graph of the previous
+ *    step is updated in place (cudaGraphExecUpdate) and instantiated again only when the
+ *    update is refused. Opt-in (STRATA_CUDA_GRAPHS=1): on the H200 they gain nothing yet, the
+ *    step's time being in its kernels, not in their launches (docs/BENCHMARKS.md).
  */
 #include <errno.h>
 #include <math.h>
@@ -62,7 +74,9 @@
 #include <cuda_runtime.h>
 
 extern "C" {
+#include "st_arch_int.h"
 #include "st_engine_int.h"
+#include "st_ops_int.h"
 }
 #include "st_elem_cuda.cuh"
 #include "st_xxh3.h"
@@ -213,6 +227,19 @@ typedef struct cu_ctx {
     pthread_mutex_t wc_mu; /* guards wc_pub: read by st_engine_wcache_get from any thread */
     int wc_mu_ok;
     st_engine_wcache wc_pub;
+    /* the operation-table path (invariant 8): any architecture, any weight type */
+    int ops;            /* 1: the forward pass is the architecture's on st_ops_cuda */
+    st_model dm;        /* the model, its weights and vectors at device addresses */
+    st_layer *dlayers;
+    const void **dsrc;  /* host address -> device copy, one per uploaded tensor */
+    void **ddst;
+    uint32_t n_dcopy, cap_dcopy;
+    st_ops_cuda *oc;
+    void *ws;           /* the architecture's workspace, in device memory */
+    uint64_t *rec_ssm, *rec_conv; /* recurrent slot -> its tensors' offsets in the running buffer */
+    int graphs;                /* decode steps run as CUDA graphs (STRATA_CUDA_GRAPHS, invariant 8) */
+    cudaGraphExec_t gexec;     /* the last decode step's graph, updated for the next */
+    uint64_t g_inst, g_upd;    /* graphs instantiated, updated in place */
 } cu_ctx;
 
 typedef struct cu_state {
@@ -845,6 +872,8 @@ static void wcache_publish(cu_ctx *c)
     pthread_mutex_unlock(&c->wc_mu);
 }
 
+static void ops_release(cu_ctx *c);
+
 static void cu_destroy(void *bctx)
 {
     cu_ctx *c = (cu_ctx *)bctx;
@@ -852,6 +881,7 @@ static void cu_destroy(void *bctx)
         return;
     if (c->stream)
         cu_release(cudaStreamSynchronize(c->stream), "cudaStreamSynchronize");
+    ops_release(c);
     if (c->xs2)
         cu_release(cudaStreamSynchronize(c->xs2), "cudaStreamSynchronize");
     if (c->hs)
@@ -1083,6 +1113,239 @@ fail:
     return rc;
 }
 
+/* ---- the operation-table path (invariant 8) ---------------------------------------------------- */
+/* Whether strata-hybrid's own forward pass applies: that architecture, every tensor f32 / f16 /
+ * bf16. */
+static int hybrid_native(const st_model *m)
+{
+    if (m->arch != &st_arch_hybrid)
+        return 0;
+    const st_gguf *g = st_model_gguf(m);
+    for (uint64_t i = 0; i < st_gguf_n_tensors(g); i++) {
+        uint32_t t = st_gguf_tensor_at(g, i)->type;
+        if (t != ST_GGML_F32 && t != ST_GGML_F16 && t != ST_GGML_BF16)
+            return 0;
+    }
+    return 1;
+}
+
+/* The device copy of host bytes src (uploaded once: a tied head shares the embedding's). */
+static int dcopy(cu_ctx *c, const void *src, uint64_t bytes, void **out)
+{
+    for (uint32_t i = 0; i < c->n_dcopy; i++)
+        if (c->dsrc[i] == src) {
+            *out = c->ddst[i];
+            return 0;
+        }
+    if (c->n_dcopy == c->cap_dcopy) {
+        uint32_t nc = c->cap_dcopy ? 2 * c->cap_dcopy : 64;
+        const void **ns = (const void **)realloc(c->dsrc, nc * sizeof *ns);
+        if (ns)
+            c->dsrc = ns;
+        void **nd = (void **)realloc(c->ddst, nc * sizeof *nd);
+        if (nd)
+            c->ddst = nd;
+        if (!ns || !nd)
+            return st_error_set(ENOMEM, "cuda backend: the model's tensors");
+        c->cap_dcopy = nc;
+    }
+    void *d = NULL;
+    CU(cudaMalloc(&d, bytes ? bytes : 1));
+    c->dsrc[c->n_dcopy] = src;
+    c->ddst[c->n_dcopy++] = d;
+    /* on the backend's stream, waited for: a copy from pageable memory may return before its
+     * bytes are in place, and the forward pass runs on this stream, not the default one */
+    CU(cudaMemcpyAsync(d, src, bytes, cudaMemcpyHostToDevice, c->stream));
+    CU(cudaStreamSynchronize(c->stream));
+    *out = d;
+    return 0;
+}
+
+static int dmat(cu_ctx *c, st_wmat *w)
+{
+    if (!w->data)
+        return 0;
+    if (!st_cuda_dequant_supported(w->type))
+        return st_error_set(ST_EINVAL, "cuda backend: weight type %s has no GPU kernel",
+                            st_gguf_type_name(w->type));
+    void *d;
+    int rc = dcopy(c, w->data, (uint64_t)w->rows * st_wmat_row_bytes(w), &d);
+    if (!rc)
+        w->data = d;
+    return rc;
+}
+
+static int dvec(cu_ctx *c, float **v, uint64_t n)
+{
+    if (!*v)
+        return 0;
+    void *d;
+    int rc = dcopy(c, *v, n * sizeof(float), &d);
+    if (!rc)
+        *v = (float *)d;
+    return rc;
+}
+
+/* The model with every weight and vector at a device address. */
+static int ops_upload_model(cu_ctx *c)
+{
+    const st_model *m = c->m;
+    const st_model_hparams *hp = &m->hp;
+    uint64_t E = hp->n_embd;
+    int rc = 0;
+    c->dm = *m;
+    c->dlayers = (st_layer *)calloc(hp->n_layer ? hp->n_layer : 1, sizeof *c->dlayers);
+    if (!c->dlayers)
+        return st_error_set(ENOMEM, "cuda backend: the model's layers");
+    memcpy(c->dlayers, m->layers, (size_t)hp->n_layer * sizeof *c->dlayers);
+    c->dm.layers = c->dlayers;
+    if ((rc = dmat(c, &c->dm.tok_embd)) || (rc = dmat(c, &c->dm.output)) ||
+        (rc = dvec(c, &c->dm.output_norm, E)) ||
+        (rc = dvec(c, &c->dm.rope_freqs, hp->head_dim / 2)))
+        return rc;
+    for (uint32_t il = 0; il < hp->n_layer; il++) {
+        st_layer *L = &c->dlayers[il];
+        const st_mem_layer *ml = &m->mem.layer[il];
+        st_wmat *mats[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->sq, &L->sk, &L->sv, &L->sgate,
+                           &L->sout, &L->salpha, &L->sbeta, &L->ffn_gate, &L->ffn_up,
+                           &L->ffn_down, &L->sqkv, &L->sba, &L->sin, &L->moe_router,
+                           &L->moe_gate, &L->moe_up, &L->moe_down, &L->sh_gate, &L->sh_up,
+                           &L->sh_down, &L->sh_router};
+        for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++)
+            if ((rc = dmat(c, mats[i])))
+                return st_error_wrap(rc, "layer %u", il);
+        uint64_t conv = (uint64_t)hp->ssm_conv * ml->conv_ch;
+        struct {
+            float **v;
+            uint64_t n;
+        } vecs[] = {{&L->attn_norm, E},       {&L->ffn_norm, E},
+                    {&L->q_norm, hp->head_dim}, {&L->k_norm, hp->head_dim},
+                    {&L->conv_w, conv},       {&L->conv_wT, conv},
+                    {&L->a_log, ml->ssm_heads}, {&L->ssm_a, ml->ssm_heads},
+                    {&L->dt_bias, ml->ssm_heads}, {&L->ssm_norm, ml->ssm_dv}};
+        for (size_t i = 0; i < sizeof vecs / sizeof vecs[0]; i++)
+            if ((rc = dvec(c, vecs[i].v, vecs[i].n)))
+                return st_error_wrap(rc, "layer %u", il);
+    }
+    return 0;
+}
+
+/* What the operation table needs of this model and of a state's layout. */
+static int ops_setup(cu_ctx *c)
+{
+    const st_model *m = c->m;
+    const st_model_hparams *hp = &m->hp;
+    int rc;
+    for (uint32_t il = 0; il < hp->n_layer; il++) {
+        const st_mem_layer *ml = &m->mem.layer[il];
+        if (ml->kind == ST_MEM_KV && (ml->kv_heads != c->nkv || ml->head_dim != c->hd))
+            return st_error_set(ST_EINVAL, "cuda backend: layer %u keeps K/V of %u x %u, the "
+                                "model's are %u x %u", il, ml->kv_heads, ml->head_dim, c->nkv,
+                                c->hd);
+        if (ml->kind == ST_MEM_REC && hp->ssm_conv != 4)
+            return st_error_set(ST_EINVAL, "cuda backend: a convolution kernel of %u (4)",
+                                hp->ssm_conv);
+    }
+    if (c->kv_dtype != ST_DTYPE_F16 && c->kv_dtype != ST_DTYPE_I8)
+        return st_error_set(ST_EINVAL, "cuda backend: K/V dtype %u (f16 or i8)", c->kv_dtype);
+    uint32_t nrec = m->mem.n_rec ? m->mem.n_rec : 1;
+    c->rec_ssm = (uint64_t *)calloc(nrec, sizeof *c->rec_ssm);
+    c->rec_conv = (uint64_t *)calloc(nrec, sizeof *c->rec_conv);
+    if (!c->rec_ssm || !c->rec_conv)
+        return st_error_set(ENOMEM, "cuda backend");
+    for (uint32_t ti = 0; ti < c->n_desc; ti++) {
+        if (c->tm[ti].what == ST_SW_SSM)
+            c->rec_ssm[c->tm[ti].slot] = c->run_off[ti];
+        else if (c->tm[ti].what == ST_SW_CONV)
+            c->rec_conv[c->tm[ti].slot] = c->run_off[ti];
+    }
+    if ((rc = ops_upload_model(c)) ||
+        (rc = st_ops_cuda_new(c->stream, c->T, c->n_ctx, c->n_attn ? c->hd : 1, &c->oc)) ||
+        (rc = m->arch->fwd_new(m, &st_ops_cuda_table, c->oc, c->T, &c->ws)))
+        return rc;
+    CU(cudaMalloc((void **)&c->logits_d, (size_t)c->V * 4));
+    CU(cudaHostAlloc((void **)&c->logits_h, (size_t)c->V * 4, cudaHostAllocDefault));
+    const char *gv = getenv("STRATA_CUDA_GRAPHS");
+    c->graphs = gv && !strcmp(gv, "1") && !hp->n_expert;
+    if (gv && *gv && strcmp(gv, "0") && strcmp(gv, "1"))
+        fprintf(stderr, "strata: cuda backend: STRATA_CUDA_GRAPHS=%s: 0 or 1; graphs stay off\n",
+                gv);
+    return 0;
+}
+
+/* Replay graph g of a decode step: the previous step's executable graph updated to it, or a new
+ * one where the update is refused. */
+static int graph_run(cu_ctx *c, cudaGraph_t g)
+{
+    if (c->gexec) {
+        cudaGraphExecUpdateResultInfo info;
+        if (cudaGraphExecUpdate(c->gexec, g, &info) == cudaSuccess) {
+            c->g_upd++;
+        } else {
+            cudaGetLastError();
+            cu_release(cudaGraphExecDestroy(c->gexec), "cudaGraphExecDestroy");
+            c->gexec = NULL;
+        }
+    }
+    if (!c->gexec) {
+        CU(cudaGraphInstantiate(&c->gexec, g, 0));
+        c->g_inst++;
+    }
+    CU(cudaGraphLaunch(c->gexec, c->stream));
+    return 0;
+}
+
+typedef struct ops_mem {
+    cu_ctx *c;
+    cu_state *s;
+} ops_mem;
+
+static void ops_kv_view(void *mp, uint32_t slot, st_kv_view *v)
+{
+    ops_mem *om = (ops_mem *)mp;
+    cu_ctx *c = om->c;
+    memset(v, 0, sizeof *v);
+    v->page_size = c->ps;
+    v->dtype = c->kv_dtype;
+    v->kv_heads = c->nkv;
+    v->head_dim = c->hd;
+    v->row = c->krow;
+    v->srow = c->srow;
+    v->blocks = om->s->pages_d;
+    v->off_k = (uint64_t)slot * c->per_layer;
+    v->off_v = v->off_k + c->off_v;
+    v->off_ks = v->off_k + c->off_ks;
+    v->off_vs = v->off_k + c->off_vs;
+}
+
+static float *ops_rec(void *mp, uint32_t slot, int conv)
+{
+    ops_mem *om = (ops_mem *)mp;
+    return (float *)(om->s->run + (conv ? om->c->rec_conv[slot] : om->c->rec_ssm[slot]));
+}
+
+static void ops_release(cu_ctx *c)
+{
+    if (c->gexec)
+        cu_release(cudaGraphExecDestroy(c->gexec), "cudaGraphExecDestroy");
+    c->gexec = NULL;
+    if (c->trace && c->ops)
+        fprintf(stderr, "strata: cuda backend: decode graphs: %llu instantiated, %llu updated\n",
+                (unsigned long long)c->g_inst, (unsigned long long)c->g_upd);
+    if (c->ws)
+        c->m->arch->fwd_free(c->ws);
+    c->ws = NULL;
+    st_ops_cuda_free(c->oc);
+    c->oc = NULL;
+    for (uint32_t i = 0; i < c->n_dcopy; i++)
+        cu_release(cudaFree(c->ddst[i]), "cudaFree (model)");
+    free(c->dsrc);
+    free(c->ddst);
+    free(c->dlayers);
+    free(c->rec_ssm);
+    free(c->rec_conv);
+}
+
 static int cu_create(st_engine *e, void **out)
 {
     *out = NULL;
@@ -1091,8 +1354,8 @@ static int cu_create(st_engine *e, void **out)
     size_t free0 = 0, total0 = 0, free1 = 0, total1 = 0;
     st_wcache_cfg wcfg;
     char wdiag[512];
-    /* this backend's forward pass is strata-hybrid's own, on f32 / f16 / bf16 weights; the
-     * other architectures and quantized weights run on the CPU backend's operation table */
+    /* strata-hybrid on f32 / f16 / bf16 weights runs this file's forward pass; every other
+     * model the architecture's own on the operation table (invariant 8) */
     if ((rc = st_engine_cuda_check(st_model_gguf(e->m))))
         return rc;
     cu_ctx *c = (cu_ctx *)calloc(1, sizeof *c);
@@ -1122,8 +1385,9 @@ static int cu_create(st_engine *e, void **out)
     c->hd = hp->head_dim;
     c->qa = c->nh * c->hd;
     c->kva = c->nkv * c->hd;
-    if (hp->ssm_conv != 4 || c->hd > 32 * AT_MAXC || c->dk > 32 * 16 || c->nkv == 0 ||
-        c->nh % c->nkv) {
+    c->ops = !hybrid_native(e->m);
+    if (!c->ops && (hp->ssm_conv != 4 || c->hd > 32 * AT_MAXC || c->dk > 32 * 16 || c->nkv == 0 ||
+        c->nh % c->nkv)) {
         rc = st_error_set(ST_EINVAL, "cuda backend: this model's shape is not supported (conv "
                           "kernel %u: 4; head_dim %u: <= %u; ssm dk %u: <= 512)", hp->ssm_conv,
                           c->hd, 32 * AT_MAXC, c->dk);
@@ -1202,8 +1466,11 @@ static int cu_create(st_engine *e, void **out)
                                               align_up((uint64_t)c->ps * c->srow, 16) : 0), 256);
         c->page_bytes = c->per_layer * (c->n_attn ? c->n_attn : 1);
     }
-    /* weights */
-    {
+    if (c->ops) {
+        if ((rc = ops_setup(c)))
+            goto fail;
+    } else {
+        /* weights */
         bump b = {NULL, 0};
         layout_weights(c, &b);
         CUG(cudaMalloc((void **)&c->wbuf, b.off));
@@ -1214,7 +1481,7 @@ static int cu_create(st_engine *e, void **out)
             goto fail;
     }
     /* workspace for a chunk */
-    {
+    if (!c->ops) {
         size_t T = c->T, E = c->E;
         uint32_t nmix = 2 * c->F, ngin = c->F;
         if (c->n_dn) {
@@ -1282,11 +1549,15 @@ static int cu_create(st_engine *e, void **out)
     st_wcache_from_env(&wcfg, wdiag, sizeof wdiag);
     if (wdiag[0])
         fprintf(stderr, "strata: cuda backend: %s\n", wdiag);
-    c->fp16 = wcfg.mode == 2 || (wcfg.mode == 1 && cc_major < 8);
+    c->fp16 = !c->ops && (wcfg.mode == 2 || (wcfg.mode == 1 && cc_major < 8));
+    if (c->ops && wcfg.mode)
+        fprintf(stderr, "strata: cuda backend: STRATA_BF16_TC=%d: the FP16 path is strata-hybrid's "
+                "own on f32 / f16 / bf16 weights; %s runs on the operation table without it\n",
+                wcfg.mode, e->m->arch->name);
     if (wcfg.mode == 1 && !c->fp16)
         fprintf(stderr, "strata: cuda backend: STRATA_BF16_TC=1: sm_%d%d computes BF16 natively; "
                 "the native path is kept (2 forces the FP16 path)\n", cc_major, cc_minor);
-    if (!c->fp16 && wcfg.cache)
+    if (!c->fp16 && wcfg.cache && !c->ops)
         fprintf(stderr, "strata: cuda backend: STRATA_BF16_TC_CACHE=1 without the FP16 path: no "
                 "arena is made\n");
     if (c->fp16) {
@@ -2508,6 +2779,51 @@ static int ffn(cu_ctx *c, const cu_layer *L, uint32_t T)
     return gemm(c, L->w_ffn_down, c->E, F, c->gin, F, T, c->out, c->E);
 }
 
+/* The architecture's forward pass on the operation table (invariant 8). */
+static int ops_forward(cu_ctx *c, cu_state *s, const uint32_t *tokens, uint32_t n, uint64_t pos0,
+                       float *logits)
+{
+    ops_mem om = {c, s};
+    st_fwd f;
+    memset(&f, 0, sizeof f);
+    f.m = &c->dm;
+    f.ops = &st_ops_cuda_table;
+    f.oc = c->oc;
+    f.mem = &om;
+    f.kv_view = ops_kv_view;
+    f.rec = ops_rec;
+    f.tokens = tokens;
+    f.T = n;
+    f.pos0 = pos0;
+    f.logits = logits ? c->logits_d : NULL;
+    int graph = c->graphs && n == 1;
+    if (graph)
+        CU(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
+    c->m->arch->forward(&f, c->ws);
+    int rc = st_ops_cuda_error(c->oc);
+    cudaError_t ce = cudaSuccess;
+    if (!rc && logits)
+        ce = cudaMemcpyAsync(c->logits_h, c->logits_d, (size_t)c->V * 4, cudaMemcpyDeviceToHost,
+                             c->stream);
+    if (graph) {
+        cudaGraph_t g = NULL;
+        cudaError_t ee = cudaStreamEndCapture(c->stream, &g);
+        if (!rc && ce == cudaSuccess)
+            rc = ee != cudaSuccess ? cu_fail(ee, "cudaStreamEndCapture") : graph_run(c, g);
+        if (g)
+            cu_release(cudaGraphDestroy(g), "cudaGraphDestroy");
+    }
+    cudaError_t cs = cudaStreamSynchronize(c->stream);
+    if (rc)
+        return rc;
+    if (ce != cudaSuccess || cs != cudaSuccess)
+        return cu_fail(ce != cudaSuccess ? ce : cs, "the forward pass");
+    if (logits)
+        memcpy(logits, c->logits_h, (size_t)c->V * 4);
+    s->pos = (int64_t)(pos0 + n);
+    return 0;
+}
+
 static int cu_forward(void *bctx, void *stp, const uint32_t *tokens, uint32_t n, uint64_t pos0,
                       float *logits)
 {
@@ -2529,6 +2845,8 @@ static int cu_forward(void *bctx, void *stp, const uint32_t *tokens, uint32_t n,
                                 tokens[t], hp->n_vocab);
     if ((rc = ensure_pages(c, s, pos0, pos0 + n)))
         return rc;
+    if (c->ops)
+        return ops_forward(c, s, tokens, n, pos0, logits);
     memcpy(c->tok_h, tokens, (size_t)n * 4);
     CU(cudaMemcpyAsync(c->tok_d, c->tok_h, (size_t)n * 4, cudaMemcpyHostToDevice, c->stream));
     k_embed<<<n, 128, 0, c->stream>>>(c->tok_d, c->tok_embd, c->E, c->x);

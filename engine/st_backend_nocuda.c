@@ -42,3 +42,18 @@ int st_cuda_qmv_i8(uint32_t wtype, const void *w, uint32_t rows, uint32_t cols, 
     (void)wtype, (void)w, (void)rows, (void)cols, (void)xq, (void)y, (void)stream;
     return st_error_set(ST_EINVAL, "cuda qmv: built without CUDA");
 }
+
+int st_cuda_dequant_supported(uint32_t type)
+{
+    (void)type;
+    return 0;
+}
+
+int st_cuda_dequant_rows(uint32_t type, const void *w, uint64_t row_bytes, uint32_t cols,
+                         const uint32_t *rows, uint32_t r0, uint32_t n, float *dst, uint64_t ldd,
+                         void *stream)
+{
+    (void)type, (void)w, (void)row_bytes, (void)cols, (void)rows, (void)r0, (void)n, (void)dst;
+    (void)ldd, (void)stream;
+    return st_error_set(ST_EINVAL, "cuda dequant: built without CUDA");
+}

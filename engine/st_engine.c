@@ -8,7 +8,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "st_arch_int.h"
 #include "st_engine_int.h"
+#include "st_wtype.h"
 
 static const st_backend *const k_backends[] = {&st_backend_cpu, &st_backend_cuda};
 
@@ -33,16 +35,15 @@ int st_engine_cuda_check(const st_gguf *g)
 {
     const char *a = "";
     uint64_t n = 0;
-    if (st_gguf_get_str(g, "general.architecture", &a, &n) ||
-        n != strlen(ST_ARCH) || memcmp(a, ST_ARCH, n))
-        return st_error_set(ST_EINVAL, "cuda backend: architecture %.*s is not supported (only "
-                            ST_ARCH "; use --backend cpu)", (int)(n > 64 ? 64 : n), a);
+    if (st_gguf_get_str(g, "general.architecture", &a, &n) || !st_arch_find(a, (size_t)n))
+        return st_error_set(ST_EINVAL, "cuda backend: architecture %.*s is not supported (use "
+                            "--backend cpu)", (int)(n > 64 ? 64 : n), a);
     for (uint64_t i = 0; i < st_gguf_n_tensors(g); i++) {
         const st_gguf_tensor *t = st_gguf_tensor_at(g, i);
-        if (t->type != ST_GGML_F32 && t->type != ST_GGML_F16 && t->type != ST_GGML_BF16)
-            return st_error_set(ST_EINVAL, "cuda backend: tensor %s has type %s: quantized "
-                                "weights run on the CPU backend only (use --backend cpu)",
-                                t->name, st_gguf_type_name(t->type));
+        if (!st_wtype_get(t->type))
+            return st_error_set(ST_EINVAL, "cuda backend: tensor %s has type %s, which the "
+                                "engine does not compute with", t->name,
+                                st_gguf_type_name(t->type));
     }
     return 0;
 }

@@ -240,10 +240,11 @@ uint64_t st_model_state_bytes(const st_model_hparams *hp);
 uint64_t st_model_kv_bytes_per_token(const st_model_hparams *hp, uint32_t kv_dtype);
 uint64_t st_model_n_params(const st_model_hparams *hp);
 
-/* Whether the CUDA backend computes the model of GGUF g: 0 when it does (architecture
- * strata-hybrid, every tensor f32, f16 or bf16); ST_EINVAL naming the architecture, or the first
- * tensor of another type with its type, when not: quantized weights and the other architectures
- * run on the CPU backend only, which the tools and the server choose when no backend is named. */
+/* Whether the CUDA backend computes the model of GGUF g: 0 when it does (an architecture of the
+ * engine, every tensor of a weight type the engine computes with: strata-hybrid on f32 / f16 /
+ * bf16 on its own forward pass, everything else on the GPU's operation table); ST_EINVAL naming
+ * the architecture, or the first tensor of another type, when not. The tools and the server
+ * choose the CUDA backend when it computes the model and a GPU is there. */
 int st_engine_cuda_check(const st_gguf *g);
 
 typedef struct st_model st_model;

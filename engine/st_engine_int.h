@@ -91,6 +91,11 @@ typedef struct st_kv_view { /* one K/V layer's pages */
     uint8_t **ks, **vs;     /* i8: the scale pages; else NULL */
     uint32_t page_size, dtype, kv_heads, head_dim;
     uint64_t row, srow;     /* bytes of a K (or V) row, of a scale row */
+    /* The CUDA backend (k, v, ks, vs NULL): page p is one device block for every K/V layer,
+     * blocks (a device array) its table, this layer's K rows at blocks[p] + off_k, V at off_v,
+     * the i8 scale rows at off_ks, off_vs (engine/st_backend_cuda.cu invariant 2). */
+    uint8_t *const *blocks;
+    uint64_t off_k, off_v, off_ks, off_vs;
 } st_kv_view;
 
 typedef struct st_kvmem st_kvmem;
@@ -364,6 +369,18 @@ int st_cuda_qmv(uint32_t wtype, const void *w, uint32_t rows, uint32_t cols, con
  * aligned; y as st_cuda_qmv. ST_EINVAL for another type or without CUDA. */
 int st_cuda_qmv_i8(uint32_t wtype, const void *w, uint32_t rows, uint32_t cols, const void *xq, float *y,
                    void *stream);
+
+/* Rows of a weight matrix widened to f32 on the GPU (st_dequant_cuda.cu), exactly the values
+ * the CPU's scalar dequantization gives (st_wtype_get(type)->dequant[0]; F32 copied, F16 and
+ * BF16 widened): dst[i * ldd + c] = W[row_i][c] for i < n and c < cols, row_i = rows[i] (rows a
+ * device array) or r0 + i (rows NULL). W of ggml type `type`, row_bytes per row, at device
+ * address w (16-byte aligned); dst a device array; queued on stream (a cudaStream_t; NULL: the
+ * default stream). ST_EINVAL for a type without a kernel (st_cuda_dequant_supported: every
+ * type of st_wtype_table), cols not a multiple of its block, or a build without CUDA. */
+int st_cuda_dequant_supported(uint32_t type);
+int st_cuda_dequant_rows(uint32_t type, const void *w, uint64_t row_bytes, uint32_t cols,
+                         const uint32_t *rows, uint32_t r0, uint32_t n, float *dst, uint64_t ldd,
+                         void *stream);
 
 struct st_engine {
     const st_model *m;

@@ -4,8 +4,52 @@
  * know shapes and weights, never an architecture's name or a backend's buffers.
  */
 #include <math.h>
+#include <stdlib.h>
 
 #include "st_arch_int.h"
+
+static void host_kv_view(void *mem, uint32_t slot, st_kv_view *v)
+{
+    st_kvmem_view(((st_fwd_host *)mem)->kv, slot, v);
+}
+
+static float *host_rec(void *mem, uint32_t slot, int conv)
+{
+    st_recmem *r = ((st_fwd_host *)mem)->rec;
+    return conv ? st_recmem_conv(r, slot) : st_recmem_ssm(r, slot);
+}
+
+void st_fwd_host_mem(st_fwd *f, st_fwd_host *hm, st_kvmem *kv, st_recmem *rec)
+{
+    hm->kv = kv;
+    hm->rec = rec;
+    f->mem = hm;
+    f->kv_view = host_kv_view;
+    f->rec = host_rec;
+}
+
+float *st_ws_floats(const st_ops *ops, void *oc, uint64_t n, int *err)
+{
+    float *p = ops->mem_alloc(oc, (size_t)(n ? n : 1) * sizeof(float));
+    if (!p)
+        *err = 1;
+    return p;
+}
+
+double *st_ws_doubles(const st_ops *ops, void *oc, const double *src, uint64_t n, int *err)
+{
+    double *p = ops->mem_alloc(oc, (size_t)(n ? n : 1) * sizeof(double));
+    if (!p)
+        *err = 1;
+    else if (n)
+        ops->upload(oc, p, src, (size_t)n * sizeof(double));
+    return p;
+}
+
+void st_ws_free(const st_ops *ops, void *oc, void *p)
+{
+    ops->mem_free(oc, p);
+}
 
 void st_layer_embed(const st_fwd *f, const st_wmat *emb, float *x)
 {
@@ -40,12 +84,12 @@ void st_layer_gdn(const st_fwd *f, uint32_t il, const float *xn, float *out, con
         {&L->salpha, ws->ab, 2 * H},    {&L->sbeta, ws->ab + H, 2 * H},
     };
     op->matmul(f->oc, xn, E, T, in, 6);
-    op->short_conv(f->oc, ws->qkv, ws->qkvc, C, st_recmem_conv(f->rec, ml->slot), L->conv_wT, T);
+    op->short_conv(f->oc, ws->qkv, ws->qkvc, C, f->rec(f->mem, ml->slot, 1), L->conv_wT, T);
     op->l2norm(f->oc, ws->qkvc, C, H, dk, 1e-6f, 1.0f / sqrtf((float)dk), T);
     op->l2norm(f->oc, ws->qkvc + (size_t)H * dk, C, H, dk, 1e-6f, 1.0f, T);
     op->dn_gates(f->oc, ws->ab, ws->ab + H, 2 * H, L->ssm_a, L->dt_bias, H, T);
     const st_dn_args dn = {
-        .state = st_recmem_ssm(f->rec, ml->slot),
+        .state = f->rec(f->mem, ml->slot, 0),
         .q = ws->qkvc, .k = ws->qkvc + (size_t)H * dk, .v = ws->qkvc + 2 * (size_t)H * dk,
         .ld = C, .alpha = ws->ab, .beta = ws->ab + H, .ld_g = 2 * (size_t)H,
         .out = ws->o, .ld_out = (size_t)H * dv,
@@ -67,7 +111,7 @@ void st_layer_attention(const st_fwd *f, uint32_t il, const float *xn, float *ou
     uint32_t qa = nh * hd, kva = nkv * hd, ld = qa + 2 * kva;
     uint32_t E = f->m->hp.n_embd, T = f->T;
     st_kv_view kv;
-    st_kvmem_view(f->kv, ml->slot, &kv);
+    f->kv_view(f->mem, ml->slot, &kv);
     const st_mm in[3] = {{&L->wq, ws->qkv, ld}, {&L->wk, ws->qkv + qa, ld},
                          {&L->wv, ws->qkv + qa + kva, ld}};
     op->matmul(f->oc, xn, E, T, in, 3);
@@ -132,7 +176,7 @@ void st_layer_gated_attention(const st_fwd *f, uint32_t il, const float *xn, flo
     op->rope_neox(f->oc, ws->q, qa, nh, hd, ws->n_rot, f->pos0, ws->rope_freq, T);
     op->rope_neox(f->oc, ws->kv, 2 * kva, nkv, hd, ws->n_rot, f->pos0, ws->rope_freq, T);
     st_kv_view kv;
-    st_kvmem_view(f->kv, ml->slot, &kv);
+    f->kv_view(f->mem, ml->slot, &kv);
     op->kv_store(f->oc, &kv, ws->kv, ws->kv + kva, 2 * kva, f->pos0, T);
     op->attention(f->oc, &kv, ws->q, qa, ws->o, qa, nh, f->pos0, T);
     op->sigmoid_mul(f->oc, ws->o, qa, ws->gate, qa, qa, T);
@@ -187,12 +231,12 @@ void st_layer_gdn_fused(const st_fwd *f, uint32_t il, const float *xn, float *ou
         ws->mm[n++] = (st_mm){&L->sbeta, ws->ab + Hv, 2 * Hv};
     }
     op->matmul(f->oc, xn, E, T, ws->mm, n);
-    op->short_conv(f->oc, ws->qkv, ws->qkvc, C, st_recmem_conv(f->rec, ml->slot), L->conv_wT, T);
+    op->short_conv(f->oc, ws->qkv, ws->qkvc, C, f->rec(f->mem, ml->slot, 1), L->conv_wT, T);
     op->l2norm_max(f->oc, ws->qkvc, C, Hk, dk, eps, 1.0f / sqrtf((float)dk), T);
     op->l2norm_max(f->oc, ws->qkvc + kd, C, Hk, dk, eps, 1.0f, T);
     op->dn_gates(f->oc, ws->ab, ws->ab + Hv, 2 * Hv, L->ssm_a, L->dt_bias, Hv, T);
     const st_dn_args dn = {
-        .state = st_recmem_ssm(f->rec, ml->slot),
+        .state = f->rec(f->mem, ml->slot, 0),
         .q = ws->qkvc, .k = ws->qkvc + kd, .v = ws->qkvc + 2 * (size_t)kd,
         .ld = C, .alpha = ws->ab, .beta = ws->ab + Hv, .ld_g = 2 * (size_t)Hv,
         .out = ws->o, .ld_out = vd,
@@ -215,9 +259,10 @@ void st_layer_moe(const st_fwd *f, uint32_t il, const float *xn, float *out, con
     st_layer_swiglu(f, &L->sh_gate, &L->sh_up, &L->sh_down, xn, out, ws->g, ws->u);
     op->sigmoid_scale(f->oc, out, E, ws->gs, 1, E, T);
     op->moe_route(f->oc, ws->logits, X, k, ws->sel, ws->w, T);
+    op->download(f->oc, ws->sel_h, ws->sel, (size_t)T * k * sizeof *ws->sel);
     for (uint32_t t = 0; t < T; t++)
         for (uint32_t j = 0; j < k; j++) {
-            uint32_t e = ws->sel[(size_t)t * k + j];
+            uint32_t e = ws->sel_h[(size_t)t * k + j];
             st_wmat g = rows_of(&L->moe_gate, e * Fe, Fe), u = rows_of(&L->moe_up, e * Fe, Fe);
             st_wmat d = rows_of(&L->moe_down, e * E, E);
             const st_mm in[2] = {{&g, ws->g, Fe}, {&u, ws->u, Fe}}, dn = {&d, ws->y, E};

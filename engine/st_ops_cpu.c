@@ -782,8 +782,32 @@ static void cpu_sigmoid_scale(void *ocp, float *x, uint32_t ldx, const float *g,
     st_pool_run(oc->pool, T, sadd_task, &j, 2ull * T * n);
 }
 
+/* ---- memory: the host's ----------------------------------------------------------------- */
+static void *cpu_mem_alloc(void *ocp, size_t bytes)
+{
+    (void)ocp;
+    return st_big_alloc(bytes ? bytes : 1);
+}
+
+static void cpu_mem_free(void *ocp, void *p)
+{
+    (void)ocp;
+    free(p);
+}
+
+static void cpu_copy(void *ocp, void *dst, const void *src, size_t bytes)
+{
+    (void)ocp;
+    if (bytes)
+        memcpy(dst, src, bytes);
+}
+
 const st_ops st_ops_cpu_table = {
     .name = "cpu",
+    .mem_alloc = cpu_mem_alloc,
+    .mem_free = cpu_mem_free,
+    .upload = cpu_copy,
+    .download = cpu_copy,
     .get_rows = cpu_get_rows,
     .matmul = cpu_matmul,
     .add_rmsnorm = cpu_add_rmsnorm,

@@ -49,6 +49,14 @@ typedef struct st_dn_args {
 
 typedef struct st_ops {
     const char *name;
+    /* The backend's memory, which every buffer the operations take lives in: a forward pass's
+     * workspace from mem_alloc (zeroed; NULL when there is none), released by mem_free (accepts
+     * NULL); upload and download copy bytes from and to host memory, the bytes there when they
+     * return. On the CPU it is host memory and the copies are memcpy. */
+    void *(*mem_alloc)(void *oc, size_t bytes);
+    void (*mem_free)(void *oc, void *p);
+    void (*upload)(void *oc, void *dst, const void *src, size_t bytes);
+    void (*download)(void *oc, void *dst, const void *src, size_t bytes);
     /* x_t = row rows[t] of w, widened to f32. */
     void (*get_rows)(void *oc, const st_wmat *w, const uint32_t *rows, uint32_t T, float *x,
                      uint32_t ldx);
@@ -116,6 +124,19 @@ typedef struct st_ops {
     void (*sigmoid_scale)(void *oc, float *x, uint32_t ldx, const float *g, uint32_t ldg,
                           uint32_t n, uint32_t T);
 } st_ops;
+
+/* The CUDA table (st_ops_cuda.cu): its context is an st_ops_cuda, over device memory on the
+ * engine's CUDA stream; matmul takes every weight type st_cuda_dequant_supported names, in its
+ * file layout in device memory, and K/V views in the CUDA backend's page blocks (st_kv_view's
+ * blocks). An operation cannot return an error: the first failure is kept and every later
+ * operation does nothing until st_ops_cuda_error takes it (0: none). rope_freq tables and the
+ * MoE selection are in device memory like everything else. max_T: tokens per call at most. */
+extern const st_ops st_ops_cuda_table;
+typedef struct st_ops_cuda st_ops_cuda;
+int st_ops_cuda_new(void *stream, uint32_t max_T, uint32_t n_ctx, uint32_t max_head_dim,
+                    st_ops_cuda **out);
+void st_ops_cuda_free(st_ops_cuda *oc); /* accepts NULL */
+int st_ops_cuda_error(st_ops_cuda *oc);
 
 /* The CPU table: its context is an st_ops_cpu, made for a model's memory spec, a context length
  * (attention's scores), the engine's kernels and pool (borrowed), and for the integer path the

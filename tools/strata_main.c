@@ -334,9 +334,9 @@ static int cmd_info(const char *model)
     return 0;
 }
 
-/* Whether the CUDA backend runs this model (strata-hybrid with f32 / f16 / bf16 weights only):
- * the automatic backend choice is the CPU for the others. An unreadable file answers yes, and
- * loading it then reports what is wrong. */
+/* Whether the CUDA backend runs this model (st_engine_cuda_check): the automatic backend choice
+ * is the CPU for the others. An unreadable file answers yes, and loading it then reports what
+ * is wrong. */
 static int cuda_runs(const char *model)
 {
     st_gguf *g = NULL;

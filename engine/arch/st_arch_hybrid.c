@@ -340,6 +340,8 @@ typedef struct hy_ws {
     float *x, *xn, *out; /* the residual stream, its normalised copy, a branch's output */
     float *qkv, *qkvc, *gate, *o, *ab, *logit_in;
     double *rope_freq;   /* head_dim / 2 angles per position step, base^(-2i / head_dim) */
+    const st_ops *ops;   /* the backend whose memory these are */
+    void *oc;
 } hy_ws;
 
 static void hy_fwd_free(void *wsp)
@@ -347,25 +349,11 @@ static void hy_fwd_free(void *wsp)
     hy_ws *w = wsp;
     if (!w)
         return;
-    free(w->x);
-    free(w->xn);
-    free(w->out);
-    free(w->qkv);
-    free(w->qkvc);
-    free(w->gate);
-    free(w->o);
-    free(w->ab);
-    free(w->logit_in);
-    free(w->rope_freq);
+    void *p[] = {w->x, w->xn, w->out, w->qkv, w->qkvc, w->gate, w->o, w->ab, w->logit_in,
+                 w->rope_freq};
+    for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
+        st_ws_free(w->ops, w->oc, p[i]);
     free(w);
-}
-
-static float *falloc(uint64_t n, int *err)
-{
-    float *p = st_big_alloc((n ? n : 1) * sizeof(float));
-    if (!p)
-        *err = 1;
-    return p;
 }
 
 static uint64_t max3(uint64_t a, uint64_t b, uint64_t c)
@@ -374,13 +362,20 @@ static uint64_t max3(uint64_t a, uint64_t b, uint64_t c)
     return m > c ? m : c;
 }
 
-static int hy_fwd_new(const st_model *m, uint32_t T, void **out)
+static int hy_fwd_new(const st_model *m, const st_ops *ops, void *oc, uint32_t T, void **out)
 {
     const st_model_hparams *hp = &m->hp;
     *out = NULL;
     hy_ws *w = calloc(1, sizeof *w);
-    if (!w)
+    double *freq = calloc(hp->head_dim / 2 + 1, sizeof *freq);
+    if (!w || !freq) {
+        free(w);
+        free(freq);
         return st_error_set(ENOMEM, "strata-hybrid: workspace");
+    }
+    w->ops = ops;
+    w->oc = oc;
+#define falloc(n, err) st_ws_floats(ops, oc, (n), (err))
     uint64_t E = hp->n_embd, F = hp->n_ff, n_dn = m->mem.n_rec, n_attn = m->mem.n_kv;
     uint64_t C = (uint64_t)hp->ssm_heads * (2 * hp->ssm_dk + hp->ssm_dv);
     uint64_t qa = (uint64_t)hp->n_head * hp->head_dim, kva = (uint64_t)hp->n_head_kv * hp->head_dim;
@@ -395,13 +390,15 @@ static int hy_fwd_new(const st_model *m, uint32_t T, void **out)
     w->o = falloc(T * max3(n_dn ? hdv : 0, n_attn ? qa : 0, F), &err);
     w->ab = falloc(T * 2 * (uint64_t)(hp->ssm_heads ? hp->ssm_heads : 1), &err);
     w->logit_in = falloc(E, &err);
-    w->rope_freq = calloc(hp->head_dim / 2 + 1, sizeof *w->rope_freq);
-    if (err || !w->rope_freq) {
+#undef falloc
+    for (uint32_t i = 0; i < hp->head_dim / 2; i++)
+        freq[i] = pow((double)hp->rope_base, -(double)(2 * i) / (double)hp->head_dim);
+    w->rope_freq = st_ws_doubles(ops, oc, freq, hp->head_dim / 2, &err);
+    free(freq);
+    if (err) {
         hy_fwd_free(w);
         return st_error_set(ENOMEM, "strata-hybrid: workspace for a chunk of %u tokens", T);
     }
-    for (uint32_t i = 0; i < hp->head_dim / 2; i++)
-        w->rope_freq[i] = pow((double)hp->rope_base, -(double)(2 * i) / (double)hp->head_dim);
     *out = w;
     return 0;
 }

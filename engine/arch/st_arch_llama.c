@@ -466,6 +466,8 @@ typedef struct la_ws {
     float *x, *xn, *out, *qkv, *gate, *o, *logit_in;
     double *rope_freq; /* head_dim / 2 angles per position step: base^(-2i / D) / rope_freqs[i] */
     int neox;
+    const st_ops *ops; /* the backend whose memory these are */
+    void *oc;
 } la_ws;
 
 static void la_fwd_free(void *wsp)
@@ -473,23 +475,10 @@ static void la_fwd_free(void *wsp)
     la_ws *w = wsp;
     if (!w)
         return;
-    free(w->x);
-    free(w->xn);
-    free(w->out);
-    free(w->qkv);
-    free(w->gate);
-    free(w->o);
-    free(w->logit_in);
-    free(w->rope_freq);
+    void *p[] = {w->x, w->xn, w->out, w->qkv, w->gate, w->o, w->logit_in, w->rope_freq};
+    for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
+        st_ws_free(w->ops, w->oc, p[i]);
     free(w);
-}
-
-static float *falloc(uint64_t n, int *err)
-{
-    float *p = st_big_alloc((n ? n : 1) * sizeof(float));
-    if (!p)
-        *err = 1;
-    return p;
 }
 
 /* The negative control of the llama.cpp comparison (tests/engine/CMakeLists.txt): with
@@ -500,13 +489,20 @@ static int wrong_rope(void)
     return e && !strcmp(e, "1");
 }
 
-static int la_fwd_new(const st_model *m, uint32_t T, void **out)
+static int la_fwd_new(const st_model *m, const st_ops *ops, void *oc, uint32_t T, void **out)
 {
     const st_model_hparams *hp = &m->hp;
     *out = NULL;
     la_ws *w = calloc(1, sizeof *w);
-    if (!w)
+    double *freq = calloc(hp->head_dim / 2 + 1, sizeof *freq);
+    if (!w || !freq) {
+        free(w);
+        free(freq);
         return st_error_set(ENOMEM, "%s: workspace", hp->arch);
+    }
+    w->ops = ops;
+    w->oc = oc;
+#define falloc(n, err) st_ws_floats(ops, oc, (n), (err))
     uint64_t E = hp->n_embd, F = hp->n_ff;
     uint64_t qa = (uint64_t)hp->n_head * hp->head_dim, kva = (uint64_t)hp->n_head_kv * hp->head_dim;
     int err = 0;
@@ -517,15 +513,17 @@ static int la_fwd_new(const st_model *m, uint32_t T, void **out)
     w->gate = falloc(T * F, &err);
     w->o = falloc(T * (qa > F ? qa : F), &err);
     w->logit_in = falloc(E, &err);
-    w->rope_freq = calloc(hp->head_dim / 2 + 1, sizeof *w->rope_freq);
-    if (err || !w->rope_freq) {
+#undef falloc
+    for (uint32_t i = 0; i < hp->head_dim / 2; i++) {
+        freq[i] = pow((double)hp->rope_base, -(double)(2 * i) / (double)hp->head_dim);
+        if (m->rope_freqs)
+            freq[i] /= (double)m->rope_freqs[i];
+    }
+    w->rope_freq = st_ws_doubles(ops, oc, freq, hp->head_dim / 2, &err);
+    free(freq);
+    if (err) {
         la_fwd_free(w);
         return st_error_set(ENOMEM, "%s: workspace for a chunk of %u tokens", hp->arch, T);
-    }
-    for (uint32_t i = 0; i < hp->head_dim / 2; i++) {
-        w->rope_freq[i] = pow((double)hp->rope_base, -(double)(2 * i) / (double)hp->head_dim);
-        if (m->rope_freqs)
-            w->rope_freq[i] /= (double)m->rope_freqs[i];
     }
     w->neox = is_qwen3(hp) != wrong_rope();
     *out = w;

@@ -605,12 +605,14 @@ typedef struct qn_ws {
     float *q, *gate, *kv, *ao;     /* attention */
     float *g, *u;                  /* feed-forward */
     float *rl, *rw, *y, *gs;       /* MoE: router logits, weights, an expert's output, gates */
-    uint32_t *sel;
+    uint32_t *sel, *sel_h;         /* the MoE selection (backend memory), its host copy */
     float *logit_in;
     double *rope_freq;             /* n_rot / 2 angles per position step, base^(-2i / n_rot) */
     st_mm *mm;
     st_wmat *views;
     int grouped;
+    const st_ops *ops;             /* the backend whose memory these are */
+    void *oc;
 } qn_ws;
 
 static void qn_fwd_free(void *wsp)
@@ -618,33 +620,32 @@ static void qn_fwd_free(void *wsp)
     qn_ws *w = wsp;
     if (!w)
         return;
-    float *f[] = {w->x, w->xn, w->out, w->qkv, w->qkvc, w->z, w->ab, w->o,
-                  w->q, w->gate, w->kv, w->ao, w->g, w->u, w->logit_in,
-                  w->rl, w->rw, w->y, w->gs};
+    void *f[] = {w->x, w->xn, w->out, w->qkv, w->qkvc, w->z, w->ab, w->o,
+                 w->q, w->gate, w->kv, w->ao, w->g, w->u, w->logit_in,
+                 w->rl, w->rw, w->y, w->gs, w->sel, w->rope_freq};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
-        free(f[i]);
-    free(w->sel);
-    free(w->rope_freq);
+        st_ws_free(w->ops, w->oc, f[i]);
+    free(w->sel_h);
     free(w->mm);
     free(w->views);
     free(w);
 }
 
-static float *falloc(uint64_t n, int *err)
-{
-    float *p = st_big_alloc((n ? n : 1) * sizeof(float));
-    if (!p)
-        *err = 1;
-    return p;
-}
-
-static int qn_fwd_new(const qn_arch *a, const st_model *m, uint32_t T, void **out)
+static int qn_fwd_new(const qn_arch *a, const st_model *m, const st_ops *ops, void *oc,
+                      uint32_t T, void **out)
 {
     const st_model_hparams *hp = &m->hp;
     *out = NULL;
     qn_ws *w = calloc(1, sizeof *w);
-    if (!w)
+    double *freq = calloc(hp->n_rot / 2 + 1, sizeof *freq);
+    if (!w || !freq) {
+        free(w);
+        free(freq);
         return st_error_set(ENOMEM, "%s: workspace", a->name);
+    }
+    w->ops = ops;
+    w->oc = oc;
+#define falloc(n, err) st_ws_floats(ops, oc, (n), (err))
     uint64_t E = hp->n_embd, F = hp->n_ff;
     if (hp->n_ff_exp > F)
         F = hp->n_ff_exp;
@@ -678,16 +679,19 @@ static int qn_fwd_new(const qn_arch *a, const st_model *m, uint32_t T, void **ou
     w->rw = falloc(T * K, &err);
     w->y = falloc(E, &err);
     w->gs = falloc(T, &err);
-    w->sel = calloc(T * K + 1, sizeof *w->sel);
-    w->rope_freq = calloc(hp->n_rot / 2 + 1, sizeof *w->rope_freq);
+#undef falloc
+    w->sel = ops->mem_alloc(oc, (T * K + 1) * sizeof *w->sel);
+    w->sel_h = calloc(T * K + 1, sizeof *w->sel_h);
     w->mm = calloc(nmm, sizeof *w->mm);
     w->views = calloc(nmm, sizeof *w->views);
-    if (err || !w->rope_freq || !w->mm || !w->views || !w->sel) {
+    for (uint32_t i = 0; i < hp->n_rot / 2; i++)
+        freq[i] = pow((double)hp->rope_base, -(double)(2 * i) / (double)hp->n_rot);
+    w->rope_freq = st_ws_doubles(ops, oc, freq, hp->n_rot / 2, &err);
+    free(freq);
+    if (err || !w->mm || !w->views || !w->sel || !w->sel_h) {
         qn_fwd_free(w);
         return st_error_set(ENOMEM, "%s: workspace for a chunk of %u tokens", a->name, T);
     }
-    for (uint32_t i = 0; i < hp->n_rot / 2; i++)
-        w->rope_freq[i] = pow((double)hp->rope_base, -(double)(2 * i) / (double)hp->n_rot);
     *out = w;
     return 0;
 }
@@ -703,7 +707,8 @@ static void qn_forward(const st_fwd *f, void *wsp)
                             w->mm, w->views};
     const st_gattn_ws attn = {w->q, w->gate, w->kv, w->ao, w->rope_freq, m->hp.n_rot, w->mm,
                               w->views};
-    const st_moe_ws moe = {w->rl, w->rw, w->g, w->u, w->y, w->gs, w->sel, m->hp.n_expert_used};
+    const st_moe_ws moe = {w->rl, w->rw, w->g, w->u, w->y, w->gs, w->sel, w->sel_h,
+                           m->hp.n_expert_used};
     st_layer_embed(f, &m->tok_embd, w->x);
     for (uint32_t il = 0; il < m->hp.n_layer; il++) {
         const st_layer *L = &m->layers[il];
@@ -743,9 +748,10 @@ static void qn_forward(const st_fwd *f, void *wsp)
     {                                                                                            \
         qn_fingerprint(&var, hp, fp);                                                            \
     }                                                                                            \
-    static int id##_fwd_new(const st_model *m, uint32_t T, void **out)                          \
+    static int id##_fwd_new(const st_model *m, const st_ops *ops, void *oc, uint32_t T,         \
+                            void **out)                                                          \
     {                                                                                            \
-        return qn_fwd_new(&var, m, T, out);                                                      \
+        return qn_fwd_new(&var, m, ops, oc, T, out);                                             \
     }                                                                                            \
     const st_arch st_arch_##id = {                                                               \
         .name = #id,                                                                             \

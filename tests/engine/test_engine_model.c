@@ -284,9 +284,9 @@ static void test_quantized_equals_f32_twin(void **state)
     }
 }
 
-/* The CUDA backend computes strata-hybrid on f32 / f16 / bf16 weights only: a quantized file is
- * refused naming a tensor and its type, another architecture naming it (the tools and the
- * server then choose the CPU backend). */
+/* The CUDA backend computes every architecture of the engine on every weight type it computes
+ * with (strata-hybrid's own forward pass or the operation table); a file of another
+ * architecture is refused naming it (the tools and the server then choose the CPU backend). */
 static void test_cuda_check(void **state)
 {
     char f32[4200], q[4200];
@@ -297,16 +297,25 @@ static void test_cuda_check(void **state)
     st_gguf_close(g);
     quantized(q, sizeof q, f32, "c_q4_0.gguf", ST_GGML_Q4_0);
     assert_int_equal(st_gguf_open(q, &g), 0);
-    assert_int_equal(st_engine_cuda_check(g), ST_EINVAL);
-    assert_non_null(strstr(st_errdetail(), "has type q4_0"));
+    assert_int_equal(st_engine_cuda_check(g), 0);
     st_gguf_close(g);
     st_model_hparams hp;
     assert_int_equal(st_model_preset_arch("llama", "tiny", &hp), 0);
     snprintf(q, sizeof q, "%s/c_llama.gguf", g_dir);
     assert_int_equal(st_model_write_seeded(&hp, 1, "c", q), 0);
     assert_int_equal(st_gguf_open(q, &g), 0);
+    assert_int_equal(st_engine_cuda_check(g), 0);
+    st_gguf_close(g);
+    /* the control: an architecture the engine does not have */
+    st_gguf_writer *w = NULL;
+    assert_int_equal(st_gguf_writer_new(&w, 0), 0);
+    assert_int_equal(st_gguf_writer_set_str(w, "general.architecture", "mamba2"), 0);
+    snprintf(q, sizeof q, "%s/c_mamba2.gguf", g_dir);
+    assert_int_equal(st_gguf_writer_write(w, q), 0);
+    st_gguf_writer_free(w);
+    assert_int_equal(st_gguf_open(q, &g), 0);
     assert_int_equal(st_engine_cuda_check(g), ST_EINVAL);
-    assert_non_null(strstr(st_errdetail(), "architecture llama"));
+    assert_non_null(strstr(st_errdetail(), "architecture mamba2"));
     st_gguf_close(g);
 }
 

@@ -70,7 +70,7 @@ static void logits_white_box(const char *model, const char *tokens, int wrong, c
     assert_int_equal(st_ops_cpu_new(&kern, pool, &m->mem, n_ctx, 1, 0, &oc), 0);
     assert_int_equal(st_kvmem_new(&m->mem, n_ctx, 256, ST_DTYPE_F32, &kv), 0);
     assert_int_equal(st_recmem_new(&m->mem, &rec), 0);
-    assert_int_equal(m->arch->fwd_new(m, 1, &ws), 0);
+    assert_int_equal(m->arch->fwd_new(m, &ops, oc, 1, &ws), 0);
     float *logits = malloc((size_t)V * sizeof *logits);
     FILE *f = fopen(path, "wb");
     assert_non_null(logits);
@@ -81,8 +81,10 @@ static void logits_white_box(const char *model, const char *tokens, int wrong, c
         uint32_t tok = (uint32_t)strtoul(p, &end, 10);
         p = *end == ',' ? end + 1 : end;
         assert_int_equal(st_kvmem_reserve(kv, pos, pos + 1), 0);
-        st_fwd fw = {.m = m, .ops = &ops, .oc = oc, .kv = kv, .rec = rec, .tokens = &tok,
-                     .T = 1, .pos0 = pos, .logits = logits};
+        st_fwd fw = {.m = m, .ops = &ops, .oc = oc, .tokens = &tok, .T = 1, .pos0 = pos,
+                     .logits = logits};
+        st_fwd_host hm;
+        st_fwd_host_mem(&fw, &hm, kv, rec);
         m->arch->forward(&fw, ws);
         assert_int_equal(fwrite(logits, sizeof *logits, V, f), V);
     }

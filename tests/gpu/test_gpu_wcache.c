@@ -260,6 +260,9 @@ static void fill(void *dev, uint64_t n, uint64_t seed)
         h[i] = bf16_of(((float)(x % 2001) - 1000.0f) / 4000.0f);
     }
     CU_OK(cudaMemcpy(dev, h, n * 2, cudaMemcpyHostToDevice));
+    /* a copy from pageable memory may return before its bytes are in place, and the engines
+     * read them on streams of their own */
+    CU_OK(cudaDeviceSynchronize());
     free(h);
 }
 

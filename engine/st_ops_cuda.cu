@@ -1,0 +1,1075 @@
+/*
+ * st_ops_cuda.cu - the operation table (st_ops_int.h) on one GPU: every architecture's forward
+ * pass (engine/arch/) runs on it unchanged, over device memory. The CUDA backend
+ * (st_backend_cuda.cu) gives it a copy of the model whose weights are in their file types in
+ * device memory, its K/V page blocks and its running buffers.
+ *
+ * Invariants:
+ * 1. Every buffer an operation takes is device memory on the context's stream, except the
+ *    token ids of get_rows and the st_mm / st_kv_view / st_dn_args structs (host). Operations
+ *    only queue work; upload and download wait for their bytes. The forward pass therefore
+ *    runs without a synchronisation except where the MoE layer downloads its selection.
+ * 2. Products: a weight in a type with a decode kernel (st_cuda_qmv_supported) read for one
+ *    token is the matrix-vector product of st_qmv_cuda.cu, dequantized in registers; every
+ *    other product widens row tiles of the weight to f32 (st_cuda_dequant_rows, the CPU's exact
+ *    values) into a scratch tile and runs cuBLAS SGEMM (FP32, no TF32, atomics disallowed,
+ *    a fixed workspace). F32 weights go to SGEMM directly.
+ * 3. Determinism: every kernel gives each output to one thread, warp or block with fixed
+ *    reduction orders and no atomics; attention splits the keys by a count fixed by the call's
+ *    shape (tokens, heads, position) and adds the splits in order. The same inputs read in the
+ *    same chunks give the same bits. The short convolution and the delta rule do the CPU's
+ *    scalar operations in the CPU's order (st_kernels.c conv_scalar, delta_cols_scalar); the
+ *    rest agrees with the CPU within float rounding (tests/gpu/test_gpu_arch.c).
+ * 4. The first failure (a launch, cuBLAS, a size beyond what the context was made for) is kept
+ *    in the context; every later operation returns at once, and st_ops_cuda_error reports and
+ *    clears it. The backend checks it after each forward pass.
+ * 5. Nothing but upload and download waits for the stream or allocates, so a forward pass
+ *    without them (every architecture but the MoE ones) can be captured into a CUDA graph
+ *    (st_backend_cuda.cu invariant 8): get_rows stages its ids in pinned memory, which the
+ *    graph's copy reads when it runs.
+ * 6. Products of one call whose weights are consecutive row ranges of one matrix (the layers'
+ *    per-head views of a fused projection) are one product for a single token: one kernel over
+ *    all their rows into a scratch row, then one scatter to their outputs. A row's result does
+ *    not depend on the rows beside it, so the bits are those of the separate products.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cublas_v2.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+extern "C" {
+#include "st_ops_int.h"
+}
+
+#define FULLMASK 0xffffffffu
+#define OC_BLAS_WS ((size_t)32 << 20)
+#define OC_DEQ_FLOATS ((size_t)16 << 20) /* the f32 tile of a widened weight: 64 MiB */
+#define OC_ATT_WARPS 4
+#define OC_MAX_HD 256 /* attention's head_dim: 8 elements per lane */
+#define OC_GRP_FLOATS ((size_t)1 << 20) /* a grouped product's rows for one token */
+#define OC_GRP_MAX 64                   /* products per scatter */
+
+struct st_ops_cuda {
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    void *blas_ws;
+    int err;
+    uint32_t max_T, n_ctx, max_hd;
+    int n_sm;
+    uint32_t *tok_d;  /* get_rows' ids: max_T */
+    uint32_t *tok_h;  /* their pinned staging (invariant 5) */
+    float *grp;       /* a grouped product's outputs: OC_GRP_FLOATS (invariant 6) */
+    float *deq;       /* a widened weight tile: OC_DEQ_FLOATS */
+    float *att_part;  /* attention's split partials: att_cap x (max_hd + 2) */
+    uint64_t att_cap;
+    size_t dn_smem_max; /* the delta rule's shared memory limit */
+};
+
+/* ---- errors (invariant 4) ------------------------------------------------------------------ */
+static void oc_fail(st_ops_cuda *oc, int rc)
+{
+    if (!oc->err)
+        oc->err = rc;
+}
+
+static int oc_cuda(st_ops_cuda *oc, cudaError_t e, const char *what)
+{
+    if (e == cudaSuccess)
+        return 0;
+    if (!oc->err)
+        oc->err = st_error_set(e == cudaErrorMemoryAllocation ? ENOMEM : ST_EIO,
+                               "cuda operations: %s: %s (%s)", what, cudaGetErrorName(e),
+                               cudaGetErrorString(e));
+    return oc->err;
+}
+
+#define LAUNCHED(oc, name) oc_cuda((oc), cudaGetLastError(), "launch of " name)
+
+int st_ops_cuda_error(st_ops_cuda *oc)
+{
+    int rc = oc->err;
+    oc->err = 0;
+    return rc;
+}
+
+/* ---- helpers ------------------------------------------------------------------------------- */
+__device__ __forceinline__ float oc_warp_sum(float v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(FULLMASK, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float oc_warp_max(float v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(FULLMASK, v, o));
+    return v;
+}
+
+/* The sum over the block (blockDim a multiple of 32, at most 1024): a fixed shuffle tree per
+ * warp, then the warps' sums in warp order; the same value in every thread. */
+__device__ float oc_block_sum(float v)
+{
+    __shared__ float sh[32];
+    v = oc_warp_sum(v);
+    unsigned w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    if ((threadIdx.x & 31) == 0)
+        sh[w] = v;
+    __syncthreads();
+    float t = 0.0f;
+    for (unsigned i = 0; i < nw; i++)
+        t += sh[i];
+    __syncthreads();
+    return t;
+}
+
+__device__ float oc_block_max(float v)
+{
+    __shared__ float sh[32];
+    v = oc_warp_max(v);
+    unsigned w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    if ((threadIdx.x & 31) == 0)
+        sh[w] = v;
+    __syncthreads();
+    float t = sh[0];
+    for (unsigned i = 1; i < nw; i++)
+        t = fmaxf(t, sh[i]);
+    __syncthreads();
+    return t;
+}
+
+__device__ __forceinline__ float oc_silu(float x) { return x / (1.0f + expf(-x)); }
+__device__ __forceinline__ float oc_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+__device__ __forceinline__ float oc_softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+static unsigned blocks_for(uint64_t n, unsigned per)
+{
+    uint64_t b = (n + per - 1) / per;
+    return (unsigned)(b < 65535u * 16u ? (b ? b : 1) : 65535u * 16u);
+}
+
+/* ---- memory ---------------------------------------------------------------------------------- */
+static void *oc_mem_alloc(void *ocp, size_t bytes)
+{
+    st_ops_cuda *oc = (st_ops_cuda *)ocp;
+    void *p = NULL;
+    if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) {
+        cudaGetLastError();
+        return NULL;
+    }
+    if (cudaMemsetAsync(p, 0, bytes ? bytes : 1, oc->stream) != cudaSuccess ||
+        cudaStreamSynchronize(oc->stream) != cudaSuccess) {
+        cudaGetLastError();
+        cudaFree(p);
+        return NULL;
+    }
+    return p;
+}
+
+static void oc_mem_free(void *ocp, void *p)
+{
+    (void)ocp;
+    if (p)
+        cudaFree(p);
+}
+
+static void oc_copy(st_ops_cuda *oc, void *dst, const void *src, size_t bytes, cudaMemcpyKind k)
+{
+    if (oc->err || !bytes)
+        return;
+    if (!oc_cuda(oc, cudaMemcpyAsync(dst, src, bytes, k, oc->stream), "cudaMemcpyAsync"))
+        oc_cuda(oc, cudaStreamSynchronize(oc->stream), "cudaStreamSynchronize");
+}
+
+static void oc_upload(void *ocp, void *dst, const void *src, size_t bytes)
+{
+    oc_copy((st_ops_cuda *)ocp, dst, src, bytes, cudaMemcpyHostToDevice);
+}
+
+static void oc_download(void *ocp, void *dst, const void *src, size_t bytes)
+{
+    oc_copy((st_ops_cuda *)ocp, dst, src, bytes, cudaMemcpyDeviceToHost);
+}
+
+/* ---- rows and products (invariant 2) ------------------------------------------------------- */
+static void oc_get_rows(void *ocp, const st_wmat *w, const uint32_t *rows, uint32_t T, float *x,
+                        uint32_t ldx)
+{
+    st_ops_cuda *oc = (st_ops_cuda *)ocp;
+    if (oc->err)
+        return;
+    if (T > oc->max_T)
+        return oc_fail(oc, st_error_set(ST_EINVAL, "cuda operations: %u rows (at most %u)", T,
+                                        oc->max_T));
+    /* through pinned memory, which a captured copy reads when the graph runs; the stream is
+     * idle between forward passes, so no earlier copy still reads it */
+    memcpy(oc->tok_h, rows, (size_t)T * 4);
+    if (oc_cuda(oc, cudaMemcpyAsync(oc->tok_d, oc->tok_h, (size_t)T * 4, cudaMemcpyHostToDevice,
+                                    oc->stream), "cudaMemcpyAsync (row ids)"))
+        return;
+    int rc = st_cuda_dequant_rows(w->type, w->data, st_wmat_row_bytes(w), w->cols, oc->tok_d, 0,
+                                  T, x, ldx, oc->stream);
+    if (rc)
+        oc_fail(oc, rc);
+}
+
+static int oc_sgemm(st_ops_cuda *oc, const float *W, uint32_t rows, uint32_t cols, uint32_t ldw,
+                    const float *x, uint32_t ldx, uint32_t T, float *y, uint32_t ldy)
+{
+    const float one = 1.0f, zero = 0.0f;
+    /* y (column-major rows x T, ldy) = W^T' x: W row-major is column-major cols x rows */
+    cublasStatus_t st = cublasSgemm(oc->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, (int)T,
+                                    (int)cols, &one, W, (int)ldw, x, (int)ldx, &zero, y, (int)ldy);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        oc_fail(oc, st_error_set(st == CUBLAS_STATUS_ALLOC_FAILED ? ENOMEM : ST_EIO,
+                                 "cuda operations: cublasSgemm %u x %u x %u: %s", rows, cols, T,
+                                 cublasGetStatusName(st)));
+        return oc->err;
+    }
+    return 0;
+}
+
+static void oc_product(st_ops_cuda *oc, const st_mm *p, const float *x, uint32_t ldx, uint32_t T)
+{
+    const st_wmat *w = p->w;
+    uint32_t rows = w->rows, cols = w->cols;
+    if (w->stride && w->stride != cols)
+        return oc_fail(oc, st_error_set(ST_EINVAL, "cuda operations: a strided weight"));
+    if (T == 1 && st_cuda_qmv_supported(w->type) && ((uintptr_t)x & 15) == 0 &&
+        ((uintptr_t)w->data & 15) == 0) {
+        int rc = st_cuda_qmv(w->type, w->data, rows, cols, x, p->y, oc->stream);
+        if (rc)
+            oc_fail(oc, rc);
+        return;
+    }
+    if (w->type == ST_GGML_F32) {
+        oc_sgemm(oc, (const float *)w->data, rows, cols, cols, x, ldx, T, p->y, p->ldy);
+        return;
+    }
+    uint64_t rb = st_wmat_row_bytes(w);
+    uint32_t tile = (uint32_t)(OC_DEQ_FLOATS / cols);
+    if (tile == 0)
+        return oc_fail(oc, st_error_set(ST_EINVAL, "cuda operations: rows of %u columns", cols));
+    for (uint32_t r0 = 0; r0 < rows; r0 += tile) {
+        uint32_t nr = rows - r0 < tile ? rows - r0 : tile;
+        int rc = st_cuda_dequant_rows(w->type, w->data, rb, cols, NULL, r0, nr, oc->deq, cols,
+                                      oc->stream);
+        if (rc)
+            return oc_fail(oc, rc);
+        if (oc_sgemm(oc, oc->deq, nr, cols, cols, x, ldx, T, p->y + r0, p->ldy))
+            return;
+    }
+}
+
+/* The scatter of a grouped product (invariant 6): segment k's rows [at[k], at[k + 1]) of src
+ * to dst[k]. */
+typedef struct oc_seg {
+    float *dst[OC_GRP_MAX];
+    uint32_t at[OC_GRP_MAX + 1];
+    uint32_t n;
+} oc_seg;
+
+__global__ void k_scatter(const float *src, oc_seg s)
+{
+    uint32_t total = s.at[s.n];
+    for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += gridDim.x * blockDim.x) {
+        uint32_t k = 0;
+        while (i >= s.at[k + 1])
+            k++;
+        s.dst[k][i - s.at[k]] = src[i];
+    }
+}
+
+/* How many products from mm[i] are consecutive row ranges of one weight (1: none follow). */
+static uint32_t group_len(const st_mm *mm, uint32_t i, uint32_t n)
+{
+    const st_wmat *a = mm[i].w;
+    uint64_t rb = st_wmat_row_bytes(a), rows = a->rows;
+    uint32_t k = i + 1;
+    while (k < n && k - i < OC_GRP_MAX) {
+        const st_wmat *b = mm[k].w;
+        const uint8_t *end = (const uint8_t *)mm[k - 1].w->data +
+                             (uint64_t)mm[k - 1].w->rows * rb;
+        if (b->type != a->type || b->cols != a->cols || b->stride != a->stride ||
+            b->data != end || rows + b->rows > OC_GRP_FLOATS)
+            break;
+        rows += b->rows;
+        k++;
+    }
+    return k - i;
+}
+
+static void oc_matmul(void *ocp, const float *x, uint32_t ldx, uint32_t T, const st_mm *mm,
+                      uint32_t n)
+{
+    st_ops_cuda *oc = (st_ops_cuda *)ocp;
+    for (uint32_t i = 0; i < n && !oc->err;) {
+        uint32_t g = T == 1 ? group_len(mm, i, n) : 1;
+        if (g == 1) {
+            oc_product(oc, &mm[i], x, ldx, T);
+            i++;
+            continue;
+        }
+        oc_seg s;
+        s.n = g;
+        s.at[0] = 0;
+        for (uint32_t k = 0; k < g; k++) {
+            s.dst[k] = mm[i + k].y;
+            s.at[k + 1] = s.at[k] + mm[i + k].w->rows;
+        }
+        st_wmat w = *mm[i].w;
+        w.rows = s.at[g];
+        st_mm one = {&w, oc->grp, w.rows};
+        oc_product(oc, &one, x, ldx, 1);
+        if (oc->err)
+            return;
+        k_scatter<<<blocks_for(w.rows, 256), 256, 0, oc->stream>>>(oc->grp, s);
+        if (LAUNCHED(oc, "k_scatter"))
+            return;
+        i += g;
+    }
+}
+
+/* ---- norms and element-wise steps ------------------------------------------------------------ */
+/* Per token (block): x += add, y = x / sqrt(mean(x^2) + eps) * w. */
+__global__ void k_add_rmsnorm(float *x, const float *add, const float *w, uint32_t n, float eps,
+                              float *y)
+{
+    float *xt = x + (size_t)blockIdx.x * n;
+    float *yt = y + (size_t)blockIdx.x * n;
+    float ss = 0.0f;
+    for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) {
+        float v = xt[i];
+        if (add)
+            v = v + add[(size_t)blockIdx.x * n + i];
+        xt[i] = v;
+        ss = __fmaf_rn(v, v, ss);
+    }
+    ss = oc_block_sum(ss);
+    float sc = 1.0f / sqrtf(ss / (float)n + eps);
+    for (uint32_t i = threadIdx.x; i < n; i += blockDim.x)
+        yt[i] = xt[i] * sc * w[i];
+}
+
+static void oc_add_rmsnorm(void *ocp, float *x, const float *add, const float *w, uint32_t n,
+                           float eps, float *y, uint32_t T)
+{
+    st_ops_cuda *oc = (st_ops_cuda *)ocp;
+    if (oc->err)
+        return;
+    k_add_rmsnorm<<<T, 256, 0, oc->stream>>>(x, add, w, n, eps, y);
+    LAUNCHED(oc, "k_add_rmsnorm");
+}
+
+/* Per (token, head) block over hd values at x + t * ld + h * hd. mode 0: RMSNorm with w; 1:
+ * RMSNorm with w, times silu(z) (z laid out as x); 2: x * (1 / sqrt(sum + eps)) * scale; 3:
+ * x * (1 / max(sqrt(sum), eps)) * scale. */
+__global__ void k_head_norm(float *x, uint32_t ld, uint32_t hd, const float *w, const float *z,
+                            float eps, float scale, int mode)
+{
+    float *v = x + (size_t)blockIdx.x * ld + (size_t)blockIdx.y * hd;
+    float ss = 0.0f;
+    for (uint32_t i = threadIdx.x; i < hd; i += blockDim.x)
+        ss = __fmaf_rn(v[i], v[i], ss);
+    ss = oc_block_sum(ss);
+    if (mode <= 1) {
+        float sc = 1.0f / sqrtf(ss / (float)hd + eps);
+        const float *g = z ? z + (size_t)blockIdx.x * ld + (size_t)blockIdx.y * hd : NULL;
+        for (uint32_t i = threadIdx.x; i < hd; i += blockDim.x) {
+            float o = v[i] * sc * w[i];
+            v[i] = mode == 1 ? o * oc_silu(g[i]) : o;
+        }
+    } else {
+        float n = sqrtf(mode == 2 ? ss + eps : ss);
+        float nx = mode == 2 ? 1.0f / n : 1.0f / (n > eps ? n : eps);
+        for (uint32_t i = threadIdx.x; i < hd; i += blockDim.x)
+            v[i] = v[i] * nx * scale;
+    }
+}
+
+static void head_norm(st_ops_cuda *oc, float *x, uint32_t ld, uint32_t heads, uint32_t hd,
+                      const float *w, const float *z, float eps, float scale, int mode, uint32_t T)
+{
+    if (oc->err || !T || !heads)
+        return;
+    unsigned th = hd >= 128 ? 128 : 32;
+    k_head_norm<<<dim3(T, heads), th, 0, oc->stream>>>(x, ld, hd, w, z, eps, scale, mode);
+    LAUNCHED(oc, "k_head_norm");
+}
+
+static void oc_rmsnorm_gated(void *ocp, float *x, const float *z, const float *w, uint32_t heads,
+                             uint32_t hd, float eps, uint32_t T)
+{
+    head_norm((st_ops_cuda *)ocp, x, heads * hd, heads, hd, w, z, eps, 1.0f, 1, T);
+}
+
+static void oc_l2norm(void *ocp, float *x, uint32_t ld, uint32_t heads, uint32_t hd, float eps,
+                      float scale, uint32_t T)
+{
+    head_norm((st_ops_cuda *)ocp, x, ld, heads, hd, NULL, NULL, eps, scale, 2, T);
+}
+
+static void oc_l2norm_max(void *ocp, float *x, uint32_t ld, uint32_t heads, uint32_t hd,
+                          float eps, float scale, uint32_t T)
+{
+    head_norm((st_ops_cuda *)ocp, x, ld, heads, hd, NULL, NULL, eps, scale, 3, T);
+}
+
+static void oc_rmsnorm_heads(void *ocp, float *x, uint32_t ld, uint32_t heads, uint32_t hd,
+                             const float *w, float eps, uint32_t T)
+{
+    head_norm((st_ops_cuda *)ocp, x, ld, heads, hd, w, NULL, eps, 1.0f, 0, T);
+}
+
+/* Element-wise over T rows of n: op 0 swiglu (x = silu(x) * y), 1 sigmoid_mul (x *= sigmoid(y)),
+ * 2 scale_add (x += s * y, s per row or 1), 3 sigmoid_scale (x *= sigmoid(s per row)). */
+__global__ void k_elem(float *x, uint32_t ldx, const float *y, uint32_t ldy, const float *s,
+                       uint32_t lds, uint32_t n, uint32_t T, int op)
+{
+    uint64_t total = (uint64_t)n * T;
+    for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (uint64_t)gridDim.x * blockDim.x) {
+        uint32_t t = (uint32_t)(i / n), c = (uint32_t)(i % n);
+        float *xv = x + (size_t)t * ldx + c;
+        switch (op) {
+        case 0: *xv = oc_silu(*xv) * y[(size_t)t * ldy + c]; break;
+        case 1: *xv = *xv * oc_sigmoid(y[(size_t)t * ldy + c]); break;
+        case 2: *xv = *xv + (s ? s[(size_t)t * lds] : 1.0f) * y[(size_t)t * ldy + c]; break;
+        default: *xv = *xv * oc_sigmoid(s[(size_t)t * lds]); break;
+        }
+    }
+}
+
+static void elem(st_ops_cuda *oc, float *x, uint32_t ldx, const float *y, uint32_t ldy,
+                 const float *s, uint32_t lds, uint32_t n, uint32_t T, int op)
+{
+    if (oc->err || !n || !T)
+        return;
+    k_elem<<<blocks_for((uint64_t)n * T, 256), 256, 0, oc->stream>>>(x, ldx, y, ldy, s, lds, n,
+                                                                      T, op);
+    LAUNCHED(oc, "k_elem");
+}
+
+static void oc_swiglu(void *ocp, float *g, const float *u, uint32_t n, uint32_t T)
+{
+    elem((st_ops_cuda *)ocp, g, n, u, n, NULL, 0, n, T, 0);
+}
+
+static void oc_sigmoid_mul(void *ocp, float *x, uint32_t ldx, const float *g, uint32_t ldg,
+                           uint32_t n, uint32_t T)
+{
+    elem((st_ops_cuda *)ocp, x, ldx, g, ldg, NULL, 0, n, T, 1);
+}
+
+static void oc_scale_add(void *ocp, float *x, uint32_t ldx, const float *y, uint32_t ldy,
+                         const float *s, uint32_t lds, uint32_t n, uint32_t T)
+{
+    elem((st_ops_cuda *)ocp, x, ldx, y, ldy, s, lds, n, T, 2);
+}
+
+static void oc_sigmoid_scale(void *ocp, float *x, uint32_t ldx, const float *g, uint32_t ldg,
+                             uint32_t n, uint32_t T)
+{
+    elem((st_ops_cuda *)ocp, x, ldx, NULL, 0, g, ldg, n, T, 3);
+}
+
+/* ---- the Gated DeltaNet steps ----------------------------------------------------------------- */
+/* One thread per channel over every token: the CPU's conv_scalar, then SiLU. */
+__global__ void k_short_conv(const float *x, float *y, uint32_t C, float *st, const float *wT,
+                             uint32_t T)
+{
+    uint32_t c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C)
+        return;
+    float h0 = st[c], h1 = st[C + c], h2 = st[2 * (size_t)C + c];
+    float w0 = wT[c], w1 = wT[C + c], w2 = wT[2 * (size_t)C + c], w3 = wT[3 * (size_t)C + c];
+    for (uint32_t t = 0; t < T; t++) {
+        float xt = x[(size_t)t * C + c];
+        float acc = __fmaf_rn(w0, h0, 0.0f);
+        acc = __fmaf_rn(w1, h1, acc);
+        acc = __fmaf_rn(w2, h2, acc);
+        acc = __fmaf_rn(w3, xt, acc);
+        y[(size_t)t * C + c] = oc_silu(acc);
+        h0 = h1;
+        h1 = h2;
+        h2 = xt;
+    }
+    st[c] = h0;
+    st[C + c] = h1;
+    st[2 * (size_t)C + c] = h2;
+}
+
+static void oc_short_conv(void *ocp, const float *x, float *y, uint32_t C, float *state,
+                          const float *wT, uint32_t T)
+{
+    st_ops_cuda *oc = (st_ops_cuda *)ocp;
+    if (oc->err || !C || !T)
+        return;
+    k_short_conv<<<(C + 127) / 128, 128, 0, oc->stream>>>(x, y, C, state, wT, T);
+    LAUNCHED(oc, "k_short_conv");
+}
+
+__global__ void k_dn_gates(float *a, float *b, uint32_t ld, const float *ssm_a,
+                           const float *dt_bias, uint32_t H, uint32_t T)
+{
+    uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (uint64_t)H * T)
+        return;
+    uint32_t t = (uint32_t)(i / H), h = (uint32_t)(i % H);
+    float *av = a + (size_t)t * ld + h, *bv = b + (size_t)t * ld + h;
+    float g = ssm_a[h] * oc_softplus(*av + dt_bias[h]);
+    *av = expf(g);
+    *bv = oc_sigmoid(*bv);
+}
+
+static void oc_dn_gates(void *ocp, float *a, float *b, uint32_t ld, const float *ssm_a,
+                        const float *dt_bias, uint32_t H, uint32_t T)
+{
+    st_ops_cuda *oc = (st_ops_cuda *)ocp;
+    if (oc->err || !H || !T)
+        return;
+    k_dn_gates<<<blocks_for((uint64_t)H * T, 128), 128, 0, oc->stream>>>(a, b, ld, ssm_a, dt_bias,
+                                                                          H, T);
+    LAUNCHED(oc, "k_dn_gates");
+}
+
+/* The delta rule: one block per value head, one thread per value column j (blockDim >= dv),
+ * the head's matrix M [dk][dv] (S transposed) in shared memory with the token's q and k (SM
+ * false: a head too large for it is updated in place in the state, in global memory). Thread
+ * j does the CPU's delta_cols_scalar for its column, in its order: u from the previous token's
+ * pass, d = b (v - a u), then over i: M = fma(k_i, d, a M), o = fma(M, q_i, o), u = fma(M,
+ * k'_i, u) with the next token's k. */
+template <bool SM>
+__global__ void k_delta_rule(st_dn_args a)
+{
+    extern __shared__ float sm[];
+    uint32_t dk = a.dk, dv = a.dv, h = blockIdx.x, j = threadIdx.x;
+    uint32_t kh = a.grouped ? h / (a.n_v_heads / a.n_k_heads) : h % a.n_k_heads;
+    float *S = a.state + (size_t)h * dk * dv;
+    float *M = SM ? sm : S, *qs = SM ? sm + (size_t)dk * dv : sm, *ks = qs + dk, *kn = ks + dk;
+    if (SM)
+        for (uint32_t i = threadIdx.x; i < dk * dv; i += blockDim.x)
+            M[i] = S[i];
+    for (uint32_t i = threadIdx.x; i < dk; i += blockDim.x)
+        kn[i] = a.k[(size_t)kh * dk + i];
+    __syncthreads();
+    float u = 0.0f;
+    if (j < dv)
+        for (uint32_t i = 0; i < dk; i++)
+            u = __fmaf_rn(M[(size_t)i * dv + j], kn[i], u);
+    for (uint32_t t = 0; t < a.T; t++) {
+        __syncthreads();
+        const float *qt = a.q + (size_t)t * a.ld + (size_t)kh * dk;
+        for (uint32_t i = threadIdx.x; i < dk; i += blockDim.x) {
+            qs[i] = qt[i];
+            ks[i] = kn[i];
+        }
+        __syncthreads();
+        int more = t + 1 < a.T;
+        if (more)
+            for (uint32_t i = threadIdx.x; i < dk; i += blockDim.x)
+                kn[i] = a.k[(size_t)(t + 1) * a.ld + (size_t)kh * dk + i];
+        __syncthreads();
+        if (j < dv) {
+            float al = a.alpha[(size_t)t * a.ld_g + h], be = a.beta[(size_t)t * a.ld_g + h];
+            float d = be * (a.v[(size_t)t * a.ld + (size_t)h * dv + j] - al * u);
+            float o = 0.0f;
+            u = 0.0f;
+            for (uint32_t i = 0; i < dk; i++) {
+                float *m = &M[(size_t)i * dv + j];
+                float mv = __fmaf_rn(ks[i], d, al * *m);
+                *m = mv;
+                o = __fmaf_rn(mv, qs[i], o);
+                if (more)
+                    u = __fmaf_rn(mv, kn[i], u);
+            }
+            a.out[(size_t)t * a.ld_out + (size_t)h * dv + j] = o;
+        }
+    }
+    __syncthreads();
+    if (SM)
+        for (uint32_t i = threadIdx.x; i < dk * dv; i += blockDim.x)
+            S[i] = M[i];
+}
+
+static void oc_delta_rule(void *ocp, const st_dn_args *a)
+{
+    st_ops_cuda *oc = (st_ops_cuda *)ocp;
+    if (oc->err || !a->T || !a->n_v_heads)
+        return;
+    size_t vecs = 3 * (size_t)a->dk * sizeof(float);
+    size_t smem = (size_t)a->dk * a->dv * sizeof(float) + vecs;
+    if (vecs > oc->dn_smem_max || a->dv > 1024)
+        return oc_fail(oc, st_error_set(ST_EINVAL, "cuda operations: a DeltaNet head of %u x %u "
+                                        "(at most 1024 columns)", a->dk, a->dv));
+    unsigned th = (a->dv + 31) / 32 * 32;
+    if (smem <= oc->dn_smem_max)
+        k_delta_rule<true><<<a->n_v_heads, th, smem, oc->stream>>>(*a);
+    else
+        k_delta_rule<false><<<a->n_v_heads, th, vecs, oc->stream>>>(*a);
+    LAUNCHED(oc, "k_delta_rule");
+}
+
+/* ---- RoPE ------------------------------------------------------------------------------------- */
+/* Per (token, head) block, a thread per pair: angle, cosine and sine in double, rounded to
+ * float, as the CPU's rope_angles. neox: pairs (i, i + n_rot / 2); else (2i, 2i + 1). */
+__global__ void k_rope(float *x, uint32_t ld, uint32_t hd, uint32_t n_rot, uint64_t pos0,
+                       const double *freq, int neox)
+{
+    float *v = x + (size_t)blockIdx.x * ld + (size_t)blockIdx.y * hd;
+    uint32_t half = n_rot / 2;
+    for (uint32_t i = threadIdx.x; i < half; i += blockDim.x) {
+        double an = (double)(pos0 + blockIdx.x) * freq[i];
+        float cs = (float)cos(an), sn = (float)sin(an);
+        uint32_t i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+        float x0 = v[i0], x1 = v[i1];
+        v[i0] = x0 * cs - x1 * sn;
+        v[i1] = x0 * sn + x1 * cs;
+    }
+}
+
+static void rope(st_ops_cuda *oc, float *x, uint32_t ld, uint32_t heads, uint32_t hd,
+                 uint32_t n_rot, uint64_t pos0, const double *freq, uint32_t T, int neox)
+{
+    if (oc->err || !T || !heads || n_rot < 2)
+        return;
+    k_rope<<<dim3(T, heads), 64, 0, oc->stream>>>(x, ld, hd, n_rot, pos0, freq, neox);
+    LAUNCHED(oc, "k_rope");
+}
+
+static void oc_rope_norm(void *ocp, float *x, uint32_t ld, uint32_t heads, uint32_t hd,
+                         uint32_t n_rot, uint64_t pos0, const double *freq, uint32_t T)
+{
+    rope((st_ops_cuda *)ocp, x, ld, heads, hd, n_rot, pos0, freq, T, 0);
+}
+
+static void oc_rope_neox(void *ocp, float *x, uint32_t ld, uint32_t heads, uint32_t hd,
+                         uint32_t n_rot, uint64_t pos0, const double *freq, uint32_t T)
+{
+    rope((st_ops_cuda *)ocp, x, ld, heads, hd, n_rot, pos0, freq, T, 1);
+}
+
+/* ---- the paged K/V ------------------------------------------------------------------------------ */
+typedef struct oc_kv {
+    uint8_t *const *blocks;
+    uint64_t off_k, off_v, off_ks, off_vs, row, srow;
+    uint32_t ps, hd, nkv, i8;
+} oc_kv;
+
+static int kv_of(st_ops_cuda *oc, const st_kv_view *v, oc_kv *g)
+{
+    if (!v->blocks || (v->dtype != ST_DTYPE_F16 && v->dtype != ST_DTYPE_I8) ||
+        v->head_dim > oc->max_hd) {
+        oc_fail(oc, st_error_set(ST_EINVAL, "cuda operations: a K/V view the CUDA backend did "
+                                 "not make (dtype %u, head_dim %u)", v->dtype, v->head_dim));
+        return oc->err;
+    }
+    g->blocks = v->blocks;
+    g->off_k = v->off_k;
+    g->off_v = v->off_v;
+    g->off_ks = v->off_ks;
+    g->off_vs = v->off_vs;
+    g->row = v->row;
+    g->srow = v->srow;
+    g->ps = v->page_size;
+    g->hd = v->head_dim;
+    g->nkv = v->kv_heads;
+    g->i8 = v->dtype == ST_DTYPE_I8;
+    return 0;
+}
+
+__device__ __forceinline__ uint8_t *kv_at(const oc_kv &g, uint64_t off, uint64_t rb, uint64_t r)
+{
+    return g.blocks[r / g.ps] + off + (r % g.ps) * rb;
+}
+
+/* Per (token, K/V head) block of 128 threads: the K and V rows of head h into row pos0 + t, f16
+ * (round to nearest even), or i8 with amax / 127 scales as the CPU's quant_i8. */
+__global__ void k_kv_store(oc_kv g, const float *k, const float *v, uint32_t ld, uint64_t pos0)
+{
+    uint32_t t = blockIdx.x, h = blockIdx.y, hd = g.hd;
+    uint64_t r = pos0 + t;
+    for (int which = 0; which < 2; which++) {
+        const float *src = (which ? v : k) + (size_t)t * ld + (size_t)h * hd;
+        uint8_t *row = kv_at(g, which ? g.off_v : g.off_k, g.row, r);
+        if (!g.i8) {
+            __half *dst = (__half *)row + (size_t)h * hd;
+            for (uint32_t i = threadIdx.x; i < hd; i += blockDim.x)
+                dst[i] = __float2half_rn(src[i]);
+            continue;
+        }
+        float am = 0.0f;
+        for (uint32_t i = threadIdx.x; i < hd; i += blockDim.x)
+            am = fmaxf(am, fabsf(src[i]));
+        am = oc_block_max(am);
+        int8_t *dst = (int8_t *)row + (size_t)h * hd;
+        float *sc = (float *)kv_at(g, which ? g.off_vs : g.off_ks, g.srow, r) + h;
+        if (!(am > 0.0f) || !isfinite(am)) {
+            for (uint32_t i = threadIdx.x; i < hd; i += blockDim.x)
+                dst[i] = 0;
+            if (threadIdx.x == 0)
+                *sc = 0.0f;
+            continue;
+        }
+        float inv = 127.0f / am;
+        for (uint32_t i = threadIdx.x; i < hd; i += blockDim.x) {
+            int q = __float2int_rn(src[i] * inv);
+            dst[i] = (int8_t)(q > 127 ? 127 : q < -127 ? -127 : q);
+        }
+        if (threadIdx.x == 0)
+            *sc = am / 127.0f;
+    }
+}
+
+static void oc_kv_store(void *ocp, const st_kv_view *kv, const float *k, const float *v,
+                        uint32_t ld, uint64_t pos0, uint32_t T)
+{
+    st_ops_cuda *oc = (st_ops_cuda *)ocp;
+    oc_kv g;
+    if (oc->err || !T || kv_of(oc, kv, &g))
+        return;
+    k_kv_store<<<dim3(T, g.nkv), 128, 0, oc->stream>>>(g, k, v, ld, pos0);
+    LAUNCHED(oc, "k_kv_store");
+}
+
+/* Attention, one block of OC_ATT_WARPS warps per (query token, head, key split). Warp w takes
+ * keys j0 + w, j0 + w + OC_ATT_WARPS, ... of the split's range, each lane hd / 32 elements of
+ * the head; an online softmax per warp (running max, sum and weighted values), then the warps
+ * merged in warp order. One split: the output; several: the unnormalised partial sums, merged
+ * by k_attn_merge in split order. */
+typedef struct oc_attn {
+    oc_kv g;
+    const float *q;
+    float *out, *part;
+    uint32_t ldq, ldo, n_head, ks, nsplit;
+    uint64_t pos0;
+    float scale;
+} oc_attn;
+
+__device__ __forceinline__ float kv_val(const oc_kv &g, const uint8_t *row, uint32_t i)
+{
+    return g.i8 ? (float)((const int8_t *)row)[i] : __half2float(((const __half *)row)[i]);
+}
+
+__global__ void __launch_bounds__(32 * OC_ATT_WARPS) k_attn(oc_attn a)
+{
+    const oc_kv &g = a.g;
+    uint32_t t = blockIdx.x, h = blockIdx.y, s = blockIdx.z;
+    uint32_t lane = threadIdx.x & 31, w = threadIdx.x >> 5, hd = g.hd;
+    uint32_t kvh = h / (a.n_head / g.nkv);
+    uint32_t per = (hd + 31) / 32; /* <= 8 */
+    uint64_t n = a.pos0 + t + 1, j0 = (uint64_t)s * a.ks, j1 = j0 + a.ks < n ? j0 + a.ks : n;
+    const float *q = a.q + (size_t)t * a.ldq + (size_t)h * hd;
+    float qv[8], acc[8];
+    for (uint32_t e = 0; e < 8; e++) {
+        uint32_t i = lane + 32 * e;
+        qv[e] = e < per && i < hd ? q[i] : 0.0f;
+        acc[e] = 0.0f;
+    }
+    float m = -INFINITY, l = 0.0f;
+    for (uint64_t j = j0 + w; j < j1; j += OC_ATT_WARPS) {
+        const uint8_t *kr = kv_at(g, g.off_k, g.row, j) + (size_t)kvh * hd * (g.i8 ? 1 : 2);
+        float d = 0.0f;
+        for (uint32_t e = 0; e < per; e++) {
+            uint32_t i = lane + 32 * e;
+            if (i < hd)
+                d = __fmaf_rn(qv[e], kv_val(g, kr, i), d);
+        }
+        d = oc_warp_sum(d);
+        if (g.i8)
+            d = d * ((const float *)kv_at(g, g.off_ks, g.srow, j))[kvh];
+        float sc = d * a.scale;
+        float mn = fmaxf(m, sc);
+        float corr = expf(m - mn), p = expf(sc - mn);
+        l = __fmaf_rn(l, corr, p);
+        const uint8_t *vr = kv_at(g, g.off_v, g.row, j) + (size_t)kvh * hd * (g.i8 ? 1 : 2);
+        float vsc = g.i8 ? ((const float *)kv_at(g, g.off_vs, g.srow, j))[kvh] : 1.0f;
+        float pv = p * vsc;
+        for (uint32_t e = 0; e < per; e++) {
+            uint32_t i = lane + 32 * e;
+            if (i < hd)
+                acc[e] = __fmaf_rn(acc[e], corr, pv * kv_val(g, vr, i));
+        }
+        m = mn;
+    }
+    __shared__ float sm_m[OC_ATT_WARPS], sm_l[OC_ATT_WARPS];
+    __shared__ float sm_o[OC_ATT_WARPS][OC_MAX_HD];
+    if (lane == 0) {
+        sm_m[w] = m;
+        sm_l[w] = l;
+    }
+    for (uint32_t e = 0; e < per; e++) {
+        uint32_t i = lane + 32 * e;
+        if (i < hd)
+            sm_o[w][i] = acc[e];
+    }
+    __syncthreads();
+    float M = -INFINITY;
+    for (int k = 0; k < OC_ATT_WARPS; k++)
+        M = fmaxf(M, sm_m[k]);
+    float L = 0.0f;
+    for (int k = 0; k < OC_ATT_WARPS; k++)
+        if (sm_m[k] != -INFINITY)
+            L = __fmaf_rn(sm_l[k], expf(sm_m[k] - M), L);
+    for (uint32_t i = threadIdx.x; i < hd; i += blockDim.x) {
+        float o = 0.0f;
+        for (int k = 0; k < OC_ATT_WARPS; k++)
+            if (sm_m[k] != -INFINITY)
+                o = __fmaf_rn(sm_o[k][i], expf(sm_m[k] - M), o);
+        if (a.nsplit == 1) {
+            a.out[(size_t)t * a.ldo + (size_t)h * hd + i] = o / L;
+        } else {
+            size_t base = (((size_t)t * a.n_head + h) * a.nsplit + s) * (hd + 2);
+            a.part[base + 2 + i] = o;
+            if (i == 0) {
+                a.part[base] = M;
+                a.part[base + 1] = L;
+            }
+        }
+    }
+}
+
+__global__ void k_attn_merge(oc_attn a)
+{
+    uint32_t t = blockIdx.x, h = blockIdx.y, hd = a.g.hd;
+    size_t base = ((size_t)t * a.n_head + h) * a.nsplit * (hd + 2);
+    float M = -INFINITY;
+    for (uint32_t s = 0; s < a.nsplit; s++)
+        M = fmaxf(M, a.part[base + s * (hd + 2)]);
+    float L = 0.0f;
+    for (uint32_t s = 0; s < a.nsplit; s++) {
+        float ms = a.part[base + s * (hd + 2)];
+        if (ms != -INFINITY)
+            L = __fmaf_rn(a.part[base + s * (hd + 2) + 1], expf(ms - M), L);
+    }
+    for (uint32_t i = threadIdx.x; i < hd; i += blockDim.x) {
+        float o = 0.0f;
+        for (uint32_t s = 0; s < a.nsplit; s++) {
+            float ms = a.part[base + s * (hd + 2)];
+            if (ms != -INFINITY)
+                o = __fmaf_rn(a.part[base + s * (hd + 2) + 2 + i], expf(ms - M), o);
+        }
+        a.out[(size_t)t * a.ldo + (size_t)h * hd + i] = o / L;
+    }
+}
+
+static void oc_attention(void *ocp, const st_kv_view *kv, const float *q, uint32_t ldq,
+                         float *out, uint32_t ldo, uint32_t n_head, uint64_t pos0, uint32_t T)
+{
+    st_ops_cuda *oc = (st_ops_cuda *)ocp;
+    oc_attn a;
+    if (oc->err || !T || kv_of(oc, kv, &a.g))
+        return;
+    if (!a.g.nkv || n_head % a.g.nkv)
+        return oc_fail(oc, st_error_set(ST_EINVAL, "cuda operations: %u query heads over %u K/V "
+                                        "heads", n_head, a.g.nkv));
+    /* split the keys when the (token, head) blocks alone would not fill the GPU */
+    uint64_t nk = pos0 + T, base = (uint64_t)T * n_head, target = 2ull * (uint64_t)oc->n_sm;
+    uint32_t nsplit = 1;
+    if (base < target) {
+        uint64_t want = (target + base - 1) / base, most = (nk + 63) / 64;
+        nsplit = (uint32_t)(want < most ? want : most);
+        if (nsplit < 1)
+            nsplit = 1;
+    }
+    if (base * nsplit > oc->att_cap)
+        nsplit = 1;
+    a.ks = (uint32_t)((nk + nsplit - 1) / nsplit);
+    a.nsplit = nsplit;
+    a.q = q;
+    a.out = out;
+    a.part = oc->att_part;
+    a.ldq = ldq;
+    a.ldo = ldo;
+    a.n_head = n_head;
+    a.pos0 = pos0;
+    a.scale = 1.0f / sqrtf((float)a.g.hd);
+    k_attn<<<dim3(T, n_head, nsplit), 32 * OC_ATT_WARPS, 0, oc->stream>>>(a);
+    if (LAUNCHED(oc, "k_attn") || nsplit == 1)
+        return;
+    k_attn_merge<<<dim3(T, n_head), 128, 0, oc->stream>>>(a);
+    LAUNCHED(oc, "k_attn_merge");
+}
+
+/* ---- MoE routing -------------------------------------------------------------------------------- */
+/* One thread per token, as the CPU's route_task: max and sum of exp in expert order, the k
+ * largest logits (ties: the lower expert first) in decreasing order, their probabilities
+ * renormalised by max(their sum, 2^-14). */
+__global__ void k_moe_route(const float *logits, uint32_t X, uint32_t k, uint32_t *sel, float *w,
+                            uint32_t T)
+{
+    uint32_t t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= T)
+        return;
+    const float *l = logits + (size_t)t * X;
+    uint32_t *st = sel + (size_t)t * k;
+    float *wt = w + (size_t)t * k;
+    float m = -INFINITY, sum = 0.0f;
+    for (uint32_t e = 0; e < X; e++)
+        if (l[e] > m)
+            m = l[e];
+    for (uint32_t e = 0; e < X; e++)
+        sum += expf(l[e] - m);
+    float pl = INFINITY;
+    uint32_t pe = 0;
+    for (uint32_t r = 0; r < k; r++) {
+        /* the best below (pl, pe) in the order (logit decreasing, expert increasing) */
+        float bl = -INFINITY;
+        uint32_t be = X;
+        for (uint32_t e = 0; e < X; e++) {
+            float v = l[e];
+            int below = r == 0 || v < pl || (v == pl && e > pe);
+            if (below && (be == X || v > bl)) {
+                bl = v;
+                be = e;
+            }
+        }
+        if (be == X)
+            be = 0;
+        st[r] = be;
+        pl = bl;
+        pe = be;
+    }
+    float ws = 0.0f;
+    for (uint32_t r = 0; r < k; r++) {
+        wt[r] = expf(l[st[r]] - m) / sum;
+        ws += wt[r];
+    }
+    if (ws < 6.103515625e-5f)
+        ws = 6.103515625e-5f;
+    for (uint32_t r = 0; r < k; r++)
+        wt[r] = wt[r] / ws;
+}
+
+static void oc_moe_route(void *ocp, const float *logits, uint32_t X, uint32_t k, uint32_t *sel,
+                         float *w, uint32_t T)
+{
+    st_ops_cuda *oc = (st_ops_cuda *)ocp;
+    if (oc->err || !T)
+        return;
+    if (k == 0 || k > X)
+        return oc_fail(oc, st_error_set(ST_EINVAL, "cuda operations: top %u of %u experts", k, X));
+    k_moe_route<<<(T + 31) / 32, 32, 0, oc->stream>>>(logits, X, k, sel, w, T);
+    LAUNCHED(oc, "k_moe_route");
+}
+
+/* ---- the table and its context -------------------------------------------------------------------- */
+extern "C" const st_ops st_ops_cuda_table = {
+    "cuda",
+    oc_mem_alloc,
+    oc_mem_free,
+    oc_upload,
+    oc_download,
+    oc_get_rows,
+    oc_matmul,
+    oc_add_rmsnorm,
+    oc_rmsnorm_gated,
+    oc_l2norm,
+    oc_swiglu,
+    oc_short_conv,
+    oc_dn_gates,
+    oc_delta_rule,
+    oc_rope_norm,
+    oc_rope_neox,
+    oc_rmsnorm_heads,
+    oc_kv_store,
+    oc_attention,
+    oc_l2norm_max,
+    oc_sigmoid_mul,
+    oc_moe_route,
+    oc_scale_add,
+    oc_sigmoid_scale,
+};
+
+void st_ops_cuda_free(st_ops_cuda *oc)
+{
+    if (!oc)
+        return;
+    if (oc->stream)
+        cudaStreamSynchronize(oc->stream);
+    if (oc->blas)
+        cublasDestroy(oc->blas);
+    cudaFree(oc->blas_ws);
+    cudaFree(oc->tok_d);
+    cudaFreeHost(oc->tok_h);
+    cudaFree(oc->grp);
+    cudaFree(oc->deq);
+    cudaFree(oc->att_part);
+    free(oc);
+}
+
+int st_ops_cuda_new(void *stream, uint32_t max_T, uint32_t n_ctx, uint32_t max_head_dim,
+                    st_ops_cuda **out)
+{
+    *out = NULL;
+    if (max_head_dim > OC_MAX_HD)
+        return st_error_set(ST_EINVAL, "cuda operations: head_dim %u (at most %u)", max_head_dim,
+                            OC_MAX_HD);
+    st_ops_cuda *oc = (st_ops_cuda *)calloc(1, sizeof *oc);
+    if (!oc)
+        return st_error_set(ENOMEM, "cuda operations");
+    oc->stream = (cudaStream_t)stream;
+    oc->max_T = max_T ? max_T : 1;
+    oc->n_ctx = n_ctx;
+    oc->max_hd = max_head_dim ? max_head_dim : 1;
+    int dev = 0, smem = 0;
+    int rc = 0;
+    cublasStatus_t bs;
+    if ((rc = oc_cuda(oc, cudaGetDevice(&dev), "cudaGetDevice")) ||
+        (rc = oc_cuda(oc, cudaDeviceGetAttribute(&oc->n_sm, cudaDevAttrMultiProcessorCount, dev),
+                      "cudaDeviceGetAttribute")) ||
+        (rc = oc_cuda(oc, cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin,
+                                                 dev), "cudaDeviceGetAttribute")))
+        goto fail;
+    oc->dn_smem_max = (size_t)smem;
+    if ((rc = oc_cuda(oc, cudaFuncSetAttribute(k_delta_rule<true>,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+                      "cudaFuncSetAttribute (delta rule)")) ||
+        (rc = oc_cuda(oc, cudaFuncSetAttribute(k_delta_rule<false>,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+                      "cudaFuncSetAttribute (delta rule)")))
+        goto fail;
+    bs = cublasCreate(&oc->blas);
+    if (bs == CUBLAS_STATUS_SUCCESS)
+        bs = cublasSetStream(oc->blas, oc->stream);
+    if (bs == CUBLAS_STATUS_SUCCESS)
+        bs = cublasSetAtomicsMode(oc->blas, CUBLAS_ATOMICS_NOT_ALLOWED);
+    if (bs == CUBLAS_STATUS_SUCCESS)
+        bs = cublasSetMathMode(oc->blas, CUBLAS_PEDANTIC_MATH);
+    if (bs == CUBLAS_STATUS_SUCCESS) {
+        if ((rc = oc_cuda(oc, cudaMalloc(&oc->blas_ws, OC_BLAS_WS), "cudaMalloc (cublas)")))
+            goto fail;
+        bs = cublasSetWorkspace(oc->blas, oc->blas_ws, OC_BLAS_WS);
+    }
+    if (bs != CUBLAS_STATUS_SUCCESS) {
+        rc = st_error_set(bs == CUBLAS_STATUS_ALLOC_FAILED ? ENOMEM : ST_EIO,
+                          "cuda operations: cublas setup: %s", cublasGetStatusName(bs));
+        goto fail;
+    }
+    oc->att_cap = 4ull * (uint64_t)oc->n_sm;
+    if ((rc = oc_cuda(oc, cudaMalloc((void **)&oc->tok_d, (size_t)oc->max_T * 4),
+                      "cudaMalloc (row ids)")) ||
+        (rc = oc_cuda(oc, cudaHostAlloc((void **)&oc->tok_h, (size_t)oc->max_T * 4,
+                                        cudaHostAllocDefault), "cudaHostAlloc (row ids)")) ||
+        (rc = oc_cuda(oc, cudaMalloc((void **)&oc->grp, OC_GRP_FLOATS * sizeof(float)),
+                      "cudaMalloc (grouped products)")) ||
+        (rc = oc_cuda(oc, cudaMalloc((void **)&oc->deq, OC_DEQ_FLOATS * sizeof(float)),
+                      "cudaMalloc (weight tile)")) ||
+        (rc = oc_cuda(oc, cudaMalloc((void **)&oc->att_part,
+                                     oc->att_cap * (oc->max_hd + 2) * sizeof(float)),
+                      "cudaMalloc (attention)")))
+        goto fail;
+    oc->err = 0;
+    *out = oc;
+    return 0;
+fail:
+    st_ops_cuda_free(oc);
+    return rc;
+}

@@ -1,0 +1,383 @@
+/*
+ * test_gpu_arch.c - every architecture of the engine on the CUDA backend's operation table
+ * (engine/st_ops_cuda.cu, st_backend_cuda.cu invariant 8), against the CPU backend:
+ * - logits of a prompt read in chunks (the products of many tokens: f32 tiles and SGEMM) and of
+ *   teacher-forced decode steps (one token: the quantized matrix-vector kernels) agree with the
+ *   CPU's (weights computed in f32 on their dequantized values: quant_f32) within ARCH_TOL
+ *   (max |logit difference| / max |CPU logit|, printed), for llama, qwen3, qwen35, qwen35moe,
+ *   qwen3next (fused and legacy projections) and quantized strata-hybrid, on f32, f16, bf16 and
+ *   every quantized weight type, f16 and i8 K/V;
+ * - the control: the same comparison against a model of another seed fails the tolerance;
+ * - the same inputs and chunks give the same bits (two engines), and a decode step replayed as a
+ *   CUDA graph gives the bits of the same step launched directly (STRATA_CUDA_GRAPHS=1 against unset);
+ * - a session saved on either backend restores on the other (the state hash verified by the
+ *   restore) and continues within ARCH_TOL of the saving backend.
+ * Runs only under the ctest label `gpu`. Without a usable CUDA device it FAILS, it never skips.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "engine/engine_test.h"
+#include "st_wtype.h"
+
+/* max |GPU logit - CPU logit| over max |CPU logit|: both compute in f32 on the same weight
+ * values, in other orders */
+#define ARCH_TOL 5e-3
+
+#define ST_OK(call)                                                                            \
+    do {                                                                                       \
+        int rc_ = (call);                                                                      \
+        if (rc_ != 0)                                                                          \
+            fail_msg("%s: %s: %s", #call, st_strerror(rc_), st_errdetail());                   \
+    } while (0)
+
+static char g_dir[4096];
+
+typedef struct acase {
+    const char *arch, *preset;
+    uint32_t wtype, kv_dtype;
+    void (*tweak)(st_model_hparams *hp);
+} acase;
+
+/* DeltaNet heads of 256 x 256: the matrix (256 KiB) beyond a block's shared memory, updated in
+ * place in global memory */
+static void big_heads(st_model_hparams *hp)
+{
+    hp->ssm_dk = 256;
+    hp->ssm_dv = 256;
+}
+
+static const acase k_cases[] = {
+    {"llama", "tiny", ST_GGML_F32, ST_DTYPE_F16, NULL},
+    {"llama", "tiny-untied", ST_GGML_BF16, ST_DTYPE_I8, NULL},
+    {"llama", "tiny-q", ST_GGML_Q4_K, ST_DTYPE_F16, NULL},
+    {"llama", "tiny-q", ST_GGML_Q6_K, ST_DTYPE_F16, NULL},
+    {"llama", "tiny-q", ST_GGML_Q2_K, ST_DTYPE_F16, NULL},
+    {"llama", "tiny-q", ST_GGML_Q3_K, ST_DTYPE_F16, NULL},
+    {"llama", "tiny-q", ST_GGML_Q5_K, ST_DTYPE_F16, NULL},
+    {"qwen3", "tiny", ST_GGML_F16, ST_DTYPE_F16, NULL},
+    {"qwen35", "tiny", ST_GGML_F32, ST_DTYPE_F16, NULL},
+    {"qwen35", "tiny", ST_GGML_F16, ST_DTYPE_I8, NULL},
+    {"qwen35", "tiny-q", ST_GGML_Q8_0, ST_DTYPE_F16, NULL},
+    {"qwen35", "tiny-q", ST_GGML_Q4_K, ST_DTYPE_F16, NULL},
+    {"qwen35", "tiny-q", ST_GGML_Q4_0, ST_DTYPE_F16, NULL},
+    {"qwen35", "tiny-q", ST_GGML_Q4_1, ST_DTYPE_F16, NULL},
+    {"qwen35", "tiny-q", ST_GGML_Q5_0, ST_DTYPE_F16, NULL},
+    {"qwen35", "tiny-q", ST_GGML_Q5_1, ST_DTYPE_F16, NULL},
+    {"qwen35", "tiny-q", ST_GGML_IQ4_NL, ST_DTYPE_F16, NULL},
+    {"qwen35", "tiny-q", ST_GGML_IQ4_XS, ST_DTYPE_F16, NULL},
+    {"qwen35moe", "tiny", ST_GGML_F32, ST_DTYPE_F16, NULL},
+    {"qwen35moe", "tiny-q", ST_GGML_Q8_0, ST_DTYPE_F16, NULL},
+    {"qwen3next", "tiny", ST_GGML_F32, ST_DTYPE_F16, NULL},
+    {"qwen3next", "tiny-legacy", ST_GGML_BF16, ST_DTYPE_F16, NULL},
+    {"qwen3next", "tiny-q", ST_GGML_Q4_K, ST_DTYPE_F16, NULL},
+    {"strata-hybrid", "tiny", ST_GGML_Q8_0, ST_DTYPE_F16, NULL},
+    {"qwen35", "tiny", ST_GGML_F32, ST_DTYPE_F16, big_heads},
+};
+#define N_CASES (sizeof k_cases / sizeof k_cases[0])
+
+static st_model *load_case(const acase *c, uint64_t seed)
+{
+    st_model_hparams hp;
+    ST_OK(st_model_preset_arch(c->arch, c->preset, &hp));
+    if (c->tweak)
+        c->tweak(&hp);
+    int quant = c->wtype != ST_GGML_F32 && c->wtype != ST_GGML_F16 && c->wtype != ST_GGML_BF16;
+    hp.wtype = quant ? ST_GGML_F32 : c->wtype;
+    hp.kv_dtype = c->kv_dtype;
+    char name[160], path[4400], src[4400];
+    snprintf(name, sizeof name, "%s-%s-%s-%u%s-%llu", c->arch, c->preset,
+             st_gguf_type_name(c->wtype), c->kv_dtype, c->tweak ? "-big" : "",
+             (unsigned long long)seed);
+    snprintf(path, sizeof path, "%s/%s.gguf", g_dir, name);
+    snprintf(src, sizeof src, "%s/%s.f32.gguf", g_dir, name);
+    ST_OK(st_model_write_seeded(&hp, seed, name, quant ? src : path));
+    if (quant) {
+        st_quantize_stats qs;
+        ST_OK(st_gguf_quantize(src, path, c->wtype, NULL, &qs));
+        if (qs.n_quantized == 0)
+            fail_msg("%s: nothing quantized", name);
+    }
+    st_model *m = NULL;
+    ST_OK(st_model_load(path, &m));
+    return m;
+}
+
+static st_engine *engine(const st_model *m, const char *backend, uint32_t ubatch)
+{
+    st_engine_opts o;
+    st_engine_opts_default(&o);
+    o.backend = backend;
+    o.ubatch = ubatch;
+    o.n_ctx = 512;
+    o.prompt_cache = 2;
+    o.quant_f32 = 1; /* the CPU computes on the dequantized values, as the GPU does */
+    st_engine *e = NULL;
+    ST_OK(st_engine_new(m, &o, &e));
+    return e;
+}
+
+/* n tokens in [1, V) from seed. */
+static uint32_t *prompt(uint64_t n, uint32_t V, uint64_t seed)
+{
+    uint32_t *t = malloc(n * sizeof *t);
+    assert_non_null(t);
+    uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
+    for (uint64_t i = 0; i < n; i++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        t[i] = 1 + (uint32_t)(x % (V - 1));
+    }
+    return t;
+}
+
+static uint32_t argmax(const float *l, uint32_t n)
+{
+    uint32_t b = 0;
+    for (uint32_t i = 1; i < n; i++)
+        if (l[i] > l[b])
+            b = i;
+    return b;
+}
+
+static double rel_err(const float *ref, const float *x, uint32_t n)
+{
+    double mref = 0.0, merr = 0.0;
+    for (uint32_t i = 0; i < n; i++) {
+        double d = fabs((double)x[i] - (double)ref[i]);
+        if (!(d == d))
+            fail_msg("logit %u is NaN on one side (cpu %g, gpu %g)", i, ref[i], x[i]);
+        if (fabs(ref[i]) > mref)
+            mref = fabs(ref[i]);
+        if (d > merr)
+            merr = d;
+    }
+    return merr / (mref > 0 ? mref : 1.0);
+}
+
+#define N_PROMPT 150
+#define UBATCH 64
+#define N_DEC 6
+
+/* The prompt (three chunks) and N_DEC teacher-forced decodes on mc (CPU) and mg (GPU); the
+ * largest relative error. */
+static double compare(const st_model *mc, const st_model *mg)
+{
+    uint32_t V = st_model_hparams_get(mc)->n_vocab;
+    st_engine *ec = engine(mc, "cpu", UBATCH), *eg = engine(mg, "cuda", UBATCH);
+    st_slot *sc = NULL, *sg = NULL;
+    ST_OK(st_slot_new(ec, &sc));
+    ST_OK(st_slot_new(eg, &sg));
+    uint32_t *t = prompt(N_PROMPT, V, 3);
+    ST_OK(st_slot_eval(sc, t, N_PROMPT, 0, NULL));
+    ST_OK(st_slot_eval(sg, t, N_PROMPT, 0, NULL));
+    double worst = rel_err(st_slot_logits(sc, NULL), st_slot_logits(sg, NULL), V);
+    for (int i = 0; i < N_DEC; i++) {
+        uint32_t tok = argmax(st_slot_logits(sc, NULL), V);
+        ST_OK(st_slot_decode(sc, tok));
+        ST_OK(st_slot_decode(sg, tok));
+        double r = rel_err(st_slot_logits(sc, NULL), st_slot_logits(sg, NULL), V);
+        worst = r > worst ? r : worst;
+    }
+    free(t);
+    st_slot_free(sc);
+    st_slot_free(sg);
+    st_engine_free(ec);
+    st_engine_free(eg);
+    return worst;
+}
+
+static void test_agree(void **state)
+{
+    (void)state;
+    int bad = 0;
+    for (size_t i = 0; i < N_CASES; i++) {
+        const acase *c = &k_cases[i];
+        st_model *m = load_case(c, 7);
+        double r = compare(m, m);
+        printf("gpu-vs-cpu %-13s %-11s %-7s kv %-3s%s: max rel %.3e\n", c->arch, c->preset,
+               st_gguf_type_name(c->wtype), c->kv_dtype == ST_DTYPE_I8 ? "i8" : "f16",
+               c->tweak ? " (DeltaNet 256 x 256)" : "", r);
+        fflush(stdout);
+        if (!(r <= ARCH_TOL)) {
+            printf("  ^ beyond the tolerance %.1e\n", ARCH_TOL);
+            bad++;
+        }
+        st_model_free(m);
+    }
+    if (bad)
+        fail_msg("%d of %zu cases beyond the tolerance", bad, N_CASES);
+}
+
+/* The control: a model of another seed in the same shapes must not pass. */
+static void test_control(void **state)
+{
+    (void)state;
+    const acase *cs[] = {&k_cases[2], &k_cases[10], &k_cases[19]};
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+        st_model *a = load_case(cs[i], 7), *b = load_case(cs[i], 8);
+        double r = compare(a, b);
+        printf("control %-13s %-7s (other seed): max rel %.3e\n", cs[i]->arch,
+               st_gguf_type_name(cs[i]->wtype), r);
+        if (!(r > 10 * ARCH_TOL))
+            fail_msg("%s: another model's logits pass the comparison (%.3e)", cs[i]->arch, r);
+        st_model_free(a);
+        st_model_free(b);
+    }
+}
+
+static void test_deterministic(void **state)
+{
+    (void)state;
+    const acase *cs[] = {&k_cases[11], &k_cases[22], &k_cases[19]};
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+        st_model *m = load_case(cs[i], 9);
+        uint32_t V = st_model_hparams_get(m)->n_vocab;
+        st_engine *e1 = engine(m, "cuda", 37), *e2 = engine(m, "cuda", 37);
+        st_slot *a = NULL, *b = NULL;
+        ST_OK(st_slot_new(e1, &a));
+        ST_OK(st_slot_new(e2, &b));
+        uint32_t *t = prompt(200, V, 5);
+        ST_OK(st_slot_eval(a, t, 200, 0, NULL));
+        ST_OK(st_slot_eval(b, t, 200, 0, NULL));
+        for (int k = 0; k < 6; k++) {
+            assert_memory_equal(st_slot_logits(a, NULL), st_slot_logits(b, NULL), V * 4);
+            uint32_t tok = argmax(st_slot_logits(a, NULL), V);
+            ST_OK(st_slot_decode(a, tok));
+            ST_OK(st_slot_decode(b, tok));
+        }
+        uint64_t ha, hb;
+        ST_OK(st_slot_state_hash(a, ST_CODEC_FP32, &ha));
+        ST_OK(st_slot_state_hash(b, ST_CODEC_FP32, &hb));
+        assert_true(ha == hb);
+        free(t);
+        st_slot_free(a);
+        st_slot_free(b);
+        st_engine_free(e1);
+        st_engine_free(e2);
+        st_model_free(m);
+    }
+}
+
+/* Graph replays against direct launches: the same bits at every decode step. */
+static void test_graphs(void **state)
+{
+    (void)state;
+    const acase *cs[] = {&k_cases[10], &k_cases[2], &k_cases[9], &k_cases[21]};
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+        st_model *m = load_case(cs[i], 13);
+        uint32_t V = st_model_hparams_get(m)->n_vocab;
+        setenv("STRATA_CUDA_GRAPHS", "1", 1);
+        st_engine *eg = engine(m, "cuda", UBATCH);
+        unsetenv("STRATA_CUDA_GRAPHS");
+        st_engine *ed = engine(m, "cuda", UBATCH);
+        st_slot *a = NULL, *b = NULL;
+        ST_OK(st_slot_new(eg, &a));
+        ST_OK(st_slot_new(ed, &b));
+        uint32_t *t = prompt(90, V, 19);
+        ST_OK(st_slot_eval(a, t, 90, 0, NULL));
+        ST_OK(st_slot_eval(b, t, 90, 0, NULL));
+        for (int k = 0; k < 24; k++) {
+            assert_memory_equal(st_slot_logits(a, NULL), st_slot_logits(b, NULL), V * 4);
+            uint32_t tok = argmax(st_slot_logits(a, NULL), V);
+            ST_OK(st_slot_decode(a, tok));
+            ST_OK(st_slot_decode(b, tok));
+        }
+        uint64_t ha, hb;
+        ST_OK(st_slot_state_hash(a, ST_CODEC_FP32, &ha));
+        ST_OK(st_slot_state_hash(b, ST_CODEC_FP32, &hb));
+        assert_true(ha == hb);
+        free(t);
+        st_slot_free(a);
+        st_slot_free(b);
+        st_engine_free(eg);
+        st_engine_free(ed);
+        st_model_free(m);
+    }
+}
+
+/* A session saved on `from` restores on `to` and continues within the tolerance of `from`. */
+static void across(st_engine *from, st_engine *to, uint32_t V, const char *what)
+{
+    st_slot *a = NULL, *b = NULL;
+    ST_OK(st_slot_new(from, &a));
+    ST_OK(st_slot_new(to, &b));
+    uint32_t *t = prompt(120, V, 17);
+    ST_OK(st_slot_eval(a, t, 120, 0, NULL));
+    st_image *img = NULL;
+    ST_OK(st_slot_snapshot(a, ST_SNAPSHOT_SESSION, ST_CODEC_FP32, &img));
+    ST_OK(st_slot_restore(b, img));
+    uint64_t ha, hb;
+    ST_OK(st_slot_state_hash(a, ST_CODEC_FP32, &ha));
+    ST_OK(st_slot_state_hash(b, ST_CODEC_FP32, &hb));
+    assert_true(ha == hb);
+    assert_memory_equal(st_slot_logits(a, NULL), st_slot_logits(b, NULL), V * 4);
+    double worst = 0.0;
+    for (int i = 0; i < 6; i++) {
+        uint32_t tok = argmax(st_slot_logits(a, NULL), V);
+        ST_OK(st_slot_decode(a, tok));
+        ST_OK(st_slot_decode(b, tok));
+        double r = rel_err(st_slot_logits(a, NULL), st_slot_logits(b, NULL), V);
+        worst = r > worst ? r : worst;
+    }
+    printf("across %-24s %s -> %s: continued max rel %.3e\n", what,
+           st_engine_opts_get(from)->backend, st_engine_opts_get(to)->backend, worst);
+    assert_true(worst <= ARCH_TOL);
+    st_image_free(img);
+    free(t);
+    st_slot_free(a);
+    st_slot_free(b);
+}
+
+static void test_across(void **state)
+{
+    (void)state;
+    const acase *cs[] = {&k_cases[10], &k_cases[2], &k_cases[9], &k_cases[22]};
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+        st_model *m = load_case(cs[i], 21);
+        uint32_t V = st_model_hparams_get(m)->n_vocab;
+        char what[96];
+        snprintf(what, sizeof what, "%s %s", cs[i]->arch, st_gguf_type_name(cs[i]->wtype));
+        st_engine *ec = engine(m, "cpu", UBATCH), *eg = engine(m, "cuda", UBATCH);
+        across(ec, eg, V, what);
+        across(eg, ec, V, what);
+        st_engine_free(ec);
+        st_engine_free(eg);
+        st_model_free(m);
+    }
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    st_test_tmpdir(g_dir, sizeof g_dir, "gpu_arch");
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    st_test_rmdir(g_dir);
+    return 0;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_agree),
+        cmocka_unit_test(test_control),
+        cmocka_unit_test(test_deterministic),
+        cmocka_unit_test(test_graphs),
+        cmocka_unit_test(test_across),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
