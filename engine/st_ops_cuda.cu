@@ -17,9 +17,10 @@
  * 3. Determinism: every kernel gives each output to one thread, warp or block with fixed
  *    reduction orders and no atomics; attention splits the keys by a count fixed by the call's
  *    shape (tokens, heads, position) and adds the splits in order. The same inputs read in the
- *    same chunks give the same bits. The short convolution and the delta rule do the CPU's
- *    scalar operations in the CPU's order (st_kernels.c conv_scalar, delta_cols_scalar); the
- *    rest agrees with the CPU within float rounding (tests/gpu/test_gpu_arch.c).
+ *    same chunks give the same bits. The short convolution does the CPU's scalar operations in
+ *    the CPU's order (st_kernels.c conv_scalar), and so does the delta rule for key widths
+ *    other than 8 x 2^k (delta_cols_scalar); its split form (k_delta_split) and the rest agree
+ *    with the CPU within float rounding (tests/gpu/test_gpu_arch.c).
  * 4. The first failure (a launch, cuBLAS, a size beyond what the context was made for) is kept
  *    in the context; every later operation returns at once, and st_ops_cuda_error reports and
  *    clears it. The backend checks it after each forward pass.
@@ -27,10 +28,12 @@
  *    without them (every architecture but the MoE ones) can be captured into a CUDA graph
  *    (st_backend_cuda.cu invariant 8): get_rows stages its ids in pinned memory, which the
  *    graph's copy reads when it runs.
- * 6. Products of one call whose weights are consecutive row ranges of one matrix (the layers'
- *    per-head views of a fused projection) are one product for a single token: one kernel over
- *    all their rows into a scratch row, then one scatter to their outputs. A row's result does
- *    not depend on the rows beside it, so the bits are those of the separate products.
+ * 6. Products of one call whose weights are consecutive row ranges in device memory (the
+ *    layers' per-head views of a fused projection) are one product for a single token when
+ *    their type has a matrix-vector kernel: one kernel over all their rows into a scratch row,
+ *    then one scatter to their outputs. That kernel's result for a row does not depend on the
+ *    rows beside it, so the bits are those of the separate products, however the allocator
+ *    placed the tensors.
  */
 #include <errno.h>
 #include <math.h>
@@ -311,7 +314,9 @@ static void oc_matmul(void *ocp, const float *x, uint32_t ldx, uint32_t T, const
 {
     st_ops_cuda *oc = (st_ops_cuda *)ocp;
     for (uint32_t i = 0; i < n && !oc->err;) {
-        uint32_t g = T == 1 ? group_len(mm, i, n) : 1;
+        /* only where a row's result is its own (the matrix-vector kernels): SGEMM's may depend
+         * on the product's shape, and adjacent tensors are adjacent only by the allocator */
+        uint32_t g = T == 1 && st_cuda_qmv_supported(mm[i].w->type) ? group_len(mm, i, n) : 1;
         if (g == 1) {
             oc_product(oc, &mm[i], x, ldx, T);
             i++;
@@ -599,6 +604,87 @@ __global__ void k_delta_rule(st_dn_args a)
             S[i] = M[i];
 }
 
+/* The delta rule with a head's rows split over DS_P warps: a block per (value head, 32
+ * columns), warp p holding rows [p R, p R + R) of its lane's column in registers for every token
+ * of the call; u, o and the next u are sums of the warps' parts, added in warp order through
+ * shared memory. The order is not the CPU's (agreement within float rounding); dk = DS_P R. */
+#define DS_P 8
+template <int R>
+__global__ void __launch_bounds__(32 * DS_P) k_delta_split(st_dn_args a)
+{
+    __shared__ float qs[DS_P * R], ks[DS_P * R], kn[DS_P * R];
+    __shared__ float red[2][DS_P][32];
+    const uint32_t dk = DS_P * R, dv = a.dv, h = blockIdx.x;
+    const uint32_t lane = threadIdx.x & 31, p = threadIdx.x >> 5, j = blockIdx.y * 32 + lane;
+    const bool live = j < dv;
+    uint32_t kh = a.grouped ? h / (a.n_v_heads / a.n_k_heads) : h % a.n_k_heads;
+    float *S = a.state + (size_t)h * dk * dv;
+    float m[R];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+        m[r] = live ? S[(size_t)(p * R + r) * dv + j] : 0.0f;
+    for (uint32_t i = threadIdx.x; i < dk; i += blockDim.x)
+        kn[i] = a.k[(size_t)kh * dk + i];
+    __syncthreads();
+    float u = 0.0f;
+#pragma unroll
+    for (int r = 0; r < R; r++)
+        u = __fmaf_rn(m[r], kn[p * R + r], u);
+    red[1][p][lane] = u;
+    __syncthreads();
+    u = 0.0f;
+    for (int k = 0; k < DS_P; k++)
+        u += red[1][k][lane];
+    for (uint32_t t = 0; t < a.T; t++) {
+        __syncthreads();
+        const float *qt = a.q + (size_t)t * a.ld + (size_t)kh * dk;
+        for (uint32_t i = threadIdx.x; i < dk; i += blockDim.x) {
+            qs[i] = qt[i];
+            ks[i] = kn[i];
+        }
+        __syncthreads();
+        bool more = t + 1 < a.T;
+        if (more)
+            for (uint32_t i = threadIdx.x; i < dk; i += blockDim.x)
+                kn[i] = a.k[(size_t)(t + 1) * a.ld + (size_t)kh * dk + i];
+        __syncthreads();
+        float al = a.alpha[(size_t)t * a.ld_g + h], be = a.beta[(size_t)t * a.ld_g + h];
+        float vj = live ? a.v[(size_t)t * a.ld + (size_t)h * dv + j] : 0.0f;
+        float d = be * (vj - al * u);
+        float o = 0.0f, un = 0.0f;
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            uint32_t i = p * R + r;
+            float mv = __fmaf_rn(ks[i], d, al * m[r]);
+            m[r] = mv;
+            o = __fmaf_rn(mv, qs[i], o);
+            un = __fmaf_rn(mv, kn[i], un);
+        }
+        red[0][p][lane] = o;
+        red[1][p][lane] = un;
+        __syncthreads();
+        if (p == 0 && live) {
+            float O = 0.0f;
+            for (int k = 0; k < DS_P; k++)
+                O += red[0][k][lane];
+            a.out[(size_t)t * a.ld_out + (size_t)h * dv + j] = O;
+        }
+        u = 0.0f;
+        for (int k = 0; k < DS_P; k++)
+            u += red[1][k][lane];
+    }
+    if (live)
+#pragma unroll
+        for (int r = 0; r < R; r++)
+            S[(size_t)(p * R + r) * dv + j] = m[r];
+}
+
+template <int R>
+static void delta_split(st_ops_cuda *oc, const st_dn_args *a)
+{
+    k_delta_split<R><<<dim3(a->n_v_heads, (a->dv + 31) / 32), 32 * DS_P, 0, oc->stream>>>(*a);
+}
+
 static void oc_delta_rule(void *ocp, const st_dn_args *a)
 {
     st_ops_cuda *oc = (st_ops_cuda *)ocp;
@@ -610,6 +696,14 @@ static void oc_delta_rule(void *ocp, const st_dn_args *a)
         return oc_fail(oc, st_error_set(ST_EINVAL, "cuda operations: a DeltaNet head of %u x %u "
                                         "(at most 1024 columns)", a->dk, a->dv));
     unsigned th = (a->dv + 31) / 32 * 32;
+    switch (a->dk) {
+    case 2 * DS_P: delta_split<2>(oc, a); LAUNCHED(oc, "k_delta_split"); return;
+    case 4 * DS_P: delta_split<4>(oc, a); LAUNCHED(oc, "k_delta_split"); return;
+    case 8 * DS_P: delta_split<8>(oc, a); LAUNCHED(oc, "k_delta_split"); return;
+    case 16 * DS_P: delta_split<16>(oc, a); LAUNCHED(oc, "k_delta_split"); return;
+    case 32 * DS_P: delta_split<32>(oc, a); LAUNCHED(oc, "k_delta_split"); return;
+    default: break;
+    }
     if (smem <= oc->dn_smem_max)
         k_delta_rule<true><<<a->n_v_heads, th, smem, oc->stream>>>(*a);
     else
@@ -871,10 +965,10 @@ static void oc_attention(void *ocp, const st_kv_view *kv, const float *q, uint32
         return oc_fail(oc, st_error_set(ST_EINVAL, "cuda operations: %u query heads over %u K/V "
                                         "heads", n_head, a.g.nkv));
     /* split the keys when the (token, head) blocks alone would not fill the GPU */
-    uint64_t nk = pos0 + T, base = (uint64_t)T * n_head, target = 2ull * (uint64_t)oc->n_sm;
+    uint64_t nk = pos0 + T, base = (uint64_t)T * n_head, target = 8ull * (uint64_t)oc->n_sm;
     uint32_t nsplit = 1;
     if (base < target) {
-        uint64_t want = (target + base - 1) / base, most = (nk + 63) / 64;
+        uint64_t want = (target + base - 1) / base, most = (nk + 31) / 32;
         nsplit = (uint32_t)(want < most ? want : most);
         if (nsplit < 1)
             nsplit = 1;
@@ -1053,7 +1147,7 @@ int st_ops_cuda_new(void *stream, uint32_t max_T, uint32_t n_ctx, uint32_t max_h
                           "cuda operations: cublas setup: %s", cublasGetStatusName(bs));
         goto fail;
     }
-    oc->att_cap = 4ull * (uint64_t)oc->n_sm;
+    oc->att_cap = 16ull * (uint64_t)oc->n_sm;
     if ((rc = oc_cuda(oc, cudaMalloc((void **)&oc->tok_d, (size_t)oc->max_T * 4),
                       "cudaMalloc (row ids)")) ||
         (rc = oc_cuda(oc, cudaHostAlloc((void **)&oc->tok_h, (size_t)oc->max_T * 4,

@@ -47,12 +47,25 @@ typedef struct acase {
     void (*tweak)(st_model_hparams *hp);
 } acase;
 
-/* DeltaNet heads of 256 x 256: the matrix (256 KiB) beyond a block's shared memory, updated in
- * place in global memory */
+/* The delta rule's three forms: keys of 8 x 2^k split over warps (256 x 256: the widest);
+ * other widths one thread per column, the matrix in shared memory (24 x 24) or, beyond it
+ * (240 x 240: 225 KiB and the vectors), in place in global memory */
 static void big_heads(st_model_hparams *hp)
 {
     hp->ssm_dk = 256;
     hp->ssm_dv = 256;
+}
+
+static void odd_heads(st_model_hparams *hp)
+{
+    hp->ssm_dk = 24;
+    hp->ssm_dv = 24;
+}
+
+static void huge_odd_heads(st_model_hparams *hp)
+{
+    hp->ssm_dk = 240;
+    hp->ssm_dv = 240;
 }
 
 static const acase k_cases[] = {
@@ -81,6 +94,8 @@ static const acase k_cases[] = {
     {"qwen3next", "tiny-q", ST_GGML_Q4_K, ST_DTYPE_F16, NULL},
     {"strata-hybrid", "tiny", ST_GGML_Q8_0, ST_DTYPE_F16, NULL},
     {"qwen35", "tiny", ST_GGML_F32, ST_DTYPE_F16, big_heads},
+    {"qwen35", "tiny", ST_GGML_F32, ST_DTYPE_F16, odd_heads},
+    {"qwen35", "tiny", ST_GGML_F32, ST_DTYPE_F16, huge_odd_heads},
 };
 #define N_CASES (sizeof k_cases / sizeof k_cases[0])
 
@@ -94,8 +109,8 @@ static st_model *load_case(const acase *c, uint64_t seed)
     hp.wtype = quant ? ST_GGML_F32 : c->wtype;
     hp.kv_dtype = c->kv_dtype;
     char name[160], path[4400], src[4400];
-    snprintf(name, sizeof name, "%s-%s-%s-%u%s-%llu", c->arch, c->preset,
-             st_gguf_type_name(c->wtype), c->kv_dtype, c->tweak ? "-big" : "",
+    snprintf(name, sizeof name, "%s-%s-%s-%u-%u-%u-%llu", c->arch, c->preset,
+             st_gguf_type_name(c->wtype), c->kv_dtype, hp.ssm_dk, hp.ssm_dv,
              (unsigned long long)seed);
     snprintf(path, sizeof path, "%s/%s.gguf", g_dir, name);
     snprintf(src, sizeof src, "%s/%s.f32.gguf", g_dir, name);
@@ -204,9 +219,10 @@ static void test_agree(void **state)
         const acase *c = &k_cases[i];
         st_model *m = load_case(c, 7);
         double r = compare(m, m);
-        printf("gpu-vs-cpu %-13s %-11s %-7s kv %-3s%s: max rel %.3e\n", c->arch, c->preset,
-               st_gguf_type_name(c->wtype), c->kv_dtype == ST_DTYPE_I8 ? "i8" : "f16",
-               c->tweak ? " (DeltaNet 256 x 256)" : "", r);
+        const st_model_hparams *hp = st_model_hparams_get(m);
+        printf("gpu-vs-cpu %-13s %-11s %-7s kv %-3s DeltaNet %3u x %3u: max rel %.3e\n",
+               c->arch, c->preset, st_gguf_type_name(c->wtype),
+               c->kv_dtype == ST_DTYPE_I8 ? "i8" : "f16", hp->ssm_dk, hp->ssm_dv, r);
         fflush(stdout);
         if (!(r <= ARCH_TOL)) {
             printf("  ^ beyond the tolerance %.1e\n", ARCH_TOL);
