@@ -15,7 +15,11 @@
  *   conversation cache (root checkpoint mounted) and without (full read); their first tokens are
  *   compared (the chunks are cut at the same places, so they must be identical).
  *
- *   bench_gpu_engine [--tokens N] [--system N] [--dir DIR]
+ *   bench_gpu_engine [--tokens N] [--system N] [--dir DIR] [--model ARCH:PRESET:TYPE]
+ *
+ * --model: another seeded model instead of the bench preset, e.g. qwen35:0.8b:q8_0 (issue 14
+ * section 4: a Qwen3.5-shaped conversation; quantized types are the f32 model quantized by
+ * st_gguf_quantize), run on the operation table (docs/ENGINE.md).
  *
  * DIR (default $TMPDIR or /tmp) gets the model and the session file, removed afterwards.
  */
@@ -187,6 +191,7 @@ static void park_restore(st_slot *s, st_slot *r, uint32_t codec, uint64_t pcie, 
 int main(int argc, char **argv)
 {
     uint64_t n_tok = 32768, n_sys = 16384;
+    const char *spec = NULL;
     const char *dir = getenv("TMPDIR");
     if (!dir || !*dir)
         dir = "/tmp";
@@ -197,8 +202,11 @@ int main(int argc, char **argv)
             n_sys = strtoull(argv[++i], NULL, 0);
         else if (!strcmp(argv[i], "--dir") && i + 1 < argc)
             dir = argv[++i];
+        else if (!strcmp(argv[i], "--model") && i + 1 < argc)
+            spec = argv[++i];
         else {
-            fprintf(stderr, "usage: bench_gpu_engine [--tokens N] [--system N] [--dir DIR]\n");
+            fprintf(stderr, "usage: bench_gpu_engine [--tokens N] [--system N] [--dir DIR] "
+                            "[--model ARCH:PRESET:TYPE]\n");
             return 2;
         }
     }
@@ -213,14 +221,31 @@ int main(int argc, char **argv)
     pinned_gbs(&h2d, &d2h);
 
     st_model_hparams hp;
-    if ((rc = st_model_preset("bench", &hp)))
+    char arch[64] = "", preset[64] = "bench", tname[32] = "";
+    uint32_t qtype = 0;
+    if (spec && (sscanf(spec, "%63[^:]:%63[^:]:%31s", arch, preset, tname) != 3 ||
+                 st_quantize_type_parse(tname, &qtype))) {
+        fprintf(stderr, "bench_gpu_engine: --model %s: ARCH:PRESET:TYPE\n", spec);
+        return 2;
+    }
+    if ((rc = spec ? st_model_preset_arch(arch, preset, &hp) : st_model_preset("bench", &hp)))
         die("preset", rc);
-    char path[4200], sess[4200];
+    int quant = spec && qtype != ST_GGML_F32 && qtype != ST_GGML_F16 && qtype != ST_GGML_BF16;
+    if (spec)
+        hp.wtype = quant ? ST_GGML_F32 : qtype;
+    char path[4200], sess[4200], src[4200];
     snprintf(path, sizeof path, "%s/bench-gpu.gguf", dir);
+    snprintf(src, sizeof src, "%s/bench-gpu.f32.gguf", dir);
     snprintf(sess, sizeof sess, "%s/bench-gpu.stsf", dir);
     double t = now_s();
-    if ((rc = st_model_write_seeded(&hp, 1, "bench", path)))
+    if ((rc = st_model_write_seeded(&hp, 1, "bench", quant ? src : path)))
         die("writing the model", rc);
+    if (quant) {
+        st_quantize_stats qs;
+        if ((rc = st_gguf_quantize(src, path, qtype, NULL, &qs)))
+            die("quantizing the model", rc);
+        unlink(src);
+    }
     st_model *m = NULL;
     if ((rc = st_model_load(path, &m)))
         die("loading the model", rc);
@@ -231,8 +256,9 @@ int main(int argc, char **argv)
     double t_setup = now_s() - t;
     uint64_t state_b = st_model_state_bytes(&hp), kv_tok = st_model_kv_bytes_per_token(&hp, hp.kv_dtype);
 
-    printf("== bench_gpu_engine on %s: bench preset (%.1f M parameters, %.1f MB running state, "
+    printf("== bench_gpu_engine on %s: %s (%.1f M parameters, %.1f MB running state, "
            "%llu B K/V per token), model written and loaded in %.1f s\n", prop.name,
+           spec ? spec : "bench preset",
            (double)st_model_n_params(&hp) / 1e6, (double)state_b / 1e6,
            (unsigned long long)kv_tok, t_setup);
     printf("limits measured now: pinned host->device %.1f GB/s, device->host %.1f GB/s (256 MiB, "

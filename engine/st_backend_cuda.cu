@@ -1,8 +1,10 @@
 /*
- * st_backend_cuda.cu - the CUDA backend: the strata-hybrid forward pass on one GPU (bf16
- * weights, cuBLAS projections with fp32 accumulation, kernels for the rest), the slot state in
- * device memory (running tensors and a paged K/V arena), and the transfers that move it through
- * pinned staging buffers, published as the same geometry tensors as the CPU backend.
+ * st_backend_cuda.cu - the CUDA backend on one GPU: strata-hybrid's own forward pass (bf16
+ * weights, cuBLAS projections with fp32 accumulation, kernels for the rest) and, for every other
+ * model, the architecture's forward pass on the operation table (st_ops_cuda.cu, invariant 8);
+ * the slot state in device memory (running tensors and a paged K/V arena), and the transfers
+ * that move it through pinned staging buffers, published as the same geometry tensors as the
+ * CPU backend.
  *
  * Invariants:
  * 1. The geometry is the CPU backend's, tensor for tensor (names, order, dtypes, shapes), so an
@@ -1261,12 +1263,14 @@ static int ops_setup(cu_ctx *c)
     }
     if ((rc = ops_upload_model(c)) ||
         (rc = st_ops_cuda_new(c->stream, c->T, c->n_ctx, c->n_attn ? c->hd : 1, &c->oc)) ||
-        (rc = m->arch->fwd_new(m, &st_ops_cuda_table, c->oc, c->T, &c->ws)))
+        (rc = m->arch->fwd_new(m, st_ops_cuda_get(c->oc), c->oc, c->T, &c->ws)))
         return rc;
     CU(cudaMalloc((void **)&c->logits_d, (size_t)c->V * 4));
     CU(cudaHostAlloc((void **)&c->logits_h, (size_t)c->V * 4, cudaHostAllocDefault));
     const char *gv = getenv("STRATA_CUDA_GRAPHS");
-    c->graphs = gv && !strcmp(gv, "1") && !hp->n_expert;
+    /* a profiled table waits inside every operation, which a capture cannot hold */
+    c->graphs = gv && !strcmp(gv, "1") && !hp->n_expert &&
+                st_ops_cuda_get(c->oc) == &st_ops_cuda_table;
     if (gv && *gv && strcmp(gv, "0") && strcmp(gv, "1"))
         fprintf(stderr, "strata: cuda backend: STRATA_CUDA_GRAPHS=%s: 0 or 1; graphs stay off\n",
                 gv);
@@ -2787,7 +2791,7 @@ static int ops_forward(cu_ctx *c, cu_state *s, const uint32_t *tokens, uint32_t 
     st_fwd f;
     memset(&f, 0, sizeof f);
     f.m = &c->dm;
-    f.ops = &st_ops_cuda_table;
+    f.ops = st_ops_cuda_get(c->oc);
     f.oc = c->oc;
     f.mem = &om;
     f.kv_view = ops_kv_view;

@@ -28,6 +28,10 @@
  *    without them (every architecture but the MoE ones) can be captured into a CUDA graph
  *    (st_backend_cuda.cu invariant 8): get_rows stages its ids in pinned memory, which the
  *    graph's copy reads when it runs.
+ * 7. STRATA_CUDA_OPS_PROFILE=1 (st_ops_cuda_new): every operation, and every product inside
+ *    matmul by its path, waits for the stream before and after itself and adds its wall time to
+ *    its row of a table printed to stderr when the context is freed: where a forward pass's
+ *    time goes, launches included (the waits make the whole pass slower).
  * 6. Products of one call whose weights are consecutive row ranges in device memory (the
  *    layers' per-head views of a fused projection) are one product for a single token when
  *    their type has a matrix-vector kernel: one kernel over all their rows into a scratch row,
@@ -40,6 +44,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
@@ -57,7 +62,23 @@ extern "C" {
 #define OC_GRP_FLOATS ((size_t)1 << 20) /* a grouped product's rows for one token */
 #define OC_GRP_MAX 64                   /* products per scatter */
 
+/* the profile's rows (invariant 7): the operations in table order, then the product paths */
+enum {
+    PR_GET_ROWS, PR_MATMUL, PR_ADD_RMSNORM, PR_RMSNORM_GATED, PR_L2NORM, PR_SWIGLU,
+    PR_SHORT_CONV, PR_DN_GATES, PR_DELTA_RULE, PR_ROPE_NORM, PR_ROPE_NEOX, PR_RMSNORM_HEADS,
+    PR_KV_STORE, PR_ATTENTION, PR_L2NORM_MAX, PR_SIGMOID_MUL, PR_MOE_ROUTE, PR_SCALE_ADD,
+    PR_SIGMOID_SCALE, PR_QMV, PR_SGEMM, PR_DEQUANT_SGEMM, PR_N
+};
+static const char *const k_prof_names[PR_N] = {
+    "get_rows", "matmul (all)", "add_rmsnorm", "rmsnorm_gated", "l2norm", "swiglu",
+    "short_conv", "dn_gates", "delta_rule", "rope_norm", "rope_neox", "rmsnorm_heads",
+    "kv_store", "attention", "l2norm_max", "sigmoid_mul", "moe_route", "scale_add",
+    "sigmoid_scale", "  product: qmv", "  product: sgemm f32", "  product: widen + sgemm"};
+
 struct st_ops_cuda {
+    int prof;                  /* invariant 7 */
+    double prof_s[PR_N], prof_t0[2];
+    uint64_t prof_n[PR_N];
     cudaStream_t stream;
     cublasHandle_t blas;
     void *blas_ws;
@@ -92,6 +113,27 @@ static int oc_cuda(st_ops_cuda *oc, cudaError_t e, const char *what)
 }
 
 #define LAUNCHED(oc, name) oc_cuda((oc), cudaGetLastError(), "launch of " name)
+
+static double prof_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* level 0: an operation, 1: a product inside matmul */
+static void prof_begin(st_ops_cuda *oc, int level)
+{
+    cudaStreamSynchronize(oc->stream);
+    oc->prof_t0[level] = prof_now();
+}
+
+static void prof_end(st_ops_cuda *oc, int level, int row)
+{
+    cudaStreamSynchronize(oc->stream);
+    oc->prof_s[row] += prof_now() - oc->prof_t0[level];
+    oc->prof_n[row]++;
+}
 
 int st_ops_cuda_error(st_ops_cuda *oc)
 {
@@ -246,13 +288,21 @@ static void oc_product(st_ops_cuda *oc, const st_mm *p, const float *x, uint32_t
         return oc_fail(oc, st_error_set(ST_EINVAL, "cuda operations: a strided weight"));
     if (T == 1 && st_cuda_qmv_supported(w->type) && ((uintptr_t)x & 15) == 0 &&
         ((uintptr_t)w->data & 15) == 0) {
+        if (oc->prof)
+            prof_begin(oc, 1);
         int rc = st_cuda_qmv(w->type, w->data, rows, cols, x, p->y, oc->stream);
         if (rc)
             oc_fail(oc, rc);
+        if (oc->prof)
+            prof_end(oc, 1, PR_QMV);
         return;
     }
+    if (oc->prof)
+        prof_begin(oc, 1);
     if (w->type == ST_GGML_F32) {
         oc_sgemm(oc, (const float *)w->data, rows, cols, cols, x, ldx, T, p->y, p->ldy);
+        if (oc->prof)
+            prof_end(oc, 1, PR_SGEMM);
         return;
     }
     uint64_t rb = st_wmat_row_bytes(w);
@@ -268,6 +318,8 @@ static void oc_product(st_ops_cuda *oc, const st_mm *p, const float *x, uint32_t
         if (oc_sgemm(oc, oc->deq, nr, cols, cols, x, ldx, T, p->y + r0, p->ldy))
             return;
     }
+    if (oc->prof)
+        prof_end(oc, 1, PR_DEQUANT_SGEMM);
 }
 
 /* The scatter of a grouped product (invariant 6): segment k's rows [at[k], at[k + 1]) of src
@@ -1082,10 +1134,70 @@ extern "C" const st_ops st_ops_cuda_table = {
     oc_sigmoid_scale,
 };
 
+/* The profiled table (invariant 7): each entry the operation between two waits. */
+template <typename Sig, Sig F, int Row> struct prof_wrap;
+template <typename... A, void (*F)(void *, A...), int Row>
+struct prof_wrap<void (*)(void *, A...), F, Row> {
+    static void call(void *ocp, A... a)
+    {
+        st_ops_cuda *oc = (st_ops_cuda *)ocp;
+        prof_begin(oc, 0);
+        F(ocp, a...);
+        prof_end(oc, 0, Row);
+    }
+};
+#define PW(f, row) prof_wrap<decltype(&f), &f, row>::call
+
+extern "C" const st_ops st_ops_cuda_prof_table = {
+    "cuda (profiled)",
+    oc_mem_alloc,
+    oc_mem_free,
+    oc_upload,
+    oc_download,
+    PW(oc_get_rows, PR_GET_ROWS),
+    PW(oc_matmul, PR_MATMUL),
+    PW(oc_add_rmsnorm, PR_ADD_RMSNORM),
+    PW(oc_rmsnorm_gated, PR_RMSNORM_GATED),
+    PW(oc_l2norm, PR_L2NORM),
+    PW(oc_swiglu, PR_SWIGLU),
+    PW(oc_short_conv, PR_SHORT_CONV),
+    PW(oc_dn_gates, PR_DN_GATES),
+    PW(oc_delta_rule, PR_DELTA_RULE),
+    PW(oc_rope_norm, PR_ROPE_NORM),
+    PW(oc_rope_neox, PR_ROPE_NEOX),
+    PW(oc_rmsnorm_heads, PR_RMSNORM_HEADS),
+    PW(oc_kv_store, PR_KV_STORE),
+    PW(oc_attention, PR_ATTENTION),
+    PW(oc_l2norm_max, PR_L2NORM_MAX),
+    PW(oc_sigmoid_mul, PR_SIGMOID_MUL),
+    PW(oc_moe_route, PR_MOE_ROUTE),
+    PW(oc_scale_add, PR_SCALE_ADD),
+    PW(oc_sigmoid_scale, PR_SIGMOID_SCALE),
+};
+
+const st_ops *st_ops_cuda_get(const st_ops_cuda *oc)
+{
+    return oc->prof ? &st_ops_cuda_prof_table : &st_ops_cuda_table;
+}
+
 void st_ops_cuda_free(st_ops_cuda *oc)
 {
     if (!oc)
         return;
+    if (oc->prof) {
+        double all = 0.0;
+        for (int i = 0; i < PR_QMV; i++)
+            all += oc->prof_s[i];
+        fprintf(stderr, "strata: cuda operations profile (STRATA_CUDA_OPS_PROFILE): %.1f ms in "
+                "operations\n%-24s %10s %12s %10s %7s\n", all * 1e3, "operation", "calls",
+                "total ms", "us/call", "share");
+        for (int i = 0; i < PR_N; i++)
+            if (oc->prof_n[i])
+                fprintf(stderr, "%-24s %10llu %12.2f %10.1f %6.1f%%\n", k_prof_names[i],
+                        (unsigned long long)oc->prof_n[i], oc->prof_s[i] * 1e3,
+                        oc->prof_s[i] * 1e6 / (double)oc->prof_n[i],
+                        all > 0 ? 100.0 * oc->prof_s[i] / all : 0.0);
+    }
     if (oc->stream)
         cudaStreamSynchronize(oc->stream);
     if (oc->blas)
@@ -1110,6 +1222,8 @@ int st_ops_cuda_new(void *stream, uint32_t max_T, uint32_t n_ctx, uint32_t max_h
     if (!oc)
         return st_error_set(ENOMEM, "cuda operations");
     oc->stream = (cudaStream_t)stream;
+    const char *pv = getenv("STRATA_CUDA_OPS_PROFILE");
+    oc->prof = pv && !strcmp(pv, "1");
     oc->max_T = max_T ? max_T : 1;
     oc->n_ctx = n_ctx;
     oc->max_hd = max_head_dim ? max_head_dim : 1;

@@ -137,6 +137,10 @@ int st_ops_cuda_new(void *stream, uint32_t max_T, uint32_t n_ctx, uint32_t max_h
                     st_ops_cuda **out);
 void st_ops_cuda_free(st_ops_cuda *oc); /* accepts NULL */
 int st_ops_cuda_error(st_ops_cuda *oc);
+/* The table to run it with: st_ops_cuda_table, or with STRATA_CUDA_OPS_PROFILE=1 at creation
+ * its profiled twin (every operation timed between two waits; the table printed to stderr when
+ * the context is freed). */
+const st_ops *st_ops_cuda_get(const st_ops_cuda *oc);
 
 /* The CPU table: its context is an st_ops_cpu, made for a model's memory spec, a context length
  * (attention's scores), the engine's kernels and pool (borrowed), and for the integer path the

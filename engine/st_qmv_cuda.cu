@@ -1,9 +1,10 @@
 /*
  * st_qmv_cuda.cu - matrix-vector products of quantized weights on the GPU, the weights read in
  * their file type and dequantized in registers (issue 14, section 1: the decode products):
- * Q8_0, Q4_K and Q6_K, in ggml's block layouts (docs/ENGINE.md, "Weight types"). Not yet used
- * by the forward pass: the CUDA backend runs strata-hybrid on bf16 weights; these kernels are
- * its first piece on the way to the op table (docs/ENGINE.md, "CUDA backend").
+ * Q8_0, Q4_K and Q6_K, in ggml's block layouts (docs/ENGINE.md, "Weight types"). The CUDA
+ * operation table (st_ops_cuda.cu) runs every one-token product of these types through
+ * st_cuda_qmv; st_cuda_qmv_i8 is not used by the forward pass (docs/ENGINE.md, "Quantized
+ * products on the GPU").
  *
  * Invariants:
  * 1. y[r] = sum over k of W[r][k] * x[k] for W [rows][cols] (rows of cols / block blocks, packed
@@ -12,9 +13,10 @@
  *    lane reads the x values of its part of a block once and uses them for the QMV_R rows (the
  *    x traffic is 1/QMV_R per row), the weights once; the warps' sums are added in warp order.
  * 3. Determinism: each lane sums its elements in block order with written-out fused
- *    multiply-adds (__fmaf_rn; the engine is compiled with --fmad=false), the warp reduces with a fixed
- *    shuffle tree, the CTA adds its warps in order, no atomics: the same inputs give the same bits. The order is not the CPU's
- *    (the results agree within float rounding; tests/gpu/test_gpu_qmv.c).
+ *    multiply-adds (__fmaf_rn; the engine is compiled with --fmad=false), the warp reduces with
+ *    a fixed shuffle tree, the CTA adds its warps in order, no atomics: the same inputs give the
+ *    same bits. The order is not the CPU's (the results agree within float rounding;
+ *    tests/gpu/test_gpu_qmv.c).
  */
 #include <stdint.h>
 

@@ -32,12 +32,13 @@
  * kinds of a session file and of a stored version; a long shared system prompt on qwen35 read
  * once, SAVEd, and several conversations resumed from it equal uninterrupted runs
  * (`test_api_arch shared N`: N tokens, 1,024 in make test, 16,384 in test_api_arch_16k, slow);
- * a server without --backend runs them on the CPU (also where a GPU is present), and
- * --backend cuda is refused at start naming the architecture.
+ * a server without --backend runs them on the CPU where no GPU is and on the GPU where one is,
+ * and --backend cuda without a GPU is refused at start naming the missing device.
  */
 #include <stdint.h>
 
 #include "st_api_test.h"
+#include "st_codec.h"
 #include "st_store.h"
 
 #define CTL ST_BIN_DIR "/statectl"
@@ -572,8 +573,8 @@ static void test_inspect_layers(void **state)
 
 /* ---- the backend a server picks ---------------------------------------------------------------- */
 
-/* Without --backend (and $STRATA_BACKEND) a server runs every architecture but strata-hybrid on
- * the CPU, also where a GPU is present: the CUDA backend runs strata-hybrid only. */
+/* Without --backend (and $STRATA_BACKEND) a server runs every architecture on the GPU where one
+ * is (st_codec_cuda_available), else on the CPU. */
 static void test_default_backend(void **state)
 {
     (void)state;
@@ -593,8 +594,11 @@ static void test_default_backend(void **state)
         assert_non_null(log);
         char *mine = strndup(log + before, len - before);
         free(log);
-        if (!strstr(mine, "strata-server: engine on the cpu backend\n"))
-            fail_msg("a %s server without --backend:\n%s", models[i].arch, mine);
+        const char *want = st_codec_cuda_available() ? "strata-server: engine on the cuda backend\n"
+                                                     : "strata-server: engine on the cpu backend\n";
+        if (!strstr(mine, want))
+            fail_msg("a %s server without --backend (want \"%s\"):\n%s", models[i].arch, want,
+                     mine);
         free(mine);
     }
     /* --backend cuda runs qwen35 on the operation table where a GPU is; without one (CI) it is

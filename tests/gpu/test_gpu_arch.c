@@ -288,7 +288,8 @@ static void test_deterministic(void **state)
 static void test_graphs(void **state)
 {
     (void)state;
-    const acase *cs[] = {&k_cases[10], &k_cases[2], &k_cases[9], &k_cases[21]};
+    /* no MoE model: their decode steps wait for the selection and are not captured */
+    const acase *cs[] = {&k_cases[10], &k_cases[2], &k_cases[9], &k_cases[7]};
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
         st_model *m = load_case(cs[i], 13);
         uint32_t V = st_model_hparams_get(m)->n_vocab;
