@@ -1828,7 +1828,9 @@ int st_conv_new(const st_conv_env *ce, st_conv **out)
     if (!eo.backend) {
         const char *env = getenv("STRATA_BACKEND");
         /* the CUDA backend where a GPU is and it computes the model (st_engine_cuda_check) */
-        int cuda = st_codec_cuda_available() && !st_engine_cuda_check(st_model_gguf(cv->model));
+        /* f32 K/V (the reference comparisons' precision) is the CPU's alone */
+        int cuda = st_codec_cuda_available() && cfg->kv_dtype != ST_DTYPE_F32 &&
+                   !st_engine_cuda_check(st_model_gguf(cv->model));
         eo.backend = env && *env ? env : cuda ? "cuda" : "cpu";
     }
     if (cfg->threads)

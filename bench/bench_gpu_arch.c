@@ -159,7 +159,7 @@ static void run(const char *spec, const char *dir, uint32_t n_prompt, uint32_t n
     st_slot *sd = NULL;
     if ((rc = st_engine_new(m, &o, &ed)) || (rc = st_slot_new(ed, &sd)) ||
         (rc = st_slot_eval(sd, tok, n_prompt, 0, NULL)))
-        die("the direct engine", rc);
+        die("the graphs engine", rc);
     unsetenv("STRATA_CUDA_GRAPHS");
     double tdd = now_s();
     for (uint32_t i = 0; i < n_dec; i++)

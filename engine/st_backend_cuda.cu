@@ -59,8 +59,8 @@
  *    captured into a CUDA graph and replayed: the kernels and their arguments are the ones a
  *    direct run would launch, so the bits are the same; the executable graph of the previous
  *    step is updated in place (cudaGraphExecUpdate) and instantiated again only when the
- *    update is refused. Opt-in (STRATA_CUDA_GRAPHS=1): on the H200 they gain nothing yet, the
- *    step's time being in its kernels, not in their launches (docs/BENCHMARKS.md).
+ *    update is refused. Opt-in (STRATA_CUDA_GRAPHS=1): on the H200 they gain nothing as built
+ *    (each step is captured again, so the host's calls stay; docs/BENCHMARKS.md).
  */
 #include <errno.h>
 #include <math.h>
@@ -81,6 +81,7 @@ extern "C" {
 #include "st_ops_int.h"
 }
 #include "st_elem_cuda.cuh"
+#include "st_reduce_cuda.cuh"
 #include "st_xxh3.h"
 
 typedef __nv_bfloat16 bf16;
@@ -253,51 +254,7 @@ typedef struct cu_state {
     uint8_t **pages_d;
 } cu_state;
 
-/* ---- kernels: helpers --------------------------------------------------------------------- */
-__device__ __forceinline__ float warp_sum(float v)
-{
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(FULL, v, o);
-    return v;
-}
-
-__device__ __forceinline__ float warp_max(float v)
-{
-    for (int o = 16; o > 0; o >>= 1)
-        v = fmaxf(v, __shfl_xor_sync(FULL, v, o));
-    return v;
-}
-
-/* Sum over the block (blockDim a multiple of 32): a fixed shuffle tree per warp, then the warp
- * sums in warp order, the same in every thread. sh: 32 floats. */
-__device__ float block_sum(float v, float *sh)
-{
-    v = warp_sum(v);
-    unsigned w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    if ((threadIdx.x & 31) == 0)
-        sh[w] = v;
-    __syncthreads();
-    float t = 0.0f;
-    for (unsigned i = 0; i < nw; i++)
-        t += sh[i];
-    __syncthreads();
-    return t;
-}
-
-__device__ float block_max(float v, float *sh)
-{
-    v = warp_max(v);
-    unsigned w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    if ((threadIdx.x & 31) == 0)
-        sh[w] = v;
-    __syncthreads();
-    float t = sh[0];
-    for (unsigned i = 1; i < nw; i++)
-        t = fmaxf(t, sh[i]);
-    __syncthreads();
-    return t;
-}
-
+/* ---- kernels: helpers (the reductions: st_reduce_cuda.cuh) ----------------------------- */
 __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
 
 /* ---- kernels: the layers ------------------------------------------------------------------ */
@@ -326,7 +283,7 @@ __global__ void k_add_norm(float *x, const float *out, int add, const float *w, 
         }
         ss = fmaf(v, v, ss);
     }
-    ss = block_sum(ss, sh);
+    ss = st_block_sum(ss, sh);
     float sc = 1.0f / sqrtf(ss / (float)E + eps);
     bf16 *yr = y + (size_t)blockIdx.x * E;
     for (uint32_t i = threadIdx.x; i < E; i += blockDim.x)
@@ -380,8 +337,8 @@ __global__ void k_dn_prep(float *qkvc, uint32_t C, uint32_t H, uint32_t dk, cons
         sq = fmaf(q[i], q[i], sq);
         sk = fmaf(k[i], k[i], sk);
     }
-    sq = block_sum(sq, sh);
-    sk = block_sum(sk, sh);
+    sq = st_block_sum(sq, sh);
+    sk = st_block_sum(sk, sh);
     float nq = 1.0f / sqrtf(sq + 1e-6f), nk = 1.0f / sqrtf(sk + 1e-6f);
     float qs = 1.0f / sqrtf((float)dk);
     for (uint32_t i = threadIdx.x; i < dk; i += blockDim.x) {
@@ -526,7 +483,7 @@ __global__ void k_dn_gate(const float *o, const float *gate, uint32_t ldm, const
     float ss = 0.0f;
     for (uint32_t i = threadIdx.x; i < dv; i += blockDim.x)
         ss = fmaf(orow[i], orow[i], ss);
-    ss = block_sum(ss, sh);
+    ss = st_block_sum(ss, sh);
     float sc = 1.0f / sqrtf(ss / (float)dv + eps);
     bf16 *yr = y + (size_t)t * H * dv + (size_t)h * dv;
     for (uint32_t i = threadIdx.x; i < dv; i += blockDim.x)
@@ -591,7 +548,7 @@ __global__ void k_kv_store(float *mix, uint32_t ldm, uint32_t qa, uint32_t kva, 
         float am = 0.0f;
         for (uint32_t i = threadIdx.x; i < hd; i += blockDim.x)
             am = fmaxf(am, fabsf(x[i]));
-        am = block_max(am, sh);
+        am = st_block_max(am, sh);
         if (!(am > 0.0f) || !isfinite(am)) {
             for (uint32_t i = threadIdx.x; i < hd; i += blockDim.x)
                 q[i] = 0;
@@ -722,10 +679,10 @@ __global__ void __launch_bounds__(AT_THREADS) k_attn(attn_args a)
 #pragma unroll
         for (int i = 0; i < NI; i++) {
             float sv = (lane < nkeys && j < klim[i]) ? s[i] * a.scale : -INFINITY;
-            float mn = fmaxf(mrow[i], warp_max(sv));
+            float mn = fmaxf(mrow[i], st_warp_max(sv));
             float pr = sv == -INFINITY ? 0.0f : expf(sv - mn);
             float al = mrow[i] == -INFINITY ? 0.0f : expf(mrow[i] - mn);
-            lrow[i] = lrow[i] * al + warp_sum(pr);
+            lrow[i] = lrow[i] * al + st_warp_sum(pr);
             mrow[i] = mn;
             s[i] = pr;
 #pragma unroll
@@ -1188,7 +1145,11 @@ static int dvec(cu_ctx *c, float **v, uint64_t n)
     return rc;
 }
 
-/* The model with every weight and vector at a device address. */
+/* The model with every weight and vector at a device address. The lists below name every
+ * st_wmat and float * of st_layer: a field added there must be added here (the size check). */
+#define ST_LAYER_SIZE_CHECKED 688 /* x86-64: 25 st_wmat, 10 float *, kind */
+static_assert(sizeof(st_layer) == ST_LAYER_SIZE_CHECKED,
+              "st_layer changed: list its new fields in ops_upload_model");
 static int ops_upload_model(cu_ctx *c)
 {
     const st_model *m = c->m;
@@ -1244,9 +1205,10 @@ static int ops_setup(cu_ctx *c)
             return st_error_set(ST_EINVAL, "cuda backend: layer %u keeps K/V of %u x %u, the "
                                 "model's are %u x %u", il, ml->kv_heads, ml->head_dim, c->nkv,
                                 c->hd);
-        if (ml->kind == ST_MEM_REC && hp->ssm_conv != 4)
-            return st_error_set(ST_EINVAL, "cuda backend: a convolution kernel of %u (4)",
-                                hp->ssm_conv);
+        if (ml->kind == ST_MEM_REC && (hp->ssm_conv != 4 || ml->ssm_dv > 1024))
+            return st_error_set(ST_EINVAL, "cuda backend: layer %u: a convolution kernel of %u "
+                                "(4), DeltaNet value width %u (at most 1024)", il, hp->ssm_conv,
+                                ml->ssm_dv);
     }
     if (c->kv_dtype != ST_DTYPE_F16 && c->kv_dtype != ST_DTYPE_I8)
         return st_error_set(ST_EINVAL, "cuda backend: K/V dtype %u (f16 or i8)", c->kv_dtype);
@@ -1263,7 +1225,8 @@ static int ops_setup(cu_ctx *c)
     }
     if ((rc = ops_upload_model(c)) ||
         (rc = st_ops_cuda_new(c->stream, c->T, c->n_ctx, c->n_attn ? c->hd : 1, &c->oc)) ||
-        (rc = m->arch->fwd_new(m, st_ops_cuda_get(c->oc), c->oc, c->T, &c->ws)))
+        (rc = m->arch->fwd_new(m, st_ops_cuda_get(c->oc), c->oc, c->T, &c->ws)) ||
+        (rc = st_ops_cuda_error(c->oc))) /* a failed upload of the workspace's tables */
         return rc;
     CU(cudaMalloc((void **)&c->logits_d, (size_t)c->V * 4));
     CU(cudaHostAlloc((void **)&c->logits_h, (size_t)c->V * 4, cudaHostAllocDefault));
@@ -1292,7 +1255,11 @@ static int graph_run(cu_ctx *c, cudaGraph_t g)
         }
     }
     if (!c->gexec) {
-        CU(cudaGraphInstantiate(&c->gexec, g, 0));
+        cudaError_t e = cudaGraphInstantiate(&c->gexec, g, 0);
+        if (e != cudaSuccess) {
+            c->gexec = NULL;
+            return cu_fail(e, "cudaGraphInstantiate");
+        }
         c->g_inst++;
     }
     CU(cudaGraphLaunch(c->gexec, c->stream));
@@ -2818,10 +2785,15 @@ static int ops_forward(cu_ctx *c, cu_state *s, const uint32_t *tokens, uint32_t 
             cu_release(cudaGraphDestroy(g), "cudaGraphDestroy");
     }
     cudaError_t cs = cudaStreamSynchronize(c->stream);
-    if (rc)
+    if (!rc && (ce != cudaSuccess || cs != cudaSuccess))
+        rc = cu_fail(ce != cudaSuccess ? ce : cs, "the forward pass");
+    if (rc) {
+        /* earlier layers may have advanced their recurrent state in place: the state is not
+         * read again until a reset or a load replaces it */
+        if (!graph)
+            s->err = rc;
         return rc;
-    if (ce != cudaSuccess || cs != cudaSuccess)
-        return cu_fail(ce != cudaSuccess ? ce : cs, "the forward pass");
+    }
     if (logits)
         memcpy(logits, c->logits_h, (size_t)c->V * 4);
     s->pos = (int64_t)(pos0 + n);

@@ -45,6 +45,27 @@ int st_engine_cuda_check(const st_gguf *g)
                                 "engine does not compute with", t->name,
                                 st_gguf_type_name(t->type));
     }
+    /* the shapes both GPU paths take (st_backend_cuda.cu cu_create, ops_setup; st_ops_cuda.cu):
+     * attention heads of at most 256, the DeltaNet convolution of 4, value widths of at most
+     * 1,024 (strata-hybrid's own pass: key widths of at most 512); a file whose keys do not
+     * read is answered yes, and loading it reports what is wrong */
+    const st_arch *arch = st_arch_find(a, (size_t)n);
+    st_model_hparams hp;
+    memset(&hp, 0, sizeof hp);
+    if (arch->read(g, &hp))
+        return 0;
+    for (uint32_t il = 0; il < hp.n_layer; il++) {
+        st_mem_layer ml;
+        arch->memory(&hp, il, &ml);
+        if (ml.kind == ST_MEM_KV && ml.head_dim > 256)
+            return st_error_set(ST_EINVAL, "cuda backend: layer %u: attention head_dim %u (at "
+                                "most 256; use --backend cpu)", il, ml.head_dim);
+        if (ml.kind == ST_MEM_REC && (ml.conv_len != 3 || ml.ssm_dv > 1024 ||
+                                      (arch == &st_arch_hybrid && ml.ssm_dk > 512)))
+            return st_error_set(ST_EINVAL, "cuda backend: layer %u: DeltaNet of %u x %u with a "
+                                "convolution of %u (kernel 4, value width <= 1024; use "
+                                "--backend cpu)", il, ml.ssm_dk, ml.ssm_dv, ml.conv_len + 1);
+    }
     return 0;
 }
 

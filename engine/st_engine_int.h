@@ -374,13 +374,38 @@ int st_cuda_qmv_i8(uint32_t wtype, const void *w, uint32_t rows, uint32_t cols, 
  * the CPU's scalar dequantization gives (st_wtype_get(type)->dequant[0]; F32 copied, F16 and
  * BF16 widened): dst[i * ldd + c] = W[row_i][c] for i < n and c < cols, row_i = rows[i] (rows a
  * device array) or r0 + i (rows NULL). W of ggml type `type`, row_bytes per row, at device
- * address w (16-byte aligned); dst a device array; queued on stream (a cudaStream_t; NULL: the
+ * address w (any alignment: it is read by bytes); dst a device array; queued on stream (a cudaStream_t; NULL: the
  * default stream). ST_EINVAL for a type without a kernel (st_cuda_dequant_supported: every
  * type of st_wtype_table), cols not a multiple of its block, or a build without CUDA. */
 int st_cuda_dequant_supported(uint32_t type);
 int st_cuda_dequant_rows(uint32_t type, const void *w, uint64_t row_bytes, uint32_t cols,
                          const uint32_t *rows, uint32_t r0, uint32_t n, float *dst, uint64_t ldd,
                          void *stream);
+
+/* ---- the routed-expert cache, host half (st_xcache.c; the device half is not built) --------
+ * A bounded arena of n_slots whole expert records (gate, up and down of one layer's expert,
+ * record_bytes), logical keys layer * n_experts + expert, least recently used out. */
+typedef struct st_xcache {
+    uint32_t n_layers, n_experts, n_slots;
+    uint64_t record_bytes;
+    int32_t *slot;  /* [n_layers * n_experts]: the key's slot, -1: none */
+    uint32_t *key;  /* [n_slots]: the slot's key, UINT32_MAX: empty */
+    uint64_t *used; /* [n_slots]: the call that last used it (0: never) */
+    uint64_t call;  /* calls of st_xcache_map so far */
+    uint64_t hits, misses, evictions, bytes_uploaded;
+} st_xcache;
+/* ST_EINVAL when arena_bytes hold fewer than k records (the caller streams), or a bad shape;
+ * ENOMEM. */
+int st_xcache_init(st_xcache *c, uint32_t n_layers, uint32_t n_experts, uint64_t record_bytes,
+                   uint64_t arena_bytes, uint32_t k);
+void st_xcache_release(st_xcache *c);
+/* One call of layer `layer` on the n distinct experts of its selection: slots[i] is expert i's
+ * slot, load[i] 1 where its record must be uploaded before use (st_xcache.c invariant 3).
+ * ST_ETOOBIG (nothing changed) when n > n_slots; ST_EINVAL for a bad id or a repeat. */
+int st_xcache_map(st_xcache *c, uint32_t layer, const uint32_t *experts, uint32_t n,
+                  uint32_t *slots, uint8_t *load);
+/* Empty a slot whose upload failed. */
+void st_xcache_drop(st_xcache *c, uint32_t slot);
 
 struct st_engine {
     const st_model *m;

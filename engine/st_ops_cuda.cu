@@ -19,8 +19,9 @@
  *    shape (tokens, heads, position) and adds the splits in order. The same inputs read in the
  *    same chunks give the same bits. The short convolution does the CPU's scalar operations in
  *    the CPU's order (st_kernels.c conv_scalar), and so does the delta rule for key widths
- *    other than 8 x 2^k (delta_cols_scalar); its split form (k_delta_split) and the rest agree
- *    with the CPU within float rounding (tests/gpu/test_gpu_arch.c).
+ *    other than 16, 32, 64, 128 and 256 (delta_cols_scalar); its split form for those
+ *    (k_delta_split) and the rest agree with the CPU within float rounding
+ *    (tests/gpu/test_gpu_arch.c).
  * 4. The first failure (a launch, cuBLAS, a size beyond what the context was made for) is kept
  *    in the context; every later operation returns at once, and st_ops_cuda_error reports and
  *    clears it. The backend checks it after each forward pass.
@@ -28,16 +29,16 @@
  *    without them (every architecture but the MoE ones) can be captured into a CUDA graph
  *    (st_backend_cuda.cu invariant 8): get_rows stages its ids in pinned memory, which the
  *    graph's copy reads when it runs.
- * 7. STRATA_CUDA_OPS_PROFILE=1 (st_ops_cuda_new): every operation, and every product inside
- *    matmul by its path, waits for the stream before and after itself and adds its wall time to
- *    its row of a table printed to stderr when the context is freed: where a forward pass's
- *    time goes, launches included (the waits make the whole pass slower).
  * 6. Products of one call whose weights are consecutive row ranges in device memory (the
  *    layers' per-head views of a fused projection) are one product for a single token when
  *    their type has a matrix-vector kernel: one kernel over all their rows into a scratch row,
  *    then one scatter to their outputs. That kernel's result for a row does not depend on the
  *    rows beside it, so the bits are those of the separate products, however the allocator
  *    placed the tensors.
+ * 7. STRATA_CUDA_OPS_PROFILE=1 (st_ops_cuda_new): every operation, and every product inside
+ *    matmul by its path, waits for the stream before and after itself and adds its wall time to
+ *    its row of a table printed to stderr when the context is freed: where a forward pass's
+ *    time goes, launches included (the waits make the whole pass slower).
  */
 #include <errno.h>
 #include <math.h>
@@ -53,8 +54,8 @@
 extern "C" {
 #include "st_ops_int.h"
 }
+#include "st_reduce_cuda.cuh"
 
-#define FULLMASK 0xffffffffu
 #define OC_BLAS_WS ((size_t)32 << 20)
 #define OC_DEQ_FLOATS ((size_t)16 << 20) /* the f32 tile of a widened weight: 64 MiB */
 #define OC_ATT_WARPS 4
@@ -105,6 +106,7 @@ static int oc_cuda(st_ops_cuda *oc, cudaError_t e, const char *what)
 {
     if (e == cudaSuccess)
         return 0;
+    cudaGetLastError(); /* the runtime's last error, so that it blames no later call */
     if (!oc->err)
         oc->err = st_error_set(e == cudaErrorMemoryAllocation ? ENOMEM : ST_EIO,
                                "cuda operations: %s: %s (%s)", what, cudaGetErrorName(e),
@@ -143,52 +145,6 @@ int st_ops_cuda_error(st_ops_cuda *oc)
 }
 
 /* ---- helpers ------------------------------------------------------------------------------- */
-__device__ __forceinline__ float oc_warp_sum(float v)
-{
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(FULLMASK, v, o);
-    return v;
-}
-
-__device__ __forceinline__ float oc_warp_max(float v)
-{
-    for (int o = 16; o > 0; o >>= 1)
-        v = fmaxf(v, __shfl_xor_sync(FULLMASK, v, o));
-    return v;
-}
-
-/* The sum over the block (blockDim a multiple of 32, at most 1024): a fixed shuffle tree per
- * warp, then the warps' sums in warp order; the same value in every thread. */
-__device__ float oc_block_sum(float v)
-{
-    __shared__ float sh[32];
-    v = oc_warp_sum(v);
-    unsigned w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    if ((threadIdx.x & 31) == 0)
-        sh[w] = v;
-    __syncthreads();
-    float t = 0.0f;
-    for (unsigned i = 0; i < nw; i++)
-        t += sh[i];
-    __syncthreads();
-    return t;
-}
-
-__device__ float oc_block_max(float v)
-{
-    __shared__ float sh[32];
-    v = oc_warp_max(v);
-    unsigned w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    if ((threadIdx.x & 31) == 0)
-        sh[w] = v;
-    __syncthreads();
-    float t = sh[0];
-    for (unsigned i = 1; i < nw; i++)
-        t = fmaxf(t, sh[i]);
-    __syncthreads();
-    return t;
-}
-
 __device__ __forceinline__ float oc_silu(float x) { return x / (1.0f + expf(-x)); }
 __device__ __forceinline__ float oc_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ __forceinline__ float oc_softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
@@ -352,8 +308,9 @@ static uint32_t group_len(const st_mm *mm, uint32_t i, uint32_t n)
         const st_wmat *b = mm[k].w;
         const uint8_t *end = (const uint8_t *)mm[k - 1].w->data +
                              (uint64_t)mm[k - 1].w->rows * rb;
+        /* each view aligned as the kernel needs it, so that alone it would take the same path */
         if (b->type != a->type || b->cols != a->cols || b->stride != a->stride ||
-            b->data != end || rows + b->rows > OC_GRP_FLOATS)
+            b->data != end || ((uintptr_t)b->data & 15) || rows + b->rows > OC_GRP_FLOATS)
             break;
         rows += b->rows;
         k++;
@@ -409,7 +366,8 @@ __global__ void k_add_rmsnorm(float *x, const float *add, const float *w, uint32
         xt[i] = v;
         ss = __fmaf_rn(v, v, ss);
     }
-    ss = oc_block_sum(ss);
+    __shared__ float sh[32];
+    ss = st_block_sum(ss, sh);
     float sc = 1.0f / sqrtf(ss / (float)n + eps);
     for (uint32_t i = threadIdx.x; i < n; i += blockDim.x)
         yt[i] = xt[i] * sc * w[i];
@@ -435,7 +393,8 @@ __global__ void k_head_norm(float *x, uint32_t ld, uint32_t hd, const float *w, 
     float ss = 0.0f;
     for (uint32_t i = threadIdx.x; i < hd; i += blockDim.x)
         ss = __fmaf_rn(v[i], v[i], ss);
-    ss = oc_block_sum(ss);
+    __shared__ float sh[32];
+    ss = st_block_sum(ss, sh);
     if (mode <= 1) {
         float sc = 1.0f / sqrtf(ss / (float)hd + eps);
         const float *g = z ? z + (size_t)blockIdx.x * ld + (size_t)blockIdx.y * hd : NULL;
@@ -840,6 +799,7 @@ __device__ __forceinline__ uint8_t *kv_at(const oc_kv &g, uint64_t off, uint64_t
  * (round to nearest even), or i8 with amax / 127 scales as the CPU's quant_i8. */
 __global__ void k_kv_store(oc_kv g, const float *k, const float *v, uint32_t ld, uint64_t pos0)
 {
+    __shared__ float sh[32];
     uint32_t t = blockIdx.x, h = blockIdx.y, hd = g.hd;
     uint64_t r = pos0 + t;
     for (int which = 0; which < 2; which++) {
@@ -854,7 +814,7 @@ __global__ void k_kv_store(oc_kv g, const float *k, const float *v, uint32_t ld,
         float am = 0.0f;
         for (uint32_t i = threadIdx.x; i < hd; i += blockDim.x)
             am = fmaxf(am, fabsf(src[i]));
-        am = oc_block_max(am);
+        am = st_block_max(am, sh);
         int8_t *dst = (int8_t *)row + (size_t)h * hd;
         float *sc = (float *)kv_at(g, which ? g.off_vs : g.off_ks, g.srow, r) + h;
         if (!(am > 0.0f) || !isfinite(am)) {
@@ -928,7 +888,7 @@ __global__ void __launch_bounds__(32 * OC_ATT_WARPS) k_attn(oc_attn a)
             if (i < hd)
                 d = __fmaf_rn(qv[e], kv_val(g, kr, i), d);
         }
-        d = oc_warp_sum(d);
+        d = st_warp_sum(d);
         if (g.i8)
             d = d * ((const float *)kv_at(g, g.off_ks, g.srow, j))[kvh];
         float sc = d * a.scale;
@@ -1224,6 +1184,9 @@ int st_ops_cuda_new(void *stream, uint32_t max_T, uint32_t n_ctx, uint32_t max_h
     oc->stream = (cudaStream_t)stream;
     const char *pv = getenv("STRATA_CUDA_OPS_PROFILE");
     oc->prof = pv && !strcmp(pv, "1");
+    if (pv && *pv && strcmp(pv, "0") && strcmp(pv, "1"))
+        fprintf(stderr, "strata: cuda operations: STRATA_CUDA_OPS_PROFILE=%s: 0 or 1; the "
+                "profile stays off\n", pv);
     oc->max_T = max_T ? max_T : 1;
     oc->n_ctx = n_ctx;
     oc->max_hd = max_head_dim ? max_head_dim : 1;

@@ -27,19 +27,13 @@ extern "C" {
 #include "st_engine_int.h"
 #include "st_wtype.h"
 }
+#include "st_reduce_cuda.cuh"
 
 #define QMV_R 4        /* rows per CTA (each of its warps computes all of them) */
 /* warps per CTA (each takes every S-th step of the row's blocks): 8 for Q8_0 and Q6_K, 4 for
  * Q4_K, the faster of the two for each (docs/BENCHMARKS.md, "Quantized products on the GPU") */
 #define QMV_S_MAX 8
-#define FULLMASK 0xffffffffu
 
-__device__ __forceinline__ float qmv_warp_sum(float v)
-{
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(FULLMASK, v, o);
-    return v;
-}
 
 /* An integer below 2^23 as a float, exactly, on the full-rate pipes (an I2F conversion runs at a
  * fraction of the FMA rate): the bits of 2^23 + v, less 2^23. */
@@ -75,7 +69,7 @@ __device__ __forceinline__ void qmv_finish(float *acc, uint32_t r0, uint32_t nr,
     uint32_t lane = threadIdx.x & 31, w = threadIdx.x >> 5;
 #pragma unroll
     for (int r = 0; r < QMV_R; r++) {
-        float v = qmv_warp_sum(acc[r]);
+        float v = st_warp_sum(acc[r]);
         if (lane == 0)
             part[w][r] = v;
     }

@@ -775,8 +775,12 @@ int main(int argc, char **argv)
         prompt = "";
     if (!eo.backend) {
         const char *env = getenv("STRATA_BACKEND");
+        /* f32 K/V (the reference comparisons' precision) is the CPU's alone */
         eo.backend = env && *env ? env
-                     : st_codec_cuda_available() && cuda_runs(model) ? "cuda" : "cpu";
+                     : st_codec_cuda_available() && eo.kv_dtype != ST_DTYPE_F32 &&
+                               cuda_runs(model)
+                           ? "cuda"
+                           : "cpu";
     }
     if (!strcmp(cmd, "logits"))
         return cmd_logits(model, &eo, tok_list, tok_file, out_path);

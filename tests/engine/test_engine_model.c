@@ -306,6 +306,14 @@ static void test_cuda_check(void **state)
     assert_int_equal(st_gguf_open(q, &g), 0);
     assert_int_equal(st_engine_cuda_check(g), 0);
     st_gguf_close(g);
+    /* a shape beyond the GPU's kernels: attention heads of 512 */
+    hp.head_dim = 512;
+    snprintf(q, sizeof q, "%s/c_llama512.gguf", g_dir);
+    assert_int_equal(st_model_write_seeded(&hp, 1, "c", q), 0);
+    assert_int_equal(st_gguf_open(q, &g), 0);
+    assert_int_equal(st_engine_cuda_check(g), ST_EINVAL);
+    assert_non_null(strstr(st_errdetail(), "head_dim 512"));
+    st_gguf_close(g);
     /* the control: an architecture the engine does not have */
     st_gguf_writer *w = NULL;
     assert_int_equal(st_gguf_writer_new(&w, 0), 0);

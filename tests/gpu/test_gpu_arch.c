@@ -27,17 +27,11 @@
 
 #include "engine/engine_test.h"
 #include "st_wtype.h"
+#include "gpu_test.h"
 
 /* max |GPU logit - CPU logit| over max |CPU logit|: both compute in f32 on the same weight
  * values, in other orders */
 #define ARCH_TOL 5e-3
-
-#define ST_OK(call)                                                                            \
-    do {                                                                                       \
-        int rc_ = (call);                                                                      \
-        if (rc_ != 0)                                                                          \
-            fail_msg("%s: %s: %s", #call, st_strerror(rc_), st_errdetail());                   \
-    } while (0)
 
 static char g_dir[4096];
 
@@ -251,33 +245,41 @@ static void test_control(void **state)
     }
 }
 
+/* Engines ea and eb read the same prompt of n tokens, then `steps` greedy decodes: the same
+ * logits at every step and the same state hash at the end. */
+static void same_bits(const st_model *m, st_engine *ea, st_engine *eb, uint64_t n, uint64_t seed,
+                      int steps)
+{
+    uint32_t V = st_model_hparams_get(m)->n_vocab;
+    st_slot *a = NULL, *b = NULL;
+    ST_OK(st_slot_new(ea, &a));
+    ST_OK(st_slot_new(eb, &b));
+    uint32_t *t = prompt(n, V, seed);
+    ST_OK(st_slot_eval(a, t, n, 0, NULL));
+    ST_OK(st_slot_eval(b, t, n, 0, NULL));
+    for (int k = 0; k < steps; k++) {
+        assert_memory_equal(st_slot_logits(a, NULL), st_slot_logits(b, NULL), V * 4);
+        uint32_t tok = argmax(st_slot_logits(a, NULL), V);
+        ST_OK(st_slot_decode(a, tok));
+        ST_OK(st_slot_decode(b, tok));
+    }
+    uint64_t ha, hb;
+    ST_OK(st_slot_state_hash(a, ST_CODEC_FP32, &ha));
+    ST_OK(st_slot_state_hash(b, ST_CODEC_FP32, &hb));
+    assert_true(ha == hb);
+    free(t);
+    st_slot_free(a);
+    st_slot_free(b);
+}
+
 static void test_deterministic(void **state)
 {
     (void)state;
     const acase *cs[] = {&k_cases[11], &k_cases[22], &k_cases[19]};
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
         st_model *m = load_case(cs[i], 9);
-        uint32_t V = st_model_hparams_get(m)->n_vocab;
         st_engine *e1 = engine(m, "cuda", 37), *e2 = engine(m, "cuda", 37);
-        st_slot *a = NULL, *b = NULL;
-        ST_OK(st_slot_new(e1, &a));
-        ST_OK(st_slot_new(e2, &b));
-        uint32_t *t = prompt(200, V, 5);
-        ST_OK(st_slot_eval(a, t, 200, 0, NULL));
-        ST_OK(st_slot_eval(b, t, 200, 0, NULL));
-        for (int k = 0; k < 6; k++) {
-            assert_memory_equal(st_slot_logits(a, NULL), st_slot_logits(b, NULL), V * 4);
-            uint32_t tok = argmax(st_slot_logits(a, NULL), V);
-            ST_OK(st_slot_decode(a, tok));
-            ST_OK(st_slot_decode(b, tok));
-        }
-        uint64_t ha, hb;
-        ST_OK(st_slot_state_hash(a, ST_CODEC_FP32, &ha));
-        ST_OK(st_slot_state_hash(b, ST_CODEC_FP32, &hb));
-        assert_true(ha == hb);
-        free(t);
-        st_slot_free(a);
-        st_slot_free(b);
+        same_bits(m, e1, e2, 200, 5, 6);
         st_engine_free(e1);
         st_engine_free(e2);
         st_model_free(m);
@@ -292,30 +294,11 @@ static void test_graphs(void **state)
     const acase *cs[] = {&k_cases[10], &k_cases[2], &k_cases[9], &k_cases[7]};
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
         st_model *m = load_case(cs[i], 13);
-        uint32_t V = st_model_hparams_get(m)->n_vocab;
         setenv("STRATA_CUDA_GRAPHS", "1", 1);
         st_engine *eg = engine(m, "cuda", UBATCH);
         unsetenv("STRATA_CUDA_GRAPHS");
         st_engine *ed = engine(m, "cuda", UBATCH);
-        st_slot *a = NULL, *b = NULL;
-        ST_OK(st_slot_new(eg, &a));
-        ST_OK(st_slot_new(ed, &b));
-        uint32_t *t = prompt(90, V, 19);
-        ST_OK(st_slot_eval(a, t, 90, 0, NULL));
-        ST_OK(st_slot_eval(b, t, 90, 0, NULL));
-        for (int k = 0; k < 24; k++) {
-            assert_memory_equal(st_slot_logits(a, NULL), st_slot_logits(b, NULL), V * 4);
-            uint32_t tok = argmax(st_slot_logits(a, NULL), V);
-            ST_OK(st_slot_decode(a, tok));
-            ST_OK(st_slot_decode(b, tok));
-        }
-        uint64_t ha, hb;
-        ST_OK(st_slot_state_hash(a, ST_CODEC_FP32, &ha));
-        ST_OK(st_slot_state_hash(b, ST_CODEC_FP32, &hb));
-        assert_true(ha == hb);
-        free(t);
-        st_slot_free(a);
-        st_slot_free(b);
+        same_bits(m, eg, ed, 90, 19, 24);
         st_engine_free(eg);
         st_engine_free(ed);
         st_model_free(m);

@@ -24,23 +24,10 @@
 #include <cuda_runtime_api.h>
 
 #include "st_codec.h"
+#include "gpu_test.h"
 
 #define N_RANDOM ((size_t)1 << 24)    /* elements per random run */
 #define SWEEP_CHUNK ((size_t)1 << 26) /* fp32 patterns per chunk of the 2^32 sweep */
-
-#define CUDA_OK(call)                                                                          \
-    do {                                                                                       \
-        cudaError_t e_ = (call);                                                               \
-        if (e_ != cudaSuccess)                                                                 \
-            fail_msg("%s: %s", #call, cudaGetErrorString(e_));                                 \
-    } while (0)
-
-#define ST_OK(call)                                                                            \
-    do {                                                                                       \
-        int rc_ = (call);                                                                      \
-        if (rc_ != 0)                                                                          \
-            fail_msg("%s: %s: %s", #call, st_strerror(rc_), st_errdetail());                   \
-    } while (0)
 
 /* ---- inputs ------------------------------------------------------------------------------- */
 
@@ -125,7 +112,7 @@ static uint32_t gen_input(void)
 static void *dev_alloc(size_t bytes)
 {
     void *p = NULL;
-    CUDA_OK(cudaMalloc(&p, bytes ? bytes : 1));
+    CU_OK(cudaMalloc(&p, bytes ? bytes : 1));
     return p;
 }
 
@@ -183,8 +170,8 @@ static void test_device_present(void **state)
     if (!st_codec_cuda_available())
         fail_msg("no usable CUDA device: %s (this test runs only under the gpu label)",
                  st_errdetail());
-    CUDA_OK(cudaGetDevice(&dev));
-    CUDA_OK(cudaGetDeviceProperties(&prop, dev));
+    CU_OK(cudaGetDevice(&dev));
+    CU_OK(cudaGetDeviceProperties(&prop, dev));
     print_message("GPU %d: %s, sm_%d%d, %d SMs\n", dev, prop.name, prop.major, prop.minor,
                   prop.multiProcessorCount);
 }
@@ -204,7 +191,7 @@ static void test_all_encodings(void **state)
     void *d_in = dev_alloc(n * 2), *d_out = dev_alloc(n * 4);
     for (size_t i = 0; i < n; i++)
         in[i] = (uint16_t)i;
-    CUDA_OK(cudaMemcpy(d_in, in, n * 2, cudaMemcpyHostToDevice));
+    CU_OK(cudaMemcpy(d_in, in, n * 2, cudaMemcpyHostToDevice));
     for (int p = 0; p < 4; p++) {
         uint32_t dst_id = pairs[p][0], src_id = pairs[p][1];
         size_t out = st_codec_elem_size(dst_id);
@@ -212,9 +199,9 @@ static void test_all_encodings(void **state)
         snprintf(what, sizeof what, "%s -> %s, all 2^16", st_codec_name(src_id),
                  st_codec_name(dst_id));
         cpu_convert(dst_id, want, src_id, in, n);
-        CUDA_OK(cudaMemset(d_out, 0xa5, n * 4));
+        CU_OK(cudaMemset(d_out, 0xa5, n * 4));
         gpu_convert_sync(dst_id, d_out, src_id, d_in, n);
-        CUDA_OK(cudaMemcpy(got, d_out, n * out, cudaMemcpyDeviceToHost));
+        CU_OK(cudaMemcpy(got, d_out, n * out, cudaMemcpyDeviceToHost));
         expect_same(got, want, in, 2, out, n, what);
     }
     cudaFree(d_in);
@@ -231,19 +218,19 @@ static void test_encode_every_fp32(void **state)
     uint32_t *in = NULL;
     uint16_t *got = NULL, *want = host_alloc(n * 2);
     void *d_in = dev_alloc(n * 4), *d_out = dev_alloc(n * 2);
-    CUDA_OK(cudaMallocHost((void **)&in, n * 4));
-    CUDA_OK(cudaMallocHost((void **)&got, n * 2));
+    CU_OK(cudaMallocHost((void **)&in, n * 4));
+    CU_OK(cudaMallocHost((void **)&got, n * 2));
     for (uint64_t base = 0; base < ((uint64_t)1 << 32); base += n) {
         for (size_t i = 0; i < n; i++)
             in[i] = (uint32_t)(base + i);
-        CUDA_OK(cudaMemcpy(d_in, in, n * 4, cudaMemcpyHostToDevice));
+        CU_OK(cudaMemcpy(d_in, in, n * 4, cudaMemcpyHostToDevice));
         for (uint32_t id = ST_CODEC_BF16; id <= ST_CODEC_F16; id++) {
             char what[64];
             snprintf(what, sizeof what, "fp32 -> %s, every pattern", st_codec_name(id));
             ST_OK(st_codec_cuda_convert(id, d_out, ST_CODEC_FP32, d_in, n, NULL));
             cpu_convert(id, want, ST_CODEC_FP32, in, n); /* overlaps the kernel */
             ST_OK(st_codec_cuda_sync(NULL));
-            CUDA_OK(cudaMemcpy(got, d_out, n * 2, cudaMemcpyDeviceToHost));
+            CU_OK(cudaMemcpy(got, d_out, n * 2, cudaMemcpyDeviceToHost));
             expect_same(got, want, in, 4, 2, n, what);
         }
     }
@@ -271,10 +258,10 @@ static void check_big(uint32_t dst_id, uint32_t src_id, const unsigned char *in,
         char what[96];
         snprintf(what, sizeof what, "%s -> %s, %zu elements, src +%zu dst +%zu bytes",
                  st_codec_name(src_id), st_codec_name(dst_id), n, so, dof);
-        CUDA_OK(cudaMemcpy(d_in + so, in, n * isz, cudaMemcpyHostToDevice));
-        CUDA_OK(cudaMemset(d_out, 0xa5, n * osz + 16));
+        CU_OK(cudaMemcpy(d_in + so, in, n * isz, cudaMemcpyHostToDevice));
+        CU_OK(cudaMemset(d_out, 0xa5, n * osz + 16));
         gpu_convert_sync(dst_id, d_out + dof, src_id, d_in + so, n);
-        CUDA_OK(cudaMemcpy(got, d_out, n * osz + 16, cudaMemcpyDeviceToHost));
+        CU_OK(cudaMemcpy(got, d_out, n * osz + 16, cudaMemcpyDeviceToHost));
         expect_same(got + dof, want, in, isz, osz, n, what);
         for (size_t i = 0; i < dof; i++)
             assert_int_equal(got[i], 0xa5);
@@ -327,7 +314,7 @@ static void test_pairs_lengths_offsets(void **state)
         uint32_t v = gen_input();
         memcpy(src + i, &v, 4);
     }
-    CUDA_OK(cudaMemcpy(d_src, src, SRC_BYTES, cudaMemcpyHostToDevice));
+    CU_OK(cudaMemcpy(d_src, src, SRC_BYTES, cudaMemcpyHostToDevice));
     for (uint32_t dst_id = 0; dst_id < ST_CODEC_COUNT; dst_id++) {
         for (uint32_t src_id = 0; src_id < ST_CODEC_COUNT; src_id++) {
             for (size_t n = 0; n <= MAXN; n++) {
@@ -338,9 +325,9 @@ static void test_pairs_lengths_offsets(void **state)
                                  st_codec_name(src_id), st_codec_name(dst_id), n, so, dof);
                         memset(want, 0xa5, DST_BYTES);
                         cpu_convert(dst_id, want + GUARD + dof, src_id, src + so, n);
-                        CUDA_OK(cudaMemset(d_dst, 0xa5, DST_BYTES));
+                        CU_OK(cudaMemset(d_dst, 0xa5, DST_BYTES));
                         gpu_convert_sync(dst_id, d_dst + GUARD + dof, src_id, d_src + so, n);
-                        CUDA_OK(cudaMemcpy(got, d_dst, DST_BYTES, cudaMemcpyDeviceToHost));
+                        CU_OK(cudaMemcpy(got, d_dst, DST_BYTES, cudaMemcpyDeviceToHost));
                         for (size_t i = 0; i < DST_BYTES; i++) {
                             if (got[i] != want[i])
                                 fail_msg("%s: byte %zu of the destination window (the "
@@ -363,7 +350,7 @@ static void test_errors_and_memory_kinds(void **state)
     float *pinned = NULL;
     unsigned char *d = dev_alloc(n * 4);
     uint16_t *want = host_alloc(n * 2), *got = host_alloc(n * 2);
-    CUDA_OK(cudaMallocHost((void **)&pinned, n * 4));
+    CU_OK(cudaMallocHost((void **)&pinned, n * 4));
     rng_seed(4);
     for (size_t i = 0; i < n; i++) {
         uint32_t v = gen_input();
@@ -397,20 +384,20 @@ static void test_errors_and_memory_kinds(void **state)
     /* Mapped pinned host memory as the source works and matches the CPU. */
     cpu_convert(ST_CODEC_BF16, want, ST_CODEC_FP32, pinned, n);
     gpu_convert_sync(ST_CODEC_BF16, d, ST_CODEC_FP32, pinned, n);
-    CUDA_OK(cudaMemcpy(got, d, n * 2, cudaMemcpyDeviceToHost));
+    CU_OK(cudaMemcpy(got, d, n * 2, cudaMemcpyDeviceToHost));
     expect_same(got, want, pinned, 4, 2, n, "fp32 (pinned host) -> bf16");
 
     /* A stream of our own: copy in, convert, copy out, one synchronisation. */
     cudaStream_t s = NULL;
     unsigned char *d_out = dev_alloc(n * 2);
-    CUDA_OK(cudaStreamCreate(&s));
+    CU_OK(cudaStreamCreate(&s));
     cpu_convert(ST_CODEC_F16, want, ST_CODEC_FP32, pinned, n);
-    CUDA_OK(cudaMemcpyAsync(d, pinned, n * 4, cudaMemcpyHostToDevice, s));
+    CU_OK(cudaMemcpyAsync(d, pinned, n * 4, cudaMemcpyHostToDevice, s));
     ST_OK(st_codec_cuda_convert(ST_CODEC_F16, d_out, ST_CODEC_FP32, d, n, s));
-    CUDA_OK(cudaMemcpyAsync(got, d_out, n * 2, cudaMemcpyDeviceToHost, s));
+    CU_OK(cudaMemcpyAsync(got, d_out, n * 2, cudaMemcpyDeviceToHost, s));
     ST_OK(st_codec_cuda_sync(s));
     expect_same(got, want, pinned, 4, 2, n, "fp32 -> f16 on a stream");
-    CUDA_OK(cudaStreamDestroy(s));
+    CU_OK(cudaStreamDestroy(s));
     cudaFree(d_out);
 
     cudaFreeHost(pinned);
@@ -432,13 +419,13 @@ static void test_checksum_blocks(void **state)
         h[i] = (unsigned char)(rng() >> 56);
     unsigned char *d = dev_alloc(max + 8);
     uint64_t *dg = dev_alloc(8 * 32768), *got = host_alloc(8 * 32768);
-    CUDA_OK(cudaMemcpy(d, h, max + 8, cudaMemcpyHostToDevice));
+    CU_OK(cudaMemcpy(d, h, max + 8, cudaMemcpyHostToDevice));
     for (size_t off = 0; off < 4; off++) {
         for (size_t n = 0; n <= 1300; n++)
             assert_int_equal(st_codec_cuda_checksum_blocks(d + off + 3 * n, n, n ? n : 1,
                                                            dg + n, NULL), 0);
         assert_int_equal(st_codec_cuda_sync(NULL), 0);
-        CUDA_OK(cudaMemcpy(got, dg, 8 * 1301, cudaMemcpyDeviceToHost));
+        CU_OK(cudaMemcpy(got, dg, 8 * 1301, cudaMemcpyDeviceToHost));
         for (size_t n = 1; n <= 1300; n++)
             if (got[n] != st_checksum(h + off + 3 * n, n))
                 fail_msg("checksum of %zu bytes at offset %zu: GPU %016llx, CPU %016llx", n,
@@ -450,12 +437,12 @@ static void test_checksum_blocks(void **state)
         for (int zero = 0; zero < 2; zero++) {
             size_t off = k % 4;
             if (zero)
-                CUDA_OK(cudaMemset(d, 0, max + 8));
+                CU_OK(cudaMemset(d, 0, max + 8));
             uint64_t nb = (max + blocks[k] - 1) / blocks[k];
             assert_true(nb <= 32768);
             assert_int_equal(st_codec_cuda_checksum_blocks(d + off, max, blocks[k], dg, NULL), 0);
             assert_int_equal(st_codec_cuda_sync(NULL), 0);
-            CUDA_OK(cudaMemcpy(got, dg, 8 * nb, cudaMemcpyDeviceToHost));
+            CU_OK(cudaMemcpy(got, dg, 8 * nb, cudaMemcpyDeviceToHost));
             unsigned char *ref = zero ? calloc(1, max + 8) : h;
             assert_non_null(ref);
             for (uint64_t b = 0; b < nb; b++) {
@@ -468,15 +455,15 @@ static void test_checksum_blocks(void **state)
             }
             if (zero) {
                 free(ref);
-                CUDA_OK(cudaMemcpy(d, h, max + 8, cudaMemcpyHostToDevice));
+                CU_OK(cudaMemcpy(d, h, max + 8, cudaMemcpyHostToDevice));
             }
         }
     }
     assert_int_equal(st_codec_cuda_checksum_blocks(d, 10, 0, dg, NULL), ST_EINVAL);
     assert_int_equal(st_codec_cuda_checksum_blocks(h, 10, 4, dg, NULL), ST_EINVAL);
     assert_int_equal(st_codec_cuda_checksum_blocks(d, 0, 4, dg, NULL), 0);
-    CUDA_OK(cudaFree(d));
-    CUDA_OK(cudaFree(dg));
+    CU_OK(cudaFree(d));
+    CU_OK(cudaFree(dg));
     free(h);
     free(got);
 }

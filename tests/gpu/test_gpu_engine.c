@@ -30,16 +30,10 @@
 #include <cmocka.h>
 
 #include "engine/engine_test.h"
+#include "gpu_test.h"
 
 /* max |GPU logit - CPU logit| over max |CPU logit|, per comparison */
 #define GPU_TOL 0.05
-
-#define ST_OK(call)                                                                            \
-    do {                                                                                       \
-        int rc_ = (call);                                                                      \
-        if (rc_ != 0)                                                                          \
-            fail_msg("%s: %s: %s", #call, st_strerror(rc_), st_errdetail());                   \
-    } while (0)
 
 static char g_dir[4096];
 

@@ -35,13 +35,6 @@
 
 #define GPU_TOL 0.05
 
-#define ST_OK(call)                                                                            \
-    do {                                                                                       \
-        int rc_ = (call);                                                                      \
-        if (rc_ != 0)                                                                          \
-            fail_msg("%s: %s: %s", #call, st_strerror(rc_), st_errdetail());                   \
-    } while (0)
-
 static char g_dir[4096];
 
 static void env(const char *tc, const char *cache, const char *mib)
