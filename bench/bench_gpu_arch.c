@@ -6,8 +6,9 @@
  * against CUDA graphs (STRATA_CUDA_GRAPHS=1), and the device memory the model takes against its
  * file's tensor bytes (the weights stay in their file types on the GPU).
  *
- *   bench_gpu_arch [--prompt N] [--decode N] [--dir DIR] [ARCH:PRESET:TYPE ...]
+ *   bench_gpu_arch [--prompt N] [--decode N] [--dir DIR] [ARCH:PRESET:TYPE | FILE.gguf ...]
  *
+ * A FILE.gguf is run as it is (bench/llama_cuda.sh runs llama.cpp on the same file).
  * Default models: qwen35:0.8b:q8_0 qwen35:0.8b:q4_K llama:llama-3.2-1b:q4_K. DIR (default
  * $TMPDIR or /tmp) gets the seeded f32 model and its quantized file, removed afterwards.
  */
@@ -77,29 +78,36 @@ static uint32_t argmax(const float *l, uint32_t n)
 static void run(const char *spec, const char *dir, uint32_t n_prompt, uint32_t n_dec, double hbm)
 {
     char arch[64], preset[64], tname[32];
-    if (sscanf(spec, "%63[^:]:%63[^:]:%31s", arch, preset, tname) != 3) {
+    size_t sl = strlen(spec);
+    int file = sl > 5 && !strcmp(spec + sl - 5, ".gguf");
+    if (!file && sscanf(spec, "%63[^:]:%63[^:]:%31s", arch, preset, tname) != 3) {
         fprintf(stderr, "bench_gpu_arch: %s: ARCH:PRESET:TYPE\n", spec);
         exit(2);
     }
     uint32_t type = 0;
     int rc;
-    if ((rc = st_quantize_type_parse(tname, &type)))
-        die(tname, rc);
-    st_model_hparams hp;
-    if ((rc = st_model_preset_arch(arch, preset, &hp)))
-        die(spec, rc);
-    hp.wtype = ST_GGML_F32;
     char src[4200], path[4200];
-    snprintf(src, sizeof src, "%s/bench_gpu_arch.f32.gguf", dir);
-    snprintf(path, sizeof path, "%s/bench_gpu_arch.gguf", dir);
-    double t0 = now_s();
-    if ((rc = st_model_write_seeded(&hp, 1, "bench", src)))
-        die("st_model_write_seeded", rc);
-    st_quantize_stats qs;
-    if ((rc = st_gguf_quantize(src, path, type, NULL, &qs)))
-        die("st_gguf_quantize", rc);
-    unlink(src);
-    fprintf(stderr, "bench_gpu_arch: %s written and quantized in %.1f s\n", spec, now_s() - t0);
+    if (file) {
+        snprintf(path, sizeof path, "%s", spec);
+    } else {
+        if ((rc = st_quantize_type_parse(tname, &type)))
+            die(tname, rc);
+        st_model_hparams hp;
+        if ((rc = st_model_preset_arch(arch, preset, &hp)))
+            die(spec, rc);
+        hp.wtype = ST_GGML_F32;
+        snprintf(src, sizeof src, "%s/bench_gpu_arch.f32.gguf", dir);
+        snprintf(path, sizeof path, "%s/bench_gpu_arch.gguf", dir);
+        double t0 = now_s();
+        if ((rc = st_model_write_seeded(&hp, 1, "bench", src)))
+            die("st_model_write_seeded", rc);
+        st_quantize_stats qs;
+        if ((rc = st_gguf_quantize(src, path, type, NULL, &qs)))
+            die("st_gguf_quantize", rc);
+        unlink(src);
+        fprintf(stderr, "bench_gpu_arch: %s written and quantized in %.1f s\n", spec,
+                now_s() - t0);
+    }
     st_model *m = NULL;
     if ((rc = st_model_load(path, &m)))
         die("st_model_load", rc);
@@ -177,7 +185,8 @@ static void run(const char *spec, const char *dir, uint32_t n_prompt, uint32_t n
     st_slot_free(s);
     st_engine_free(e);
     st_model_free(m);
-    unlink(path);
+    if (!file)
+        unlink(path);
 }
 
 int main(int argc, char **argv)
