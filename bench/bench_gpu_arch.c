@@ -1,8 +1,8 @@
 /*
  * bench_gpu_arch.c - the CUDA backend's operation table (engine/st_ops_cuda.cu) on seeded
  * models in the published shapes: prefill and decode of each, the decode's weight bytes per
- * second against the HBM copy rate measured here (a cudaMemcpy of 1 GiB device to device, bytes
- * read plus written per second, as bench_gpu_qmv), the decode with its steps launched directly
+ * second against the HBM copy rate measured here (bench_gpu.h: a 1 GiB device-to-device copy,
+ * bytes read plus written per second, as bench_gpu_qmv), the decode with its steps launched directly
  * against CUDA graphs (STRATA_CUDA_GRAPHS=1), and the device memory the model takes against its
  * file's tensor bytes (the weights stay in their file types on the GPU).
  *
@@ -20,6 +20,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "bench_gpu.h"
 #include "st_engine.h"
 
 static double now_s(void)
@@ -43,36 +44,14 @@ static void cuda_ok(cudaError_t e, const char *what)
     }
 }
 
-/* HBM: the best of 5 device-to-device copies of 1 GiB, bytes read plus written per second. */
-static double hbm_rate(void)
+/* The greedy token (st_slot_sample at temperature 0). */
+static uint32_t greedy(const st_slot *s)
 {
-    size_t n = (size_t)1 << 30;
-    void *a = NULL, *b = NULL;
-    cuda_ok(cudaMalloc(&a, n), "cudaMalloc");
-    cuda_ok(cudaMalloc(&b, n), "cudaMalloc");
-    cuda_ok(cudaMemset(a, 1, n), "cudaMemset");
-    double best = 1e30;
-    for (int i = 0; i < 6; i++) {
-        cuda_ok(cudaDeviceSynchronize(), "sync");
-        double t0 = now_s();
-        cuda_ok(cudaMemcpy(b, a, n, cudaMemcpyDeviceToDevice), "cudaMemcpy");
-        cuda_ok(cudaDeviceSynchronize(), "sync");
-        double t = now_s() - t0;
-        if (i && t < best)
-            best = t;
-    }
-    cudaFree(a);
-    cudaFree(b);
-    return 2.0 * (double)n / best;
-}
-
-static uint32_t argmax(const float *l, uint32_t n)
-{
-    uint32_t b = 0;
-    for (uint32_t i = 1; i < n; i++)
-        if (l[i] > l[b])
-            b = i;
-    return b;
+    uint32_t tok = 0;
+    int rc = st_slot_sample(s, 0.0f, 1, &tok);
+    if (rc)
+        die("sample", rc);
+    return tok;
 }
 
 static void run(const char *spec, const char *dir, uint32_t n_prompt, uint32_t n_dec, double hbm)
@@ -158,7 +137,7 @@ static void run(const char *spec, const char *dir, uint32_t n_prompt, uint32_t n
     tp = now_s() - tp;
     double td = now_s();
     for (uint32_t i = 0; i < n_dec; i++)
-        if ((rc = st_slot_decode(s, argmax(st_slot_logits(s, NULL), V))))
+        if ((rc = st_slot_decode(s, greedy(s))))
             die("decode", rc);
     td = (now_s() - td) / n_dec;
     /* the same decode replayed as CUDA graphs, in an engine of its own */
@@ -171,7 +150,7 @@ static void run(const char *spec, const char *dir, uint32_t n_prompt, uint32_t n
     unsetenv("STRATA_CUDA_GRAPHS");
     double tdd = now_s();
     for (uint32_t i = 0; i < n_dec; i++)
-        if ((rc = st_slot_decode(sd, argmax(st_slot_logits(sd, NULL), V))))
+        if ((rc = st_slot_decode(sd, greedy(sd))))
             die("decode", rc);
     tdd = (now_s() - tdd) / n_dec;
     st_slot_free(sd);
@@ -219,7 +198,9 @@ int main(int argc, char **argv)
         specs[n++] = "qwen35:0.8b:q4_K";
         specs[n++] = "llama:llama-3.2-1b:q4_K";
     }
-    double hbm = hbm_rate();
+    double hbm = bench_hbm_copy_rate();
+    if (!(hbm > 0))
+        return 1;
     printf("HBM copy rate: %.0f GB/s (read + written); prompt %u tokens, %u decodes\n\n",
            hbm / 1e9, n_prompt, n_dec);
     printf("| model | tensors | device memory | prefill | decode, direct | decode, graphs | "

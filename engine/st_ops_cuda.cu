@@ -562,6 +562,25 @@ static void oc_dn_gates(void *ocp, float *a, float *b, uint32_t ld, const float 
  * j does the CPU's delta_cols_scalar for its column, in its order: u from the previous token's
  * pass, d = b (v - a u), then over i: M = fma(k_i, d, a M), o = fma(M, q_i, o), u = fma(M,
  * k'_i, u) with the next token's k. */
+/* Both forms of the delta rule step to token t alike: q_t into qs and k_t (held in kn) into ks,
+ * then k_{t+1} into kn where there is one; every thread of the block takes part, and the
+ * barriers keep the previous token's readers ahead of the writes. */
+__device__ __forceinline__ void dn_stage(const st_dn_args &a, uint32_t t, uint32_t kh, uint32_t dk,
+                                         float *qs, float *ks, float *kn)
+{
+    __syncthreads();
+    const float *qt = a.q + (size_t)t * a.ld + (size_t)kh * dk;
+    for (uint32_t i = threadIdx.x; i < dk; i += blockDim.x) {
+        qs[i] = qt[i];
+        ks[i] = kn[i];
+    }
+    __syncthreads();
+    if (t + 1 < a.T)
+        for (uint32_t i = threadIdx.x; i < dk; i += blockDim.x)
+            kn[i] = a.k[(size_t)(t + 1) * a.ld + (size_t)kh * dk + i];
+    __syncthreads();
+}
+
 template <bool SM>
 __global__ void k_delta_rule(st_dn_args a)
 {
@@ -581,18 +600,8 @@ __global__ void k_delta_rule(st_dn_args a)
         for (uint32_t i = 0; i < dk; i++)
             u = __fmaf_rn(M[(size_t)i * dv + j], kn[i], u);
     for (uint32_t t = 0; t < a.T; t++) {
-        __syncthreads();
-        const float *qt = a.q + (size_t)t * a.ld + (size_t)kh * dk;
-        for (uint32_t i = threadIdx.x; i < dk; i += blockDim.x) {
-            qs[i] = qt[i];
-            ks[i] = kn[i];
-        }
-        __syncthreads();
+        dn_stage(a, t, kh, dk, qs, ks, kn);
         int more = t + 1 < a.T;
-        if (more)
-            for (uint32_t i = threadIdx.x; i < dk; i += blockDim.x)
-                kn[i] = a.k[(size_t)(t + 1) * a.ld + (size_t)kh * dk + i];
-        __syncthreads();
         if (j < dv) {
             float al = a.alpha[(size_t)t * a.ld_g + h], be = a.beta[(size_t)t * a.ld_g + h];
             float d = be * (a.v[(size_t)t * a.ld + (size_t)h * dv + j] - al * u);
@@ -647,18 +656,7 @@ __global__ void __launch_bounds__(32 * DS_P) k_delta_split(st_dn_args a)
     for (int k = 0; k < DS_P; k++)
         u += red[1][k][lane];
     for (uint32_t t = 0; t < a.T; t++) {
-        __syncthreads();
-        const float *qt = a.q + (size_t)t * a.ld + (size_t)kh * dk;
-        for (uint32_t i = threadIdx.x; i < dk; i += blockDim.x) {
-            qs[i] = qt[i];
-            ks[i] = kn[i];
-        }
-        __syncthreads();
-        bool more = t + 1 < a.T;
-        if (more)
-            for (uint32_t i = threadIdx.x; i < dk; i += blockDim.x)
-                kn[i] = a.k[(size_t)(t + 1) * a.ld + (size_t)kh * dk + i];
-        __syncthreads();
+        dn_stage(a, t, kh, dk, qs, ks, kn);
         float al = a.alpha[(size_t)t * a.ld_g + h], be = a.beta[(size_t)t * a.ld_g + h];
         float vj = live ? a.v[(size_t)t * a.ld + (size_t)h * dv + j] : 0.0f;
         float d = be * (vj - al * u);

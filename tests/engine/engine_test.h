@@ -56,4 +56,15 @@ static inline uint32_t *et_prompt(uint64_t n, uint64_t seed)
     return t;
 }
 
+/* The greedy token of a slot's logits (st_slot_sample at temperature 0); aborts on an error. */
+static inline uint32_t et_greedy(const st_slot *s)
+{
+    uint32_t t = 0;
+    if (st_slot_sample(s, 0.0f, 1, &t)) {
+        fprintf(stderr, "et_greedy: %s\n", st_errdetail());
+        abort();
+    }
+    return t;
+}
+
 #endif

@@ -149,15 +149,6 @@ static uint32_t *prompt(uint64_t n, uint32_t V, uint64_t seed)
     return t;
 }
 
-static uint32_t argmax(const float *l, uint32_t n)
-{
-    uint32_t b = 0;
-    for (uint32_t i = 1; i < n; i++)
-        if (l[i] > l[b])
-            b = i;
-    return b;
-}
-
 static double rel_err(const float *ref, const float *x, uint32_t n)
 {
     double mref = 0.0, merr = 0.0;
@@ -191,7 +182,7 @@ static double compare(const st_model *mc, const st_model *mg)
     ST_OK(st_slot_eval(sg, t, N_PROMPT, 0, NULL));
     double worst = rel_err(st_slot_logits(sc, NULL), st_slot_logits(sg, NULL), V);
     for (int i = 0; i < N_DEC; i++) {
-        uint32_t tok = argmax(st_slot_logits(sc, NULL), V);
+        uint32_t tok = et_greedy(sc);
         ST_OK(st_slot_decode(sc, tok));
         ST_OK(st_slot_decode(sg, tok));
         double r = rel_err(st_slot_logits(sc, NULL), st_slot_logits(sg, NULL), V);
@@ -259,7 +250,7 @@ static void same_bits(const st_model *m, st_engine *ea, st_engine *eb, uint64_t 
     ST_OK(st_slot_eval(b, t, n, 0, NULL));
     for (int k = 0; k < steps; k++) {
         assert_memory_equal(st_slot_logits(a, NULL), st_slot_logits(b, NULL), V * 4);
-        uint32_t tok = argmax(st_slot_logits(a, NULL), V);
+        uint32_t tok = et_greedy(a);
         ST_OK(st_slot_decode(a, tok));
         ST_OK(st_slot_decode(b, tok));
     }
@@ -323,7 +314,7 @@ static void across(st_engine *from, st_engine *to, uint32_t V, const char *what)
     assert_memory_equal(st_slot_logits(a, NULL), st_slot_logits(b, NULL), V * 4);
     double worst = 0.0;
     for (int i = 0; i < 6; i++) {
-        uint32_t tok = argmax(st_slot_logits(a, NULL), V);
+        uint32_t tok = et_greedy(a);
         ST_OK(st_slot_decode(a, tok));
         ST_OK(st_slot_decode(b, tok));
         double r = rel_err(st_slot_logits(a, NULL), st_slot_logits(b, NULL), V);

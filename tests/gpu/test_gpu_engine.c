@@ -85,15 +85,6 @@ static st_engine *engine(const st_model *m, const char *backend, uint32_t ubatch
     return e;
 }
 
-static uint32_t argmax(const float *l, uint32_t n)
-{
-    uint32_t b = 0;
-    for (uint32_t i = 1; i < n; i++)
-        if (l[i] > l[b])
-            b = i;
-    return b;
-}
-
 /* ---- models ---------------------------------------------------------------------------------- */
 static void tweak_odd(st_model_hparams *hp)
 {
@@ -155,7 +146,7 @@ static void agree(const char *name, void (*tweak)(st_model_hparams *), uint64_t 
     cmp c = {0};
     double first = cmp_add(&c, st_slot_logits(sc, NULL), st_slot_logits(sg, NULL), V);
     for (uint32_t i = 0; i < n_dec; i++) {
-        uint32_t tok = argmax(st_slot_logits(sc, NULL), V);
+        uint32_t tok = et_greedy(sc);
         ST_OK(st_slot_decode(sc, tok));
         ST_OK(st_slot_decode(sg, tok));
         cmp_add(&c, st_slot_logits(sc, NULL), st_slot_logits(sg, NULL), V);
@@ -196,7 +187,7 @@ static void test_deterministic(void **state)
     for (int i = 0; i < 10; i++) {
         assert_memory_equal(st_slot_logits(a, NULL), st_slot_logits(b, NULL), V * 4);
         assert_memory_equal(st_slot_logits(a, NULL), st_slot_logits(c, NULL), V * 4);
-        uint32_t tok = argmax(st_slot_logits(a, NULL), V);
+        uint32_t tok = et_greedy(a);
         ST_OK(st_slot_decode(a, tok));
         ST_OK(st_slot_decode(b, tok));
         ST_OK(st_slot_decode(c, tok));
@@ -229,7 +220,7 @@ static void restore_case(const char *name, void (*tweak)(st_model_hparams *), ui
     ST_OK(st_slot_eval(a, t, 400, 0, NULL));
     ST_OK(st_slot_eval(a, t, 700, 0, NULL));
     for (int i = 0; i < 3; i++)
-        ST_OK(st_slot_decode(a, argmax(st_slot_logits(a, NULL), V)));
+        ST_OK(st_slot_decode(a, et_greedy(a)));
     st_image *img = NULL;
     ST_OK(st_slot_snapshot(a, mode, codec, &img));
     uint64_t ha;
@@ -242,7 +233,7 @@ static void restore_case(const char *name, void (*tweak)(st_model_hparams *), ui
     assert_int_equal(st_slot_n_tokens(b), st_slot_n_tokens(a));
     assert_memory_equal(st_slot_logits(a, NULL), st_slot_logits(b, NULL), V * 4);
     for (int i = 0; i < 12; i++) {
-        uint32_t tok = argmax(st_slot_logits(a, NULL), V);
+        uint32_t tok = et_greedy(a);
         ST_OK(st_slot_decode(a, tok));
         ST_OK(st_slot_decode(b, tok));
         if (codec == ST_CODEC_FP32)
@@ -341,7 +332,7 @@ static void across(st_engine *from, st_engine *to, st_engine *ref, uint32_t code
     /* continuing from the same state, the two backends agree within the tolerance */
     cmp c = {0};
     for (int i = 0; i < 10; i++) {
-        uint32_t tok = argmax(st_slot_logits(r, NULL), V);
+        uint32_t tok = et_greedy(r);
         ST_OK(st_slot_decode(b, tok));
         ST_OK(st_slot_decode(r, tok));
         cmp_add(&c, st_slot_logits(r, NULL), st_slot_logits(b, NULL), V);
