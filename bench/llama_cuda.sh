@@ -34,6 +34,26 @@ if [ ! -f "$bundle" ]; then
   exit 1
 fi
 
+# ---- Strata ----------------------------------------------------------------------------------
+targets="strata-mkmodel"
+[ "$cuda" = 1 ] && targets="$targets bench_gpu_arch"
+if ! { cmake -S . -B "$sb" -G Ninja -DSTRATA_CUDA="$([ "$cuda" = 1 ] && echo ON || echo AUTO)" \
+  -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=RelWithDebInfo &&
+  cmake --build "$sb" -j "$(nproc)" --target $targets; } >"$out/strata-build.log" 2>&1; then
+  echo "llama_cuda.sh: building Strata failed (see $out/strata-build.log)" >&2
+  exit 1
+fi
+
+# ---- the models, made while llama.cpp builds (the quantizer is one thread per model) --------
+declare -A made
+for spec in $models; do
+  IFS=: read -r arch preset wtype <<<"$spec"
+  file="$lb/$arch-$preset-$wtype.gguf"
+  "$sb/tools/strata-mkmodel" --arch "$arch" --preset "$preset" --wtype "$wtype" -o "$file" \
+    >"$out/mkmodel-$arch-$preset-$wtype.log" 2>&1 &
+  made[$spec]=$!
+done
+
 # ---- llama.cpp from the bundle ----------------------------------------------------------------
 if [ ! -d "$lb/src/.git" ]; then
   rm -rf "$lb/src"
@@ -57,23 +77,12 @@ if ! { cmake -S "$lb/src" -B "$lb/build" "${flags[@]}" &&
 fi
 echo "llama-bench built in $(($(date +%s) - t0)) s"
 
-# ---- Strata ----------------------------------------------------------------------------------
-targets="strata-mkmodel"
-[ "$cuda" = 1 ] && targets="$targets bench_gpu_arch"
-if ! { cmake -S . -B "$sb" -G Ninja -DSTRATA_CUDA="$([ "$cuda" = 1 ] && echo ON || echo AUTO)" \
-  -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=RelWithDebInfo &&
-  cmake --build "$sb" -j "$(nproc)" --target $targets; } >"$out/strata-build.log" 2>&1; then
-  echo "llama_cuda.sh: building Strata failed (see $out/strata-build.log)" >&2
-  exit 1
-fi
-
 # ---- the models, both sides ---------------------------------------------------------------
 for spec in $models; do
   IFS=: read -r arch preset wtype <<<"$spec"
   file="$lb/$arch-$preset-$wtype.gguf"
-  if ! "$sb/tools/strata-mkmodel" --arch "$arch" --preset "$preset" --wtype "$wtype" -o "$file" \
-    >"$out/mkmodel-$arch-$preset-$wtype.log" 2>&1; then
-    echo "llama_cuda.sh: strata-mkmodel $spec failed" >&2
+  if ! wait "${made[$spec]}"; then
+    echo "llama_cuda.sh: strata-mkmodel $spec failed (see $out/mkmodel-$arch-$preset-$wtype.log)" >&2
     status=1
     continue
   fi

@@ -36,6 +36,13 @@ int st_cuda_qmv(uint32_t wtype, const void *w, uint32_t rows, uint32_t cols, con
     return st_error_set(ST_EINVAL, "cuda qmv: built without CUDA");
 }
 
+int st_cuda_qmv_n(uint32_t wtype, uint32_t cols, const st_cuda_qmv_job *jobs, uint32_t n,
+                  const float *x, void *stream)
+{
+    (void)wtype, (void)cols, (void)jobs, (void)n, (void)x, (void)stream;
+    return st_error_set(ST_EINVAL, "cuda qmv: built without CUDA");
+}
+
 int st_cuda_qmv_i8(uint32_t wtype, const void *w, uint32_t rows, uint32_t cols, const void *xq, float *y,
                    void *stream)
 {

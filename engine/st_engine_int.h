@@ -355,15 +355,25 @@ void st_wcache_invalidate(st_wcache *a);
 int st_cuda_gemm_probe(st_engine *e, const void *w_dev, uint32_t rows, uint32_t cols, int immutable,
                        const float *x, uint32_t T, float *y);
 
-/* Quantized matrix-vector products on the GPU, dequantized in registers (st_qmv_cuda.cu; not
- * yet used by the forward pass): y [rows] = W x for W [rows][cols] of ggml type wtype in its
- * file layout at device address w, x [cols] (16-byte aligned) and y f32 device arrays, queued on
- * stream (a cudaStream_t; NULL: the default stream). ST_EINVAL for a type without a kernel
- * (st_cuda_qmv_supported: Q8_0, Q4_K, Q6_K), columns not a multiple of its block, or a build
- * without CUDA. */
+/* Matrix-vector products on the GPU, dequantized in registers (st_qmv_cuda.cu; the CUDA
+ * operation table's one-token products): y [rows] = W x for W [rows][cols] of ggml type wtype
+ * in its file layout at device address w (16-byte aligned), x [cols] (16-byte aligned) and y f32
+ * device arrays, queued on stream (a cudaStream_t; NULL: the default stream). Every type of
+ * st_cuda_dequant_supported has a kernel. st_cuda_qmv_n computes n (1..ST_CUDA_QMV_JOBS)
+ * products of one type and column count over the same x in one launch, each row's bits the same
+ * as alone. ST_EINVAL for a type without a kernel, columns not a multiple of its block, a NULL
+ * or misaligned operand, or a build without CUDA. */
+#define ST_CUDA_QMV_JOBS 32
+typedef struct st_cuda_qmv_job {
+    const void *w;
+    float *y;
+    uint32_t rows;
+} st_cuda_qmv_job;
 int st_cuda_qmv_supported(uint32_t wtype);
 int st_cuda_qmv(uint32_t wtype, const void *w, uint32_t rows, uint32_t cols, const float *x, float *y,
                 void *stream);
+int st_cuda_qmv_n(uint32_t wtype, uint32_t cols, const st_cuda_qmv_job *jobs, uint32_t n,
+                  const float *x, void *stream);
 /* The integer form for Q8_0 weights: xq is the activation row as the CPU's integer path
  * quantizes it (st_qdot_get(ST_GGML_Q8_0)->quantize: 36-byte blocks), in device memory, 4-byte
  * aligned; y as st_cuda_qmv. ST_EINVAL for another type or without CUDA. */

@@ -9,11 +9,12 @@
  *    token ids of get_rows and the st_mm / st_kv_view / st_dn_args structs (host). Operations
  *    only queue work; upload and download wait for their bytes. The forward pass therefore
  *    runs without a synchronisation except where the MoE layer downloads its selection.
- * 2. Products: a weight in a type with a decode kernel (st_cuda_qmv_supported) read for one
- *    token is the matrix-vector product of st_qmv_cuda.cu, dequantized in registers; every
- *    other product widens row tiles of the weight to f32 (st_cuda_dequant_rows, the CPU's exact
- *    values) into a scratch tile and runs cuBLAS SGEMM (FP32, no TF32, atomics disallowed,
- *    a fixed workspace). F32 weights go to SGEMM directly.
+ * 2. Products: a weight read for one token is the matrix-vector product of st_qmv_cuda.cu
+ *    (every type has a kernel), dequantized in registers, when it is unstrided and it and x are
+ *    16-byte aligned; every other product widens row tiles of the weight to f32
+ *    (st_cuda_dequant_rows, the CPU's exact values) into a scratch tile and runs cuBLAS SGEMM
+ *    (FP32, no TF32, atomics disallowed, a fixed workspace). F32 weights of several tokens go to
+ *    SGEMM directly.
  * 3. Determinism: every kernel gives each output to one thread, warp or block with fixed
  *    reduction orders and no atomics; attention splits the keys by a count fixed by the call's
  *    shape (tokens, heads, position) and adds the splits in order. The same inputs read in the
@@ -29,16 +30,20 @@
  *    without them (every architecture but the MoE ones) can be captured into a CUDA graph
  *    (st_backend_cuda.cu invariant 8): get_rows stages its ids in pinned memory, which the
  *    graph's copy reads when it runs.
- * 6. Products of one call whose weights are consecutive row ranges in device memory (the
- *    layers' per-head views of a fused projection) are one product for a single token when
- *    their type has a matrix-vector kernel: one kernel over all their rows into a scratch row,
- *    then one scatter to their outputs. That kernel's result for a row does not depend on the
- *    rows beside it, so the bits are those of the separate products, however the allocator
- *    placed the tensors.
+ * 6. For a single token, consecutive products of one matmul call that take the matrix-vector
+ *    kernels with the same type and column count (q, k and v; gate and up; the layers' per-head
+ *    views of a fused projection) are one launch (st_cuda_qmv_n, at most ST_CUDA_QMV_JOBS
+ *    products). A row's result does not depend on the products beside it, so the bits are those
+ *    of the separate products, whichever were grouped.
  * 7. STRATA_CUDA_OPS_PROFILE=1 (st_ops_cuda_new): every operation, and every product inside
  *    matmul by its path, waits for the stream before and after itself and adds its wall time to
  *    its row of a table printed to stderr when the context is freed: where a forward pass's
- *    time goes, launches included (the waits make the whole pass slower).
+ *    time goes, launches included (the waits make the whole pass slower). =2: the same rows
+ *    timed by events recorded on the stream around each operation, without waits (the GPU's
+ *    time from an operation's first kernel to its last, gaps between its kernels included);
+ *    the times are read between operations when the events run low. Either way one-token
+ *    passes (decode) and the others (prefill) have tables of their own, told apart by the
+ *    pass's get_rows.
  */
 #include <errno.h>
 #include <math.h>
@@ -60,8 +65,6 @@ extern "C" {
 #define OC_DEQ_FLOATS ((size_t)16 << 20) /* the f32 tile of a widened weight: 64 MiB */
 #define OC_ATT_WARPS 4
 #define OC_MAX_HD 256 /* attention's head_dim: 8 elements per lane */
-#define OC_GRP_FLOATS ((size_t)1 << 20) /* a grouped product's rows for one token */
-#define OC_GRP_MAX 64                   /* products per scatter */
 
 /* the profile's rows (invariant 7): the operations in table order, then the product paths */
 enum {
@@ -76,10 +79,20 @@ static const char *const k_prof_names[PR_N] = {
     "kv_store", "attention", "l2norm_max", "sigmoid_mul", "moe_route", "scale_add",
     "sigmoid_scale", "  product: qmv", "  product: sgemm f32", "  product: widen + sgemm"};
 
+#define PROF_EV 8192 /* events of the event-timed profile between two reads of their times */
+
+typedef struct prof_span {
+    int row, dec, e0, e1;
+} prof_span;
+
 struct st_ops_cuda {
-    int prof;                  /* invariant 7 */
-    double prof_s[PR_N], prof_t0[2];
-    uint64_t prof_n[PR_N];
+    int prof;                  /* invariant 7: 0 off, 1 waits, 2 events */
+    int prof_dec;              /* the pass being read is of one token (its get_rows said so) */
+    double prof_s[2][PR_N], prof_t0[2];
+    uint64_t prof_n[2][PR_N], prof_passes[2];
+    cudaEvent_t *prof_ev;      /* PROF_EV events (profile 2) */
+    prof_span *prof_span;      /* PROF_EV / 2 spans waiting for their times */
+    int prof_used, prof_spans, prof_e0[2];
     cudaStream_t stream;
     cublasHandle_t blas;
     void *blas_ws;
@@ -88,7 +101,6 @@ struct st_ops_cuda {
     int n_sm;
     uint32_t *tok_d;  /* get_rows' ids: max_T */
     uint32_t *tok_h;  /* their pinned staging (invariant 5) */
-    float *grp;       /* a grouped product's outputs: OC_GRP_FLOATS (invariant 6) */
     float *deq;       /* a widened weight tile: OC_DEQ_FLOATS */
     float *att_part;  /* attention's split partials: att_cap x (max_hd + 2) */
     uint64_t att_cap;
@@ -123,18 +135,57 @@ static double prof_now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* Profile 2: the recorded spans' GPU times added to their rows, the events free again. */
+static void prof_flush(st_ops_cuda *oc)
+{
+    if (!oc->prof_used)
+        return;
+    cudaEventSynchronize(oc->prof_ev[oc->prof_used - 1]);
+    for (int i = 0; i < oc->prof_spans; i++) {
+        const prof_span *sp = &oc->prof_span[i];
+        float ms = 0.0f;
+        if (cudaEventElapsedTime(&ms, oc->prof_ev[sp->e0], oc->prof_ev[sp->e1]) == cudaSuccess) {
+            oc->prof_s[sp->dec][sp->row] += ms * 1e-3;
+            oc->prof_n[sp->dec][sp->row]++;
+        }
+    }
+    cudaGetLastError();
+    oc->prof_used = oc->prof_spans = 0;
+}
+
 /* level 0: an operation, 1: a product inside matmul */
 static void prof_begin(st_ops_cuda *oc, int level)
 {
+    if (oc->prof == 2) {
+        /* read the times only between operations (no span open); a product that finds no
+         * room left is not timed (its operation is) */
+        if (level == 0 && oc->prof_used + PROF_EV / 4 > PROF_EV)
+            prof_flush(oc);
+        if (oc->prof_used + 3 > PROF_EV) { /* the open operation's end keeps its event */
+            oc->prof_e0[level] = -1;
+            return;
+        }
+        oc->prof_e0[level] = oc->prof_used;
+        cudaEventRecord(oc->prof_ev[oc->prof_used++], oc->stream);
+        return;
+    }
     cudaStreamSynchronize(oc->stream);
     oc->prof_t0[level] = prof_now();
 }
 
 static void prof_end(st_ops_cuda *oc, int level, int row)
 {
+    if (oc->prof == 2) {
+        if (oc->prof_e0[level] < 0)
+            return;
+        int e1 = oc->prof_used++;
+        cudaEventRecord(oc->prof_ev[e1], oc->stream);
+        oc->prof_span[oc->prof_spans++] = (prof_span){row, oc->prof_dec, oc->prof_e0[level], e1};
+        return;
+    }
     cudaStreamSynchronize(oc->stream);
-    oc->prof_s[row] += prof_now() - oc->prof_t0[level];
-    oc->prof_n[row]++;
+    oc->prof_s[oc->prof_dec][row] += prof_now() - oc->prof_t0[level];
+    oc->prof_n[oc->prof_dec][row]++;
 }
 
 int st_ops_cuda_error(st_ops_cuda *oc)
@@ -203,6 +254,10 @@ static void oc_get_rows(void *ocp, const st_wmat *w, const uint32_t *rows, uint3
                         uint32_t ldx)
 {
     st_ops_cuda *oc = (st_ops_cuda *)ocp;
+    if (oc->prof) { /* a pass begins with its rows: the profile's rows of its kind */
+        oc->prof_dec = T == 1;
+        oc->prof_passes[oc->prof_dec]++;
+    }
     if (oc->err)
         return;
     if (T > oc->max_T)
@@ -236,23 +291,20 @@ static int oc_sgemm(st_ops_cuda *oc, const float *W, uint32_t rows, uint32_t col
     return 0;
 }
 
+/* Whether product p of one token takes the matrix-vector kernels (invariant 2). */
+static int qmv_ok(const st_mm *p, const float *x)
+{
+    const st_wmat *w = p->w;
+    return st_cuda_qmv_supported(w->type) && (!w->stride || w->stride == w->cols) &&
+           ((uintptr_t)x & 15) == 0 && ((uintptr_t)w->data & 15) == 0;
+}
+
 static void oc_product(st_ops_cuda *oc, const st_mm *p, const float *x, uint32_t ldx, uint32_t T)
 {
     const st_wmat *w = p->w;
     uint32_t rows = w->rows, cols = w->cols;
     if (w->stride && w->stride != cols)
         return oc_fail(oc, st_error_set(ST_EINVAL, "cuda operations: a strided weight"));
-    if (T == 1 && st_cuda_qmv_supported(w->type) && ((uintptr_t)x & 15) == 0 &&
-        ((uintptr_t)w->data & 15) == 0) {
-        if (oc->prof)
-            prof_begin(oc, 1);
-        int rc = st_cuda_qmv(w->type, w->data, rows, cols, x, p->y, oc->stream);
-        if (rc)
-            oc_fail(oc, rc);
-        if (oc->prof)
-            prof_end(oc, 1, PR_QMV);
-        return;
-    }
     if (oc->prof)
         prof_begin(oc, 1);
     if (w->type == ST_GGML_F32) {
@@ -278,44 +330,29 @@ static void oc_product(st_ops_cuda *oc, const st_mm *p, const float *x, uint32_t
         prof_end(oc, 1, PR_DEQUANT_SGEMM);
 }
 
-/* The scatter of a grouped product (invariant 6): segment k's rows [at[k], at[k + 1]) of src
- * to dst[k]. */
-typedef struct oc_seg {
-    float *dst[OC_GRP_MAX];
-    uint32_t at[OC_GRP_MAX + 1];
-    uint32_t n;
-} oc_seg;
-
-__global__ void k_scatter(const float *src, oc_seg s)
+/* Invariant 6: for one token, the products from mm[i] of the same type and column count that
+ * take the matrix-vector kernels, up to ST_CUDA_QMV_JOBS of them, in one launch; returns how
+ * many it took (0: mm[i] does not take those kernels). */
+static uint32_t oc_qmv_run(st_ops_cuda *oc, const float *x, const st_mm *mm, uint32_t i, uint32_t n)
 {
-    uint32_t total = s.at[s.n];
-    for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < total;
-         i += gridDim.x * blockDim.x) {
-        uint32_t k = 0;
-        while (i >= s.at[k + 1])
-            k++;
-        s.dst[k][i - s.at[k]] = src[i];
-    }
-}
-
-/* How many products from mm[i] are consecutive row ranges of one weight (1: none follow). */
-static uint32_t group_len(const st_mm *mm, uint32_t i, uint32_t n)
-{
+    st_cuda_qmv_job jobs[ST_CUDA_QMV_JOBS];
     const st_wmat *a = mm[i].w;
-    uint64_t rb = st_wmat_row_bytes(a), rows = a->rows;
-    uint32_t k = i + 1;
-    while (k < n && k - i < OC_GRP_MAX) {
-        const st_wmat *b = mm[k].w;
-        const uint8_t *end = (const uint8_t *)mm[k - 1].w->data +
-                             (uint64_t)mm[k - 1].w->rows * rb;
-        /* each view aligned as the kernel needs it, so that alone it would take the same path */
-        if (b->type != a->type || b->cols != a->cols || b->stride != a->stride ||
-            b->data != end || ((uintptr_t)b->data & 15) || rows + b->rows > OC_GRP_FLOATS)
-            break;
-        rows += b->rows;
+    uint32_t k = 0;
+    while (i + k < n && k < ST_CUDA_QMV_JOBS && qmv_ok(&mm[i + k], x) &&
+           mm[i + k].w->type == a->type && mm[i + k].w->cols == a->cols) {
+        jobs[k] = (st_cuda_qmv_job){mm[i + k].w->data, mm[i + k].y, mm[i + k].w->rows};
         k++;
     }
-    return k - i;
+    if (!k)
+        return 0;
+    if (oc->prof)
+        prof_begin(oc, 1);
+    int rc = st_cuda_qmv_n(a->type, a->cols, jobs, k, x, oc->stream);
+    if (rc)
+        oc_fail(oc, rc);
+    if (oc->prof)
+        prof_end(oc, 1, PR_QMV);
+    return k;
 }
 
 static void oc_matmul(void *ocp, const float *x, uint32_t ldx, uint32_t T, const st_mm *mm,
@@ -323,31 +360,12 @@ static void oc_matmul(void *ocp, const float *x, uint32_t ldx, uint32_t T, const
 {
     st_ops_cuda *oc = (st_ops_cuda *)ocp;
     for (uint32_t i = 0; i < n && !oc->err;) {
-        /* only where a row's result is its own (the matrix-vector kernels): SGEMM's may depend
-         * on the product's shape, and adjacent tensors are adjacent only by the allocator */
-        uint32_t g = T == 1 && st_cuda_qmv_supported(mm[i].w->type) ? group_len(mm, i, n) : 1;
-        if (g == 1) {
+        uint32_t k = T == 1 ? oc_qmv_run(oc, x, mm, i, n) : 0;
+        if (!k) {
             oc_product(oc, &mm[i], x, ldx, T);
-            i++;
-            continue;
+            k = 1;
         }
-        oc_seg s;
-        s.n = g;
-        s.at[0] = 0;
-        for (uint32_t k = 0; k < g; k++) {
-            s.dst[k] = mm[i + k].y;
-            s.at[k + 1] = s.at[k] + mm[i + k].w->rows;
-        }
-        st_wmat w = *mm[i].w;
-        w.rows = s.at[g];
-        st_mm one = {&w, oc->grp, w.rows};
-        oc_product(oc, &one, x, ldx, 1);
-        if (oc->err)
-            return;
-        k_scatter<<<blocks_for(w.rows, 256), 256, 0, oc->stream>>>(oc->grp, s);
-        if (LAUNCHED(oc, "k_scatter"))
-            return;
-        i += g;
+        i += k;
     }
 }
 
@@ -1143,18 +1161,39 @@ void st_ops_cuda_free(st_ops_cuda *oc)
     if (!oc)
         return;
     if (oc->prof) {
-        double all = 0.0;
-        for (int i = 0; i < PR_QMV; i++)
-            all += oc->prof_s[i];
-        fprintf(stderr, "strata: cuda operations profile (STRATA_CUDA_OPS_PROFILE): %.1f ms in "
-                "operations\n%-24s %10s %12s %10s %7s\n", all * 1e3, "operation", "calls",
-                "total ms", "us/call", "share");
-        for (int i = 0; i < PR_N; i++)
-            if (oc->prof_n[i])
-                fprintf(stderr, "%-24s %10llu %12.2f %10.1f %6.1f%%\n", k_prof_names[i],
-                        (unsigned long long)oc->prof_n[i], oc->prof_s[i] * 1e3,
-                        oc->prof_s[i] * 1e6 / (double)oc->prof_n[i],
-                        all > 0 ? 100.0 * oc->prof_s[i] / all : 0.0);
+        prof_flush(oc);
+        static const char *const kind[2] = {"passes of several tokens (prefill)",
+                                            "passes of one token (decode)"};
+        for (int d = 1; d >= 0; d--) {
+            double all = 0.0;
+            uint64_t calls = 0;
+            for (int i = 0; i < PR_QMV; i++) {
+                all += oc->prof_s[d][i];
+                calls += oc->prof_n[d][i];
+            }
+            if (!oc->prof_passes[d])
+                continue;
+            double per = (double)oc->prof_passes[d];
+            fprintf(stderr, "strata: cuda operations profile (STRATA_CUDA_OPS_PROFILE=%d, %s): %s: "
+                    "%llu passes, %.1f operations and %.1f us in operations per pass\n%-24s %10s %12s "
+                    "%10s %10s %7s\n", oc->prof, oc->prof == 2 ? "GPU time between events"
+                    : "wall time between waits", kind[d], (unsigned long long)oc->prof_passes[d],
+                    (double)calls / per, all * 1e6 / per, "operation", "calls", "total ms",
+                    "us/call", "us/pass", "share");
+            for (int i = 0; i < PR_N; i++)
+                if (oc->prof_n[d][i])
+                    fprintf(stderr, "%-24s %10llu %12.2f %10.2f %10.1f %6.1f%%\n", k_prof_names[i],
+                            (unsigned long long)oc->prof_n[d][i], oc->prof_s[d][i] * 1e3,
+                            oc->prof_s[d][i] * 1e6 / (double)oc->prof_n[d][i],
+                            oc->prof_s[d][i] * 1e6 / per,
+                            all > 0 ? 100.0 * oc->prof_s[d][i] / all : 0.0);
+        }
+        if (oc->prof_ev)
+            for (int i = 0; i < PROF_EV; i++)
+                if (oc->prof_ev[i])
+                    cudaEventDestroy(oc->prof_ev[i]);
+        free(oc->prof_ev);
+        free(oc->prof_span);
     }
     if (oc->stream)
         cudaStreamSynchronize(oc->stream);
@@ -1163,7 +1202,6 @@ void st_ops_cuda_free(st_ops_cuda *oc)
     cudaFree(oc->blas_ws);
     cudaFree(oc->tok_d);
     cudaFreeHost(oc->tok_h);
-    cudaFree(oc->grp);
     cudaFree(oc->deq);
     cudaFree(oc->att_part);
     free(oc);
@@ -1181,10 +1219,34 @@ int st_ops_cuda_new(void *stream, uint32_t max_T, uint32_t n_ctx, uint32_t max_h
         return st_error_set(ENOMEM, "cuda operations");
     oc->stream = (cudaStream_t)stream;
     const char *pv = getenv("STRATA_CUDA_OPS_PROFILE");
-    oc->prof = pv && !strcmp(pv, "1");
-    if (pv && *pv && strcmp(pv, "0") && strcmp(pv, "1"))
-        fprintf(stderr, "strata: cuda operations: STRATA_CUDA_OPS_PROFILE=%s: 0 or 1; the "
+    oc->prof = pv && !strcmp(pv, "1") ? 1 : pv && !strcmp(pv, "2") ? 2 : 0;
+    if (pv && *pv && !oc->prof && strcmp(pv, "0"))
+        fprintf(stderr, "strata: cuda operations: STRATA_CUDA_OPS_PROFILE=%s: 0, 1 or 2; the "
                 "profile stays off\n", pv);
+    if (oc->prof == 2) {
+        oc->prof_ev = (cudaEvent_t *)calloc(PROF_EV, sizeof *oc->prof_ev);
+        oc->prof_span = (prof_span *)calloc(PROF_EV / 2, sizeof *oc->prof_span);
+        for (int i = 0; oc->prof_ev && i < PROF_EV; i++)
+            if (cudaEventCreate(&oc->prof_ev[i]) != cudaSuccess)
+                oc->prof_ev[i] = NULL;
+        int ok = oc->prof_ev && oc->prof_span;
+        for (int i = 0; ok && i < PROF_EV; i++)
+            ok = oc->prof_ev[i] != NULL;
+        cudaGetLastError();
+        if (!ok) {
+            fprintf(stderr, "strata: cuda operations: STRATA_CUDA_OPS_PROFILE=2: no events; the "
+                    "profile stays off\n");
+            if (oc->prof_ev)
+                for (int i = 0; i < PROF_EV; i++)
+                    if (oc->prof_ev[i])
+                        cudaEventDestroy(oc->prof_ev[i]);
+            free(oc->prof_ev);
+            free(oc->prof_span);
+            oc->prof_ev = NULL;
+            oc->prof_span = NULL;
+            oc->prof = 0;
+        }
+    }
     oc->max_T = max_T ? max_T : 1;
     oc->n_ctx = n_ctx;
     oc->max_hd = max_head_dim ? max_head_dim : 1;
@@ -1227,8 +1289,6 @@ int st_ops_cuda_new(void *stream, uint32_t max_T, uint32_t n_ctx, uint32_t max_h
                       "cudaMalloc (row ids)")) ||
         (rc = oc_cuda(oc, cudaHostAlloc((void **)&oc->tok_h, (size_t)oc->max_T * 4,
                                         cudaHostAllocDefault), "cudaHostAlloc (row ids)")) ||
-        (rc = oc_cuda(oc, cudaMalloc((void **)&oc->grp, OC_GRP_FLOATS * sizeof(float)),
-                      "cudaMalloc (grouped products)")) ||
         (rc = oc_cuda(oc, cudaMalloc((void **)&oc->deq, OC_DEQ_FLOATS * sizeof(float)),
                       "cudaMalloc (weight tile)")) ||
         (rc = oc_cuda(oc, cudaMalloc((void **)&oc->att_part,

@@ -1,22 +1,30 @@
 /*
- * st_qmv_cuda.cu - matrix-vector products of quantized weights on the GPU, the weights read in
- * their file type and dequantized in registers (issue 14, section 1: the decode products):
- * Q8_0, Q4_K and Q6_K, in ggml's block layouts (docs/ENGINE.md, "Weight types"). The CUDA
- * operation table (st_ops_cuda.cu) runs every one-token product of these types through
- * st_cuda_qmv; st_cuda_qmv_i8 is not used by the forward pass (docs/ENGINE.md, "Quantized
- * products on the GPU").
+ * st_qmv_cuda.cu - matrix-vector products on the GPU for every weight type of the weight-type
+ * table (issue 14, section 1: the decode products), the weights read in their file type and
+ * dequantized in registers. The CUDA operation table (st_ops_cuda.cu) runs every one-token
+ * product through st_cuda_qmv_n, the products that share an input in one launch;
+ * st_cuda_qmv_i8 is not used by the forward pass (docs/ENGINE.md, "Quantized products on the
+ * GPU").
  *
  * Invariants:
  * 1. y[r] = sum over k of W[r][k] * x[k] for W [rows][cols] (rows of cols / block blocks, packed
- *    as in the file), x and y f32 in device memory; x 16-byte aligned.
- * 2. A CTA of S warps computes QMV_R rows: its warps take the row's blocks in turn, every
- *    lane reads the x values of its part of a block once and uses them for the QMV_R rows (the
- *    x traffic is 1/QMV_R per row), the weights once; the warps' sums are added in warp order.
+ *    as in the file), x and y f32 in device memory; x 16-byte aligned, W 16-byte aligned.
+ * 2. Q8_0, Q4_K and Q6_K have kernels of their own: a CTA of S warps computes QMV_R rows, its
+ *    warps take the row's blocks in turn, every lane reads the x values of its part of a block
+ *    once and uses them for the QMV_R rows (the x traffic is 1/QMV_R per row), the weights once;
+ *    the warps' sums are added in warp order.
  * 3. Determinism: each lane sums its elements in block order with written-out fused
  *    multiply-adds (__fmaf_rn; the engine is compiled with --fmad=false), the warp reduces with
  *    a fixed shuffle tree, the CTA adds its warps in order, no atomics: the same inputs give the
  *    same bits. The order is not the CPU's (the results agree within float rounding;
  *    tests/gpu/test_gpu_qmv.c).
+ * 4. One launch computes up to ST_CUDA_QMV_JOBS products of one type and column count over the
+ *    same x (st_cuda_qmv_n): each product has CTAs of its own, so a row's result, and its bits,
+ *    do not depend on which products share the launch.
+ * 5. F32, F16 and BF16 rows of whole 16-byte words take the wide kernel (a warp per row, 16
+ *    bytes per lane per step); every other type, and those rows otherwise, the decoder-driven
+ *    kernel, whose values are those of st_wtype_cuda.cuh's decoders (the CPU's scalar
+ *    dequantization, bit for bit) multiplied into the sum as they are made.
  */
 #include <stdint.h>
 
@@ -28,11 +36,46 @@ extern "C" {
 #include "st_wtype.h"
 }
 #include "st_reduce_cuda.cuh"
+#include "st_wtype_cuda.cuh"
 
 #define QMV_R 4        /* rows per CTA (each of its warps computes all of them) */
 /* warps per CTA (each takes every S-th step of the row's blocks): 8 for Q8_0 and Q6_K, 4 for
  * Q4_K, the faster of the two for each (docs/BENCHMARKS.md, "Quantized products on the GPU") */
 #define QMV_S_MAX 8
+#define QMV_GEN_WARPS 4 /* warps per CTA of the decoder-driven and the wide kernels */
+
+/* The products of one launch (invariant 4): job j's rows are computed by the CTAs
+ * start[j] .. start[j + 1] - 1, its weights at w[j], its results to y[j]. Passed by value (in
+ * the kernel's parameter space). */
+struct qmv_jobs {
+    const uint8_t *w[ST_CUDA_QMV_JOBS];
+    float *y[ST_CUDA_QMV_JOBS];
+    uint32_t rows[ST_CUDA_QMV_JOBS];
+    uint32_t start[ST_CUDA_QMV_JOBS + 1];
+    uint32_t n;
+};
+
+/* A CTA's job: its weights W, row count rows, output y, and the CTA's index within the job. */
+struct qmv_job_of {
+    const uint8_t *W;
+    float *y;
+    uint32_t rows, cta;
+};
+
+__device__ __forceinline__ qmv_job_of qmv_job(const qmv_jobs &P)
+{
+    uint32_t j = 0;
+    while (j + 1 < P.n && blockIdx.x >= P.start[j + 1])
+        j++;
+    return qmv_job_of{P.w[j], P.y[j], P.rows[j], blockIdx.x - P.start[j]};
+}
+
+/* The kernels of QMV_R rows per CTA: W, y, r0 (the CTA's first row) and nr (its row count). */
+#define QMV_JOB(P)                                                                             \
+    qmv_job_of jb_ = qmv_job(P);                                                               \
+    const uint8_t *W = jb_.W;                                                                  \
+    float *y = jb_.y;                                                                          \
+    uint32_t r0 = jb_.cta * QMV_R, nr = jb_.rows - r0 < QMV_R ? jb_.rows - r0 : QMV_R
 
 
 /* An integer below 2^23 as a float, exactly, on the full-rate pipes (an I2F conversion runs at a
@@ -85,11 +128,11 @@ __device__ __forceinline__ void qmv_finish(float *acc, uint32_t r0, uint32_t nr,
 /* Q8_0: 34-byte blocks of 32 (f16 d, 32 int8). A warp covers 4 blocks per step, 8 lanes per
  * block, 4 values per lane. */
 template <int S>
-__global__ void k_qmv_q8_0(const uint8_t *W, uint64_t row_bytes, uint32_t rows, uint32_t nb,
-                           const float *x, float *y)
+__global__ void k_qmv_q8_0(qmv_jobs P, uint64_t row_bytes, uint32_t nb,
+                           const float *x)
 {
-    uint32_t lane = threadIdx.x & 31, w = threadIdx.x >> 5, r0 = blockIdx.x * QMV_R;
-    uint32_t nr = rows - r0 < QMV_R ? rows - r0 : QMV_R;
+    QMV_JOB(P);
+    uint32_t lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     float acc[QMV_R] = {0.0f, 0.0f, 0.0f, 0.0f};
     uint32_t e = (lane & 7) * 4;
     for (uint32_t b = 4 * w + (lane >> 3); b < nb; b += 4 * S) {
@@ -135,11 +178,11 @@ __device__ __forceinline__ void q4k_scale_w(uint4 head, uint32_t j, float *sc, f
  * block's 16-byte head and 16 bytes of nibbles, group g = p / 2, the values
  * 64g + 16 (p % 2) + 0..15 (low nibbles, sub-block 2g) and those 32 further (high, 2g + 1). */
 template <int S>
-__global__ void k_qmv_q4_k(const uint8_t *W, uint64_t row_bytes, uint32_t rows, uint32_t nb,
-                           const float *x, float *y)
+__global__ void k_qmv_q4_k(qmv_jobs P, uint64_t row_bytes, uint32_t nb,
+                           const float *x)
 {
-    uint32_t lane = threadIdx.x & 31, w = threadIdx.x >> 5, r0 = blockIdx.x * QMV_R;
-    uint32_t nr = rows - r0 < QMV_R ? rows - r0 : QMV_R;
+    QMV_JOB(P);
+    uint32_t lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     float acc[QMV_R] = {0.0f, 0.0f, 0.0f, 0.0f};
     uint32_t p = lane & 7, g = p >> 1, off = 64 * g + 16 * (p & 1);
     for (uint32_t b = 4 * w + (lane >> 3); b < nb; b += 4 * S) {
@@ -194,11 +237,11 @@ __global__ void k_qmv_q4_k(const uint8_t *W, uint64_t row_bytes, uint32_t rows, 
  * scales, f16 d). A warp takes one block per step; per half n, lane l makes the values
  * 128n + l + {0, 32, 64, 96}. */
 template <int S>
-__global__ void k_qmv_q6_k(const uint8_t *W, uint64_t row_bytes, uint32_t rows, uint32_t nb,
-                           const float *x, float *y)
+__global__ void k_qmv_q6_k(qmv_jobs P, uint64_t row_bytes, uint32_t nb,
+                           const float *x)
 {
-    uint32_t lane = threadIdx.x & 31, w = threadIdx.x >> 5, r0 = blockIdx.x * QMV_R;
-    uint32_t nr = rows - r0 < QMV_R ? rows - r0 : QMV_R;
+    QMV_JOB(P);
+    uint32_t lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     float acc[QMV_R] = {0.0f, 0.0f, 0.0f, 0.0f};
     uint32_t is = lane / 16;
     for (uint32_t b = w; b < nb; b += S) {
@@ -234,11 +277,10 @@ __global__ void k_qmv_q6_k(const uint8_t *W, uint64_t row_bytes, uint32_t rows, 
  * 36-byte blocks of an f32 d and 32 int8): per lane one dp4a of 4 weight bytes and 4 activation
  * bytes, scaled by both blocks' d. The lanes as in k_qmv_q8_0. */
 template <int S>
-__global__ void k_qmv_q8_0_i8(const uint8_t *W, uint64_t row_bytes, uint32_t rows, uint32_t nb,
-                              const uint8_t *xq, float *y)
+__global__ void k_qmv_q8_0_i8(qmv_jobs P, uint64_t row_bytes, uint32_t nb, const uint8_t *xq)
 {
-    uint32_t lane = threadIdx.x & 31, w = threadIdx.x >> 5, r0 = blockIdx.x * QMV_R;
-    uint32_t nr = rows - r0 < QMV_R ? rows - r0 : QMV_R;
+    QMV_JOB(P);
+    uint32_t lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     float acc[QMV_R] = {0.0f, 0.0f, 0.0f, 0.0f};
     uint32_t e = (lane & 7) * 4;
     for (uint32_t b = 4 * w + (lane >> 3); b < nb; b += 4 * S) {
@@ -259,6 +301,83 @@ __global__ void k_qmv_q8_0_i8(const uint8_t *W, uint64_t row_bytes, uint32_t row
     qmv_finish<S>(acc, r0, nr, y);
 }
 
+/* Every other type (invariant 5): a decoder of st_wtype_cuda.cuh per block, its values
+ * multiplied into the sum as they are made. L lanes (a power of two, at most 32) share a row,
+ * lane l of them taking blocks l, l + L, ...; the L sums are added by a fixed shuffle tree. */
+template <class D>
+__global__ void __launch_bounds__(32 * QMV_GEN_WARPS)
+    k_qmv_gen(qmv_jobs P, uint64_t row_bytes, uint32_t nb, uint32_t L, const float *x)
+{
+    qmv_job_of jb = qmv_job(P);
+    uint32_t lane = threadIdx.x & 31, per_warp = 32 / L, sub = lane & (L - 1);
+    uint32_t r = (jb.cta * QMV_GEN_WARPS + (threadIdx.x >> 5)) * per_warp + lane / L;
+    float acc = 0.0f;
+    if (r < jb.rows) {
+        const uint8_t *row = jb.W + (uint64_t)r * row_bytes;
+        for (uint32_t b = sub; b < nb; b += L)
+            D::run(row + (uint64_t)b * D::BYTES, st_dq_dot{x + (uint64_t)b * D::QK, &acc});
+    }
+    for (uint32_t o = L / 2; o > 0; o >>= 1)
+        acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (sub == 0 && r < jb.rows)
+        jb.y[r] = acc;
+}
+
+/* F32, F16 and BF16 rows of a multiple of 16 bytes (invariant 5): a warp per row, each lane
+ * 16 bytes of it per step (4 or 8 values, in order), the warp's sums by st_warp_sum. */
+__device__ __forceinline__ float wide_val(uint32_t word, int hi, int kind)
+{
+    uint32_t h = hi ? word >> 16 : word & 0xffffu;
+    if (kind == 2)
+        return __uint_as_float(h << 16);
+    return h2f_bits(h);
+}
+
+template <int KIND> /* 0: F32, 1: F16, 2: BF16 */
+__global__ void __launch_bounds__(32 * QMV_GEN_WARPS)
+    k_qmv_wide(qmv_jobs P, uint64_t row_bytes, uint32_t cols, const float *x)
+{
+    qmv_job_of jb = qmv_job(P);
+    uint32_t lane = threadIdx.x & 31, r = jb.cta * QMV_GEN_WARPS + (threadIdx.x >> 5);
+    if (r >= jb.rows)
+        return; /* the whole warp: no block-wide synchronisation follows */
+    const uint4 *row = (const uint4 *)(jb.W + (uint64_t)r * row_bytes);
+    const uint32_t per = KIND == 0 ? 4 : 8, n16 = cols / per;
+    float acc = 0.0f;
+    for (uint32_t i = lane; i < n16; i += 32) {
+        uint4 v = row[i];
+        const float4 *xv = (const float4 *)(x + (uint64_t)i * per);
+        if (KIND == 0) {
+            float4 a = xv[0];
+            acc = __fmaf_rn(__uint_as_float(v.x), a.x, acc);
+            acc = __fmaf_rn(__uint_as_float(v.y), a.y, acc);
+            acc = __fmaf_rn(__uint_as_float(v.z), a.z, acc);
+            acc = __fmaf_rn(__uint_as_float(v.w), a.w, acc);
+        } else {
+            float4 a = xv[0], b = xv[1];
+            acc = __fmaf_rn(wide_val(v.x, 0, KIND), a.x, acc);
+            acc = __fmaf_rn(wide_val(v.x, 1, KIND), a.y, acc);
+            acc = __fmaf_rn(wide_val(v.y, 0, KIND), a.z, acc);
+            acc = __fmaf_rn(wide_val(v.y, 1, KIND), a.w, acc);
+            acc = __fmaf_rn(wide_val(v.z, 0, KIND), b.x, acc);
+            acc = __fmaf_rn(wide_val(v.z, 1, KIND), b.y, acc);
+            acc = __fmaf_rn(wide_val(v.w, 0, KIND), b.z, acc);
+            acc = __fmaf_rn(wide_val(v.w, 1, KIND), b.w, acc);
+        }
+    }
+    acc = st_warp_sum(acc);
+    if (lane == 0)
+        jb.y[r] = acc;
+}
+
+static int launched(const char *what)
+{
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess)
+        return st_error_set(ST_EIO, "cuda qmv: %s launch: %s", what, cudaGetErrorString(e));
+    return 0;
+}
+
 extern "C" int st_cuda_qmv_i8(uint32_t wtype, const void *w, uint32_t rows, uint32_t cols,
                               const void *xq, float *y, void *stream)
 {
@@ -270,45 +389,123 @@ extern "C" int st_cuda_qmv_i8(uint32_t wtype, const void *w, uint32_t rows, uint
     if (!w || !xq || !y || ((uintptr_t)xq & 3))
         return st_error_set(ST_EINVAL, "cuda qmv: NULL or misaligned operand (xq must be 4-byte aligned)");
     uint32_t nb = cols / 32;
-    dim3 grid((rows + QMV_R - 1) / QMV_R);
-    k_qmv_q8_0_i8<8><<<grid, 32 * 8, 0, (cudaStream_t)stream>>>((const uint8_t *)w, (uint64_t)nb * 34, rows,
-                                                           nb, (const uint8_t *)xq, y);
-    cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess)
-        return st_error_set(ST_EIO, "cuda qmv: launch: %s", cudaGetErrorString(e));
-    return 0;
+    qmv_jobs P;
+    P.n = 1;
+    P.w[0] = (const uint8_t *)w;
+    P.y[0] = y;
+    P.rows[0] = rows;
+    P.start[0] = 0;
+    P.start[1] = (rows + QMV_R - 1) / QMV_R;
+    k_qmv_q8_0_i8<8><<<P.start[1], 32 * 8, 0, (cudaStream_t)stream>>>(P, (uint64_t)nb * 34, nb,
+                                                                   (const uint8_t *)xq);
+    return launched("q8_0 integer");
 }
 
 extern "C" int st_cuda_qmv_supported(uint32_t wtype)
 {
-    return wtype == ST_GGML_Q8_0 || wtype == ST_GGML_Q4_K || wtype == ST_GGML_Q6_K;
+    return st_cuda_dequant_supported(wtype);
+}
+
+/* Which kernel a type and row take: 1 the type's own (Q8_0, Q4_K, Q6_K: QMV_R rows per CTA),
+ * 2 the wide one (F32 / F16 / BF16 rows of whole 16-byte words), 0 the decoder-driven one. */
+static int kernel_of(uint32_t wtype, uint64_t row_bytes)
+{
+    if (wtype == ST_GGML_Q8_0 || wtype == ST_GGML_Q4_K || wtype == ST_GGML_Q6_K)
+        return 1;
+    if ((wtype == ST_GGML_F32 || wtype == ST_GGML_F16 || wtype == ST_GGML_BF16) && row_bytes % 16 == 0)
+        return 2;
+    return 0;
+}
+
+template <class D>
+static void gen_launch(uint32_t ctas, const qmv_jobs &P, uint64_t rb, uint32_t nb, uint32_t L,
+                       const float *x, cudaStream_t st)
+{
+    k_qmv_gen<D><<<ctas, 32 * QMV_GEN_WARPS, 0, st>>>(P, rb, nb, L, x);
+}
+
+extern "C" int st_cuda_qmv_n(uint32_t wtype, uint32_t cols, const st_cuda_qmv_job *jobs, uint32_t n,
+                             const float *x, void *stream)
+{
+    const st_wtype *t = st_wtype_get(wtype);
+    if (!t || !st_cuda_qmv_supported(wtype))
+        return st_error_set(ST_EINVAL, "cuda qmv: no kernel for weight type %u (%s)", wtype,
+                            t ? t->name : "unknown");
+    if (!cols || cols % t->block)
+        return st_error_set(ST_EINVAL, "cuda qmv: %u columns: not a positive multiple of %s's "
+                            "block of %u", cols, t->name, t->block);
+    if (!n || n > ST_CUDA_QMV_JOBS || !jobs)
+        return st_error_set(ST_EINVAL, "cuda qmv: %u products in one launch (1 to %u)", n,
+                            ST_CUDA_QMV_JOBS);
+    if (!x || ((uintptr_t)x & 15))
+        return st_error_set(ST_EINVAL, "cuda qmv: NULL or misaligned x (it must be 16-byte aligned)");
+    uint32_t nb = cols / t->block;
+    uint64_t rb = (uint64_t)nb * t->bytes;
+    int kind = kernel_of(wtype, rb);
+    /* rows per CTA (invariant 4), and for the decoder-driven kernel the lanes per row */
+    uint32_t L = 32;
+    while (L > 1 && L / 2 >= nb)
+        L /= 2;
+    uint32_t per_cta = kind == 1 ? QMV_R : kind == 2 ? QMV_GEN_WARPS : QMV_GEN_WARPS * (32 / L);
+    qmv_jobs P;
+    P.n = n;
+    P.start[0] = 0;
+    for (uint32_t j = 0; j < n; j++) {
+        const st_cuda_qmv_job *jb = &jobs[j];
+        if (!jb->w || !jb->y || !jb->rows || ((uintptr_t)jb->w & 15))
+            return st_error_set(ST_EINVAL, "cuda qmv: product %u of %u: %s", j, n,
+                                !jb->rows ? "no rows" : !jb->w || !jb->y ? "a NULL operand"
+                                : "the weights are not 16-byte aligned");
+        uint64_t ctas = P.start[j] + ((uint64_t)jb->rows + per_cta - 1) / per_cta;
+        if (ctas > 0x7fffffffull)
+            return st_error_set(ST_EINVAL, "cuda qmv: %u products of up to %u rows: too many for "
+                                "one launch", n, jb->rows);
+        P.w[j] = (const uint8_t *)jb->w;
+        P.y[j] = jb->y;
+        P.rows[j] = jb->rows;
+        P.start[j + 1] = (uint32_t)ctas;
+    }
+    uint32_t ctas = P.start[n];
+    cudaStream_t st = (cudaStream_t)stream;
+    switch (wtype) {
+    case ST_GGML_Q8_0: k_qmv_q8_0<8><<<ctas, 32 * 8, 0, st>>>(P, rb, nb, x); break;
+    case ST_GGML_Q4_K: k_qmv_q4_k<4><<<ctas, 32 * 4, 0, st>>>(P, rb, nb, x); break;
+    case ST_GGML_Q6_K: k_qmv_q6_k<8><<<ctas, 32 * 8, 0, st>>>(P, rb, nb, x); break;
+    case ST_GGML_F32:
+        if (kind == 2)
+            k_qmv_wide<0><<<ctas, 32 * QMV_GEN_WARPS, 0, st>>>(P, rb, cols, x);
+        else
+            gen_launch<dq_f32>(ctas, P, rb, nb, L, x, st);
+        break;
+    case ST_GGML_F16:
+        if (kind == 2)
+            k_qmv_wide<1><<<ctas, 32 * QMV_GEN_WARPS, 0, st>>>(P, rb, cols, x);
+        else
+            gen_launch<dq_f16v>(ctas, P, rb, nb, L, x, st);
+        break;
+    case ST_GGML_BF16:
+        if (kind == 2)
+            k_qmv_wide<2><<<ctas, 32 * QMV_GEN_WARPS, 0, st>>>(P, rb, cols, x);
+        else
+            gen_launch<dq_bf16>(ctas, P, rb, nb, L, x, st);
+        break;
+    case ST_GGML_Q4_0: gen_launch<dq_q4_0>(ctas, P, rb, nb, L, x, st); break;
+    case ST_GGML_Q4_1: gen_launch<dq_q4_1>(ctas, P, rb, nb, L, x, st); break;
+    case ST_GGML_Q5_0: gen_launch<dq_q5_0>(ctas, P, rb, nb, L, x, st); break;
+    case ST_GGML_Q5_1: gen_launch<dq_q5_1>(ctas, P, rb, nb, L, x, st); break;
+    case ST_GGML_Q2_K: gen_launch<dq_q2_K>(ctas, P, rb, nb, L, x, st); break;
+    case ST_GGML_Q3_K: gen_launch<dq_q3_K>(ctas, P, rb, nb, L, x, st); break;
+    case ST_GGML_Q5_K: gen_launch<dq_q5_K>(ctas, P, rb, nb, L, x, st); break;
+    case ST_GGML_IQ4_NL: gen_launch<dq_iq4_nl>(ctas, P, rb, nb, L, x, st); break;
+    case ST_GGML_IQ4_XS: gen_launch<dq_iq4_xs>(ctas, P, rb, nb, L, x, st); break;
+    default: return st_error_set(ST_EINVAL, "cuda qmv: weight type %s", t->name);
+    }
+    return launched(t->name);
 }
 
 extern "C" int st_cuda_qmv(uint32_t wtype, const void *w, uint32_t rows, uint32_t cols,
                            const float *x, float *y, void *stream)
 {
-    const st_wtype *t = st_wtype_get(wtype);
-    if (!t || !st_cuda_qmv_supported(wtype))
-        return st_error_set(ST_EINVAL, "cuda qmv: no kernel for weight type %u (%s): Q8_0, Q4_K "
-                            "and Q6_K have one", wtype, t ? t->name : "unknown");
-    if (!rows || !cols || cols % t->block)
-        return st_error_set(ST_EINVAL, "cuda qmv: %u x %u: the columns must be a positive "
-                            "multiple of %s's block of %u", rows, cols, t->name, t->block);
-    if (!w || !x || !y || ((uintptr_t)x & 15))
-        return st_error_set(ST_EINVAL, "cuda qmv: NULL or misaligned operand (x must be 16-byte aligned)");
-    uint32_t nb = cols / t->block;
-    uint64_t row_bytes = (uint64_t)nb * t->bytes;
-    dim3 grid((rows + QMV_R - 1) / QMV_R);
-    cudaStream_t st = (cudaStream_t)stream;
-    const uint8_t *W = (const uint8_t *)w;
-    if (wtype == ST_GGML_Q8_0)
-        k_qmv_q8_0<8><<<grid, 32 * 8, 0, st>>>(W, row_bytes, rows, nb, x, y);
-    else if (wtype == ST_GGML_Q4_K)
-        k_qmv_q4_k<4><<<grid, 32 * 4, 0, st>>>(W, row_bytes, rows, nb, x, y);
-    else
-        k_qmv_q6_k<8><<<grid, 32 * 8, 0, st>>>(W, row_bytes, rows, nb, x, y);
-    cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess)
-        return st_error_set(ST_EIO, "cuda qmv: launch: %s", cudaGetErrorString(e));
-    return 0;
+    const st_cuda_qmv_job j = {w, y, rows};
+    return st_cuda_qmv_n(wtype, cols, &j, 1, x, stream);
 }
