@@ -16,6 +16,7 @@
 #   LLAMA_CUDA 1 (default) builds llama.cpp with CUDA for sm_90; 0 builds it for the CPU and
 #            skips Strata's GPU run (a dry run of this script on a machine without a GPU)
 #   OUT      where the logs go (default $LLAMA_BUILD/logs)
+#   REUSE    1: a model file already in $LLAMA_BUILD is used as it is (made by an earlier run)
 # Exit status 0 only when both sides ran on every model.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -49,6 +50,8 @@ declare -A made
 for spec in $models; do
   IFS=: read -r arch preset wtype <<<"$spec"
   file="$lb/$arch-$preset-$wtype.gguf"
+  made[$spec]=""
+  [ "${REUSE:-0}" = 1 ] && [ -s "$file" ] && continue
   "$sb/tools/strata-mkmodel" --arch "$arch" --preset "$preset" --wtype "$wtype" -o "$file" \
     >"$out/mkmodel-$arch-$preset-$wtype.log" 2>&1 &
   made[$spec]=$!
@@ -81,7 +84,7 @@ echo "llama-bench built in $(($(date +%s) - t0)) s"
 for spec in $models; do
   IFS=: read -r arch preset wtype <<<"$spec"
   file="$lb/$arch-$preset-$wtype.gguf"
-  if ! wait "${made[$spec]}"; then
+  if [ -n "${made[$spec]}" ] && ! wait "${made[$spec]}"; then
     echo "llama_cuda.sh: strata-mkmodel $spec failed (see $out/mkmodel-$arch-$preset-$wtype.log)" >&2
     status=1
     continue

@@ -56,11 +56,14 @@
  *    this file's page blocks (st_kv_view.blocks) and the recurrent state its running buffer, so
  *    the state, its transfers and its hashes are the same code for both paths. A decode step
  *    (one token) of a model without MoE routing (whose layer waits for the selection) is
- *    captured into a CUDA graph and replayed: the kernels and their arguments are the ones a
- *    direct run would launch, so the bits are the same; the executable graph of the previous
- *    step is updated in place (cudaGraphExecUpdate) and instantiated again only when the
- *    update is refused. Opt-in (STRATA_CUDA_GRAPHS=1): on the H200 they gain nothing as built
- *    (each step is captured again, so the host's calls stay; docs/BENCHMARKS.md).
+ *    captured once into a CUDA graph, with the operation table in its dynamic mode (the token
+ *    and the position read from pinned staging when the graph runs; st_ops_cuda.cu invariant
+ *    8), and replayed for every later step of a state with the same running buffer (every
+ *    address the pass reads, the page table among them, lies in it or in the context) and the
+ *    same logits request: the kernels are the ones a direct run launches, so the bits are the
+ *    same. Another buffer or request captures again, and the executable graph is updated in
+ *    place (cudaGraphExecUpdate) or, where the update is refused, instantiated again. Opt-in
+ *    (STRATA_CUDA_GRAPHS=1; docs/BENCHMARKS.md has what it gains).
  */
 #include <errno.h>
 #include <math.h>
@@ -241,8 +244,10 @@ typedef struct cu_ctx {
     void *ws;           /* the architecture's workspace, in device memory */
     uint64_t *rec_ssm, *rec_conv; /* recurrent slot -> its tensors' offsets in the running buffer */
     int graphs;                /* decode steps run as CUDA graphs (STRATA_CUDA_GRAPHS, invariant 8) */
-    cudaGraphExec_t gexec;     /* the last decode step's graph, updated for the next */
-    uint64_t g_inst, g_upd;    /* graphs instantiated, updated in place */
+    cudaGraphExec_t gexec;     /* the decode graph (invariant 8) */
+    const uint8_t *g_run;      /* the running buffer it was captured for (NULL: none valid) */
+    int g_logits;              /* and whether it copies the logits */
+    uint64_t g_inst, g_upd, g_replay; /* graphs instantiated, updated in place, replayed */
 } cu_ctx;
 
 typedef struct cu_state {
@@ -1301,8 +1306,9 @@ static void ops_release(cu_ctx *c)
         cu_release(cudaGraphExecDestroy(c->gexec), "cudaGraphExecDestroy");
     c->gexec = NULL;
     if (c->trace && c->ops)
-        fprintf(stderr, "strata: cuda backend: decode graphs: %llu instantiated, %llu updated\n",
-                (unsigned long long)c->g_inst, (unsigned long long)c->g_upd);
+        fprintf(stderr, "strata: cuda backend: decode graphs: %llu instantiated, %llu updated, "
+                "%llu replays\n", (unsigned long long)c->g_inst, (unsigned long long)c->g_upd,
+                (unsigned long long)c->g_replay);
     if (c->ws)
         c->m->arch->fwd_free(c->ws);
     c->ws = NULL;
@@ -2767,22 +2773,42 @@ static int ops_forward(cu_ctx *c, cu_state *s, const uint32_t *tokens, uint32_t 
     f.T = n;
     f.pos0 = pos0;
     f.logits = logits ? c->logits_d : NULL;
-    int graph = c->graphs && n == 1;
-    if (graph)
-        CU(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
-    c->m->arch->forward(&f, c->ws);
-    int rc = st_ops_cuda_error(c->oc);
+    int graph = c->graphs && n == 1, rc = 0;
     cudaError_t ce = cudaSuccess;
-    if (!rc && logits)
-        ce = cudaMemcpyAsync(c->logits_h, c->logits_d, (size_t)c->V * 4, cudaMemcpyDeviceToHost,
-                             c->stream);
-    if (graph) {
-        cudaGraph_t g = NULL;
-        cudaError_t ee = cudaStreamEndCapture(c->stream, &g);
-        if (!rc && ce == cudaSuccess)
-            rc = ee != cudaSuccess ? cu_fail(ee, "cudaStreamEndCapture") : graph_run(c, g);
-        if (g)
-            cu_release(cudaGraphDestroy(g), "cudaGraphDestroy");
+    if (graph && c->gexec && c->g_run == s->run && c->g_logits == (logits != NULL)) {
+        /* the captured step serves this one: stage its token and position, replay */
+        st_ops_cuda_stage(c->oc, tokens, n, pos0);
+        rc = st_ops_cuda_error(c->oc);
+        if (!rc && (ce = cudaGraphLaunch(c->gexec, c->stream)) != cudaSuccess)
+            rc = cu_fail(ce, "cudaGraphLaunch");
+        c->g_replay++;
+    } else {
+        if (graph) {
+            c->g_run = NULL; /* valid again only once captured and instantiated */
+            cudaError_t be = cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal);
+            if (be != cudaSuccess)
+                return cu_fail(be, "cudaStreamBeginCapture");
+            st_ops_cuda_dynamic(c->oc, 1);
+            st_ops_cuda_stage(c->oc, tokens, n, pos0);
+        }
+        c->m->arch->forward(&f, c->ws);
+        rc = st_ops_cuda_error(c->oc);
+        if (!rc && logits)
+            ce = cudaMemcpyAsync(c->logits_h, c->logits_d, (size_t)c->V * 4,
+                                 cudaMemcpyDeviceToHost, c->stream);
+        if (graph) {
+            st_ops_cuda_dynamic(c->oc, 0);
+            cudaGraph_t g = NULL;
+            cudaError_t ee = cudaStreamEndCapture(c->stream, &g);
+            if (!rc && ce == cudaSuccess)
+                rc = ee != cudaSuccess ? cu_fail(ee, "cudaStreamEndCapture") : graph_run(c, g);
+            if (g)
+                cu_release(cudaGraphDestroy(g), "cudaGraphDestroy");
+            if (!rc) {
+                c->g_run = s->run;
+                c->g_logits = logits != NULL;
+            }
+        }
     }
     cudaError_t cs = cudaStreamSynchronize(c->stream);
     if (!rc && (ce != cudaSuccess || cs != cudaSuccess))
@@ -2790,7 +2816,7 @@ static int ops_forward(cu_ctx *c, cu_state *s, const uint32_t *tokens, uint32_t 
     if (rc) {
         /* earlier layers may have advanced their recurrent state in place: the state is not
          * read again until a reset or a load replaces it */
-        if (!graph)
+        if (!graph || cs != cudaSuccess)
             s->err = rc;
         return rc;
     }

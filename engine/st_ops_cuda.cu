@@ -44,6 +44,13 @@
  *    the times are read between operations when the events run low. Either way one-token
  *    passes (decode) and the others (prefill) have tables of their own, told apart by the
  *    pass's get_rows.
+ * 8. The dynamic mode (st_ops_cuda_dynamic; the backend's reusable decode graphs): get_rows
+ *    also copies the position staged by st_ops_cuda_stage into device memory, and RoPE, the K/V
+ *    store and attention read it there instead of their pos0 argument, so that one captured
+ *    pass serves every position. Attention of one token splits the keys into runs of a fixed
+ *    count (at least OC_ATT_KS, set by the context and the head count) in both modes; the
+ *    dynamic mode launches the whole context's splits, those beyond the position empty (the
+ *    merge passes over them exactly), so its bits are those of the direct launches.
  */
 #include <errno.h>
 #include <math.h>
@@ -63,7 +70,8 @@ extern "C" {
 
 #define OC_BLAS_WS ((size_t)32 << 20)
 #define OC_DEQ_FLOATS ((size_t)16 << 20) /* the f32 tile of a widened weight: 64 MiB */
-#define OC_ATT_WARPS 4
+#define OC_ATT_WARPS 8
+#define OC_ATT_KS 32 /* keys per split of a one-token pass, at least (invariant 8) */
 #define OC_MAX_HD 256 /* attention's head_dim: 8 elements per lane */
 
 /* the profile's rows (invariant 7): the operations in table order, then the product paths */
@@ -101,6 +109,9 @@ struct st_ops_cuda {
     int n_sm;
     uint32_t *tok_d;  /* get_rows' ids: max_T */
     uint32_t *tok_h;  /* their pinned staging (invariant 5) */
+    uint64_t *pos_d;  /* the pass's position, read by the kernels in the dynamic mode (inv. 8) */
+    uint64_t *pos_h;  /* its pinned staging */
+    int dyn;          /* invariant 8 */
     float *deq;       /* a widened weight tile: OC_DEQ_FLOATS */
     float *att_part;  /* attention's split partials: att_cap x (max_hd + 2) */
     uint64_t att_cap;
@@ -200,6 +211,9 @@ __device__ __forceinline__ float oc_silu(float x) { return x / (1.0f + expf(-x))
 __device__ __forceinline__ float oc_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ __forceinline__ float oc_softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
+/* The dynamic mode's position for a kernel (invariant 8), else NULL: the argument counts. */
+#define POSP(oc) ((oc)->dyn ? (const uint64_t *)(oc)->pos_d : (const uint64_t *)NULL)
+
 static unsigned blocks_for(uint64_t n, unsigned per)
 {
     uint64_t b = (n + per - 1) / per;
@@ -268,6 +282,10 @@ static void oc_get_rows(void *ocp, const st_wmat *w, const uint32_t *rows, uint3
     memcpy(oc->tok_h, rows, (size_t)T * 4);
     if (oc_cuda(oc, cudaMemcpyAsync(oc->tok_d, oc->tok_h, (size_t)T * 4, cudaMemcpyHostToDevice,
                                     oc->stream), "cudaMemcpyAsync (row ids)"))
+        return;
+    if (oc->dyn && oc_cuda(oc, cudaMemcpyAsync(oc->pos_d, oc->pos_h, sizeof *oc->pos_d,
+                                               cudaMemcpyHostToDevice, oc->stream),
+                           "cudaMemcpyAsync (position)"))
         return;
     int rc = st_cuda_dequant_rows(w->type, w->data, st_wmat_row_bytes(w), w->cols, oc->tok_d, 0,
                                   T, x, ldx, oc->stream);
@@ -742,8 +760,10 @@ static void oc_delta_rule(void *ocp, const st_dn_args *a)
 /* Per (token, head) block, a thread per pair: angle, cosine and sine in double, rounded to
  * float, as the CPU's rope_angles. neox: pairs (i, i + n_rot / 2); else (2i, 2i + 1). */
 __global__ void k_rope(float *x, uint32_t ld, uint32_t hd, uint32_t n_rot, uint64_t pos0,
-                       const double *freq, int neox)
+                       const uint64_t *posp, const double *freq, int neox)
 {
+    if (posp)
+        pos0 = *posp;
     float *v = x + (size_t)blockIdx.x * ld + (size_t)blockIdx.y * hd;
     uint32_t half = n_rot / 2;
     for (uint32_t i = threadIdx.x; i < half; i += blockDim.x) {
@@ -761,7 +781,7 @@ static void rope(st_ops_cuda *oc, float *x, uint32_t ld, uint32_t heads, uint32_
 {
     if (oc->err || !T || !heads || n_rot < 2)
         return;
-    k_rope<<<dim3(T, heads), 64, 0, oc->stream>>>(x, ld, hd, n_rot, pos0, freq, neox);
+    k_rope<<<dim3(T, heads), 64, 0, oc->stream>>>(x, ld, hd, n_rot, pos0, POSP(oc), freq, neox);
     LAUNCHED(oc, "k_rope");
 }
 
@@ -813,8 +833,11 @@ __device__ __forceinline__ uint8_t *kv_at(const oc_kv &g, uint64_t off, uint64_t
 
 /* Per (token, K/V head) block of 128 threads: the K and V rows of head h into row pos0 + t, f16
  * (round to nearest even), or i8 with amax / 127 scales as the CPU's quant_i8. */
-__global__ void k_kv_store(oc_kv g, const float *k, const float *v, uint32_t ld, uint64_t pos0)
+__global__ void k_kv_store(oc_kv g, const float *k, const float *v, uint32_t ld, uint64_t pos0,
+                           const uint64_t *posp)
 {
+    if (posp)
+        pos0 = *posp;
     __shared__ float sh[32];
     uint32_t t = blockIdx.x, h = blockIdx.y, hd = g.hd;
     uint64_t r = pos0 + t;
@@ -857,7 +880,7 @@ static void oc_kv_store(void *ocp, const st_kv_view *kv, const float *k, const f
     oc_kv g;
     if (oc->err || !T || kv_of(oc, kv, &g))
         return;
-    k_kv_store<<<dim3(T, g.nkv), 128, 0, oc->stream>>>(g, k, v, ld, pos0);
+    k_kv_store<<<dim3(T, g.nkv), 128, 0, oc->stream>>>(g, k, v, ld, pos0, POSP(oc));
     LAUNCHED(oc, "k_kv_store");
 }
 
@@ -872,6 +895,7 @@ typedef struct oc_attn {
     float *out, *part;
     uint32_t ldq, ldo, n_head, ks, nsplit;
     uint64_t pos0;
+    const uint64_t *posp; /* the dynamic mode's position (invariant 8), else NULL */
     float scale;
 } oc_attn;
 
@@ -880,44 +904,61 @@ __device__ __forceinline__ float kv_val(const oc_kv &g, const uint8_t *row, uint
     return g.i8 ? (float)((const int8_t *)row)[i] : __half2float(((const __half *)row)[i]);
 }
 
+/* A K/V row's page and offset in 32-bit arithmetic (positions are below n_ctx, a uint32). */
+__device__ __forceinline__ const uint8_t *kv_row(const oc_kv &g, uint64_t off, uint64_t rb,
+                                                 uint32_t page, uint32_t in)
+{
+    return g.blocks[page] + off + (uint64_t)in * rb;
+}
+
+/* PER = ceil(head_dim / 32) elements per lane, a constant so that the query and the sums stay
+ * in registers. A key's V elements are loaded with its K elements, before the dot product's
+ * reduction, so that the two loads are in flight together; the arithmetic is the same. */
+template <int PER>
 __global__ void __launch_bounds__(32 * OC_ATT_WARPS) k_attn(oc_attn a)
 {
     const oc_kv &g = a.g;
     uint32_t t = blockIdx.x, h = blockIdx.y, s = blockIdx.z;
     uint32_t lane = threadIdx.x & 31, w = threadIdx.x >> 5, hd = g.hd;
     uint32_t kvh = h / (a.n_head / g.nkv);
-    uint32_t per = (hd + 31) / 32; /* <= 8 */
-    uint64_t n = a.pos0 + t + 1, j0 = (uint64_t)s * a.ks, j1 = j0 + a.ks < n ? j0 + a.ks : n;
+    const uint32_t per = PER;
+    uint64_t n = (a.posp ? *a.posp : a.pos0) + t + 1, j0 = (uint64_t)s * a.ks, j1 = j0 + a.ks < n ? j0 + a.ks : n;
     const float *q = a.q + (size_t)t * a.ldq + (size_t)h * hd;
-    float qv[8], acc[8];
-    for (uint32_t e = 0; e < 8; e++) {
+    const size_t hoff = (size_t)kvh * hd * (g.i8 ? 1 : 2);
+    float qv[PER], acc[PER], vv[PER];
+#pragma unroll
+    for (uint32_t e = 0; e < PER; e++) {
         uint32_t i = lane + 32 * e;
-        qv[e] = e < per && i < hd ? q[i] : 0.0f;
+        qv[e] = i < hd ? q[i] : 0.0f;
         acc[e] = 0.0f;
     }
     float m = -INFINITY, l = 0.0f;
     for (uint64_t j = j0 + w; j < j1; j += OC_ATT_WARPS) {
-        const uint8_t *kr = kv_at(g, g.off_k, g.row, j) + (size_t)kvh * hd * (g.i8 ? 1 : 2);
+        uint32_t page = (uint32_t)j / g.ps, in = (uint32_t)j % g.ps;
+        const uint8_t *kr = kv_row(g, g.off_k, g.row, page, in) + hoff;
+        const uint8_t *vr = kv_row(g, g.off_v, g.row, page, in) + hoff;
         float d = 0.0f;
-        for (uint32_t e = 0; e < per; e++) {
+#pragma unroll
+        for (uint32_t e = 0; e < PER; e++) {
             uint32_t i = lane + 32 * e;
+            vv[e] = i < hd ? kv_val(g, vr, i) : 0.0f;
             if (i < hd)
                 d = __fmaf_rn(qv[e], kv_val(g, kr, i), d);
         }
         d = st_warp_sum(d);
         if (g.i8)
-            d = d * ((const float *)kv_at(g, g.off_ks, g.srow, j))[kvh];
+            d = d * ((const float *)kv_row(g, g.off_ks, g.srow, page, in))[kvh];
         float sc = d * a.scale;
         float mn = fmaxf(m, sc);
         float corr = expf(m - mn), p = expf(sc - mn);
         l = __fmaf_rn(l, corr, p);
-        const uint8_t *vr = kv_at(g, g.off_v, g.row, j) + (size_t)kvh * hd * (g.i8 ? 1 : 2);
-        float vsc = g.i8 ? ((const float *)kv_at(g, g.off_vs, g.srow, j))[kvh] : 1.0f;
+        float vsc = g.i8 ? ((const float *)kv_row(g, g.off_vs, g.srow, page, in))[kvh] : 1.0f;
         float pv = p * vsc;
-        for (uint32_t e = 0; e < per; e++) {
+#pragma unroll
+        for (uint32_t e = 0; e < PER; e++) {
             uint32_t i = lane + 32 * e;
             if (i < hd)
-                acc[e] = __fmaf_rn(acc[e], corr, pv * kv_val(g, vr, i));
+                acc[e] = __fmaf_rn(acc[e], corr, pv * vv[e]);
         }
         m = mn;
     }
@@ -927,6 +968,7 @@ __global__ void __launch_bounds__(32 * OC_ATT_WARPS) k_attn(oc_attn a)
         sm_m[w] = m;
         sm_l[w] = l;
     }
+#pragma unroll
     for (uint32_t e = 0; e < per; e++) {
         uint32_t i = lane + 32 * e;
         if (i < hd)
@@ -965,14 +1007,14 @@ __global__ void k_attn_merge(oc_attn a)
     float M = -INFINITY;
     for (uint32_t s = 0; s < a.nsplit; s++)
         M = fmaxf(M, a.part[base + s * (hd + 2)]);
-    float L = 0.0f;
+    float L = -0.0f; /* -0: one split's value passes through the sums unchanged */
     for (uint32_t s = 0; s < a.nsplit; s++) {
         float ms = a.part[base + s * (hd + 2)];
         if (ms != -INFINITY)
             L = __fmaf_rn(a.part[base + s * (hd + 2) + 1], expf(ms - M), L);
     }
     for (uint32_t i = threadIdx.x; i < hd; i += blockDim.x) {
-        float o = 0.0f;
+        float o = -0.0f;
         for (uint32_t s = 0; s < a.nsplit; s++) {
             float ms = a.part[base + s * (hd + 2)];
             if (ms != -INFINITY)
@@ -992,19 +1034,39 @@ static void oc_attention(void *ocp, const st_kv_view *kv, const float *q, uint32
     if (!a.g.nkv || n_head % a.g.nkv)
         return oc_fail(oc, st_error_set(ST_EINVAL, "cuda operations: %u query heads over %u K/V "
                                         "heads", n_head, a.g.nkv));
-    /* split the keys when the (token, head) blocks alone would not fill the GPU */
     uint64_t nk = pos0 + T, base = (uint64_t)T * n_head, target = 8ull * (uint64_t)oc->n_sm;
     uint32_t nsplit = 1;
-    if (base < target) {
-        uint64_t want = (target + base - 1) / base, most = (nk + 31) / 32;
-        nsplit = (uint32_t)(want < most ? want : most);
-        if (nsplit < 1)
+    if (T == 1) {
+        /* one token (invariant 8): splits of a fixed key count, set by the context and the
+         * heads alone; the dynamic mode launches the context's splits (those past the
+         * position are empty and the merge passes over them), so both give the same bits */
+        uint64_t most = oc->att_cap / n_head; /* splits the partials' buffer holds */
+        if (most < 2)
+            return oc_fail(oc, st_error_set(ST_EINVAL, "cuda operations: attention of %u heads "
+                                            "(at most %llu)", n_head,
+                                            (unsigned long long)(oc->att_cap / 2)));
+        uint64_t ks = (oc->n_ctx + most - 1) / most;
+        if (ks < OC_ATT_KS)
+            ks = OC_ATT_KS;
+        uint64_t keys = oc->dyn ? oc->n_ctx : nk;
+        a.ks = (uint32_t)ks;
+        nsplit = (uint32_t)((keys + ks - 1) / ks);
+        if (oc->dyn && nsplit < 2)
+            nsplit = 2; /* through the merge, as a longer context would be */
+    } else {
+        /* split the keys when the (token, head) blocks alone would not fill the GPU */
+        if (base < target) {
+            uint64_t want = (target + base - 1) / base, most = (nk + 31) / 32;
+            nsplit = (uint32_t)(want < most ? want : most);
+            if (nsplit < 1)
+                nsplit = 1;
+        }
+        if (base * nsplit > oc->att_cap)
             nsplit = 1;
+        a.ks = (uint32_t)((nk + nsplit - 1) / nsplit);
     }
-    if (base * nsplit > oc->att_cap)
-        nsplit = 1;
-    a.ks = (uint32_t)((nk + nsplit - 1) / nsplit);
     a.nsplit = nsplit;
+    a.posp = POSP(oc);
     a.q = q;
     a.out = out;
     a.part = oc->att_part;
@@ -1013,7 +1075,17 @@ static void oc_attention(void *ocp, const st_kv_view *kv, const float *q, uint32
     a.n_head = n_head;
     a.pos0 = pos0;
     a.scale = 1.0f / sqrtf((float)a.g.hd);
-    k_attn<<<dim3(T, n_head, nsplit), 32 * OC_ATT_WARPS, 0, oc->stream>>>(a);
+    dim3 grid(T, n_head, nsplit);
+    switch ((a.g.hd + 31) / 32) { /* <= 8: head_dim <= OC_MAX_HD (kv_of) */
+    case 1: k_attn<1><<<grid, 32 * OC_ATT_WARPS, 0, oc->stream>>>(a); break;
+    case 2: k_attn<2><<<grid, 32 * OC_ATT_WARPS, 0, oc->stream>>>(a); break;
+    case 3: k_attn<3><<<grid, 32 * OC_ATT_WARPS, 0, oc->stream>>>(a); break;
+    case 4: k_attn<4><<<grid, 32 * OC_ATT_WARPS, 0, oc->stream>>>(a); break;
+    case 5: k_attn<5><<<grid, 32 * OC_ATT_WARPS, 0, oc->stream>>>(a); break;
+    case 6: k_attn<6><<<grid, 32 * OC_ATT_WARPS, 0, oc->stream>>>(a); break;
+    case 7: k_attn<7><<<grid, 32 * OC_ATT_WARPS, 0, oc->stream>>>(a); break;
+    default: k_attn<8><<<grid, 32 * OC_ATT_WARPS, 0, oc->stream>>>(a); break;
+    }
     if (LAUNCHED(oc, "k_attn") || nsplit == 1)
         return;
     k_attn_merge<<<dim3(T, n_head), 128, 0, oc->stream>>>(a);
@@ -1151,6 +1223,20 @@ extern "C" const st_ops st_ops_cuda_prof_table = {
     PW(oc_sigmoid_scale, PR_SIGMOID_SCALE),
 };
 
+void st_ops_cuda_dynamic(st_ops_cuda *oc, int on)
+{
+    oc->dyn = on;
+}
+
+void st_ops_cuda_stage(st_ops_cuda *oc, const uint32_t *tokens, uint32_t T, uint64_t pos0)
+{
+    if (T > oc->max_T)
+        return oc_fail(oc, st_error_set(ST_EINVAL, "cuda operations: %u rows (at most %u)", T,
+                                        oc->max_T));
+    memcpy(oc->tok_h, tokens, (size_t)T * 4);
+    *oc->pos_h = pos0;
+}
+
 const st_ops *st_ops_cuda_get(const st_ops_cuda *oc)
 {
     return oc->prof ? &st_ops_cuda_prof_table : &st_ops_cuda_table;
@@ -1202,6 +1288,8 @@ void st_ops_cuda_free(st_ops_cuda *oc)
     cudaFree(oc->blas_ws);
     cudaFree(oc->tok_d);
     cudaFreeHost(oc->tok_h);
+    cudaFree(oc->pos_d);
+    cudaFreeHost(oc->pos_h);
     cudaFree(oc->deq);
     cudaFree(oc->att_part);
     free(oc);
@@ -1289,6 +1377,10 @@ int st_ops_cuda_new(void *stream, uint32_t max_T, uint32_t n_ctx, uint32_t max_h
                       "cudaMalloc (row ids)")) ||
         (rc = oc_cuda(oc, cudaHostAlloc((void **)&oc->tok_h, (size_t)oc->max_T * 4,
                                         cudaHostAllocDefault), "cudaHostAlloc (row ids)")) ||
+        (rc = oc_cuda(oc, cudaMalloc((void **)&oc->pos_d, sizeof *oc->pos_d),
+                      "cudaMalloc (position)")) ||
+        (rc = oc_cuda(oc, cudaHostAlloc((void **)&oc->pos_h, sizeof *oc->pos_h,
+                                        cudaHostAllocDefault), "cudaHostAlloc (position)")) ||
         (rc = oc_cuda(oc, cudaMalloc((void **)&oc->deq, OC_DEQ_FLOATS * sizeof(float)),
                       "cudaMalloc (weight tile)")) ||
         (rc = oc_cuda(oc, cudaMalloc((void **)&oc->att_part,

@@ -141,6 +141,12 @@ int st_ops_cuda_error(st_ops_cuda *oc);
  * its profiled twin (every operation timed between two waits; the table printed to stderr when
  * the context is freed). */
 const st_ops *st_ops_cuda_get(const st_ops_cuda *oc);
+/* The dynamic mode (st_ops_cuda.cu invariant 8), for passes captured once and replayed at every
+ * position: while on, the position-dependent kernels read the position that st_ops_cuda_stage
+ * stages (with the pass's token ids) in pinned memory, which the pass's copies read when they
+ * run. Stage before each replay, and before capturing. */
+void st_ops_cuda_dynamic(st_ops_cuda *oc, int on);
+void st_ops_cuda_stage(st_ops_cuda *oc, const uint32_t *tokens, uint32_t T, uint64_t pos0);
 
 /* The CPU table: its context is an st_ops_cpu, made for a model's memory spec, a context length
  * (attention's scores), the engine's kernels and pool (borrowed), and for the integer path the
