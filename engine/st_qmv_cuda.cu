@@ -9,8 +9,8 @@
  * Invariants:
  * 1. y[r] = sum over k of W[r][k] * x[k] for W [rows][cols] (rows of cols / block blocks, packed
  *    as in the file), x and y f32 in device memory; x 16-byte aligned, W 16-byte aligned.
- * 2. Q8_0, Q4_K and Q6_K have kernels of their own: a CTA of S warps computes QMV_R rows, its
- *    warps take the row's blocks in turn, every lane reads the x values of its part of a block
+ * 2. Q8_0, Q4_K and Q6_K have kernels of their own: a CTA of S warps (own_warps: no more than
+ *    the row has steps for) computes QMV_R rows, its warps take the row's blocks in turn, every lane reads the x values of its part of a block
  *    once and uses them for the QMV_R rows (the x traffic is 1/QMV_R per row), the weights once;
  *    the warps' sums are added in warp order.
  * 3. Determinism: each lane sums its elements in block order with written-out fused
@@ -39,8 +39,9 @@ extern "C" {
 #include "st_wtype_cuda.cuh"
 
 #define QMV_R 4        /* rows per CTA (each of its warps computes all of them) */
-/* warps per CTA (each takes every S-th step of the row's blocks): 8 for Q8_0 and Q6_K, 4 for
- * Q4_K, the faster of the two for each (docs/BENCHMARKS.md, "Quantized products on the GPU") */
+/* warps per CTA at most (each takes every S-th step of the row's blocks): 8 for Q8_0 and Q6_K,
+ * 4 for Q4_K, the faster of the two for each on wide rows (docs/BENCHMARKS.md, "Quantized
+ * products on the GPU"); fewer for short rows (own_warps) */
 #define QMV_S_MAX 8
 #define QMV_GEN_WARPS 4 /* warps per CTA of the decoder-driven and the wide kernels */
 
@@ -417,6 +418,31 @@ static int kernel_of(uint32_t wtype, uint64_t row_bytes)
     return 0;
 }
 
+/* The warps of a CTA of the own kernels (invariant 2): 8 (4 for Q4_K), halved while the row has
+ * fewer warp steps than warps (a warp step: 4 blocks of Q8_0 or Q4_K, one of Q6_K), so that no
+ * warp idles. The count depends on the column count alone, so a row's bits still do not depend
+ * on anything but its weights and x (invariant 3). */
+static uint32_t own_warps(uint32_t wtype, uint32_t nb)
+{
+    uint32_t per_step = wtype == ST_GGML_Q6_K ? 1 : 4, S = wtype == ST_GGML_Q4_K ? 4 : 8;
+    uint32_t steps = (nb + per_step - 1) / per_step;
+    while (S > 1 && S > steps)
+        S /= 2;
+    return S;
+}
+
+#define OWN_LAUNCH(k)                                                                          \
+    do {                                                                                       \
+        if (S == 8)                                                                            \
+            k<8><<<ctas, 32 * 8, 0, st>>>(P, rb, nb, x);                                        \
+        else if (S == 4)                                                                       \
+            k<4><<<ctas, 32 * 4, 0, st>>>(P, rb, nb, x);                                        \
+        else if (S == 2)                                                                       \
+            k<2><<<ctas, 32 * 2, 0, st>>>(P, rb, nb, x);                                        \
+        else                                                                                   \
+            k<1><<<ctas, 32, 0, st>>>(P, rb, nb, x);                                            \
+    } while (0)
+
 template <class D>
 static void gen_launch(uint32_t ctas, const qmv_jobs &P, uint64_t rb, uint32_t nb, uint32_t L,
                        const float *x, cudaStream_t st)
@@ -467,10 +493,11 @@ extern "C" int st_cuda_qmv_n(uint32_t wtype, uint32_t cols, const st_cuda_qmv_jo
     }
     uint32_t ctas = P.start[n];
     cudaStream_t st = (cudaStream_t)stream;
+    uint32_t S = kind == 1 ? own_warps(wtype, nb) : 0;
     switch (wtype) {
-    case ST_GGML_Q8_0: k_qmv_q8_0<8><<<ctas, 32 * 8, 0, st>>>(P, rb, nb, x); break;
-    case ST_GGML_Q4_K: k_qmv_q4_k<4><<<ctas, 32 * 4, 0, st>>>(P, rb, nb, x); break;
-    case ST_GGML_Q6_K: k_qmv_q6_k<8><<<ctas, 32 * 8, 0, st>>>(P, rb, nb, x); break;
+    case ST_GGML_Q8_0: OWN_LAUNCH(k_qmv_q8_0); break;
+    case ST_GGML_Q4_K: OWN_LAUNCH(k_qmv_q4_k); break;
+    case ST_GGML_Q6_K: OWN_LAUNCH(k_qmv_q6_k); break;
     case ST_GGML_F32:
         if (kind == 2)
             k_qmv_wide<0><<<ctas, 32 * QMV_GEN_WARPS, 0, st>>>(P, rb, cols, x);
