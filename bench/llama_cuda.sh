@@ -6,7 +6,8 @@
 # bench_gpu_arch (bench/bench_gpu_arch.c) gives Strata's on the same file.
 #
 # On the GPU machine (../shared/device/README.md), carry [".debs",
-# "tests/ref/node_modules/node-llama-cpp/llama/gitRelease.bundle"] and run
+# "tests/ref/node_modules/node-llama-cpp/llama/gitRelease.bundle",
+# "tests/ref/node_modules/node-llama-cpp/llama/llama.cpp.info.json"] and run
 #     bash .debs/setup.sh && bash bench/llama_cuda.sh
 # Environment:
 #   MODELS   ARCH:PRESET:TYPE list for strata-mkmodel (default: the issue's three models:
@@ -17,6 +18,9 @@
 #            skips Strata's GPU run (a dry run of this script on a machine without a GPU)
 #   OUT      where the logs go (default $LLAMA_BUILD/logs)
 #   REUSE    1: a model file already in $LLAMA_BUILD is used as it is (made by an earlier run)
+#   STATE_TOKENS  the conversation of the state figures (default 32768; 0: none): on the first
+#            model, llama.cpp's state save and restore (bench/llama_state.c against libllama)
+#            and Strata's PARK / RESTORE / SAVE (bench_gpu_engine --model) on the same shape
 # Exit status 0 only when both sides ran on every model.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -79,6 +83,23 @@ if ! { cmake -S "$lb/src" -B "$lb/build" "${flags[@]}" &&
   exit 1
 fi
 echo "llama-bench built in $(($(date +%s) - t0)) s"
+state_tokens=${STATE_TOKENS:-32768}
+if [ "$state_tokens" != 0 ]; then
+  if ! cc -O2 -std=c11 -D_GNU_SOURCE -o "$lb/llama_state" bench/llama_state.c -I"$lb/src/include" \
+    -I"$lb/src/ggml/include" -L"$lb/build/bin" -lllama -lggml -lggml-base -lm \
+    -Wl,-rpath,"$lb/build/bin" >"$out/llama-state-build.log" 2>&1; then
+    echo "llama_cuda.sh: building bench/llama_state.c failed (see $out/llama-state-build.log)" >&2
+    status=1
+    state_tokens=0
+  fi
+fi
+[ "$cuda" = 1 ] && targets_state=bench_gpu_engine || targets_state=
+if [ -n "$targets_state" ] && [ "$state_tokens" != 0 ] &&
+  ! cmake --build "$sb" -j "$(nproc)" --target bench_gpu_engine >>"$out/strata-build.log" 2>&1; then
+  echo "llama_cuda.sh: building bench_gpu_engine failed" >&2
+  status=1
+fi
+first=1
 
 # ---- the models, both sides ---------------------------------------------------------------
 for spec in $models; do
@@ -106,6 +127,25 @@ for spec in $models; do
       status=1
     fi
   fi
+  if [ "$first" = 1 ] && [ "$state_tokens" != 0 ]; then
+    echo "== $spec: state of a ${state_tokens}-token conversation, llama.cpp (llama_state_seq_*)"
+    ngl_state=99
+    [ "$cuda" = 1 ] || ngl_state=0
+    if ! "$lb/llama_state" "$file" --tokens "$state_tokens" --ngl "$ngl_state" --file "$lb/state.bin" \
+      2>"$out/llama-state-$arch-$preset-$wtype.log"; then
+      echo "llama_cuda.sh: llama_state on $spec failed (see $out/llama-state-$arch-$preset-$wtype.log)" >&2
+      status=1
+    fi
+    if [ "$cuda" = 1 ]; then
+      echo "== $spec: state of a ${state_tokens}-token conversation, Strata (bench_gpu_engine)"
+      if ! "$sb/bench/bench_gpu_engine" --dir "$lb" --model "$spec" --tokens "$state_tokens" \
+        2>"$out/strata-state-$arch-$preset-$wtype.log"; then
+        echo "llama_cuda.sh: bench_gpu_engine on $spec failed" >&2
+        status=1
+      fi
+    fi
+  fi
+  first=0
   rm -f "$file"
 done
 exit $status
