@@ -59,9 +59,11 @@
  *    captured once into a CUDA graph, with the operation table in its dynamic mode (the token
  *    and the position read from pinned staging when the graph runs; st_ops_cuda.cu invariant
  *    8), and replayed for every later step of a state with the same running buffer (every
- *    address the pass reads, the page table among them, lies in it or in the context) and the
- *    same logits request: the kernels are the ones a direct run launches, so the bits are the
- *    same. Another buffer or request captures again, and the executable graph is updated in
+ *    address the pass reads lies in it, in the context, or in the K/V pages its page table
+ *    names, which is brought up to date before each step) and the same logits request. The
+ *    kernels are a direct run's except that one-token attention launches the context's key
+ *    splits and their merge (those past the position empty, passed over exactly), so the bits
+ *    are the same. Another buffer or request captures again, and the executable graph is updated in
  *    place (cudaGraphExecUpdate) or, where the update is refused, instantiated again. Opt-in
  *    (STRATA_CUDA_GRAPHS=1; docs/BENCHMARKS.md has what it gains).
  */

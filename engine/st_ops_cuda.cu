@@ -17,7 +17,8 @@
  *    SGEMM directly.
  * 3. Determinism: every kernel gives each output to one thread, warp or block with fixed
  *    reduction orders and no atomics; attention splits the keys by a count fixed by the call's
- *    shape (tokens, heads, position) and adds the splits in order. The same inputs read in the
+ *    shape (tokens, heads, position; for one token the context length, the heads and the
+ *    GPU's SM count, invariant 8) and adds the splits in order. The same inputs read in the
  *    same chunks give the same bits. The short convolution does the CPU's scalar operations in
  *    the CPU's order (st_kernels.c conv_scalar), and so does the delta rule for key widths
  *    other than 16, 32, 64, 128 and 256 (delta_cols_scalar); its split form for those
@@ -48,7 +49,8 @@
  *    also copies the position staged by st_ops_cuda_stage into device memory, and RoPE, the K/V
  *    store and attention read it there instead of their pos0 argument, so that one captured
  *    pass serves every position. Attention of one token splits the keys into runs of a fixed
- *    count (at least OC_ATT_KS, set by the context and the head count) in both modes; the
+ *    count (at least OC_ATT_KS, set by the context, the head count and the partials' buffer,
+ *    which is sized by the SM count) in both modes; the
  *    dynamic mode launches the whole context's splits, those beyond the position empty (the
  *    merge passes over them exactly), so its bits are those of the direct launches.
  */
@@ -1031,9 +1033,13 @@ static void oc_attention(void *ocp, const st_kv_view *kv, const float *q, uint32
     oc_attn a;
     if (oc->err || !T || kv_of(oc, kv, &a.g))
         return;
-    if (!a.g.nkv || n_head % a.g.nkv)
+    if (!n_head || !a.g.nkv || n_head % a.g.nkv)
         return oc_fail(oc, st_error_set(ST_EINVAL, "cuda operations: %u query heads over %u K/V "
                                         "heads", n_head, a.g.nkv));
+    if (pos0 + T > oc->n_ctx) /* the splits and the partials are sized by the context */
+        return oc_fail(oc, st_error_set(ST_EINVAL, "cuda operations: attention over %llu keys "
+                                        "(the context is %u)", (unsigned long long)(pos0 + T),
+                                        oc->n_ctx));
     uint64_t nk = pos0 + T, base = (uint64_t)T * n_head, target = 8ull * (uint64_t)oc->n_sm;
     uint32_t nsplit = 1;
     if (T == 1) {

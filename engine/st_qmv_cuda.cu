@@ -311,7 +311,7 @@ __global__ void __launch_bounds__(32 * QMV_GEN_WARPS)
 {
     qmv_job_of jb = qmv_job(P);
     uint32_t lane = threadIdx.x & 31, per_warp = 32 / L, sub = lane & (L - 1);
-    uint32_t r = (jb.cta * QMV_GEN_WARPS + (threadIdx.x >> 5)) * per_warp + lane / L;
+    uint64_t r = ((uint64_t)jb.cta * QMV_GEN_WARPS + (threadIdx.x >> 5)) * per_warp + lane / L;
     float acc = 0.0f;
     if (r < jb.rows) {
         const uint8_t *row = jb.W + (uint64_t)r * row_bytes;
@@ -387,8 +387,9 @@ extern "C" int st_cuda_qmv_i8(uint32_t wtype, const void *w, uint32_t rows, uint
     if (!rows || !cols || cols % 32)
         return st_error_set(ST_EINVAL, "cuda qmv: %u x %u: the columns must be a positive multiple of 32",
                             rows, cols);
-    if (!w || !xq || !y || ((uintptr_t)xq & 3))
-        return st_error_set(ST_EINVAL, "cuda qmv: NULL or misaligned operand (xq must be 4-byte aligned)");
+    if (!w || !xq || !y || ((uintptr_t)xq & 3) || ((uintptr_t)w & 1))
+        return st_error_set(ST_EINVAL, "cuda qmv: NULL or misaligned operand (xq must be 4-byte "
+                            "aligned, w 2-byte)");
     uint32_t nb = cols / 32;
     qmv_jobs P;
     P.n = 1;
@@ -484,8 +485,8 @@ extern "C" int st_cuda_qmv_n(uint32_t wtype, uint32_t cols, const st_cuda_qmv_jo
                                 : "the weights are not 16-byte aligned");
         uint64_t ctas = P.start[j] + ((uint64_t)jb->rows + per_cta - 1) / per_cta;
         if (ctas > 0x7fffffffull)
-            return st_error_set(ST_EINVAL, "cuda qmv: %u products of up to %u rows: too many for "
-                                "one launch", n, jb->rows);
+            return st_error_set(ST_EINVAL, "cuda qmv: %u products, product %u of %u rows: too "
+                                "many CTAs for one launch", n, j, jb->rows);
         P.w[j] = (const uint8_t *)jb->w;
         P.y[j] = jb->y;
         P.rows[j] = jb->rows;
