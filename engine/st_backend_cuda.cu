@@ -2783,7 +2783,8 @@ static int ops_forward(cu_ctx *c, cu_state *s, const uint32_t *tokens, uint32_t 
         rc = st_ops_cuda_error(c->oc);
         if (!rc && (ce = cudaGraphLaunch(c->gexec, c->stream)) != cudaSuccess)
             rc = cu_fail(ce, "cudaGraphLaunch");
-        c->g_replay++;
+        if (!rc)
+            c->g_replay++;
     } else {
         if (graph) {
             c->g_run = NULL; /* valid again only once captured and instantiated */
@@ -2802,10 +2803,21 @@ static int ops_forward(cu_ctx *c, cu_state *s, const uint32_t *tokens, uint32_t 
             st_ops_cuda_dynamic(c->oc, 0);
             cudaGraph_t g = NULL;
             cudaError_t ee = cudaStreamEndCapture(c->stream, &g);
+            int grc = 0;
             if (!rc && ce == cudaSuccess)
-                rc = ee != cudaSuccess ? cu_fail(ee, "cudaStreamEndCapture") : graph_run(c, g);
+                grc = ee != cudaSuccess ? cu_fail(ee, "cudaStreamEndCapture") : graph_run(c, g);
             if (g)
                 cu_release(cudaGraphDestroy(g), "cudaGraphDestroy");
+            if (grc) {
+                /* the capture, its instantiation or its launch failed: nothing of the pass ran,
+                 * so it runs directly, and so does every later step of this context */
+                fprintf(stderr, "strata: cuda backend: decode graphs off after a failure: %s\n",
+                        st_errdetail());
+                cudaGetLastError();
+                cudaStreamSynchronize(c->stream);
+                c->graphs = 0;
+                return ops_forward(c, s, tokens, n, pos0, logits);
+            }
             if (!rc) {
                 c->g_run = s->run;
                 c->g_logits = logits != NULL;
