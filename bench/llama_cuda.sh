@@ -21,6 +21,7 @@
 #   STATE_TOKENS  the conversation of the state figures (default 32768; 0: none): on the first
 #            model, llama.cpp's state save and restore (bench/llama_state.c against libllama)
 #            and Strata's PARK / RESTORE / SAVE (bench_gpu_engine --model) on the same shape
+# Prints each side's own output, then the table of ratios (bench/llama_cuda_table.sh).
 # Exit status 0 only when both sides ran on every model.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -33,6 +34,7 @@ decode=${DECODE:-64}
 models=${MODELS:-"qwen35:qwen35-0.8b:q8_0 qwen35:qwen35-0.8b:q4_K llama:llama-3.2-1b:q4_K"}
 out=${OUT:-$lb/logs}
 mkdir -p "$lb" "$out"
+rm -f "$out"/*.md "$out/llama-state.txt" # the table reads this run's outputs only
 status=0
 if [ ! -f "$bundle" ]; then
   echo "llama_cuda.sh: $bundle is missing (make deps installs it; carry it to the GPU machine)" >&2
@@ -115,14 +117,14 @@ for spec in $models; do
   ngl=()
   [ "$cuda" = 1 ] && ngl=(-ngl 99)
   if ! "$lb/build/bin/llama-bench" -m "$file" -p "$prompt" -n "$decode" "${ngl[@]}" -r 3 -o md \
-    2>"$out/llama-bench-$arch-$preset-$wtype.log"; then
+    2>"$out/llama-bench-$arch-$preset-$wtype.log" | tee "$out/llama-bench-$arch-$preset-$wtype.md"; then
     echo "llama_cuda.sh: llama-bench on $spec failed (see $out/llama-bench-$arch-$preset-$wtype.log)" >&2
     status=1
   fi
   if [ "$cuda" = 1 ]; then
     echo "== $spec: Strata"
     if ! "$sb/bench/bench_gpu_arch" --prompt "$prompt" --decode "$decode" "$file" \
-      2>"$out/strata-$arch-$preset-$wtype.log"; then
+      2>"$out/strata-$arch-$preset-$wtype.log" | tee "$out/strata-$arch-$preset-$wtype.md"; then
       echo "llama_cuda.sh: bench_gpu_arch on $spec failed" >&2
       status=1
     fi
@@ -132,14 +134,14 @@ for spec in $models; do
     ngl_state=99
     [ "$cuda" = 1 ] || ngl_state=0
     if ! "$lb/llama_state" "$file" --tokens "$state_tokens" --ngl "$ngl_state" --file "$lb/state.bin" \
-      2>"$out/llama-state-$arch-$preset-$wtype.log"; then
+      2>"$out/llama-state-$arch-$preset-$wtype.log" | tee "$out/llama-state.txt"; then
       echo "llama_cuda.sh: llama_state on $spec failed (see $out/llama-state-$arch-$preset-$wtype.log)" >&2
       status=1
     fi
     if [ "$cuda" = 1 ]; then
       echo "== $spec: state of a ${state_tokens}-token conversation, Strata (bench_gpu_engine)"
       if ! "$sb/bench/bench_gpu_engine" --dir "$lb" --model "$spec" --tokens "$state_tokens" \
-        2>"$out/strata-state-$arch-$preset-$wtype.log"; then
+        2>"$out/strata-state-$arch-$preset-$wtype.log" | tee "$out/strata-state.md"; then
         echo "llama_cuda.sh: bench_gpu_engine on $spec failed" >&2
         status=1
       fi
@@ -148,4 +150,20 @@ for spec in $models; do
   first=0
   rm -f "$file"
 done
+
+# ---- the table: each figure as a ratio to llama.cpp's on the same file ------------------------
+echo
+echo "== side by side (ratio: Strata / llama.cpp; decode from the graphs column, as llama.cpp uses graphs)"
+echo "| model | llama.cpp prefill | Strata prefill | ratio | llama.cpp decode | Strata decode | ratio |"
+echo "|---|---|---|---|---|---|---|"
+for spec in $models; do
+  IFS=: read -r arch preset wtype <<<"$spec"
+  bash bench/llama_cuda_table.sh row "$spec" "$out/llama-bench-$arch-$preset-$wtype.md" \
+    "$out/strata-$arch-$preset-$wtype.md"
+done
+if [ "$state_tokens" != 0 ] && [ -f "$out/llama-state.txt" ]; then
+  echo
+  echo "== state of a ${state_tokens}-token conversation (ratio: llama.cpp's time / Strata's)"
+  bash bench/llama_cuda_table.sh state "$out/llama-state.txt" "$out/strata-state.md"
+fi
 exit $status
