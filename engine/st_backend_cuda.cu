@@ -583,7 +583,7 @@ __global__ void k_kv_store(float *mix, uint32_t ldm, uint32_t qa, uint32_t kva, 
  * goes to po/pm/pl and k_attn_comb merges the splits in order. */
 #define AT_BK 32
 #define AT_THREADS 128
-#define AT_MAXC 8 /* head_dim <= 256 */
+#define AT_MAXC (ST_CUDA_MAX_HEAD_DIM / 32) /* elements per lane */
 /* Row stride in shared memory: head_dim rounded up to 4 (zero-padded, for 16-byte loads), plus
  * 4 when that is an even number of 16-byte units, so that the 8 lanes of a quarter-warp reading
  * 8 different rows hit 8 different bank groups. */
@@ -1212,10 +1212,11 @@ static int ops_setup(cu_ctx *c)
             return st_error_set(ST_EINVAL, "cuda backend: layer %u keeps K/V of %u x %u, the "
                                 "model's are %u x %u", il, ml->kv_heads, ml->head_dim, c->nkv,
                                 c->hd);
-        if (ml->kind == ST_MEM_REC && (hp->ssm_conv != 4 || ml->ssm_dv > 1024))
+        if (ml->kind == ST_MEM_REC &&
+            (hp->ssm_conv != ST_CUDA_CONV_KERNEL || ml->ssm_dv > ST_CUDA_MAX_SSM_DV))
             return st_error_set(ST_EINVAL, "cuda backend: layer %u: a convolution kernel of %u "
-                                "(4), DeltaNet value width %u (at most 1024)", il, hp->ssm_conv,
-                                ml->ssm_dv);
+                                "(%u), DeltaNet value width %u (at most %u)", il, hp->ssm_conv,
+                                ST_CUDA_CONV_KERNEL, ml->ssm_dv, ST_CUDA_MAX_SSM_DV);
     }
     if (c->kv_dtype != ST_DTYPE_F16 && c->kv_dtype != ST_DTYPE_I8)
         return st_error_set(ST_EINVAL, "cuda backend: K/V dtype %u (f16 or i8)", c->kv_dtype);
@@ -1365,11 +1366,12 @@ static int cu_create(st_engine *e, void **out)
     c->qa = c->nh * c->hd;
     c->kva = c->nkv * c->hd;
     c->ops = !hybrid_native(e->m);
-    if (!c->ops && (hp->ssm_conv != 4 || c->hd > 32 * AT_MAXC || c->dk > 32 * 16 || c->nkv == 0 ||
-        c->nh % c->nkv)) {
+    if (!c->ops && (hp->ssm_conv != ST_CUDA_CONV_KERNEL || c->hd > ST_CUDA_MAX_HEAD_DIM ||
+                    c->dk > ST_CUDA_HYBRID_MAX_SSM_DK || c->nkv == 0 || c->nh % c->nkv)) {
         rc = st_error_set(ST_EINVAL, "cuda backend: this model's shape is not supported (conv "
-                          "kernel %u: 4; head_dim %u: <= %u; ssm dk %u: <= 512)", hp->ssm_conv,
-                          c->hd, 32 * AT_MAXC, c->dk);
+                          "kernel %u: %u; head_dim %u: <= %u; ssm dk %u: <= %u)", hp->ssm_conv,
+                          ST_CUDA_CONV_KERNEL, c->hd, ST_CUDA_MAX_HEAD_DIM, c->dk,
+                          ST_CUDA_HYBRID_MAX_SSM_DK);
         goto fail;
     }
     CUG(cudaGetDeviceCount(&ndev));

@@ -57,14 +57,17 @@ int st_engine_cuda_check(const st_gguf *g)
     for (uint32_t il = 0; il < hp.n_layer; il++) {
         st_mem_layer ml;
         arch->memory(&hp, il, &ml);
-        if (ml.kind == ST_MEM_KV && ml.head_dim > 256)
+        if (ml.kind == ST_MEM_KV && ml.head_dim > ST_CUDA_MAX_HEAD_DIM)
             return st_error_set(ST_EINVAL, "cuda backend: layer %u: attention head_dim %u (at "
-                                "most 256; use --backend cpu)", il, ml.head_dim);
-        if (ml.kind == ST_MEM_REC && (ml.conv_len != 3 || ml.ssm_dv > 1024 ||
-                                      (arch == &st_arch_hybrid && ml.ssm_dk > 512)))
+                                "most %u; use --backend cpu)", il, ml.head_dim,
+                                ST_CUDA_MAX_HEAD_DIM);
+        if (ml.kind == ST_MEM_REC &&
+            (ml.conv_len + 1 != ST_CUDA_CONV_KERNEL || ml.ssm_dv > ST_CUDA_MAX_SSM_DV ||
+             (arch == &st_arch_hybrid && ml.ssm_dk > ST_CUDA_HYBRID_MAX_SSM_DK)))
             return st_error_set(ST_EINVAL, "cuda backend: layer %u: DeltaNet of %u x %u with a "
-                                "convolution of %u (kernel 4, value width <= 1024; use "
-                                "--backend cpu)", il, ml.ssm_dk, ml.ssm_dv, ml.conv_len + 1);
+                                "convolution of %u (kernel %u, value width <= %u; use "
+                                "--backend cpu)", il, ml.ssm_dk, ml.ssm_dv, ml.conv_len + 1,
+                                ST_CUDA_CONV_KERNEL, ST_CUDA_MAX_SSM_DV);
     }
     return 0;
 }

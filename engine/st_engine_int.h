@@ -364,6 +364,14 @@ int st_cuda_gemm_probe(st_engine *e, const void *w_dev, uint32_t rows, uint32_t 
  * as alone. ST_EINVAL for a type without a kernel, columns not a multiple of its block, a NULL
  * or misaligned operand, or a build without CUDA. */
 #define ST_CUDA_QMV_JOBS 32
+
+/* The shapes the CUDA backend's kernels take, in one place: st_engine_cuda_check refuses a file
+ * beyond them before an engine is made, and the backend (st_backend_cuda.cu, st_ops_cuda.cu)
+ * checks them again. */
+#define ST_CUDA_MAX_HEAD_DIM 256      /* attention: at most 8 elements per lane */
+#define ST_CUDA_MAX_SSM_DV 1024       /* the delta rule: a thread per value column */
+#define ST_CUDA_HYBRID_MAX_SSM_DK 512 /* strata-hybrid's own pass: 16 key elements per lane */
+#define ST_CUDA_CONV_KERNEL 4         /* the short convolution (3 columns of history) */
 typedef struct st_cuda_qmv_job {
     const void *w;
     float *y;

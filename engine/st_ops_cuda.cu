@@ -74,7 +74,7 @@ extern "C" {
 #define OC_DEQ_FLOATS ((size_t)16 << 20) /* the f32 tile of a widened weight: 64 MiB */
 #define OC_ATT_WARPS 8
 #define OC_ATT_KS 32 /* keys per split of a one-token pass, at least (invariant 8) */
-#define OC_MAX_HD 256 /* attention's head_dim: 8 elements per lane */
+#define OC_MAX_HD ST_CUDA_MAX_HEAD_DIM /* attention's head_dim: 8 elements per lane */
 
 /* the profile's rows (invariant 7): the operations in table order, then the product paths */
 enum {
@@ -739,9 +739,10 @@ static void oc_delta_rule(void *ocp, const st_dn_args *a)
         return;
     size_t vecs = 3 * (size_t)a->dk * sizeof(float);
     size_t smem = (size_t)a->dk * a->dv * sizeof(float) + vecs;
-    if (vecs > oc->dn_smem_max || a->dv > 1024)
+    if (vecs > oc->dn_smem_max || a->dv > ST_CUDA_MAX_SSM_DV)
         return oc_fail(oc, st_error_set(ST_EINVAL, "cuda operations: a DeltaNet head of %u x %u "
-                                        "(at most 1024 columns)", a->dk, a->dv));
+                                        "(at most %u columns)", a->dk, a->dv,
+                                        ST_CUDA_MAX_SSM_DV));
     unsigned th = (a->dv + 31) / 32 * 32;
     switch (a->dk) {
     case 2 * DS_P: delta_split<2>(oc, a); LAUNCHED(oc, "k_delta_split"); return;
