@@ -1,13 +1,29 @@
 /*
- * bench_gpu.h - what the GPU benchmarks share: the HBM limit their figures are ratios to. One
- * definition, so that every "x HBM" in docs/BENCHMARKS.md is against the same number.
+ * bench_gpu.h - what the GPU benchmarks share: the HBM limit their figures are ratios to (one
+ * definition, so that every "x HBM" in docs/BENCHMARKS.md is against the same number), and the
+ * greedy token their decodes feed back.
  */
 #ifndef BENCH_GPU_H
 #define BENCH_GPU_H
 
 #include <stdio.h>
+#include <stdlib.h>
 
 #include <cuda_runtime_api.h>
+
+#include "st_engine.h"
+
+/* The greedy token (st_slot_sample at temperature 0); on an error prog's line and exit 1. */
+static inline uint32_t bench_greedy(const char *prog, const st_slot *s)
+{
+    uint32_t tok = 0;
+    int rc = st_slot_sample(s, 0.0f, 1, &tok);
+    if (rc) {
+        fprintf(stderr, "%s: sample: %s: %s\n", prog, st_strerror(rc), st_errdetail());
+        exit(1);
+    }
+    return tok;
+}
 
 /* The best of 5 device-to-device copies of 1 GiB after a warm-up one, timed with events: bytes
  * read plus written per second (what HBM moves). 0 on a CUDA error (printed). */

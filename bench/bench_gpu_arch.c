@@ -44,14 +44,9 @@ static void cuda_ok(cudaError_t e, const char *what)
     }
 }
 
-/* The greedy token (st_slot_sample at temperature 0). */
 static uint32_t greedy(const st_slot *s)
 {
-    uint32_t tok = 0;
-    int rc = st_slot_sample(s, 0.0f, 1, &tok);
-    if (rc)
-        die("sample", rc);
-    return tok;
+    return bench_greedy("bench_gpu_arch", s);
 }
 
 static void run(const char *spec, const char *dir, uint32_t n_prompt, uint32_t n_dec, double hbm)

@@ -33,6 +33,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "bench_gpu.h"
 #include "st_engine.h"
 #include "st_file.h"
 #include "st_store.h"
@@ -146,11 +147,7 @@ static void fill(uint32_t *t, uint64_t from, uint64_t n, uint64_t seed)
 
 static uint32_t greedy(const st_slot *s)
 {
-    uint32_t tok = 0;
-    int rc = st_slot_sample(s, 0.0f, 1, &tok);
-    if (rc)
-        die("sample", rc);
-    return tok;
+    return bench_greedy("bench_gpu_engine", s);
 }
 
 /* Best of 3 park snapshots and restores; also the first of each (the first PARK fills the CUDA

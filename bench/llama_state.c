@@ -176,11 +176,13 @@ int main(int argc, char **argv)
         double a = now_s();
         if (!llama_state_seq_save_file(ctx, file, 0, ids, (size_t)tokens)) {
             fprintf(stderr, "llama_state: llama_state_seq_save_file %s failed\n", file);
+            unlink(file); /* no part-written state left behind */
             return 1;
         }
         int fd = open(file, O_RDONLY);
         if (fd < 0 || fsync(fd)) {
             fprintf(stderr, "llama_state: fsync of %s failed\n", file);
+            unlink(file);
             return 1;
         }
         close(fd);
@@ -194,6 +196,7 @@ int main(int argc, char **argv)
         double a = now_s();
         if (!llama_state_seq_load_file(ctx, file, 0, ids, (size_t)tokens, &n_out)) {
             fprintf(stderr, "llama_state: llama_state_seq_load_file %s failed\n", file);
+            unlink(file);
             return 1;
         }
         llama_synchronize(ctx);
