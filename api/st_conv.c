@@ -521,6 +521,28 @@ static void slot_release(st_conv *cv, int j)
 
 /* ---- spilling and parking ----------------------------------------------------------------- */
 
+/* A stored version of id (0: the head) into slot s, by a streamed get (st_store_get_stream):
+ * the restore starts while the store still copies the chunks, and the CUDA backend moves each
+ * one to the device once it is copied and checked. On any error the slot is as it was, and the
+ * error is the restore's (a damaged chunk's, when the restore stopped at it) or the get's. */
+static int restore_stored(st_conv *cv, st_slot *s, const char *id, uint64_t version)
+{
+    st_image *img = NULL;
+    st_store_fill *fill = NULL;
+    int rc = st_store_get_stream(cv->store, id, version, st_engine_image_allocator(cv->engine), &img, &fill);
+    if (rc)
+        return rc;
+    rc = st_slot_restore_adopt(s, img);
+    char d[1024] = "";
+    if (rc)
+        snprintf(d, sizeof d, "%s", st_errdetail());
+    int frc = st_store_stream_end(fill); /* before the image is freed: the copy has finished */
+    st_image_free(img);
+    if (rc)
+        return st_error_set(rc, "%s", d);
+    return frc;
+}
+
 static int put_park(st_conv *cv, const char *id, const st_image *img, const st_put_opts *po)
 {
     char pid[PARK_ID_MAX];
@@ -659,12 +681,7 @@ static int load_parked(st_conv *cv, int j, pentry *p, const char **source)
         return rc;
     char pid[PARK_ID_MAX];
     park_id(pid, p->id);
-    st_image *img = NULL;
-    if ((rc = st_store_get_with(cv->store, pid, 0, st_engine_image_allocator(cv->engine), &img)))
-        return rc;
-    rc = st_slot_restore_adopt(s, img);
-    st_image_free(img);
-    if (rc)
+    if ((rc = restore_stored(cv, s, pid, 0)))
         return rc;
     cv->m->conv_hits_disk++;
     cv->m->park_unspills++;
@@ -768,11 +785,8 @@ static int acquire(st_conv *cv, const char *id, int mode, int *out_j, pentry **p
             *source = "new";
             rc = 0;
         } else if (!rc) {
-            st_image *img = NULL;
-            if (!(rc = st_memguard_admit(cv->guard, "restoring the saved conversation", vi.logical_bytes)) &&
-                !(rc = st_store_get_with(cv->store, id, 0, st_engine_image_allocator(cv->engine), &img)))
-                rc = st_slot_restore_adopt(cs->slot, img);
-            st_image_free(img);
+            if (!(rc = st_memguard_admit(cv->guard, "restoring the saved conversation", vi.logical_bytes)))
+                rc = restore_stored(cv, cs->slot, id, 0);
             if (!rc) {
                 cv->m->conv_hits_store++;
                 cv->m->restores++;
@@ -1368,9 +1382,7 @@ int st_conv_restore(st_conv *cv, const char *id, uint64_t version, st_conv_resto
     if ((rc = acquire(cv, id, ACQ_EMPTY, &j, &p, &source, NULL)))
         return rc;
     double t0 = st_conv_now_ms();
-    st_image *img = NULL;
-    if (!(rc = st_store_get_with(cv->store, id, vi.version, st_engine_image_allocator(cv->engine), &img)))
-        rc = st_slot_restore_adopt(cv->slots[j].slot, img); /* on error the slot is as it was */
+    rc = restore_stored(cv, cv->slots[j].slot, id, vi.version); /* on error the slot is as it was */
     double t1 = st_conv_now_ms();
     if (rc) {
         char d[1024];
@@ -1387,11 +1399,10 @@ int st_conv_restore(st_conv *cv, const char *id, uint64_t version, st_conv_resto
         cv->m->restores++;
         cv->m->restore_bytes += vi.logical_bytes;
         out->version = vi.version;
-        out->tokens = st_image_n_tokens(img);
+        out->tokens = st_slot_n_tokens(cv->slots[j].slot);
         out->logical_bytes = vi.logical_bytes;
         out->ms = t1 - t0;
     }
-    st_image_free(img);
     slot_release(cv, j);
     return rc;
 }

@@ -2189,7 +2189,8 @@ fail:
 
 /* Host -> device: the host fills pinned buffer k (staged chunks) while buffers k-1.. are in
  * flight; direct chunks are queued without waiting. With dg, the device digests what arrived. */
-static int xfer_load(cu_ctx *c, cu_state *s, const seg *segs, uint32_t ns, uint64_t *dg)
+static int xfer_load(cu_ctx *c, cu_state *s, const seg *segs, uint32_t ns, uint64_t *dg,
+                     const st_image *img)
 {
     xit it = {0, 0};
     xchunk ch;
@@ -2204,7 +2205,13 @@ static int xfer_load(cu_ctx *c, cu_state *s, const seg *segs, uint32_t ns, uint6
         goto fail;
     while (xnext(segs, ns, &it, &ch)) {
         int slot = (int)(k % NSTAGE);
-        if (staged(&segs[ch.si])) {
+        const seg *g = &segs[ch.si];
+        /* a gated image (a streamed store get): this chunk's bytes checked and in place first,
+         * while the chunks queued before it are in flight */
+        if (img && g->kind != SEG_HOST &&
+            (rc = st_image_wait(img, g->host + ch.a * seg_unit(g), (ch.b - ch.a) * seg_unit(g))))
+            goto fail;
+        if (staged(g)) {
             /* the slot's pinned buffer is free once the chunk that used it last is on the device */
             if (k >= NSTAGE)
                 CUG(cudaEventSynchronize(c->ev[slot]));
@@ -2287,7 +2294,7 @@ static int cu_kv_write(void *bctx, void *stp, uint32_t ti, uint64_t row0, uint64
     if ((rc = kv_seg(c, ti, row0, nrows, (uint8_t *)src, &g)) ||
         (rc = ensure_pages(c, s, row0, row0 + nrows)))
         return rc;
-    return xfer_load(c, s, &g, 1, NULL);
+    return xfer_load(c, s, &g, 1, NULL, NULL);
 }
 
 static int cu_running_io(cu_ctx *c, cu_state *s, uint32_t ti, void *buf, uint64_t len, int write)
@@ -2318,7 +2325,7 @@ static int cu_running_io(cu_ctx *c, cu_state *s, uint32_t ti, void *buf, uint64_
     g.units = len / 4;
     g.dev = s->run + c->run_off[ti];
     g.host = (uint8_t *)buf;
-    return write ? xfer_load(c, s, &g, 1, NULL) : xfer_save(c, s, &g, 1, NULL);
+    return write ? xfer_load(c, s, &g, 1, NULL, NULL) : xfer_save(c, s, &g, 1, NULL);
 }
 
 static int cu_running_read(void *bctx, void *st, uint32_t ti, void *dst, uint64_t len)
@@ -2538,14 +2545,14 @@ static int cu_load(void *bctx, void *stp, const st_image *img, uint32_t ci, uint
         return st_error_set(ENOMEM, "cuda backend: load");
     rc = state_segs(c, s, NULL, img, ci, n, codec, 0, segs);
     for (uint32_t ti = 0; !rc && ti < c->n_desc; ti++)
-        if (c->tm[ti].what == ST_SW_POS) {
+        if (c->tm[ti].what == ST_SW_POS && !(rc = st_image_wait(img, segs[ti].host, 8))) {
             memcpy(&p, segs[ti].host, 8);
             if (p < 0 || (uint64_t)p != pos)
                 rc = st_error_set(ST_ECORRUPT, "restore: live state at %llu holds position %lld",
                                   (unsigned long long)pos, (long long)p);
         }
     if (!rc)
-        rc = xfer_load(c, s, segs, c->n_desc, digests);
+        rc = xfer_load(c, s, segs, c->n_desc, digests, img);
     if (!rc)
         s->pos = p;
     free(segs);
@@ -2988,4 +2995,5 @@ extern "C" const st_backend st_backend_cuda = {
     NULL, /* adopt */
     cu_wcache_get,
     cu_wcache_invalidate,
+    1, /* load_waits: xfer_load waits for each chunk of a gated image */
 };

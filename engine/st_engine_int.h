@@ -306,6 +306,10 @@ typedef struct st_backend {
      * (after the stream is idle) drops its entries. */
     void (*wcache_get)(void *bctx, st_engine_wcache *out);
     int (*wcache_invalidate)(void *bctx);
+    /* 1: load waits (st_image_wait) for each piece of the image before it reads it, so a
+     * restore may start while a gated image (a streamed store get) is still arriving; 0: the
+     * restore waits for the whole image first. */
+    int load_waits;
 } st_backend;
 
 extern const st_backend st_backend_cpu;

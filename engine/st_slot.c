@@ -1045,6 +1045,10 @@ static int restore(st_slot *s, const st_image *img, st_image *mut)
     uint32_t live_codec = 0;
     st_image_checkpoint_info(img, nck - 1, &live_pos, &live_codec);
     int bulk = be->load && bulk_ok(live_codec);
+    /* a gated image (st_image.h): the backend's load waits for each piece it reads, else
+     * everything is here before anything is read */
+    if (!(bulk && be->load_waits) && (rc = st_image_wait(img, NULL, 0)))
+        goto done;
     if (bulk) {
         /* K/V and the live state in one pass of the backend, which puts the image's bytes on
          * the device unchanged and digests them there: the hash is verified over the bytes that
@@ -1071,6 +1075,8 @@ static int restore(st_slot *s, const st_image *img, st_image *mut)
             goto done;
     }
     if (!bulk && (rc = load_live(e, img, nck - 1, ns, scratch)))
+        goto done;
+    if ((rc = st_image_wait(img, NULL, 0))) /* the other checkpoints' bytes */
         goto done;
     /* resume checkpoints: the deepest prompt_cache of them */
     uint32_t keep = nck - 1, skip = 0;

@@ -650,6 +650,28 @@ nomem:
     return st_error_set(ENOMEM, "image create: out of memory");
 }
 
+void st_image_gate_set(st_image *img, const st_image_gate *gate)
+{
+    if (!img)
+        return;
+    if (gate)
+        img->gate = *gate;
+    else
+        memset(&img->gate, 0, sizeof img->gate);
+}
+
+int st_image_wait(const st_image *img, const void *p, uint64_t len)
+{
+    if (!img || !img->gate.wait)
+        return 0;
+    return img->gate.wait(img->gate.ctx, p, len);
+}
+
+int st_image_gated(const st_image *img)
+{
+    return img && img->gate.wait;
+}
+
 const st_geometry *st_image_geometry(const st_image *img)
 {
     return img ? &img->g : NULL;
@@ -1121,6 +1143,8 @@ int st_image_clone(st_image **out, const st_image *img)
     if (!out || !img)
         return st_error_set(ST_EINVAL, "image clone: NULL argument");
     *out = NULL;
+    if ((rc = st_image_wait(img, NULL, 0)))
+        return rc;
     rc = st_image_create(&c, &img->g);
     if (rc)
         return rc;

@@ -198,6 +198,22 @@ int st_image_checkpoint_exclusive(const st_image *img, uint32_t ci);
  * allocation hook that made it, unmapped, or free()d. Accepts NULL. */
 void st_image_buffer_free(void *p);
 
+/* An image whose K/V and checkpoint bytes are still arriving while it is read (a streamed store
+ * get, st_store_get_stream): the gate's wait(ctx, p, len) returns 0 once bytes [p, p + len) of
+ * one of the image's buffers hold their final, checked contents, or the fill's error for them
+ * (with its detail); p NULL waits for every byte. The geometry, tokens, logits, checkpoint list
+ * and state hash are complete from the start. A reader that takes the bytes in pieces (the CUDA
+ * backend's restore) calls st_image_wait before each piece; any other reader waits for all
+ * first. st_image_wait on an image without a gate returns 0 at once. The gate is set and
+ * cleared by the one who fills the image (never while another thread reads it). */
+typedef struct st_image_gate {
+    int (*wait)(void *ctx, const void *p, uint64_t len);
+    void *ctx;
+} st_image_gate;
+void st_image_gate_set(st_image *img, const st_image_gate *gate); /* NULL clears it */
+int st_image_wait(const st_image *img, const void *p, uint64_t len);
+int st_image_gated(const st_image *img); /* whether a gate is set */
+
 /* Last-token logits: n_vocab floats, or none (n == 0). */
 int st_image_logits_set(st_image *img, const float *logits, uint32_t n);
 const float *st_image_logits(const st_image *img, uint32_t *n);

@@ -522,6 +522,7 @@ int st_store__open_any(st_store **out, const char *dir, const st_store_opts *opt
     st->opts.sys = &st->sys;
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     st->threads = st->opts.threads ? st->opts.threads : (unsigned)(cpus > 8 ? 8 : cpus < 1 ? 1 : cpus);
+    st->fill_threads = st->opts.threads ? st->opts.threads : (unsigned)(cpus > 16 ? 16 : cpus < 1 ? 1 : cpus);
     pthread_rwlockattr_t ra;
     pthread_rwlockattr_init(&ra);
     pthread_rwlockattr_setkind_np(&ra, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);

@@ -179,6 +179,21 @@ int st_store_get(st_store *st, const char *id, uint64_t version, st_image **out)
  * of the image is copied from the store, so its buffers are not zeroed first. */
 int st_store_get_with(st_store *st, const char *id, uint64_t version, const st_image_allocator *alloc,
                       st_image **out);
+/* A streamed get, for a restore that starts while the chunks are still being copied (a RESTORE
+ * from the store straight to the GPU: docs/STORE.md, "The streamed get"): the image comes back
+ * once its geometry, tokens, checkpoint list, logits and state hash are read and checked, with a
+ * gate (st_image_wait, st_image.h) through which a reader waits for the K/V and checkpoint bytes
+ * it is about to read, while the store's threads copy them out of one read transaction, each
+ * chunk checked as it is copied, in the order a restore reads them. A chunk that fails its check
+ * fails every wait on it (and on everything after it) with the chunk named, and
+ * st_store_stream_end. The caller must call st_store_stream_end(*fill) before it frees or changes
+ * the image (it waits for the copy to finish; its result is the whole get's: 0 only when every
+ * chunk arrived and checked), and may use the image as a complete one only when it returned 0.
+ * Meanwhile the calling thread may use the store as usual. */
+typedef struct st_store_fill st_store_fill;
+int st_store_get_stream(st_store *st, const char *id, uint64_t version, const st_image_allocator *alloc,
+                        st_image **out, st_store_fill **fill);
+int st_store_stream_end(st_store_fill *fill); /* accepts NULL (0) */
 
 /* Write version (0: head) of session id as a session file at path (atomically, durably).
  * fopts NULL re-creates the file as it was imported (same bytes) or, for a version saved by

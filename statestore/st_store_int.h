@@ -53,6 +53,7 @@ struct st_image {
     uint64_t state_hash;
     st_image_allocator alloc; /* hook for buffers >= 2 MiB (has_alloc set) */
     int has_alloc;
+    st_image_gate gate; /* a fill still running (st_image_gate_set): readers wait through it */
 };
 
 /* Offset of running tensor ti in a checkpoint block of codec (a known codec). */

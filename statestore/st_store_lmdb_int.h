@@ -32,6 +32,7 @@ struct st_store {
     uint32_t schema;          /* schema found at open */
     uint32_t keep_last;
     unsigned threads;
+    unsigned fill_threads; /* a streamed get's copy (st_store_get.c): opts.threads, else every CPU up to 16 */
     /* Held shared by every call for the life of its transactions, exclusively to change the
      * map size or reopen the environment (LMDB forbids either with a transaction in flight). */
     pthread_rwlock_t lock;
@@ -109,6 +110,11 @@ typedef struct st_stream st_stream;
 int st_store__stream_start(unsigned helpers, size_t n, int (*fn)(void *ctx, size_t i, st_frame_ctx **fctx),
                            void *ctx, st_stream **out);
 int st_store__stream_wait(st_stream *s, size_t i);
+/* st_store__stream_wait without running items itself (a consumer with other work to queue). */
+int st_store__stream_wait_idle(st_stream *s, size_t i);
+/* Stop claiming and join the helpers (no item is running afterwards); s stays valid for waits
+ * (items not done by then never will be: a wait on one returns the failure) until _stop. */
+void st_store__stream_join(st_stream *s);
 double st_store__stream_stop(st_stream *s);
 /* A state-hash runner (st_state_hash_runner) spreading the block digests over *run_arg threads
  * (an unsigned) with st_store__par_run. */

@@ -223,13 +223,35 @@ int st_store__stream_wait(st_stream *s, size_t i)
     }
 }
 
+int st_store__stream_wait_idle(st_stream *s, size_t i)
+{
+    if (atomic_load_explicit(&s->done[i], memory_order_acquire))
+        return 0;
+    pthread_mutex_lock(&s->mu);
+    while (!atomic_load_explicit(&s->done[i], memory_order_acquire) && !atomic_load(&s->failed))
+        pthread_cond_wait(&s->cv, &s->mu);
+    int rc = atomic_load_explicit(&s->done[i], memory_order_acquire) ? 0 : s->rc;
+    char detail[512];
+    snprintf(detail, sizeof detail, "%s", s->detail);
+    pthread_mutex_unlock(&s->mu);
+    return rc ? st_error_set(rc, "%s", detail) : 0;
+}
+
+void st_store__stream_join(st_stream *s)
+{
+    if (!s)
+        return;
+    atomic_store(&s->stop, 1);
+    for (unsigned t = 0; t < s->started; t++)
+        pthread_join(s->tid[t], NULL);
+    s->started = 0;
+}
+
 double st_store__stream_stop(st_stream *s)
 {
     if (!s)
         return 0;
-    atomic_store(&s->stop, 1);
-    for (unsigned t = 0; t < s->started; t++)
-        pthread_join(s->tid[t], NULL);
+    st_store__stream_join(s);
     double t_last = s->t_last;
     st_frame_ctx_free(s->fctx);
     pthread_cond_destroy(&s->cv);

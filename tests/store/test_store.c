@@ -977,6 +977,119 @@ static void test_get_with_allocator(void **state)
     st_image_free(a);
 }
 
+/* A streamed get of name: the gate is set, every K/V byte range read piece by piece (from the
+ * last tensor's end back, so the waits come out of the fill's order) holds want's bytes once its
+ * wait returns, and the whole image equals want once the fill ends. */
+static void stream_check(st_store *st, const char *name, const st_image *want, const st_image_allocator *al)
+{
+    st_image *got = NULL;
+    st_store_fill *fill = NULL;
+    int rc = st_store_get_stream(st, name, 0, al, &got, &fill);
+    if (rc)
+        print_error("get_stream %s: %s: %s\n", name, st_strerror(rc), st_errdetail());
+    assert_int_equal(rc, 0);
+    assert_true(st_image_gated(got));
+    assert_int_equal(st_image_n_tokens(got), st_image_n_tokens(want));
+    assert_int_equal(st_image_state_hash(got), st_image_state_hash(want));
+    const st_geometry *g = st_image_geometry(got);
+    for (uint32_t k = g->n_tensors; k-- > 0;) {
+        if (g->tensors[k].role != ST_ROLE_KV)
+            continue;
+        uint64_t len = 0, wlen = 0;
+        const uint8_t *p = st_image_kv_const(got, k, &len), *w = st_image_kv_const(want, k, &wlen);
+        assert_int_equal(len, wlen);
+        for (uint64_t o = len; o > 0;) {
+            uint64_t piece = o < 7777 ? o : 7777;
+            o -= piece;
+            assert_int_equal(st_image_wait(got, p + o, piece), 0);
+            assert_memory_equal(p + o, w + o, piece);
+        }
+    }
+    assert_int_equal(st_image_wait(got, NULL, 0), 0);
+    assert_int_equal(st_store_stream_end(fill), 0);
+    assert_false(st_image_gated(got));
+    assert_true(store_test_equal(got, want));
+    st_image_free(got);
+}
+
+/* The streamed get (st_store_get_stream): the same image as a get, raw, framed, with SHA-256
+ * checking and with an allocation hook, on one thread and on several; a damaged K/V chunk fails
+ * the waits on it (naming the chunk), every later one and the end, and the image is still freed
+ * cleanly; a missing session fails at once. */
+static void test_get_stream(void **state)
+{
+    (void)state;
+    char dir[4200];
+    st_store_opts o4 = {.threads = 4};
+    st_store *st = open_new(dir, sizeof dir, &o4);
+    st_synth_opts so = {.seed = 11, .head_dim = 256, .n_tokens = 700, .n_checkpoints = 2};
+    st_image *a = NULL;
+    assert_int_equal(st_image_synthesize(&so, &a), 0);
+    st_put_opts pz = {.compress = 3};
+    assert_int_equal(st_store_put(st, "raw", a, ST_STORE_HEAD_NONE, NULL, NULL), 0);
+    assert_int_equal(st_store_put(st, "z", a, ST_STORE_HEAD_NONE, &pz, NULL), 0);
+    count_hook c = {0, 0};
+    st_image_allocator al = {hook_alloc, hook_free, &c};
+    stream_check(st, "raw", a, NULL);
+    stream_check(st, "z", a, NULL);
+    stream_check(st, "raw", a, &al);
+    assert_true(c.allocs >= 2);
+    assert_int_equal(c.frees, c.allocs);
+    st_image *got = NULL;
+    st_store_fill *fill = NULL;
+    assert_int_equal(st_store_get_stream(st, "nobody", 0, NULL, &got, &fill), ST_ENOTFOUND);
+    assert_null(got);
+    assert_null(fill);
+    assert_int_equal(st_store_stream_end(NULL), 0);
+    st_store_close(st);
+    st_store_opts one = {.threads = 1, .verify_sha256 = 1};
+    assert_int_equal(st_store_open(&st, dir, &one), 0);
+    stream_check(st, "raw", a, NULL);
+    stream_check(st, "z", a, NULL);
+    st_store_close(st);
+
+    /* one K/V chunk damaged behind the store's back: the first 32 KiB of the first K/V tensor's
+     * last page (a chunk of its own: K/V chunks are pages) */
+    st_image *b = store_test_image(91, 600, 0, 0);
+    st = open_new(dir, sizeof dir, &o4);
+    assert_int_equal(st_store_put(st, "b", b, 0, NULL, NULL), 0);
+    uint64_t len;
+    uint32_t kv = store_test_kv(b);
+    const uint8_t *kvb = st_image_kv_const(b, kv, &len);
+    assert_true(len > 65536);
+    uint8_t h[ST_STORE_HASH_LEN];
+    assert_int_equal(st_store_sha256(kvb + 32768, 32768, h), 0);
+    MDB_txn *txn = NULL;
+    MDB_val k = {ST_STORE_HASH_LEN, h}, v;
+    assert_int_equal(mdb_txn_begin(st->env, NULL, 0, &txn), 0);
+    assert_int_equal(mdb_get(txn, st->dbi_chunks, &k, &v), 0);
+    uint8_t *dam = malloc(v.mv_size);
+    assert_non_null(dam);
+    memcpy(dam, v.mv_data, v.mv_size);
+    dam[100] ^= 0x40;
+    MDB_val nv = {v.mv_size, dam};
+    assert_int_equal(mdb_put(txn, st->dbi_chunks, &k, &nv, 0), 0);
+    assert_int_equal(mdb_txn_commit(txn), 0);
+    free(dam);
+    assert_int_equal(st_store_get_stream(st, "b", 0, NULL, &got, &fill), 0);
+    const uint8_t *p = st_image_kv_const(got, kv, &len);
+    assert_int_equal(st_image_wait(got, p + 32768 + 5000, 10), ST_ECORRUPT);
+    assert_non_null(strstr(st_errdetail(), "checksum mismatch"));
+    char hex[65];
+    st_store_hex(hex, h, 32);
+    assert_non_null(strstr(st_errdetail(), hex));
+    assert_int_equal(st_image_wait(got, NULL, 0), ST_ECORRUPT);
+    assert_int_equal(st_store_stream_end(fill), ST_ECORRUPT);
+    assert_non_null(strstr(st_errdetail(), "checksum mismatch"));
+    st_image_free(got);
+    /* the control: a get refuses the same damage */
+    assert_int_equal(st_store_get(st, "b", 0, &got), ST_ECORRUPT);
+    assert_null(got);
+    st_store_close(st);
+    st_image_free(a);
+    st_image_free(b);
+}
+
 /* A put never acknowledges a version whose recorded state hash is not its own: it could never be
  * restored (issue 10: bf16 SAVEs of parked conversations). Nothing is written, and the same
  * image with its true hash is then taken. */
@@ -1334,6 +1447,7 @@ int main(void)
         cmocka_unit_test(test_list_page),
         cmocka_unit_test(test_versions_page),
         cmocka_unit_test(test_get_with_allocator),
+        cmocka_unit_test(test_get_stream),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     if (rc == 0)
