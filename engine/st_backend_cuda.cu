@@ -249,6 +249,7 @@ typedef struct cu_ctx {
     cudaGraphExec_t gexec;     /* the decode graph (invariant 8) */
     const uint8_t *g_run;      /* the running buffer it was captured for (NULL: none valid) */
     int g_logits;              /* and whether it copies the logits */
+    uint64_t g_span;           /* and the attention span of its position (st_ops_cuda_att_span) */
     uint64_t g_inst, g_upd, g_replay; /* graphs instantiated, updated in place, replayed */
 } cu_ctx;
 
@@ -2786,7 +2787,9 @@ static int ops_forward(cu_ctx *c, cu_state *s, const uint32_t *tokens, uint32_t 
     f.logits = logits ? c->logits_d : NULL;
     int graph = c->graphs && n == 1, rc = 0;
     cudaError_t ce = cudaSuccess;
-    if (graph && c->gexec && c->g_run == s->run && c->g_logits == (logits != NULL)) {
+    uint64_t span = graph ? st_ops_cuda_att_span(c->oc, pos0) : 0;
+    if (graph && c->gexec && c->g_run == s->run && c->g_logits == (logits != NULL) &&
+        c->g_span == span) {
         /* the captured step serves this one: stage its token and position, replay */
         st_ops_cuda_stage(c->oc, tokens, n, pos0);
         rc = st_ops_cuda_error(c->oc);
@@ -2830,6 +2833,7 @@ static int ops_forward(cu_ctx *c, cu_state *s, const uint32_t *tokens, uint32_t 
             if (!rc) {
                 c->g_run = s->run;
                 c->g_logits = logits != NULL;
+                c->g_span = span;
             }
         }
     }

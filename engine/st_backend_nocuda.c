@@ -23,6 +23,13 @@ int st_cuda_gemm_probe(st_engine *e, const void *w_dev, uint32_t rows, uint32_t 
     return st_error_set(ST_EINVAL, "gemm probe: built without CUDA");
 }
 
+int st_cuda_pdl_flag = 0;
+
+int st_cuda_pdl_configure(void)
+{
+    return 0;
+}
+
 int st_cuda_qmv_supported(uint32_t wtype)
 {
     (void)wtype;

@@ -35,6 +35,7 @@ extern "C" {
 #include "st_engine_int.h"
 #include "st_wtype.h"
 }
+#include "st_launch_cuda.cuh"
 #include "st_wtype_cuda.cuh"
 
 #define DQ_THREADS_MAX 256
@@ -46,6 +47,7 @@ template <class D>
 __global__ void k_dequant(const uint8_t *W, uint64_t row_bytes, uint64_t nb, const uint32_t *rows,
                           uint32_t r0, uint32_t n, float *dst, uint64_t ldd)
 {
+    st_pdl_begin(); /* st_launch_cuda.cuh rule 1 */
     for (uint64_t i = blockIdx.x; i < n; i += gridDim.x) {
         uint64_t r = rows ? (uint64_t)rows[i] : (uint64_t)r0 + i;
         const uint8_t *row = W + r * row_bytes;
@@ -63,8 +65,8 @@ static void dq_launch(const void *w, uint64_t row_bytes, uint64_t nb, const uint
     uint64_t threads = nb < DQ_THREADS_MAX ? (nb + 31) / 32 * 32 : DQ_THREADS_MAX;
     uint64_t gy = (nb + threads - 1) / threads;
     dim3 grid(n < DQ_GRID_X_MAX ? n : DQ_GRID_X_MAX, gy < DQ_GRID_Y_MAX ? (uint32_t)gy : DQ_GRID_Y_MAX);
-    k_dequant<D><<<grid, (uint32_t)threads, 0, st>>>((const uint8_t *)w, row_bytes, nb, rows, r0, n,
-                                                      dst, ldd);
+    (void)st_launch(k_dequant<D>, grid, (uint32_t)threads, 0, st, (const uint8_t *)w, row_bytes, nb,
+                    rows, r0, n, dst, ldd);
 }
 
 extern "C" int st_cuda_dequant_supported(uint32_t type)

@@ -381,6 +381,13 @@ typedef struct st_cuda_qmv_job {
     float *y;
     uint32_t rows;
 } st_cuda_qmv_job;
+/* Programmatic dependent launch of the operation table's kernels (st_launch_cuda.cuh): on when
+ * st_cuda_pdl_flag is 1. st_cuda_pdl_configure sets it for the process from the current device
+ * (compute capability 9 or later) and STRATA_CUDA_PDL ("0": off, unset or anything else: on
+ * where the device has it), and returns it; each operation context calls it when it is made.
+ * 0 until then. */
+extern int st_cuda_pdl_flag;
+int st_cuda_pdl_configure(void);
 int st_cuda_qmv_supported(uint32_t wtype);
 int st_cuda_qmv(uint32_t wtype, const void *w, uint32_t rows, uint32_t cols, const float *x, float *y,
                 void *stream);

@@ -48,11 +48,14 @@
  * 8. The dynamic mode (st_ops_cuda_dynamic; the backend's reusable decode graphs): get_rows
  *    also copies the position staged by st_ops_cuda_stage into device memory, and RoPE, the K/V
  *    store and attention read it there instead of their pos0 argument, so that one captured
- *    pass serves every position. Attention of one token splits the keys into runs of a fixed
- *    count (at least OC_ATT_KS, set by the context, the head count and the partials' buffer,
- *    which is sized by the SM count) in both modes; the
- *    dynamic mode launches the whole context's splits, those beyond the position empty (the
- *    merge passes over them exactly), so its bits are those of the direct launches.
+ *    pass serves every position of a span. Attention of one token splits the keys into runs of
+ *    a fixed count in both modes, set by the span of its position (st_ops_cuda_att_span: the
+ *    power of two from OC_ATT_SPAN0 up that holds the keys, at most the context), the head
+ *    count and the SM count (about 8 blocks per SM over the heads, at least OC_ATT_KS keys, no
+ *    more splits than the partials' buffer holds); the dynamic mode launches the span's splits,
+ *    those beyond the position empty (the merge passes over them exactly), so its bits are
+ *    those of the direct launches, and a graph captured at one position serves its span (the
+ *    backend captures again in the next one).
  */
 #include <errno.h>
 #include <math.h>
@@ -68,12 +71,14 @@
 extern "C" {
 #include "st_ops_int.h"
 }
+#include "st_launch_cuda.cuh"
 #include "st_reduce_cuda.cuh"
 
 #define OC_BLAS_WS ((size_t)32 << 20)
 #define OC_DEQ_FLOATS ((size_t)16 << 20) /* the f32 tile of a widened weight: 64 MiB */
 #define OC_ATT_WARPS 8
 #define OC_ATT_KS 32 /* keys per split of a one-token pass, at least (invariant 8) */
+#define OC_ATT_SPAN0 256 /* the shortest span of a one-token pass (st_ops_cuda_att_span) */
 #define OC_MAX_HD ST_CUDA_MAX_HEAD_DIM /* attention's head_dim: 8 elements per lane */
 
 /* the profile's rows (invariant 7): the operations in table order, then the product paths */
@@ -394,6 +399,7 @@ static void oc_matmul(void *ocp, const float *x, uint32_t ldx, uint32_t T, const
 __global__ void k_add_rmsnorm(float *x, const float *add, const float *w, uint32_t n, float eps,
                               float *y)
 {
+    st_pdl_begin(); /* st_launch_cuda.cuh rule 1 */
     float *xt = x + (size_t)blockIdx.x * n;
     float *yt = y + (size_t)blockIdx.x * n;
     float ss = 0.0f;
@@ -417,7 +423,7 @@ static void oc_add_rmsnorm(void *ocp, float *x, const float *add, const float *w
     st_ops_cuda *oc = (st_ops_cuda *)ocp;
     if (oc->err)
         return;
-    k_add_rmsnorm<<<T, 256, 0, oc->stream>>>(x, add, w, n, eps, y);
+    (void)st_launch(k_add_rmsnorm, T, 256, 0, oc->stream, x, add, w, n, eps, y);
     LAUNCHED(oc, "k_add_rmsnorm");
 }
 
@@ -427,6 +433,7 @@ static void oc_add_rmsnorm(void *ocp, float *x, const float *add, const float *w
 __global__ void k_head_norm(float *x, uint32_t ld, uint32_t hd, const float *w, const float *z,
                             float eps, float scale, int mode)
 {
+    st_pdl_begin(); /* st_launch_cuda.cuh rule 1 */
     float *v = x + (size_t)blockIdx.x * ld + (size_t)blockIdx.y * hd;
     float ss = 0.0f;
     for (uint32_t i = threadIdx.x; i < hd; i += blockDim.x)
@@ -454,7 +461,8 @@ static void head_norm(st_ops_cuda *oc, float *x, uint32_t ld, uint32_t heads, ui
     if (oc->err || !T || !heads)
         return;
     unsigned th = hd >= 128 ? 128 : 32;
-    k_head_norm<<<dim3(T, heads), th, 0, oc->stream>>>(x, ld, hd, w, z, eps, scale, mode);
+    (void)st_launch(k_head_norm, dim3(T, heads), th, 0, oc->stream, x, ld, hd, w, z, eps, scale,
+                    mode);
     LAUNCHED(oc, "k_head_norm");
 }
 
@@ -487,6 +495,7 @@ static void oc_rmsnorm_heads(void *ocp, float *x, uint32_t ld, uint32_t heads, u
 __global__ void k_elem(float *x, uint32_t ldx, const float *y, uint32_t ldy, const float *s,
                        uint32_t lds, uint32_t n, uint32_t T, int op)
 {
+    st_pdl_begin(); /* st_launch_cuda.cuh rule 1 */
     uint64_t total = (uint64_t)n * T;
     for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (uint64_t)gridDim.x * blockDim.x) {
@@ -506,8 +515,8 @@ static void elem(st_ops_cuda *oc, float *x, uint32_t ldx, const float *y, uint32
 {
     if (oc->err || !n || !T)
         return;
-    k_elem<<<blocks_for((uint64_t)n * T, 256), 256, 0, oc->stream>>>(x, ldx, y, ldy, s, lds, n,
-                                                                      T, op);
+    (void)st_launch(k_elem, blocks_for((uint64_t)n * T, 256), 256, 0, oc->stream, x, ldx, y, ldy, s,
+                    lds, n, T, op);
     LAUNCHED(oc, "k_elem");
 }
 
@@ -539,6 +548,7 @@ static void oc_sigmoid_scale(void *ocp, float *x, uint32_t ldx, const float *g, 
 __global__ void k_short_conv(const float *x, float *y, uint32_t C, float *st, const float *wT,
                              uint32_t T)
 {
+    st_pdl_begin(); /* st_launch_cuda.cuh rule 1 */
     uint32_t c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C)
         return;
@@ -566,13 +576,14 @@ static void oc_short_conv(void *ocp, const float *x, float *y, uint32_t C, float
     st_ops_cuda *oc = (st_ops_cuda *)ocp;
     if (oc->err || !C || !T)
         return;
-    k_short_conv<<<(C + 127) / 128, 128, 0, oc->stream>>>(x, y, C, state, wT, T);
+    (void)st_launch(k_short_conv, (C + 127) / 128, 128, 0, oc->stream, x, y, C, state, wT, T);
     LAUNCHED(oc, "k_short_conv");
 }
 
 __global__ void k_dn_gates(float *a, float *b, uint32_t ld, const float *ssm_a,
                            const float *dt_bias, uint32_t H, uint32_t T)
 {
+    st_pdl_begin(); /* st_launch_cuda.cuh rule 1 */
     uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (uint64_t)H * T)
         return;
@@ -589,8 +600,8 @@ static void oc_dn_gates(void *ocp, float *a, float *b, uint32_t ld, const float 
     st_ops_cuda *oc = (st_ops_cuda *)ocp;
     if (oc->err || !H || !T)
         return;
-    k_dn_gates<<<blocks_for((uint64_t)H * T, 128), 128, 0, oc->stream>>>(a, b, ld, ssm_a, dt_bias,
-                                                                          H, T);
+    (void)st_launch(k_dn_gates, blocks_for((uint64_t)H * T, 128), 128, 0, oc->stream, a, b, ld,
+                    ssm_a, dt_bias, H, T);
     LAUNCHED(oc, "k_dn_gates");
 }
 
@@ -622,6 +633,7 @@ __device__ __forceinline__ void dn_stage(const st_dn_args &a, uint32_t t, uint32
 template <bool SM>
 __global__ void k_delta_rule(st_dn_args a)
 {
+    st_pdl_begin(); /* st_launch_cuda.cuh rule 1 */
     extern __shared__ float sm[];
     uint32_t dk = a.dk, dv = a.dv, h = blockIdx.x, j = threadIdx.x;
     uint32_t kh = a.grouped ? h / (a.n_v_heads / a.n_k_heads) : h % a.n_k_heads;
@@ -670,6 +682,7 @@ __global__ void k_delta_rule(st_dn_args a)
 template <int R>
 __global__ void __launch_bounds__(32 * DS_P) k_delta_split(st_dn_args a)
 {
+    st_pdl_begin(); /* st_launch_cuda.cuh rule 1 */
     __shared__ float qs[DS_P * R], ks[DS_P * R], kn[DS_P * R];
     __shared__ float red[2][DS_P][32];
     const uint32_t dk = DS_P * R, dv = a.dv, h = blockIdx.x;
@@ -729,7 +742,8 @@ __global__ void __launch_bounds__(32 * DS_P) k_delta_split(st_dn_args a)
 template <int R>
 static void delta_split(st_ops_cuda *oc, const st_dn_args *a)
 {
-    k_delta_split<R><<<dim3(a->n_v_heads, (a->dv + 31) / 32), 32 * DS_P, 0, oc->stream>>>(*a);
+    (void)st_launch(k_delta_split<R>, dim3(a->n_v_heads, (a->dv + 31) / 32), 32 * DS_P, 0,
+                    oc->stream, *a);
 }
 
 static void oc_delta_rule(void *ocp, const st_dn_args *a)
@@ -753,9 +767,9 @@ static void oc_delta_rule(void *ocp, const st_dn_args *a)
     default: break;
     }
     if (smem <= oc->dn_smem_max)
-        k_delta_rule<true><<<a->n_v_heads, th, smem, oc->stream>>>(*a);
+        (void)st_launch(k_delta_rule<true>, a->n_v_heads, th, smem, oc->stream, *a);
     else
-        k_delta_rule<false><<<a->n_v_heads, th, vecs, oc->stream>>>(*a);
+        (void)st_launch(k_delta_rule<false>, a->n_v_heads, th, vecs, oc->stream, *a);
     LAUNCHED(oc, "k_delta_rule");
 }
 
@@ -765,6 +779,7 @@ static void oc_delta_rule(void *ocp, const st_dn_args *a)
 __global__ void k_rope(float *x, uint32_t ld, uint32_t hd, uint32_t n_rot, uint64_t pos0,
                        const uint64_t *posp, const double *freq, int neox)
 {
+    st_pdl_begin(); /* st_launch_cuda.cuh rule 1 */
     if (posp)
         pos0 = *posp;
     float *v = x + (size_t)blockIdx.x * ld + (size_t)blockIdx.y * hd;
@@ -784,7 +799,8 @@ static void rope(st_ops_cuda *oc, float *x, uint32_t ld, uint32_t heads, uint32_
 {
     if (oc->err || !T || !heads || n_rot < 2)
         return;
-    k_rope<<<dim3(T, heads), 64, 0, oc->stream>>>(x, ld, hd, n_rot, pos0, POSP(oc), freq, neox);
+    (void)st_launch(k_rope, dim3(T, heads), 64, 0, oc->stream, x, ld, hd, n_rot, pos0, POSP(oc),
+                    freq, neox);
     LAUNCHED(oc, "k_rope");
 }
 
@@ -839,6 +855,7 @@ __device__ __forceinline__ uint8_t *kv_at(const oc_kv &g, uint64_t off, uint64_t
 __global__ void k_kv_store(oc_kv g, const float *k, const float *v, uint32_t ld, uint64_t pos0,
                            const uint64_t *posp)
 {
+    st_pdl_begin(); /* st_launch_cuda.cuh rule 1 */
     if (posp)
         pos0 = *posp;
     __shared__ float sh[32];
@@ -883,7 +900,7 @@ static void oc_kv_store(void *ocp, const st_kv_view *kv, const float *k, const f
     oc_kv g;
     if (oc->err || !T || kv_of(oc, kv, &g))
         return;
-    k_kv_store<<<dim3(T, g.nkv), 128, 0, oc->stream>>>(g, k, v, ld, pos0, POSP(oc));
+    (void)st_launch(k_kv_store, dim3(T, g.nkv), 128, 0, oc->stream, g, k, v, ld, pos0, POSP(oc));
     LAUNCHED(oc, "k_kv_store");
 }
 
@@ -920,6 +937,7 @@ __device__ __forceinline__ const uint8_t *kv_row(const oc_kv &g, uint64_t off, u
 template <int PER>
 __global__ void __launch_bounds__(32 * OC_ATT_WARPS) k_attn(oc_attn a)
 {
+    st_pdl_begin(); /* st_launch_cuda.cuh rule 1 */
     const oc_kv &g = a.g;
     uint32_t t = blockIdx.x, h = blockIdx.y, s = blockIdx.z;
     uint32_t lane = threadIdx.x & 31, w = threadIdx.x >> 5, hd = g.hd;
@@ -1005,6 +1023,7 @@ __global__ void __launch_bounds__(32 * OC_ATT_WARPS) k_attn(oc_attn a)
 
 __global__ void k_attn_merge(oc_attn a)
 {
+    st_pdl_begin(); /* st_launch_cuda.cuh rule 1 */
     uint32_t t = blockIdx.x, h = blockIdx.y, hd = a.g.hd;
     size_t base = ((size_t)t * a.n_head + h) * a.nsplit * (hd + 2);
     float M = -INFINITY;
@@ -1027,6 +1046,24 @@ __global__ void k_attn_merge(oc_attn a)
     }
 }
 
+uint64_t st_ops_cuda_att_span(const st_ops_cuda *oc, uint64_t pos)
+{
+    uint64_t span = OC_ATT_SPAN0;
+    while (span < pos + 1 && span < oc->n_ctx)
+        span *= 2;
+    return span < oc->n_ctx ? span : oc->n_ctx;
+}
+
+/* Keys per split of a one-token pass over a span (invariant 8): enough splits to give the GPU
+ * about one block per SM per head group, no more than the partials' buffer holds (at least 2
+ * per head: the caller checked), at least OC_ATT_KS keys each. */
+static uint64_t att_keys_per_split(const st_ops_cuda *oc, uint64_t span, uint32_t n_head)
+{
+    uint64_t most = oc->att_cap / n_head, want = ((uint64_t)oc->n_sm + n_head - 1) / n_head * 8;
+    uint64_t S = want < most ? want : most, ks = (span + S - 1) / S;
+    return ks < OC_ATT_KS ? OC_ATT_KS : ks;
+}
+
 static void oc_attention(void *ocp, const st_kv_view *kv, const float *q, uint32_t ldq,
                          float *out, uint32_t ldo, uint32_t n_head, uint64_t pos0, uint32_t T)
 {
@@ -1044,22 +1081,20 @@ static void oc_attention(void *ocp, const st_kv_view *kv, const float *q, uint32
     uint64_t nk = pos0 + T, base = (uint64_t)T * n_head, target = 8ull * (uint64_t)oc->n_sm;
     uint32_t nsplit = 1;
     if (T == 1) {
-        /* one token (invariant 8): splits of a fixed key count, set by the context and the
-         * heads alone; the dynamic mode launches the context's splits (those past the
-         * position are empty and the merge passes over them), so both give the same bits */
-        uint64_t most = oc->att_cap / n_head; /* splits the partials' buffer holds */
-        if (most < 2)
+        /* one token (invariant 8): splits of a fixed key count, set by the position's span
+         * (st_ops_cuda_att_span) and the heads; the dynamic mode launches the span's splits
+         * (those past the position are empty and the merge passes over them), so both give the
+         * same bits at every position of the span */
+        if (oc->att_cap / n_head < 2)
             return oc_fail(oc, st_error_set(ST_EINVAL, "cuda operations: attention of %u heads "
                                             "(at most %llu)", n_head,
                                             (unsigned long long)(oc->att_cap / 2)));
-        uint64_t ks = (oc->n_ctx + most - 1) / most;
-        if (ks < OC_ATT_KS)
-            ks = OC_ATT_KS;
-        uint64_t keys = oc->dyn ? oc->n_ctx : nk;
+        uint64_t span = st_ops_cuda_att_span(oc, pos0), ks = att_keys_per_split(oc, span, n_head);
+        uint64_t keys = oc->dyn ? span : nk;
         a.ks = (uint32_t)ks;
         nsplit = (uint32_t)((keys + ks - 1) / ks);
         if (oc->dyn && nsplit < 2)
-            nsplit = 2; /* through the merge, as a longer context would be */
+            nsplit = 2; /* through the merge, as a longer span would be */
     } else {
         /* split the keys when the (token, head) blocks alone would not fill the GPU */
         if (base < target) {
@@ -1084,18 +1119,18 @@ static void oc_attention(void *ocp, const st_kv_view *kv, const float *q, uint32
     a.scale = 1.0f / sqrtf((float)a.g.hd);
     dim3 grid(T, n_head, nsplit);
     switch ((a.g.hd + 31) / 32) { /* <= 8: head_dim <= OC_MAX_HD (kv_of) */
-    case 1: k_attn<1><<<grid, 32 * OC_ATT_WARPS, 0, oc->stream>>>(a); break;
-    case 2: k_attn<2><<<grid, 32 * OC_ATT_WARPS, 0, oc->stream>>>(a); break;
-    case 3: k_attn<3><<<grid, 32 * OC_ATT_WARPS, 0, oc->stream>>>(a); break;
-    case 4: k_attn<4><<<grid, 32 * OC_ATT_WARPS, 0, oc->stream>>>(a); break;
-    case 5: k_attn<5><<<grid, 32 * OC_ATT_WARPS, 0, oc->stream>>>(a); break;
-    case 6: k_attn<6><<<grid, 32 * OC_ATT_WARPS, 0, oc->stream>>>(a); break;
-    case 7: k_attn<7><<<grid, 32 * OC_ATT_WARPS, 0, oc->stream>>>(a); break;
-    default: k_attn<8><<<grid, 32 * OC_ATT_WARPS, 0, oc->stream>>>(a); break;
+    case 1: (void)st_launch(k_attn<1>, grid, 32 * OC_ATT_WARPS, 0, oc->stream, a); break;
+    case 2: (void)st_launch(k_attn<2>, grid, 32 * OC_ATT_WARPS, 0, oc->stream, a); break;
+    case 3: (void)st_launch(k_attn<3>, grid, 32 * OC_ATT_WARPS, 0, oc->stream, a); break;
+    case 4: (void)st_launch(k_attn<4>, grid, 32 * OC_ATT_WARPS, 0, oc->stream, a); break;
+    case 5: (void)st_launch(k_attn<5>, grid, 32 * OC_ATT_WARPS, 0, oc->stream, a); break;
+    case 6: (void)st_launch(k_attn<6>, grid, 32 * OC_ATT_WARPS, 0, oc->stream, a); break;
+    case 7: (void)st_launch(k_attn<7>, grid, 32 * OC_ATT_WARPS, 0, oc->stream, a); break;
+    default: (void)st_launch(k_attn<8>, grid, 32 * OC_ATT_WARPS, 0, oc->stream, a); break;
     }
     if (LAUNCHED(oc, "k_attn") || nsplit == 1)
         return;
-    k_attn_merge<<<dim3(T, n_head), 128, 0, oc->stream>>>(a);
+    (void)st_launch(k_attn_merge, dim3(T, n_head), 128, 0, oc->stream, a);
     LAUNCHED(oc, "k_attn_merge");
 }
 
@@ -1106,6 +1141,7 @@ static void oc_attention(void *ocp, const st_kv_view *kv, const float *q, uint32
 __global__ void k_moe_route(const float *logits, uint32_t X, uint32_t k, uint32_t *sel, float *w,
                             uint32_t T)
 {
+    st_pdl_begin(); /* st_launch_cuda.cuh rule 1 */
     uint32_t t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= T)
         return;
@@ -1157,7 +1193,7 @@ static void oc_moe_route(void *ocp, const float *logits, uint32_t X, uint32_t k,
         return;
     if (k == 0 || k > X)
         return oc_fail(oc, st_error_set(ST_EINVAL, "cuda operations: top %u of %u experts", k, X));
-    k_moe_route<<<(T + 31) / 32, 32, 0, oc->stream>>>(logits, X, k, sel, w, T);
+    (void)st_launch(k_moe_route, (T + 31) / 32, 32, 0, oc->stream, logits, X, k, sel, w, T);
     LAUNCHED(oc, "k_moe_route");
 }
 
@@ -1313,6 +1349,7 @@ int st_ops_cuda_new(void *stream, uint32_t max_T, uint32_t n_ctx, uint32_t max_h
     if (!oc)
         return st_error_set(ENOMEM, "cuda operations");
     oc->stream = (cudaStream_t)stream;
+    st_cuda_pdl_configure();
     const char *pv = getenv("STRATA_CUDA_OPS_PROFILE");
     oc->prof = pv && !strcmp(pv, "1") ? 1 : pv && !strcmp(pv, "2") ? 2 : 0;
     if (pv && *pv && !oc->prof && strcmp(pv, "0"))

@@ -146,6 +146,10 @@ const st_ops *st_ops_cuda_get(const st_ops_cuda *oc);
  * stages (with the pass's token ids) in pinned memory, which the pass's copies read when they
  * run. Stage before each replay, and before capturing. */
 void st_ops_cuda_dynamic(st_ops_cuda *oc, int on);
+/* The span of a one-token pass at position pos: the keys its attention splits are sized for
+ * (invariant 8 of st_ops_cuda.cu); a pass captured in the dynamic mode serves every position of
+ * the same span. */
+uint64_t st_ops_cuda_att_span(const st_ops_cuda *oc, uint64_t pos);
 void st_ops_cuda_stage(st_ops_cuda *oc, const uint32_t *tokens, uint32_t T, uint64_t pos0);
 
 /* The CPU table: its context is an st_ops_cpu, made for a model's memory spec, a context length

@@ -35,6 +35,7 @@ extern "C" {
 #include "st_engine_int.h"
 #include "st_wtype.h"
 }
+#include "st_launch_cuda.cuh"
 #include "st_reduce_cuda.cuh"
 #include "st_wtype_cuda.cuh"
 
@@ -132,6 +133,7 @@ template <int S>
 __global__ void k_qmv_q8_0(qmv_jobs P, uint64_t row_bytes, uint32_t nb,
                            const float *x)
 {
+    st_pdl_begin(); /* st_launch_cuda.cuh rule 1 */
     QMV_JOB(P);
     uint32_t lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     float acc[QMV_R] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -182,6 +184,7 @@ template <int S>
 __global__ void k_qmv_q4_k(qmv_jobs P, uint64_t row_bytes, uint32_t nb,
                            const float *x)
 {
+    st_pdl_begin(); /* st_launch_cuda.cuh rule 1 */
     QMV_JOB(P);
     uint32_t lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     float acc[QMV_R] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -241,6 +244,7 @@ template <int S>
 __global__ void k_qmv_q6_k(qmv_jobs P, uint64_t row_bytes, uint32_t nb,
                            const float *x)
 {
+    st_pdl_begin(); /* st_launch_cuda.cuh rule 1 */
     QMV_JOB(P);
     uint32_t lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     float acc[QMV_R] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -280,6 +284,7 @@ __global__ void k_qmv_q6_k(qmv_jobs P, uint64_t row_bytes, uint32_t nb,
 template <int S>
 __global__ void k_qmv_q8_0_i8(qmv_jobs P, uint64_t row_bytes, uint32_t nb, const uint8_t *xq)
 {
+    st_pdl_begin(); /* st_launch_cuda.cuh rule 1 */
     QMV_JOB(P);
     uint32_t lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     float acc[QMV_R] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -309,6 +314,7 @@ template <class D>
 __global__ void __launch_bounds__(32 * QMV_GEN_WARPS)
     k_qmv_gen(qmv_jobs P, uint64_t row_bytes, uint32_t nb, uint32_t L, const float *x)
 {
+    st_pdl_begin(); /* st_launch_cuda.cuh rule 1 */
     qmv_job_of jb = qmv_job(P);
     uint32_t lane = threadIdx.x & 31, per_warp = 32 / L, sub = lane & (L - 1);
     uint64_t r = ((uint64_t)jb.cta * QMV_GEN_WARPS + (threadIdx.x >> 5)) * per_warp + lane / L;
@@ -338,6 +344,7 @@ template <int KIND> /* 0: F32, 1: F16, 2: BF16 */
 __global__ void __launch_bounds__(32 * QMV_GEN_WARPS)
     k_qmv_wide(qmv_jobs P, uint64_t row_bytes, uint32_t cols, const float *x)
 {
+    st_pdl_begin(); /* st_launch_cuda.cuh rule 1 */
     qmv_job_of jb = qmv_job(P);
     uint32_t lane = threadIdx.x & 31, r = jb.cta * QMV_GEN_WARPS + (threadIdx.x >> 5);
     if (r >= jb.rows)
@@ -398,8 +405,8 @@ extern "C" int st_cuda_qmv_i8(uint32_t wtype, const void *w, uint32_t rows, uint
     P.rows[0] = rows;
     P.start[0] = 0;
     P.start[1] = (rows + QMV_R - 1) / QMV_R;
-    k_qmv_q8_0_i8<8><<<P.start[1], 32 * 8, 0, (cudaStream_t)stream>>>(P, (uint64_t)nb * 34, nb,
-                                                                   (const uint8_t *)xq);
+    (void)st_launch(k_qmv_q8_0_i8<8>, P.start[1], 32 * 8, 0, (cudaStream_t)stream, P,
+                    (uint64_t)nb * 34, nb, (const uint8_t *)xq);
     return launched("q8_0 integer");
 }
 
@@ -423,6 +430,19 @@ static int kernel_of(uint32_t wtype, uint64_t row_bytes)
  * fewer warp steps than warps (a warp step: 4 blocks of Q8_0 or Q4_K, one of Q6_K), so that no
  * warp idles. The count depends on the column count alone, so a row's bits still do not depend
  * on anything but its weights and x (invariant 3). */
+int st_cuda_pdl_flag = 0;
+
+int st_cuda_pdl_configure(void)
+{
+    const char *e = getenv("STRATA_CUDA_PDL");
+    int dev = 0, major = 0;
+    int on = (!e || strcmp(e, "0")) && cudaGetDevice(&dev) == cudaSuccess &&
+             cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+             major >= 9;
+    __atomic_store_n(&st_cuda_pdl_flag, on, __ATOMIC_RELAXED);
+    return on;
+}
+
 static uint32_t own_warps(uint32_t wtype, uint32_t nb)
 {
     uint32_t per_step = wtype == ST_GGML_Q6_K ? 1 : 4, S = wtype == ST_GGML_Q4_K ? 4 : 8;
@@ -435,20 +455,20 @@ static uint32_t own_warps(uint32_t wtype, uint32_t nb)
 #define OWN_LAUNCH(k)                                                                          \
     do {                                                                                       \
         if (S == 8)                                                                            \
-            k<8><<<ctas, 32 * 8, 0, st>>>(P, rb, nb, x);                                        \
+            (void)st_launch(k<8>, ctas, 32 * 8, 0, st, P, rb, nb, x);                          \
         else if (S == 4)                                                                       \
-            k<4><<<ctas, 32 * 4, 0, st>>>(P, rb, nb, x);                                        \
+            (void)st_launch(k<4>, ctas, 32 * 4, 0, st, P, rb, nb, x);                          \
         else if (S == 2)                                                                       \
-            k<2><<<ctas, 32 * 2, 0, st>>>(P, rb, nb, x);                                        \
+            (void)st_launch(k<2>, ctas, 32 * 2, 0, st, P, rb, nb, x);                          \
         else                                                                                   \
-            k<1><<<ctas, 32, 0, st>>>(P, rb, nb, x);                                            \
+            (void)st_launch(k<1>, ctas, 32, 0, st, P, rb, nb, x);                              \
     } while (0)
 
 template <class D>
 static void gen_launch(uint32_t ctas, const qmv_jobs &P, uint64_t rb, uint32_t nb, uint32_t L,
                        const float *x, cudaStream_t st)
 {
-    k_qmv_gen<D><<<ctas, 32 * QMV_GEN_WARPS, 0, st>>>(P, rb, nb, L, x);
+    (void)st_launch(k_qmv_gen<D>, ctas, 32 * QMV_GEN_WARPS, 0, st, P, rb, nb, L, x);
 }
 
 extern "C" int st_cuda_qmv_n(uint32_t wtype, uint32_t cols, const st_cuda_qmv_job *jobs, uint32_t n,
@@ -501,19 +521,19 @@ extern "C" int st_cuda_qmv_n(uint32_t wtype, uint32_t cols, const st_cuda_qmv_jo
     case ST_GGML_Q6_K: OWN_LAUNCH(k_qmv_q6_k); break;
     case ST_GGML_F32:
         if (kind == 2)
-            k_qmv_wide<0><<<ctas, 32 * QMV_GEN_WARPS, 0, st>>>(P, rb, cols, x);
+            (void)st_launch(k_qmv_wide<0>, ctas, 32 * QMV_GEN_WARPS, 0, st, P, rb, cols, x);
         else
             gen_launch<dq_f32>(ctas, P, rb, nb, L, x, st);
         break;
     case ST_GGML_F16:
         if (kind == 2)
-            k_qmv_wide<1><<<ctas, 32 * QMV_GEN_WARPS, 0, st>>>(P, rb, cols, x);
+            (void)st_launch(k_qmv_wide<1>, ctas, 32 * QMV_GEN_WARPS, 0, st, P, rb, cols, x);
         else
             gen_launch<dq_f16v>(ctas, P, rb, nb, L, x, st);
         break;
     case ST_GGML_BF16:
         if (kind == 2)
-            k_qmv_wide<2><<<ctas, 32 * QMV_GEN_WARPS, 0, st>>>(P, rb, cols, x);
+            (void)st_launch(k_qmv_wide<2>, ctas, 32 * QMV_GEN_WARPS, 0, st, P, rb, cols, x);
         else
             gen_launch<dq_bf16>(ctas, P, rb, nb, L, x, st);
         break;
