@@ -2208,9 +2208,9 @@ static int xfer_load(cu_ctx *c, cu_state *s, const seg *segs, uint32_t ns, uint6
         int slot = (int)(k % NSTAGE);
         const seg *g = &segs[ch.si];
         /* a gated image (a streamed store get): this chunk's bytes checked and in place first,
-         * while the chunks queued before it are in flight */
-        if (img && g->kind != SEG_HOST &&
-            (rc = st_image_wait(img, g->host + ch.a * seg_unit(g), (ch.b - ch.a) * seg_unit(g))))
+         * while the chunks queued before it are in flight (a host segment's too: cu_load and
+         * hash_collect read it) */
+        if (img && (rc = st_image_wait(img, g->host + ch.a * seg_unit(g), (ch.b - ch.a) * seg_unit(g))))
             goto fail;
         if (staged(g)) {
             /* the slot's pinned buffer is free once the chunk that used it last is on the device */
@@ -2545,15 +2545,18 @@ static int cu_load(void *bctx, void *stp, const st_image *img, uint32_t ci, uint
     if (!segs)
         return st_error_set(ENOMEM, "cuda backend: load");
     rc = state_segs(c, s, NULL, img, ci, n, codec, 0, segs);
+    /* the transfer first: from a gated image the position (the live checkpoint's last tensor)
+     * arrives last, and xfer_load has waited for it; on a refusal the state is the caller's to
+     * discard (a restore's fresh one) */
+    if (!rc)
+        rc = xfer_load(c, s, segs, c->n_desc, digests, img);
     for (uint32_t ti = 0; !rc && ti < c->n_desc; ti++)
-        if (c->tm[ti].what == ST_SW_POS && !(rc = st_image_wait(img, segs[ti].host, 8))) {
+        if (c->tm[ti].what == ST_SW_POS) {
             memcpy(&p, segs[ti].host, 8);
             if (p < 0 || (uint64_t)p != pos)
                 rc = st_error_set(ST_ECORRUPT, "restore: live state at %llu holds position %lld",
                                   (unsigned long long)pos, (long long)p);
         }
-    if (!rc)
-        rc = xfer_load(c, s, segs, c->n_desc, digests, img);
     if (!rc)
         s->pos = p;
     free(segs);
