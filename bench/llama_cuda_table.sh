@@ -40,6 +40,8 @@ state to RAM (llama_state_seq_get_data; Strata PARK, bf16)@get@PARK to RAM (bf16
 state from RAM (set_data; RESTORE, bf16)@set@RESTORE from RAM (bf16
 save to a file with fsync (save_file; SAVE session file)@save@SAVE session file
 load from the file (load_file; LOAD session file)@load@LOAD session file
+save durably (save_file with fsync; SAVE to the store)@save@SAVE to the store
+load from disk (load_file; RESTORE from the store, streamed)@load@RESTORE from the store, streamed
 ROWS
   ;;
 *)
