@@ -1055,7 +1055,7 @@ uint64_t st_ops_cuda_att_span(const st_ops_cuda *oc, uint64_t pos)
 }
 
 /* Keys per split of a one-token pass over a span (invariant 8): enough splits to give the GPU
- * about one block per SM per head group, no more than the partials' buffer holds (at least 2
+ * about 8 blocks per SM over all the heads, no more than the partials' buffer holds (at least 2
  * per head: the caller checked), at least OC_ATT_KS keys each. */
 static uint64_t att_keys_per_split(const st_ops_cuda *oc, uint64_t span, uint32_t n_head)
 {

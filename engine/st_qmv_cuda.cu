@@ -436,9 +436,15 @@ int st_cuda_pdl_configure(void)
 {
     const char *e = getenv("STRATA_CUDA_PDL");
     int dev = 0, major = 0;
+    /* and the kernels' code is for compute capability 9 or later: code JIT-compiled from an
+     * older architecture's PTX (CMAKE_CUDA_ARCHITECTURES narrowed) has no griddepcontrol.wait,
+     * so it must not be launched early */
+    cudaFuncAttributes fa;
     int on = (!e || strcmp(e, "0")) && cudaGetDevice(&dev) == cudaSuccess &&
              cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-             major >= 9;
+             major >= 9 && cudaFuncGetAttributes(&fa, (const void *)k_qmv_wide<0>) == cudaSuccess &&
+             fa.ptxVersion >= 90;
+    (void)cudaGetLastError();
     __atomic_store_n(&st_cuda_pdl_flag, on, __ATOMIC_RELAXED);
     return on;
 }

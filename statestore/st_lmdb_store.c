@@ -15,7 +15,9 @@
  *    threads while it writes the earlier ones (st_store_put.c), so the single writer lock is
  *    held for the copy and the tail of the hashing.
  * 3. A read transaction copies bytes out and ends; checking (XXH3/SHA-256) and decompressing
- *    happen after it. A pointer into the map never outlives the transaction it came from.
+ *    happen after it, except in the streamed get (st_store_get.c), whose one transaction (and
+ *    the store's lock) lasts while each chunk is copied and checked, tens of milliseconds for
+ *    hundreds of MB. A pointer into the map never outlives the transaction it came from.
  * 4. No transaction of this process is in flight while the map size changes or the environment
  *    is reopened: calls hold st->lock shared around their transactions, resizing holds it
  *    exclusively.

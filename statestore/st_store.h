@@ -187,8 +187,9 @@ int st_store_get_with(st_store *st, const char *id, uint64_t version, const st_i
  * chunk checked as it is copied, in the order a restore reads them. A chunk that fails its check
  * fails every wait on it (and on everything after it) with the chunk named, and
  * st_store_stream_end. The caller must call st_store_stream_end(*fill) before it frees or changes
- * the image (it waits for the copy to finish; its result is the whole get's: 0 only when every
- * chunk arrived and checked), and may use the image as a complete one only when it returned 0.
+ * the image, except through reads and restores that waited for every byte they touch (its
+ * result is the whole get's: 0 only when every chunk arrived and checked; it waits for the copy
+ * to finish), and may use the image as a complete one only when it returned 0.
  * Meanwhile the calling thread may use the store as usual. */
 typedef struct st_store_fill st_store_fill;
 int st_store_get_stream(st_store *st, const char *id, uint64_t version, const st_image_allocator *alloc,

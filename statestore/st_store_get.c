@@ -184,7 +184,7 @@ static int fetch_resolve(st_store *st, MDB_txn *txn, const char *id, uint64_t ve
         }
         j->src = cv.mv_data;
         j->staged = NULL;
-        if (c->stored_len < c->raw_len) {
+        if (stage && c->stored_len < c->raw_len) {
             j->staged = stage + off;
             off += c->stored_len;
         }
@@ -694,8 +694,11 @@ int st_store_get_stream(st_store *st, const char *id, uint64_t version, const st
     /* the logits now (small), then the order of a restore's reads (sections 0 and 1 are done) */
     for (uint32_t s = 2; s < m->n_sec; s++) {
         const st_msection *sec = &m->sec[s];
-        if (sec->type == ST_MSEC_LOGITS && (rc = get_logits(st, id, &f->gc, s)))
+        if (sec->type == ST_MSEC_LOGITS && (rc = get_logits(st, id, &f->gc, s))) {
+            if (rc == ST_CHANGED) /* deleted and put again in between: an internal code */
+                rc = st_error_set(ST_EBUSY, "%s changed while it was read", f->gc.what);
             goto fail;
+        }
         if (sec->type == ST_MSEC_KV)
             kv_sec[sec->index] = s;
         else if (sec->type == ST_MSEC_CKPT && sec->index == live)
@@ -726,6 +729,20 @@ int st_store_get_stream(st_store *st, const char *id, uint64_t version, const st
         goto fail;
     }
     f->thread_started = 1;
+    /* the fill's thread holds the store's lock and its transaction before the caller goes on:
+     * a restore then waits on CPU-bound copying only, never on the lock (which prefers a
+     * queued writer) while it holds its engine */
+    pthread_mutex_lock(&f->mu);
+    while (!f->stream && !f->over)
+        pthread_cond_wait(&f->cv, &f->mu);
+    int started = f->stream != NULL;
+    pthread_mutex_unlock(&f->mu);
+    if (!started) {
+        pthread_join(f->tid, NULL);
+        f->thread_started = 0;
+        rc = f->rc ? st_error_set(f->rc, "%s", f->detail) : st_error_set(ST_EIO, "%s: the fill did not start", f->gc.what);
+        goto fail;
+    }
     st_image_gate gate = {fill_wait, f};
     st_image_gate_set(f->gc.img, &gate);
     free(kv_sec);

@@ -113,7 +113,8 @@ int st_store__stream_wait(st_stream *s, size_t i);
 /* st_store__stream_wait without running items itself (a consumer with other work to queue). */
 int st_store__stream_wait_idle(st_stream *s, size_t i);
 /* Stop claiming and join the helpers (no item is running afterwards); s stays valid for waits
- * (items not done by then never will be: a wait on one returns the failure) until _stop. */
+ * until _stop. Call it only once every item is done or one has failed: a wait on an item not
+ * done returns the failure, and would block forever without one. */
 void st_store__stream_join(st_stream *s);
 double st_store__stream_stop(st_stream *s);
 /* A state-hash runner (st_state_hash_runner) spreading the block digests over *run_arg threads

@@ -176,7 +176,7 @@ int st_store__stream_start(unsigned helpers, size_t n, int (*fn)(void *ctx, size
     if (!s || !done) {
         free(s);
         free(done);
-        return st_error_set(ENOMEM, "put: no memory for the hashing of %zu chunks (%zu bytes)", n,
+        return st_error_set(ENOMEM, "no memory for the stream of %zu chunks (%zu bytes)", n,
                             sizeof *s + n * sizeof *done);
     }
     s->n = n;

@@ -1048,8 +1048,8 @@ static void test_get_stream(void **state)
     stream_check(st, "z", a, NULL);
     st_store_close(st);
 
-    /* one K/V chunk damaged behind the store's back: the first 32 KiB of the first K/V tensor's
-     * last page (a chunk of its own: K/V chunks are pages) */
+    /* one K/V chunk damaged behind the store's back: bytes [32768, 65536) of the first K/V
+     * tensor, its second page (a chunk of its own: K/V chunks are pages) */
     st_image *b = store_test_image(91, 600, 0, 0);
     st = open_new(dir, sizeof dir, &o4);
     assert_int_equal(st_store_put(st, "b", b, 0, NULL, NULL), 0);
