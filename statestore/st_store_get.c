@@ -617,16 +617,11 @@ static int fill_ref_cmp(const void *a, const void *b)
 static int fill_wait(void *ctx, const void *p, uint64_t len)
 {
     st_store_fill *f = ctx;
+    /* published before the gate was set (st_store_get_stream waits for it) */
     pthread_mutex_lock(&f->mu);
-    while (!f->stream && !f->over)
-        pthread_cond_wait(&f->cv, &f->mu);
     st_stream *s = f->stream;
-    int rc = f->rc;
-    char detail[512];
-    snprintf(detail, sizeof detail, "%s", f->detail);
     pthread_mutex_unlock(&f->mu);
-    if (!s)
-        return st_error_set(rc ? rc : ST_EIO, "%s", rc ? detail : "the store's fill did not start");
+    int rc;
     if (!p) {
         for (size_t i = 0; i < f->n; i++)
             if ((rc = st_store__stream_wait_idle(s, i)))
@@ -709,20 +704,21 @@ int st_store_get_stream(st_store *st, const char *id, uint64_t version, const st
         rc = st_error_wrap(ST_ECORRUPT, "%s: the stored image is incomplete", f->gc.what);
         goto fail;
     }
-    for (uint32_t pass = 0; pass < 2; pass++)
-        for (uint32_t k = pass ? 2 : 0; k < (pass ? m->n_sec : nt); k++) {
-            uint32_t s = pass ? k : kv_sec[k] ? kv_sec[k] : ck_sec[k];
-            uint8_t *base = NULL;
-            if (s < 2 || queued[s])
-                continue;
-            if ((rc = section_dst(&f->gc, s, &base)))
-                goto fail;
-            queued[s] = 1;
-            size_t first = f->n;
-            st_store__jobs_for_section(m, s, base, f->gc.jobs, &f->n);
-            for (size_t i = first; i < f->n; i++)
-                f->refs[i] = (fill_ref){f->gc.jobs[i].dst, m->chunks[f->gc.jobs[i].chunk].raw_len, i};
-        }
+    /* first, tensor by tensor, its K/V section or its live checkpoint section; then every
+     * section not queued yet (the other checkpoints) in manifest order */
+    for (uint32_t k = 0; k < nt + m->n_sec; k++) {
+        uint32_t s = k < nt ? (kv_sec[k] ? kv_sec[k] : ck_sec[k]) : k - nt;
+        uint8_t *base = NULL;
+        if (s < 2 || queued[s])
+            continue;
+        if ((rc = section_dst(&f->gc, s, &base)))
+            goto fail;
+        queued[s] = 1;
+        size_t first = f->n;
+        st_store__jobs_for_section(m, s, base, f->gc.jobs, &f->n);
+        for (size_t i = first; i < f->n; i++)
+            f->refs[i] = (fill_ref){f->gc.jobs[i].dst, m->chunks[f->gc.jobs[i].chunk].raw_len, i};
+    }
     qsort(f->refs, f->n, sizeof *f->refs, fill_ref_cmp);
     if (pthread_create(&f->tid, NULL, fill_run, f)) {
         rc = st_error_set(EAGAIN, "%s: could not start the fill's thread", f->gc.what);

@@ -201,19 +201,24 @@ int st_store__stream_start(unsigned helpers, size_t n, int (*fn)(void *ctx, size
     return 0;
 }
 
+/* The stream's first failure, with its detail, as the caller's error. */
+static int stream_failure(st_stream *s)
+{
+    pthread_mutex_lock(&s->mu);
+    int rc = s->rc;
+    char detail[512];
+    snprintf(detail, sizeof detail, "%s", s->detail);
+    pthread_mutex_unlock(&s->mu);
+    return st_error_set(rc, "%s", detail);
+}
+
 int st_store__stream_wait(st_stream *s, size_t i)
 {
     for (;;) {
         if (atomic_load_explicit(&s->done[i], memory_order_acquire))
             return 0;
-        if (atomic_load(&s->failed)) {
-            pthread_mutex_lock(&s->mu);
-            int rc = s->rc;
-            char detail[512];
-            snprintf(detail, sizeof detail, "%s", s->detail);
-            pthread_mutex_unlock(&s->mu);
-            return st_error_set(rc, "%s", detail);
-        }
+        if (atomic_load(&s->failed))
+            return stream_failure(s);
         if (stream_one(s, &s->fctx)) /* help while item i is being run */
             continue;
         pthread_mutex_lock(&s->mu);
@@ -230,11 +235,8 @@ int st_store__stream_wait_idle(st_stream *s, size_t i)
     pthread_mutex_lock(&s->mu);
     while (!atomic_load_explicit(&s->done[i], memory_order_acquire) && !atomic_load(&s->failed))
         pthread_cond_wait(&s->cv, &s->mu);
-    int rc = atomic_load_explicit(&s->done[i], memory_order_acquire) ? 0 : s->rc;
-    char detail[512];
-    snprintf(detail, sizeof detail, "%s", s->detail);
     pthread_mutex_unlock(&s->mu);
-    return rc ? st_error_set(rc, "%s", detail) : 0;
+    return atomic_load_explicit(&s->done[i], memory_order_acquire) ? 0 : stream_failure(s);
 }
 
 void st_store__stream_join(st_stream *s)
