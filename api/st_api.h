@@ -60,6 +60,9 @@ typedef struct st_api_config {
                                   * `strata generate`) */
     uint32_t prompt_cache, prompt_cache_every, prompt_cache_root;
     int prompt_cache_set;        /* 1: prompt_cache was given (0 is meaningful) */
+    uint64_t expert_cache_bytes; /* CUDA, MoE models: 0 every expert in VRAM; else a VRAM arena
+                                  * of this many bytes, the experts in host memory
+                                  * (st_engine_opts.expert_cache_bytes) */
     uint32_t state_codec;        /* default running-state codec of SAVE (ST_CODEC_FP32) */
     int save_compress;           /* default zstd level of SAVE chunks (0: raw) */
     uint32_t keep_last;          /* store retention; 0 keeps the store's setting */

@@ -219,7 +219,8 @@ void st_metrics_request(st_metrics *m, int route, int status, double ms);
 void st_metrics_refused(st_metrics *m, int status);
 /* Prometheus text exposition (version 0.0.4) into out. */
 void st_metrics_render(st_metrics *m, struct evbuffer *out, const st_http_stats *http,
-                       uint32_t work_outstanding, uint32_t work_queued, const st_engine_wcache *wc);
+                       uint32_t work_outstanding, uint32_t work_queued, const st_engine_wcache *wc,
+                       const st_engine_xcache *xc);
 
 /* ---- the server ------------------------------------------------------------------------------
  * Its state, shared by the shell (st_server.c) and the handlers. Fields are set at start and

@@ -1232,6 +1232,12 @@ void st_conv_wcache(st_conv *cv, st_engine_wcache *out)
         memset(out, 0, sizeof *out);
 }
 
+void st_conv_xcache(st_conv *cv, st_engine_xcache *out)
+{
+    if (st_engine_xcache_get(cv->engine, out))
+        memset(out, 0, sizeof *out);
+}
+
 const char *st_conv_model_name(st_conv *cv)
 {
     const char *name = NULL;
@@ -1858,6 +1864,7 @@ int st_conv_new(const st_conv_env *ce, st_conv **out)
         eo.prompt_cache = cfg->prompt_cache;
     eo.prompt_cache_every = cfg->prompt_cache_every;
     eo.prompt_cache_root = cfg->prompt_cache_root;
+    eo.expert_cache_bytes = cfg->expert_cache_bytes;
     if ((rc = st_engine_new(cv->model, &eo, &cv->engine)))
         goto fail;
     fprintf(stderr, "strata-server: engine on the %s backend\n", eo.backend);

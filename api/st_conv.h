@@ -100,6 +100,8 @@ const char *st_conv_model_name(st_conv *cv); /* general.name, else the file's na
 /* The engine's weight-conversion cache figures (st_engine_wcache_get: never waits for the
  * engine's computation, so the loop may call it). */
 void st_conv_wcache(st_conv *cv, st_engine_wcache *out);
+/* The routed-expert cache's figures (st_engine_xcache_get; likewise never waits). */
+void st_conv_xcache(st_conv *cv, st_engine_xcache *out);
 
 /* ---- generation: the one path of every completion, native or OpenAI --------------------------
  * st_conv_generate takes the session's conversation (slot, park pool or store; a new id when

@@ -98,7 +98,8 @@ static void store_render(struct evbuffer *o, const st_store_stats *ss)
 }
 
 void st_metrics_render(st_metrics *m, struct evbuffer *o, const st_http_stats *http,
-                       uint32_t work_outstanding, uint32_t work_queued, const st_engine_wcache *wc)
+                       uint32_t work_outstanding, uint32_t work_queued, const st_engine_wcache *wc,
+                       const st_engine_xcache *xc)
 {
     evbuffer_add_printf(o, "# HELP strata_http_requests_total Requests answered, by route and "
                            "status class.\n# TYPE strata_http_requests_total counter\n");
@@ -151,6 +152,24 @@ void st_metrics_render(st_metrics *m, struct evbuffer *o, const st_http_stats *h
     counter(o, "strata_wcache_bypassed_total",
             "Misses converted per call: no room in the arena (nothing is evicted).", wc->bypassed);
     counter(o, "strata_wcache_invalidations_total", "Times the arena was emptied.", wc->invalidations);
+    /* the CUDA backend's routed-expert cache (--expert-cache-mib; 0 everywhere when it is off) */
+    gauge(o, "strata_xcache_host", "1: the routed experts stay in host memory (--expert-cache-mib).",
+          xc->host);
+    gauge(o, "strata_xcache_arena_bytes", "Device bytes of the routed-expert arena (0: streamed).",
+          (double)xc->arena_bytes);
+    gauge(o, "strata_xcache_slots", "Expert records the arena holds.", xc->slots);
+    gauge(o, "strata_xcache_record_bytes", "Bytes of one expert record (gate, up and down).",
+          (double)xc->record_bytes);
+    counter(o, "strata_xcache_hits_total", "Selected experts found in the arena.", xc->hits);
+    counter(o, "strata_xcache_misses_total", "Selected experts loaded into the arena.", xc->misses);
+    counter(o, "strata_xcache_evictions_total", "Records evicted from the arena (least recently "
+            "used).", xc->evictions);
+    counter(o, "strata_xcache_uploaded_bytes_total", "Expert bytes copied host to device (arena and "
+            "streamed).", xc->bytes_uploaded);
+    counter(o, "strata_xcache_streamed_total", "One token's experts of one layer uploaded to the "
+            "compact buffer instead of the arena.", xc->streamed);
+    counter(o, "strata_xcache_load_failures_total", "Uploads into the arena that failed (that call "
+            "streamed).", xc->load_failures);
 
     counter(o, "strata_saves_total", "Conversations saved to the store (SAVE, uploads).", m->conv.saves);
     counter(o, "strata_saved_bytes_total", "Image bytes saved (logical).", m->conv.save_logical_bytes);

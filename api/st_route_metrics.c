@@ -46,7 +46,12 @@ void st_api_h_metrics(st_api_call *c)
     st_http_stats_get(s->http, &hs);
     st_engine_wcache wc;
     memset(&wc, 0, sizeof wc);
-    if (s->conv)
+    st_engine_xcache xc;
+    memset(&xc, 0, sizeof xc);
+    if (s->conv) {
         st_conv_wcache(s->conv, &wc);
-    st_metrics_render(&s->metrics, c->text, &hs, st_work_outstanding(s->work), st_work_queued(s->work), &wc);
+        st_conv_xcache(s->conv, &xc);
+    }
+    st_metrics_render(&s->metrics, c->text, &hs, st_work_outstanding(s->work), st_work_queued(s->work),
+                      &wc, &xc);
 }

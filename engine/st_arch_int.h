@@ -86,6 +86,12 @@ typedef struct st_fwd {
     uint32_t T;
     uint64_t pos0;
     float *logits;
+    /* Optional (NULL: the routed experts are rows of the layer's moe_gate / moe_up / moe_down):
+     * the n selected experts of one token in layer il as views (views[3j], [3j + 1], [3j + 2]:
+     * expert j's gate, up and down) where the backend has put them (the CUDA backend's
+     * routed-expert cache, st_xcache_cuda.cu). Nonzero: the backend failed (its error kept for
+     * the end of the pass); the layer stops. */
+    int (*experts)(void *mem, uint32_t il, const uint32_t *experts, uint32_t n, st_wmat *views);
 } st_fwd;
 
 /* The memory modules as a forward pass's memory (the CPU backend's): st_fwd_host_mem(&f, &hm,
@@ -167,11 +173,12 @@ void st_layer_gdn_fused(const st_fwd *f, uint32_t il, const float *xn, float *ou
  * each one's SwiGLU weighted by its renormalised probability, added in rank order. k experts
  * of Fe, shared expert of Fs. Workspace: logits [T][X], sel and w [T][k], g and u [T][max(Fe,
  * Fs)], y [E], gs [T]; sel_h: the selection downloaded to host memory ([T][k]), where the
- * layer reads it to pick the experts' rows. */
+ * layer reads it to pick the experts' rows; xv: 3k views (host) for f->experts. */
 typedef struct st_moe_ws {
     float *logits, *w, *g, *u, *y, *gs;
     uint32_t *sel, *sel_h;
     uint32_t k;
+    st_wmat *xv;
 } st_moe_ws;
 void st_layer_moe(const st_fwd *f, uint32_t il, const float *xn, float *out, const st_moe_ws *ws);
 /* The last token's logits into f->logits: x += add, RMSNorm(x) * w (into xn, E floats), then

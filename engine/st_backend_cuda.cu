@@ -251,6 +251,10 @@ typedef struct cu_ctx {
     int g_logits;              /* and whether it copies the logits */
     uint64_t g_span;           /* and the attention span of its position (st_ops_cuda_att_span) */
     uint64_t g_inst, g_upd, g_replay; /* graphs instantiated, updated in place, replayed */
+    /* the routed-expert cache (st_xcache_cuda.cu): host_experts 1 keeps moe_gate / moe_up /
+     * moe_down out of dm (host addresses there, never read by a kernel) */
+    int host_experts;
+    st_xdev *xdev;
 } cu_ctx;
 
 typedef struct cu_state {
@@ -1182,9 +1186,17 @@ static int ops_upload_model(cu_ctx *c)
                            &L->ffn_down, &L->sqkv, &L->sba, &L->sin, &L->moe_router,
                            &L->moe_gate, &L->moe_up, &L->moe_down, &L->sh_gate, &L->sh_up,
                            &L->sh_down, &L->sh_router};
-        for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++)
+        for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) {
+            if (c->host_experts &&
+                (mats[i] == &L->moe_gate || mats[i] == &L->moe_up || mats[i] == &L->moe_down)) {
+                if (mats[i]->data && !st_cuda_dequant_supported(mats[i]->type))
+                    return st_error_set(ST_EINVAL, "cuda backend: layer %u: weight type %s has "
+                                        "no GPU kernel", il, st_gguf_type_name(mats[i]->type));
+                continue; /* the routed-expert cache uploads them (st_xcache_cuda.cu) */
+            }
             if ((rc = dmat(c, mats[i])))
                 return st_error_wrap(rc, "layer %u", il);
+        }
         uint64_t conv = (uint64_t)hp->ssm_conv * ml->conv_ch;
         struct {
             float **v;
@@ -1232,7 +1244,10 @@ static int ops_setup(cu_ctx *c)
         else if (c->tm[ti].what == ST_SW_CONV)
             c->rec_conv[c->tm[ti].slot] = c->run_off[ti];
     }
+    c->host_experts = c->e->o.expert_cache_bytes && hp->n_expert;
     if ((rc = ops_upload_model(c)) ||
+        (c->host_experts &&
+         (rc = st_xdev_new(m, c->e->o.expert_cache_bytes, c->stream, &c->xdev))) ||
         (rc = st_ops_cuda_new(c->stream, c->T, c->n_ctx, c->n_attn ? c->hd : 1, &c->oc)) ||
         (rc = m->arch->fwd_new(m, st_ops_cuda_get(c->oc), c->oc, c->T, &c->ws)) ||
         (rc = st_ops_cuda_error(c->oc))) /* a failed upload of the workspace's tables */
@@ -1304,6 +1319,12 @@ static float *ops_rec(void *mp, uint32_t slot, int conv)
     return (float *)(om->s->run + (conv ? om->c->rec_conv[slot] : om->c->rec_ssm[slot]));
 }
 
+static int ops_experts(void *mp, uint32_t il, const uint32_t *experts, uint32_t n,
+                       st_wmat *views)
+{
+    return st_xdev_experts(((ops_mem *)mp)->c->xdev, il, experts, n, views);
+}
+
 static void ops_release(cu_ctx *c)
 {
     if (c->gexec)
@@ -1313,6 +1334,8 @@ static void ops_release(cu_ctx *c)
         fprintf(stderr, "strata: cuda backend: decode graphs: %llu instantiated, %llu updated, "
                 "%llu replays\n", (unsigned long long)c->g_inst, (unsigned long long)c->g_upd,
                 (unsigned long long)c->g_replay);
+    st_xdev_free(c->xdev); /* waits for its copies and the products that read them */
+    c->xdev = NULL;
     if (c->ws)
         c->m->arch->fwd_free(c->ws);
     c->ws = NULL;
@@ -2784,6 +2807,7 @@ static int ops_forward(cu_ctx *c, cu_state *s, const uint32_t *tokens, uint32_t 
     f.mem = &om;
     f.kv_view = ops_kv_view;
     f.rec = ops_rec;
+    f.experts = c->xdev ? ops_experts : NULL;
     f.tokens = tokens;
     f.T = n;
     f.pos0 = pos0;
@@ -2811,6 +2835,9 @@ static int ops_forward(cu_ctx *c, cu_state *s, const uint32_t *tokens, uint32_t 
         }
         c->m->arch->forward(&f, c->ws);
         rc = st_ops_cuda_error(c->oc);
+        int xrc = st_xdev_error(c->xdev); /* cleared either way */
+        if (!rc)
+            rc = xrc;
         if (!rc && logits)
             ce = cudaMemcpyAsync(c->logits_h, c->logits_d, (size_t)c->V * 4,
                                  cudaMemcpyDeviceToHost, c->stream);
@@ -2931,6 +2958,11 @@ static void cu_wcache_get(void *bctx, st_engine_wcache *out)
     pthread_mutex_unlock(&c->wc_mu);
 }
 
+static void cu_xcache_get(void *bctx, st_engine_xcache *out)
+{
+    st_xdev_stats(((cu_ctx *)bctx)->xdev, out);
+}
+
 static int cu_wcache_invalidate(void *bctx)
 {
     cu_ctx *c = (cu_ctx *)bctx;
@@ -3002,5 +3034,6 @@ extern "C" const st_backend st_backend_cuda = {
     NULL, /* adopt */
     cu_wcache_get,
     cu_wcache_invalidate,
+    cu_xcache_get,
     1, /* load_waits: xfer_load waits for each chunk of a gated image */
 };

@@ -197,6 +197,16 @@ int st_engine_wcache_get(const st_engine *e, st_engine_wcache *out)
     return 0;
 }
 
+int st_engine_xcache_get(const st_engine *e, st_engine_xcache *out)
+{
+    if (!e || !out)
+        return st_error_set(ST_EINVAL, "engine: xcache_get: NULL argument");
+    memset(out, 0, sizeof *out);
+    if (e->be->xcache_get) /* the backend's published copy: never waits for a computation */
+        e->be->xcache_get(e->bctx, out);
+    return 0;
+}
+
 int st_engine_wcache_invalidate(st_engine *e)
 {
     if (!e)

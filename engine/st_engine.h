@@ -374,6 +374,13 @@ typedef struct st_engine_opts {
                                 * values (the logits of the file's F32 twin); 0: the integer
                                 * path, activations quantized as llama.cpp does, for the types
                                 * that have one (docs/ENGINE.md, "The integer path") */
+    uint64_t expert_cache_bytes; /* CUDA backend, models with routed experts: 0 keeps every
+                                  * expert in VRAM; else the experts stay in host memory (the
+                                  * mapped GGUF) with a VRAM arena of this many bytes of whole
+                                  * expert records, least recently used out; an arena smaller
+                                  * than one token's experts streams them per token (docs/
+                                  * ENGINE.md, "The routed-expert cache"). Ignored on the CPU
+                                  * backend and for models without experts. */
 } st_engine_opts;
 /* Defaults: cpu, all CPUs, ubatch 2048, model n_ctx, page 256, model kv dtype, cache 6, every 0,
  * root 0, the integer path (quant_f32 0). */
@@ -409,6 +416,24 @@ int st_engine_wcache_get(const st_engine *e, st_engine_wcache *out);
 /* Drop every entry of the arena (after the stream is idle); the arena's memory stays with the
  * engine and is filled again from its start. No-op without one. */
 int st_engine_wcache_invalidate(st_engine *e);
+
+/* The routed-expert cache of the CUDA backend (st_engine_opts.expert_cache_bytes; docs/ENGINE.md,
+ * "The routed-expert cache"). Every field is 0 on the CPU backend, for a model without experts
+ * and with every expert in VRAM. Read from any thread: the figures of the last finished call. */
+typedef struct st_engine_xcache {
+    int host;                /* the routed experts stay in host memory */
+    int cached;              /* their VRAM arena exists (0: every token's experts are streamed) */
+    uint32_t slots;          /* records the arena holds */
+    uint64_t records;        /* expert records of the model (layers x experts) */
+    uint64_t record_bytes;   /* bytes of one record (gate, up and down of one layer's expert) */
+    uint64_t arena_bytes;    /* device memory of the arena */
+    uint64_t hits, misses, evictions;
+    uint64_t bytes_uploaded; /* host -> device, arena and streamed */
+    uint64_t streamed;       /* calls (a token's experts in one layer) uploaded to the compact
+                              * buffer instead of the arena */
+    uint64_t load_failures;  /* uploads into the arena that failed (that call streamed) */
+} st_engine_xcache;
+int st_engine_xcache_get(const st_engine *e, st_engine_xcache *out);
 
 int st_slot_new(st_engine *e, st_slot **out);
 void st_slot_free(st_slot *s); /* accepts NULL */

@@ -306,6 +306,8 @@ typedef struct st_backend {
      * (after the stream is idle) drops its entries. */
     void (*wcache_get)(void *bctx, st_engine_wcache *out);
     int (*wcache_invalidate)(void *bctx);
+    /* Optional (NULL: every field 0): the routed-expert cache's figures (any thread). */
+    void (*xcache_get)(void *bctx, st_engine_xcache *out);
     /* 1: load waits (st_image_wait) for each piece of the image before it reads it, so a
      * restore may start while a gated image (a streamed store get) is still arriving; 0: the
      * restore waits for the whole image first. */
@@ -411,7 +413,7 @@ int st_cuda_dequant_rows(uint32_t type, const void *w, uint64_t row_bytes, uint3
                          const uint32_t *rows, uint32_t r0, uint32_t n, float *dst, uint64_t ldd,
                          void *stream);
 
-/* ---- the routed-expert cache, host half (st_xcache.c; the device half is not built) --------
+/* ---- the routed-expert cache, host half (st_xcache.c; the device half: st_xcache_cuda.cu) --
  * A bounded arena of n_slots whole expert records (gate, up and down of one layer's expert,
  * record_bytes), logical keys layer * n_experts + expert, least recently used out. */
 typedef struct st_xcache {
@@ -435,6 +437,21 @@ int st_xcache_map(st_xcache *c, uint32_t layer, const uint32_t *experts, uint32_
                   uint32_t *slots, uint8_t *load);
 /* Empty a slot whose upload failed. */
 void st_xcache_drop(st_xcache *c, uint32_t slot);
+
+/* ---- the routed-expert cache, device half (st_xcache_cuda.cu; CUDA builds only) ------------
+ * m: the host model (its moe_gate / moe_up / moe_down in host memory); stream: the backend's
+ * compute stream. *out NULL with 0 when arena_bytes is 0 or the model has no experts. An arena
+ * that cannot be had leaves the streaming path (a diagnostic, not an error). */
+typedef struct st_xdev st_xdev;
+int st_xdev_new(const st_model *m, uint64_t arena_bytes, void *stream, st_xdev **out);
+void st_xdev_free(st_xdev *x); /* waits for both streams; accepts NULL */
+/* st_fwd experts: the n experts of one token in layer il as views into device memory, their
+ * uploads queued before the products the caller queues next on the compute stream. */
+int st_xdev_experts(st_xdev *x, uint32_t il, const uint32_t *experts, uint32_t n,
+                    st_wmat *views);
+int st_xdev_error(st_xdev *x);                       /* the pass's sticky failure, cleared */
+void st_xdev_stats(st_xdev *x, st_engine_xcache *out); /* any thread */
+uint64_t st_xdev_device_bytes(const st_xdev *x);     /* the arena and the compact buffer */
 
 struct st_engine {
     const st_model *m;

@@ -260,11 +260,22 @@ void st_layer_moe(const st_fwd *f, uint32_t il, const float *xn, float *out, con
     op->sigmoid_scale(f->oc, out, E, ws->gs, 1, E, T);
     op->moe_route(f->oc, ws->logits, X, k, ws->sel, ws->w, T);
     op->download(f->oc, ws->sel_h, ws->sel, (size_t)T * k * sizeof *ws->sel);
-    for (uint32_t t = 0; t < T; t++)
+    for (uint32_t t = 0; t < T; t++) {
+        const uint32_t *sel = ws->sel_h + (size_t)t * k;
+        if (f->experts && f->experts(f->mem, il, sel, k, ws->xv))
+            return;
         for (uint32_t j = 0; j < k; j++) {
-            uint32_t e = ws->sel_h[(size_t)t * k + j];
-            st_wmat g = rows_of(&L->moe_gate, e * Fe, Fe), u = rows_of(&L->moe_up, e * Fe, Fe);
-            st_wmat d = rows_of(&L->moe_down, e * E, E);
+            uint32_t e = sel[j];
+            st_wmat g, u, d;
+            if (f->experts) {
+                g = ws->xv[3 * j];
+                u = ws->xv[3 * j + 1];
+                d = ws->xv[3 * j + 2];
+            } else {
+                g = rows_of(&L->moe_gate, e * Fe, Fe);
+                u = rows_of(&L->moe_up, e * Fe, Fe);
+                d = rows_of(&L->moe_down, e * E, E);
+            }
             const st_mm in[2] = {{&g, ws->g, Fe}, {&u, ws->u, Fe}}, dn = {&d, ws->y, E};
             op->matmul(f->oc, xn + (size_t)t * E, E, 1, in, 2);
             op->swiglu(f->oc, ws->g, ws->u, Fe, 1);
@@ -272,4 +283,5 @@ void st_layer_moe(const st_fwd *f, uint32_t il, const float *xn, float *out, con
             op->scale_add(f->oc, out + (size_t)t * E, E, ws->y, E, ws->w + (size_t)t * k + j, 1,
                           E, 1);
         }
+    }
 }

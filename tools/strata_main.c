@@ -58,6 +58,9 @@ static void usage(FILE *f)
             "                           f32 / f16 / bf16 weights; else cpu)\n"
             "  --threads N              compute threads (default: all CPUs)\n"
             "  --ubatch N               prompt chunk in tokens (default 2048)\n"
+            "  --expert-cache-mib N     cuda, MoE models: the routed experts in host memory with a\n"
+            "                           VRAM arena of N MiB of them (below one token's experts:\n"
+            "                           streamed per token; default 0: every expert in VRAM)\n"
             "  --ctx N                  context length (default: the model's)\n"
             "  --page-size N            K/V page size in tokens (default 256)\n"
             "  --kv-dtype f16|f32|i8    K/V dtype (default: the model's; f32: cpu backend only)\n"
@@ -711,6 +714,10 @@ int main(int argc, char **argv)
             if (num(a, val, 65536, &v) || v == 0)
                 return 2;
             eo.ubatch = (uint32_t)v;
+        } else if (!strcmp(a, "--expert-cache-mib")) {
+            if (num(a, val, 1ull << 24, &v))
+                return 2;
+            eo.expert_cache_bytes = v << 20;
         } else if (!strcmp(a, "--ctx") || !strcmp(a, "-c")) {
             if (num(a, val, 1u << 24, &v))
                 return 2;

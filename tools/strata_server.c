@@ -36,6 +36,10 @@ static void usage(FILE *f)
             "  --prompt-cache K              checkpoints kept per slot, 0..64 (default 6; 0: off)\n"
             "  --prompt-cache-every N        checkpoint every N prompt tokens (default 0: off)\n"
             "  --prompt-cache-root N         checkpoint after a system prompt >= N tokens (default 0: off)\n"
+            "  --expert-cache-mib N          cuda, MoE models: keep the routed experts in host memory\n"
+            "                                with a VRAM arena of N MiB of them, least recently used\n"
+            "                                out; an arena below one token's experts streams them\n"
+            "                                (default 0: every expert in VRAM)\n"
             "  --session-state-codec fp32|bf16|f16   running-state codec of SAVE (default fp32)\n"
             "  --save-compress LEVEL         zstd level 0..19 of stored chunks (default 0: raw)\n"
             "  --max-n-predict N             cap on n_predict (default 4096)\n"
@@ -199,6 +203,7 @@ int main(int argc, char **argv)
         NUM("--page-size", 1u << 20, c.page_size, 1)
         NUM("--prompt-cache-every", 1u << 24, c.prompt_cache_every, 1)
         NUM("--prompt-cache-root", 1u << 24, c.prompt_cache_root, 1)
+        NUM("--expert-cache-mib", 1ull << 24, c.expert_cache_bytes, MIB)
         NUM("--save-compress", 19, c.save_compress, 1)
         NUM("--max-n-predict", 1u << 24, c.max_n_predict, 1)
         NUM("--busy-wait-ms", U32, c.busy_wait_ms, 1)

@@ -606,6 +606,7 @@ typedef struct qn_ws {
     float *g, *u;                  /* feed-forward */
     float *rl, *rw, *y, *gs;       /* MoE: router logits, weights, an expert's output, gates */
     uint32_t *sel, *sel_h;         /* the MoE selection (backend memory), its host copy */
+    st_wmat *xv;                   /* 3k views of one token's experts (st_fwd experts) */
     float *logit_in;
     double *rope_freq;             /* n_rot / 2 angles per position step, base^(-2i / n_rot) */
     st_mm *mm;
@@ -626,6 +627,7 @@ static void qn_fwd_free(void *wsp)
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
         st_ws_free(w->ops, w->oc, f[i]);
     free(w->sel_h);
+    free(w->xv);
     free(w->mm);
     free(w->views);
     free(w);
@@ -682,13 +684,14 @@ static int qn_fwd_new(const qn_arch *a, const st_model *m, const st_ops *ops, vo
 #undef falloc
     w->sel = ops->mem_alloc(oc, (T * K + 1) * sizeof *w->sel);
     w->sel_h = calloc(T * K + 1, sizeof *w->sel_h);
+    w->xv = calloc(3 * (size_t)K + 1, sizeof *w->xv);
     w->mm = calloc(nmm, sizeof *w->mm);
     w->views = calloc(nmm, sizeof *w->views);
     for (uint32_t i = 0; i < hp->n_rot / 2; i++)
         freq[i] = pow((double)hp->rope_base, -(double)(2 * i) / (double)hp->n_rot);
     w->rope_freq = st_ws_doubles(ops, oc, freq, hp->n_rot / 2, &err);
     free(freq);
-    if (err || !w->mm || !w->views || !w->sel || !w->sel_h) {
+    if (err || !w->mm || !w->views || !w->sel || !w->sel_h || !w->xv) {
         qn_fwd_free(w);
         return st_error_set(ENOMEM, "%s: workspace for a chunk of %u tokens", a->name, T);
     }
@@ -708,7 +711,7 @@ static void qn_forward(const st_fwd *f, void *wsp)
     const st_gattn_ws attn = {w->q, w->gate, w->kv, w->ao, w->rope_freq, m->hp.n_rot, w->mm,
                               w->views};
     const st_moe_ws moe = {w->rl, w->rw, w->g, w->u, w->y, w->gs, w->sel, w->sel_h,
-                           m->hp.n_expert_used};
+                           m->hp.n_expert_used, w->xv};
     st_layer_embed(f, &m->tok_embd, w->x);
     for (uint32_t il = 0; il < m->hp.n_layer; il++) {
         const st_layer *L = &m->layers[il];

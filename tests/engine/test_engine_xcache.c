@@ -6,7 +6,8 @@
  * and repeats refused, a dropped slot mapped again, and over 20,000 random calls: the key and
  * slot maps inverse of each other, the figures adding up, and every eviction taking a key no
  * more recently used than any other resident key outside the call (an independent record of
- * each key's last use).
+ * each key's last use). And the option on the CPU backend: st_engine_opts.expert_cache_bytes is
+ * ignored there (the same logits, every figure 0); its device half: tests/gpu/test_gpu_xcache.c.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -17,6 +18,7 @@
 
 #include <cmocka.h>
 
+#include "engine_test.h"
 #include "st_engine_int.h"
 
 static void test_init(void **state)
@@ -169,12 +171,66 @@ static void test_random(void **state)
     st_xcache_release(&c);
 }
 
+/* The last logits of a prompt of 24 tokens on the CPU backend with an expert cache of `bytes`. */
+static float *cpu_logits(const st_model *m, uint64_t bytes, st_engine_xcache *xc)
+{
+    st_engine_opts o;
+    st_engine_opts_default(&o);
+    o.backend = "cpu";
+    o.n_threads = 2;
+    o.ubatch = 8;
+    o.n_ctx = 64;
+    o.expert_cache_bytes = bytes;
+    st_engine *e = NULL;
+    assert_int_equal(st_engine_new(m, &o, &e), 0);
+    assert_true(st_engine_opts_get(e)->expert_cache_bytes == bytes);
+    st_slot *s = NULL;
+    assert_int_equal(st_slot_new(e, &s), 0);
+    uint32_t V = st_model_hparams_get(m)->n_vocab, t[24];
+    for (uint32_t i = 0; i < 24; i++)
+        t[i] = 1 + (i * 37) % (V - 1);
+    assert_int_equal(st_slot_eval(s, t, 24, 0, NULL), 0);
+    float *l = malloc((size_t)V * 4);
+    assert_non_null(l);
+    memcpy(l, st_slot_logits(s, NULL), (size_t)V * 4);
+    memset(xc, 0xff, sizeof *xc);
+    assert_int_equal(st_engine_xcache_get(e, xc), 0);
+    st_slot_free(s);
+    st_engine_free(e);
+    return l;
+}
+
+static void test_cpu_ignores(void **state)
+{
+    (void)state;
+    char dir[4096], path[4200];
+    st_test_tmpdir(dir, sizeof dir, "engine_xcache");
+    st_model_hparams hp;
+    assert_int_equal(st_model_preset_arch("qwen35moe", "tiny", &hp), 0);
+    snprintf(path, sizeof path, "%s/moe.gguf", dir);
+    assert_int_equal(st_model_write_seeded(&hp, 3, "moe", path), 0);
+    st_model *m = NULL;
+    assert_int_equal(st_model_load(path, &m), 0);
+    st_engine_xcache a, b, zero;
+    memset(&zero, 0, sizeof zero);
+    float *la = cpu_logits(m, 0, &a), *lb = cpu_logits(m, 1 << 20, &b);
+    assert_memory_equal(la, lb, (size_t)hp.n_vocab * 4);
+    assert_memory_equal(&a, &zero, sizeof zero);
+    assert_memory_equal(&b, &zero, sizeof zero);
+    assert_int_equal(st_engine_xcache_get(NULL, &a), ST_EINVAL);
+    free(la);
+    free(lb);
+    st_model_free(m);
+    st_test_rmdir(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_init),
         cmocka_unit_test(test_order),
         cmocka_unit_test(test_random),
+        cmocka_unit_test(test_cpu_ignores),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
