@@ -1247,7 +1247,7 @@ static int ops_setup(cu_ctx *c)
     c->host_experts = c->e->o.expert_cache_bytes && hp->n_expert;
     if ((rc = ops_upload_model(c)) ||
         (c->host_experts &&
-         (rc = st_xdev_new(m, c->e->o.expert_cache_bytes, c->stream, &c->xdev))) ||
+         (rc = st_xdev_new(m, c->e->o.expert_cache_bytes, c->stream, c->e->pool, &c->xdev))) ||
         (rc = st_ops_cuda_new(c->stream, c->T, c->n_ctx, c->n_attn ? c->hd : 1, &c->oc)) ||
         (rc = m->arch->fwd_new(m, st_ops_cuda_get(c->oc), c->oc, c->T, &c->ws)) ||
         (rc = st_ops_cuda_error(c->oc))) /* a failed upload of the workspace's tables */

@@ -440,10 +440,11 @@ void st_xcache_drop(st_xcache *c, uint32_t slot);
 
 /* ---- the routed-expert cache, device half (st_xcache_cuda.cu; CUDA builds only) ------------
  * m: the host model (its moe_gate / moe_up / moe_down in host memory); stream: the backend's
- * compute stream. *out NULL with 0 when arena_bytes is 0 or the model has no experts. An arena
+ * compute stream; pool: the threads of the host copies into the pinned staging. *out NULL with 0 when arena_bytes is 0 or the model has no experts. An arena
  * that cannot be had leaves the streaming path (a diagnostic, not an error). */
 typedef struct st_xdev st_xdev;
-int st_xdev_new(const st_model *m, uint64_t arena_bytes, void *stream, st_xdev **out);
+int st_xdev_new(const st_model *m, uint64_t arena_bytes, void *stream, st_pool *pool,
+                st_xdev **out);
 void st_xdev_free(st_xdev *x); /* waits for both streams; accepts NULL */
 /* st_fwd experts: the n experts of one token in layer il as views into device memory, their
  * uploads queued before the products the caller queues next on the compute stream. */

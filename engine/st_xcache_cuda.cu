@@ -11,8 +11,8 @@
  * 1. A record is the gate, up and down rows of one layer's expert, each part at a 256-byte
  *    aligned offset; every slot of the arena and of the compact buffer is record_bytes (the
  *    largest layer's record) long, so a slot serves any layer.
- * 2. Every upload goes host -> pinned staging (memcpy on the calling thread) -> device on the
- *    copy stream; the compute stream waits for the call's uploads (load_ev) before the call's
+ * 2. Every upload goes host -> pinned staging (memcpy, a call's parts spread over the engine's
+ *    threads) -> device on the copy stream; the compute stream waits for the call's uploads (load_ev) before the call's
  *    products. A staging buffer is filled again only after its previous copy finished (its
  *    event, waited for on the host).
  * 3. Slot reuse is fenced by compute-done events: each call records ring[call % XD_RING] on the
@@ -47,8 +47,15 @@ extern "C" {
 #define XD_ALIGN 256ull
 #define XD_STREAM 1 /* xd_cached: stream this call (invariant 4) */
 
+typedef struct xd_job {
+    const uint8_t *src;
+    uint8_t *dst;
+    uint64_t n;
+} xd_job;
+
 struct st_xdev {
     const st_model *m;
+    st_pool *pool;
     cudaStream_t cs, xs; /* the compute stream (the backend's), the copy stream */
     uint32_t n_layers, X, k;
     uint64_t (*part)[3];  /* [n_layers]: the offsets of gate, up and down in a record */
@@ -61,6 +68,9 @@ struct st_xdev {
     uint64_t compact_last;
     uint32_t *slots;      /* [k] */
     uint8_t *load;        /* [k] */
+    uint32_t *ids, *stage_of; /* [k]: a call's experts to upload, their staging buffers */
+    uint8_t **dst;        /* [k]: where they go */
+    xd_job *jobs;         /* [3k]: the host copies of their parts */
     uint8_t **stage;      /* [n_stage] pinned records */
     cudaEvent_t *stage_ev;
     uint32_t n_stage, stage_next;
@@ -118,27 +128,44 @@ static int xd_fence(st_xdev *x, uint64_t p)
     return e == cudaSuccess ? 0 : xd_fail(e, "the fence of a slot's reuse");
 }
 
-/* Expert e of layer il: host -> staging -> dst on the copy stream (invariant 2). */
-static int xd_upload(st_xdev *x, uint32_t il, uint32_t e, uint8_t *dst)
+static void xd_copy_task(void *ctx, uint32_t i, uint32_t thread)
+{
+    (void)thread;
+    const xd_job *j = (const xd_job *)ctx + i;
+    memcpy(j->dst, j->src, j->n);
+}
+
+/* Experts e[0..n) of layer il (n <= k): host -> staging -> dst[i] on the copy stream
+ * (invariant 2), the host copies of their 3n parts spread over the engine's threads. */
+static int xd_upload(st_xdev *x, uint32_t il, const uint32_t *e, uint32_t n, uint8_t *const *dst)
 {
     const st_layer *L = &x->m->layers[il];
     const st_wmat *w[3] = {&L->moe_gate, &L->moe_up, &L->moe_down};
-    uint32_t i = x->stage_next;
-    x->stage_next = (i + 1) % x->n_stage;
-    cudaError_t ce = cudaEventSynchronize(x->stage_ev[i]);
-    if (ce != cudaSuccess)
-        return xd_fail(ce, "the staging buffer's previous copy");
-    uint64_t end = 0;
-    for (int p = 0; p < 3; p++) {
-        const uint8_t *src = (const uint8_t *)w[p]->data + (uint64_t)e * x->psize[il][p];
-        memcpy(x->stage[i] + x->part[il][p], src, x->psize[il][p]);
-        end = x->part[il][p] + x->psize[il][p];
+    uint64_t end = x->part[il][2] + x->psize[il][2], total = 0;
+    cudaError_t ce;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t si = x->stage_next;
+        x->stage_next = (si + 1) % x->n_stage; /* n_stage = 2k: distinct within a call */
+        x->stage_of[i] = si;
+        if ((ce = cudaEventSynchronize(x->stage_ev[si])) != cudaSuccess)
+            return xd_fail(ce, "the staging buffer's previous copy");
+        for (int p = 0; p < 3; p++) {
+            xd_job *j = &x->jobs[3 * i + p];
+            j->src = (const uint8_t *)w[p]->data + (uint64_t)e[i] * x->psize[il][p];
+            j->dst = x->stage[si] + x->part[il][p];
+            j->n = x->psize[il][p];
+            total += j->n;
+        }
     }
-    if ((ce = cudaMemcpyAsync(dst, x->stage[i], end, cudaMemcpyHostToDevice, x->xs)) !=
-            cudaSuccess ||
-        (ce = cudaEventRecord(x->stage_ev[i], x->xs)) != cudaSuccess)
-        return xd_fail(ce, "an expert's upload");
-    x->bytes_uploaded += end;
+    st_pool_run(x->pool, 3 * n, xd_copy_task, x->jobs, total);
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t si = x->stage_of[i];
+        if ((ce = cudaMemcpyAsync(dst[i], x->stage[si], end, cudaMemcpyHostToDevice, x->xs)) !=
+                cudaSuccess ||
+            (ce = cudaEventRecord(x->stage_ev[si], x->xs)) != cudaSuccess)
+            return xd_fail(ce, "an expert's upload");
+        x->bytes_uploaded += end;
+    }
     return 0;
 }
 
@@ -189,15 +216,18 @@ static int xd_cached(st_xdev *x, uint32_t il, const uint32_t *sel, uint32_t n, s
     if (any) {
         if ((rc = xd_fence(x, prev)))
             return rc;
-        for (uint32_t i = 0; i < n && !rc; i++) {
+        uint32_t nl = 0;
+        for (uint32_t i = 0; i < n; i++) {
             if (!x->load[i])
                 continue;
             if (x->inject_load && ++x->n_loads == x->inject_load)
                 rc = st_error_set(ST_EIO, "expert cache: injected failure of upload %llu",
                                   (unsigned long long)x->n_loads);
-            else
-                rc = xd_upload(x, il, sel[i], x->arena + (uint64_t)x->slots[i] * x->rec);
+            x->ids[nl] = sel[i];
+            x->dst[nl++] = x->arena + (uint64_t)x->slots[i] * x->rec;
         }
+        if (!rc)
+            rc = xd_upload(x, il, x->ids, nl, x->dst);
         if (rc) {
             fprintf(stderr, "strata: expert cache: layer %u: %s; this call is streamed\n", il,
                     st_errdetail());
@@ -217,8 +247,10 @@ static int xd_cached(st_xdev *x, uint32_t il, const uint32_t *sel, uint32_t n, s
 static int xd_stream(st_xdev *x, uint32_t il, const uint32_t *sel, uint32_t n, st_wmat *views)
 {
     int rc = xd_fence(x, x->compact_last);
-    for (uint32_t i = 0; i < n && !rc; i++)
-        rc = xd_upload(x, il, sel[i], x->compact + (uint64_t)i * x->rec);
+    for (uint32_t i = 0; i < n; i++)
+        x->dst[i] = x->compact + (uint64_t)i * x->rec;
+    if (!rc)
+        rc = xd_upload(x, il, sel, n, x->dst);
     if (!rc)
         rc = xd_join(x);
     if (rc)
@@ -327,6 +359,10 @@ extern "C" void st_xdev_free(st_xdev *x)
     free(x->last);
     free(x->slots);
     free(x->load);
+    free(x->ids);
+    free(x->stage_of);
+    free(x->dst);
+    free(x->jobs);
     free(x->part);
     free(x->psize);
     pthread_mutex_destroy(&x->mu);
@@ -355,7 +391,8 @@ static int xd_inject(uint64_t *load_n)
     return 0;
 }
 
-extern "C" int st_xdev_new(const st_model *m, uint64_t arena_bytes, void *stream, st_xdev **out)
+extern "C" int st_xdev_new(const st_model *m, uint64_t arena_bytes, void *stream, st_pool *pool,
+                           st_xdev **out)
 {
     *out = NULL;
     const st_model_hparams *hp = &m->hp;
@@ -366,6 +403,7 @@ extern "C" int st_xdev_new(const st_model *m, uint64_t arena_bytes, void *stream
         return st_error_set(ENOMEM, "expert cache");
     pthread_mutex_init(&x->mu, NULL);
     x->m = m;
+    x->pool = pool;
     x->cs = (cudaStream_t)stream;
     x->n_layers = hp->n_layer;
     x->X = hp->n_expert;
@@ -376,7 +414,12 @@ extern "C" int st_xdev_new(const st_model *m, uint64_t arena_bytes, void *stream
     x->psize = (uint64_t(*)[3])calloc(hp->n_layer ? hp->n_layer : 1, sizeof *x->psize);
     x->slots = (uint32_t *)calloc(x->k ? x->k : 1, sizeof *x->slots);
     x->load = (uint8_t *)calloc(x->k ? x->k : 1, 1);
-    if (!x->part || !x->psize || !x->slots || !x->load) {
+    x->ids = (uint32_t *)calloc(x->k ? x->k : 1, sizeof *x->ids);
+    x->stage_of = (uint32_t *)calloc(x->k ? x->k : 1, sizeof *x->stage_of);
+    x->dst = (uint8_t **)calloc(x->k ? x->k : 1, sizeof *x->dst);
+    x->jobs = (xd_job *)calloc(3 * (size_t)(x->k ? x->k : 1), sizeof *x->jobs);
+    if (!x->part || !x->psize || !x->slots || !x->load || !x->ids || !x->stage_of || !x->dst ||
+        !x->jobs) {
         st_xdev_free(x);
         return st_error_set(ENOMEM, "expert cache");
     }
