@@ -220,6 +220,9 @@ static void test_spill_past_ceiling_and_back(void **state)
     assert_non_null(strstr((char *)r.body, "\nstrata_wcache_fp16 0\n"));
     assert_non_null(strstr((char *)r.body, "\nstrata_wcache_arena_bytes 0\n"));
     assert_non_null(strstr((char *)r.body, "\nstrata_wcache_hits_total 0\n"));
+    /* no --expert-cache-mib (and the CPU backend): the routed-expert cache's figures are 0 */
+    assert_non_null(strstr((char *)r.body, "\nstrata_xcache_host 0\n"));
+    assert_non_null(strstr((char *)r.body, "\nstrata_xcache_misses_total 0\n"));
     st_hc_resp_free(&r);
     assert_int_equal(st_hc_server_stop(&s, SIGKILL), -1);
     assert_int_equal(start(&s, store, args), 0);

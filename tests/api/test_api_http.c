@@ -1143,6 +1143,7 @@ static void test_command_line(void **state)
         "--host", "--port", "--ready-file", "--api-key-file", "--model", "--slots",
         "--conversation-cache-mib", "--slot-save-path", "--threads", "--ubatch", "--ctx",
         "--page-size", "--kv-dtype", "--prompt-cache ", "--prompt-cache-every", "--prompt-cache-root",
+        "--expert-cache-mib",
         "--session-state-codec", "--save-compress", "--max-n-predict", "--store", "--keep-last",
         "--spool-dir", "--workers", "--max-connections ", "--max-connections-per-peer",
         "--max-header-bytes", "--max-headers", "--max-json-kib", "--max-completion-kib",
@@ -1187,6 +1188,7 @@ static void test_command_line(void **state)
         {"--session-state-codec fp8", "--session-state-codec needs fp32|bf16|f16, got \"fp8\""},
         {"--no-such-flag 1", "unknown option --no-such-flag"},
         {"--port", "--port needs a value"},
+        {"--expert-cache-mib lots", "--expert-cache-mib needs a number"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         int rc = st_test_run(out, sizeof out, SERVER " --store '%s/never' %s", dir, bad[i].args);
