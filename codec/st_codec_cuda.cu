@@ -409,6 +409,11 @@ extern "C" int st_codec_cuda_sync(void *stream)
 struct st_cuda_lin_reader {
     const unsigned char *p;
     __device__ uint8_t byte(uint64_t o) const { return p[o]; }
+    __device__ const uint64_t *span(uint64_t o, uint64_t len) const
+    {
+        (void)len;
+        return ((uintptr_t)(p + o) & 7u) == 0 ? (const uint64_t *)(p + o) : nullptr;
+    }
     __device__ uint64_t word(uint64_t o) const
     {
         const unsigned char *q = p + o;

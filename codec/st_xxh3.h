@@ -263,7 +263,11 @@ ST_XHD uint64_t st_xxh3_64(const uint8_t *p, uint64_t n)
  * (all must call it with the same arguments; every lane returns the hash). R is a reader:
  *   uint64_t R::word(uint64_t o) const   the 8 bytes at offset o as a little-endian word, for o a
  *                                        multiple of 8 or o = n - 64 + 8j (the last stripe);
- *   uint8_t  R::byte(uint64_t o) const   the byte at offset o (inputs of <= 240 bytes).
+ *   uint8_t  R::byte(uint64_t o) const   the byte at offset o (inputs of <= 240 bytes);
+ *   const uint64_t *R::span(uint64_t o, uint64_t len) const
+ *                                        the len bytes at offset o (a multiple of 8) as 8-byte
+ *                                        aligned words in one run of memory, or NULL where they
+ *                                        are not (word() then reads each one).
  * Lane l holds accumulator l & 7 and adds stripes l >> 3, +4, +8, +12 of every 1 KiB block. */
 template <class R> __device__ uint64_t st_xxh3_warp(const R &r, uint64_t n)
 {
@@ -290,21 +294,34 @@ template <class R> __device__ uint64_t st_xxh3_warp(const R &r, uint64_t n)
     /* word j of block b for this lane: offset b * 1024 + 256 j + 64 q + 8 a (stripe q + 4 j).
      * Blocks go in groups of ST_XXH_WARP_GROUP: the next group's words are loaded before this
      * group is summed, so the loads' latency (a page table lookup first, for paged state) is
-     * paid once a group, not once a block. */
+     * paid once a group, not once a block. A group in one run of memory (R::span) is read
+     * from its start without the reader's address arithmetic per word (paged state: one page
+     * table lookup a group instead of one a word). */
     uint64_t lo = 64u * q + 8u * a;
     uint64_t cur[ST_XXH_WARP_GROUP * 4], nxt[ST_XXH_WARP_GROUP * 4];
+    {
+        uint64_t ng = nb < ST_XXH_WARP_GROUP ? nb : ST_XXH_WARP_GROUP;
+        const uint64_t *sp = ng ? r.span(0, ng * ST_XXH_BLOCK) : 0;
 #pragma unroll
-    for (unsigned i = 0; i < ST_XXH_WARP_GROUP; i++)
+        for (unsigned i = 0; i < ST_XXH_WARP_GROUP; i++)
 #pragma unroll
-        for (unsigned j = 0; j < 4; j++)
-            cur[i * 4 + j] = i < nb ? r.word(i * ST_XXH_BLOCK + lo + 256u * j) : 0;
+            for (unsigned j = 0; j < 4; j++) {
+                uint64_t o = i * ST_XXH_BLOCK + lo + 256u * j;
+                cur[i * 4 + j] = i < nb ? (sp ? sp[o / 8] : r.word(o)) : 0;
+            }
+    }
     for (uint64_t g0 = 0; g0 < nb; g0 += ST_XXH_WARP_GROUP) {
+        uint64_t n0 = g0 + ST_XXH_WARP_GROUP;
+        uint64_t ng = n0 >= nb ? 0 : nb - n0 < ST_XXH_WARP_GROUP ? nb - n0 : ST_XXH_WARP_GROUP;
+        const uint64_t *sp = ng ? r.span(n0 * ST_XXH_BLOCK, ng * ST_XXH_BLOCK) : 0;
 #pragma unroll
         for (unsigned i = 0; i < ST_XXH_WARP_GROUP; i++) {
-            uint64_t b = g0 + ST_XXH_WARP_GROUP + i;
+            uint64_t b = n0 + i;
 #pragma unroll
-            for (unsigned j = 0; j < 4; j++)
-                nxt[i * 4 + j] = b < nb ? r.word(b * ST_XXH_BLOCK + lo + 256u * j) : 0;
+            for (unsigned j = 0; j < 4; j++) {
+                uint64_t o = (uint64_t)i * ST_XXH_BLOCK + lo + 256u * j;
+                nxt[i * 4 + j] = b < nb ? (sp ? sp[o / 8] : r.word(n0 * ST_XXH_BLOCK + o)) : 0;
+            }
         }
 #pragma unroll
         for (unsigned i = 0; i < ST_XXH_WARP_GROUP; i++) {

@@ -1824,10 +1824,27 @@ struct hreader {
     /* A page's rows of one tensor are contiguous (ps rows of rb bytes): from row 0 on, byte o
      * of the tensor is byte o % pb of page o / pb. The division is by an invariant, as a
      * multiply-high (Granlund-Montgomery, set up by hash_prepare): these loads are the cost. */
+    __device__ uint32_t page_of(uint32_t o) const
+    {
+        return g.pb == 1 ? o : (__umulhi(g.pbm, o) + ((o - __umulhi(g.pbm, o)) >> 1)) >> g.pbs;
+    }
     __device__ const uint8_t *paged_fast(uint32_t o) const
     {
-        uint32_t pg = g.pb == 1 ? o : (__umulhi(g.pbm, o) + ((o - __umulhi(g.pbm, o)) >> 1)) >> g.pbs;
+        uint32_t pg = page_of(o);
         return g.pages[pg] + g.koff + (o - pg * g.pb);
+    }
+    /* [o, o + len) as aligned words in one run: a linear source's, or a paged one's within one
+     * page (st_xxh3_warp reads a group of blocks so) */
+    __device__ const uint64_t *span(uint64_t o, uint64_t len) const
+    {
+        uint64_t p = at + o;
+        if (g.kind == HS_LIN)
+            return ((uintptr_t)(g.base + p) & 7u) == 0 ? (const uint64_t *)(g.base + p) : nullptr;
+        if (g.kind != HS_PAGED || !g.fast || p % 8 || p + len > ((uint64_t)1 << 32) || !len)
+            return nullptr;
+        if (page_of((uint32_t)p) != page_of((uint32_t)(p + len - 1)))
+            return nullptr;
+        return (const uint64_t *)paged_fast((uint32_t)p);
     }
     __device__ uint64_t word(uint64_t o) const
     {
