@@ -269,16 +269,6 @@ ST_XHD uint64_t st_xxh3_64(const uint8_t *p, uint64_t n)
  *                                        aligned words in one run of memory, or NULL where they
  *                                        are not (word() then reads each one).
  * Lane l holds accumulator l & 7 and adds stripes l >> 3, +4, +8, +12 of every 1 KiB block. */
-/* R::span of the group of blocks from block b0 (NULL: none of nb left, or not in one run). */
-template <class R>
-__device__ __forceinline__ const uint64_t *st_xxh3_warp_span(const R &r, uint64_t nb, uint64_t b0)
-{
-    if (b0 >= nb)
-        return 0;
-    uint64_t ng = nb - b0 < ST_XXH_WARP_GROUP ? nb - b0 : ST_XXH_WARP_GROUP;
-    return r.span(b0 * ST_XXH_BLOCK, ng * ST_XXH_BLOCK);
-}
-
 template <class R> __device__ uint64_t st_xxh3_warp(const R &r, uint64_t n)
 {
     const unsigned full = 0xffffffffu;
@@ -310,7 +300,8 @@ template <class R> __device__ uint64_t st_xxh3_warp(const R &r, uint64_t n)
     uint64_t lo = 64u * q + 8u * a;
     uint64_t cur[ST_XXH_WARP_GROUP * 4], nxt[ST_XXH_WARP_GROUP * 4];
     {
-        const uint64_t *sp = st_xxh3_warp_span(r, nb, 0);
+        uint64_t ng = nb < ST_XXH_WARP_GROUP ? nb : ST_XXH_WARP_GROUP;
+        const uint64_t *sp = ng ? r.span(0, ng * ST_XXH_BLOCK) : 0;
 #pragma unroll
         for (unsigned i = 0; i < ST_XXH_WARP_GROUP; i++)
 #pragma unroll
@@ -319,13 +310,10 @@ template <class R> __device__ uint64_t st_xxh3_warp(const R &r, uint64_t n)
                 cur[i * 4 + j] = i < nb ? (sp ? sp[o / 8] : r.word(o)) : 0;
             }
     }
-    /* the span of the group after next is found one group ahead, so that its lookup (a page
-     * table read) is not in the way of the next group's loads */
-    const uint64_t *sp_ahead = st_xxh3_warp_span(r, nb, ST_XXH_WARP_GROUP);
     for (uint64_t g0 = 0; g0 < nb; g0 += ST_XXH_WARP_GROUP) {
         uint64_t n0 = g0 + ST_XXH_WARP_GROUP;
-        const uint64_t *sp = sp_ahead;
-        sp_ahead = st_xxh3_warp_span(r, nb, n0 + ST_XXH_WARP_GROUP);
+        uint64_t ng = n0 >= nb ? 0 : nb - n0 < ST_XXH_WARP_GROUP ? nb - n0 : ST_XXH_WARP_GROUP;
+        const uint64_t *sp = ng ? r.span(n0 * ST_XXH_BLOCK, ng * ST_XXH_BLOCK) : 0;
 #pragma unroll
         for (unsigned i = 0; i < ST_XXH_WARP_GROUP; i++) {
             uint64_t b = n0 + i;
