@@ -2265,7 +2265,8 @@ static int xfer_load(cu_ctx *c, cu_state *s, const seg *segs, uint32_t ns, uint6
     }
     if (dg) {
         /* the digests of what arrived, once both transfer streams are done: the kernel is bound
-         * by the latency of a block's sequential chain (~0.2 ms), not by bandwidth, so one
+         * by the latency of a block's sequential chain (0.45 ms on the H200 for a paged 1 MiB
+         * block, 0.33 ms for a linear one), not by bandwidth, so one
          * launch at the end leaves the same tail as launches spread over the copies would */
         CUG(cudaEventRecord(c->ev_go, c->xs2));
         CUG(cudaStreamWaitEvent(c->hs, c->ev_go, 0));
