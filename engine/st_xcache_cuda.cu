@@ -27,7 +27,10 @@
  *    points at bytes that never arrived) and streams that call. A failure of the streaming
  *    path itself is the pass's error (sticky until st_xdev_error).
  * 5. STRATA_XCACHE_INJECT=alloc refuses the arena's allocation; =load:N fails the N-th upload
- *    into the arena (tests/gpu/test_gpu_xcache.c).
+ *    into the arena; =slow queues a spin of about 100 us on the compute stream after each
+ *    call's uploads, so that the host's next calls run far ahead of the products and the fences
+ *    of invariant 3 are what keeps a slot from being written while it is read
+ *    (tests/gpu/test_gpu_xcache.c).
  * 6. The figures are published under a mutex after each call, for st_engine_xcache_get from
  *    any thread.
  */
@@ -45,7 +48,7 @@ extern "C" {
 
 #define XD_RING 64
 #define XD_ALIGN 256ull
-#define XD_STREAM 1 /* xd_cached: stream this call (invariant 4) */
+#define XD_STREAM (-1) /* xd_cached: stream this call (invariant 4) */
 
 typedef struct xd_job {
     const uint8_t *src;
@@ -79,6 +82,9 @@ struct st_xdev {
     cudaEvent_t load_ev;
     uint64_t call;
     uint64_t inject_load, n_loads; /* invariant 5 */
+    int inject_slow;               /* invariant 5: a spin on the compute stream each call */
+    int made;                      /* st_xdev_new succeeded (the summary at free) */
+    uint32_t n_moe;                /* layers with routed experts */
     int err;
     uint64_t streamed, load_failures, bytes_uploaded;
     pthread_mutex_t mu;
@@ -101,7 +107,7 @@ static void xd_publish(st_xdev *x)
     p.host = 1;
     p.cached = x->cached;
     p.slots = x->cached ? x->map.n_slots : 0;
-    p.records = (uint64_t)x->n_layers * x->X;
+    p.records = (uint64_t)x->n_moe * x->X;
     p.record_bytes = x->rec;
     p.arena_bytes = x->cached ? (uint64_t)x->map.n_slots * x->rec : 0;
     p.hits = x->map.hits;
@@ -192,6 +198,14 @@ static int xd_join(st_xdev *x)
 }
 
 /* Invariant 4: a load into the arena failed; the call's new slots emptied. */
+/* The call's new slots emptied (invariant 4): no key points at bytes that never arrived. */
+static void xd_drop_new(st_xdev *x, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++)
+        if (x->load[i])
+            st_xcache_drop(&x->map, x->slots[i]);
+}
+
 static void xd_unload(st_xdev *x, uint32_t n)
 {
     for (uint32_t i = 0; i < n; i++)
@@ -214,8 +228,10 @@ static int xd_cached(st_xdev *x, uint32_t il, const uint32_t *sel, uint32_t n, s
                 prev = x->last[x->slots[i]];
         }
     if (any) {
-        if ((rc = xd_fence(x, prev)))
+        if ((rc = xd_fence(x, prev))) {
+            xd_drop_new(x, n);
             return rc;
+        }
         uint32_t nl = 0;
         for (uint32_t i = 0; i < n; i++) {
             if (!x->load[i])
@@ -234,8 +250,10 @@ static int xd_cached(st_xdev *x, uint32_t il, const uint32_t *sel, uint32_t n, s
             xd_unload(x, n);
             return XD_STREAM;
         }
-        if ((rc = xd_join(x)))
+        if ((rc = xd_join(x))) {
+            xd_drop_new(x, n);
             return rc;
+        }
     }
     for (uint32_t i = 0; i < n; i++) {
         x->last[x->slots[i]] = x->call;
@@ -260,6 +278,14 @@ static int xd_stream(st_xdev *x, uint32_t il, const uint32_t *sel, uint32_t n, s
     for (uint32_t i = 0; i < n; i++)
         xd_views(x, il, x->compact + (uint64_t)i * x->rec, views + 3 * i);
     return 0;
+}
+
+/* Invariant 5 (STRATA_XCACHE_INJECT=slow): about 100 us of the compute stream's time. */
+__global__ void xd_spin(long long cycles)
+{
+    long long t0 = clock64();
+    while (clock64() - t0 < cycles) {
+    }
 }
 
 extern "C" int st_xdev_experts(st_xdev *x, uint32_t il, const uint32_t *sel, uint32_t n,
@@ -287,11 +313,16 @@ extern "C" int st_xdev_experts(st_xdev *x, uint32_t il, const uint32_t *sel, uin
     }
     if (!rc && x->cached) {
         rc = xd_cached(x, il, sel, n, views);
-        if (rc == XD_STREAM || rc == ST_ETOOBIG)
+        /* ST_EINVAL here: an expert twice in the selection (the ids and the layer were
+         * checked above), as the routing gives for NaN logits: the compact buffer takes it,
+         * as the resident weights would */
+        if (rc == XD_STREAM || rc == ST_ETOOBIG || rc == ST_EINVAL)
             rc = xd_stream(x, il, sel, n, views);
     } else if (!rc) {
         rc = xd_stream(x, il, sel, n, views);
     }
+    if (!rc && x->inject_slow)
+        xd_spin<<<1, 1, 0, x->cs>>>(200000); /* the products lag the host's next calls */
     if (rc)
         x->err = rc;
     xd_publish(x);
@@ -331,7 +362,7 @@ extern "C" void st_xdev_free(st_xdev *x)
         (void)cudaStreamSynchronize(x->xs);
     if (x->cs)
         (void)cudaStreamSynchronize(x->cs);
-    if (x->part)
+    if (x->made)
         fprintf(stderr, "strata: expert cache: %llu hits, %llu misses, %llu evictions, %.1f MiB "
                 "uploaded, %llu calls streamed, %llu failed loads\n",
                 (unsigned long long)x->map.hits, (unsigned long long)x->map.misses,
@@ -369,15 +400,21 @@ extern "C" void st_xdev_free(st_xdev *x)
     free(x);
 }
 
-/* STRATA_XCACHE_INJECT (invariant 5): 1 to refuse the arena; *load_n the upload to fail. */
-static int xd_inject(uint64_t *load_n)
+/* STRATA_XCACHE_INJECT (invariant 5): 1 to refuse the arena; *load_n the upload to fail;
+ * *slow the spin each call. */
+static int xd_inject(uint64_t *load_n, int *slow)
 {
     const char *v = getenv("STRATA_XCACHE_INJECT");
     *load_n = 0;
+    *slow = 0;
     if (!v || !*v)
         return 0;
     if (!strcmp(v, "alloc"))
         return 1;
+    if (!strcmp(v, "slow")) {
+        *slow = 1;
+        return 0;
+    }
     char *end = NULL;
     if (!strncmp(v, "load:", 5)) {
         unsigned long long n = strtoull(v + 5, &end, 10);
@@ -386,8 +423,8 @@ static int xd_inject(uint64_t *load_n)
             return 0;
         }
     }
-    fprintf(stderr, "strata: expert cache: STRATA_XCACHE_INJECT=%s: alloc or load:N (N >= 1); "
-            "ignored\n", v);
+    fprintf(stderr, "strata: expert cache: STRATA_XCACHE_INJECT=%s: alloc, load:N (N >= 1) or "
+            "slow; ignored\n", v);
     return 0;
 }
 
@@ -445,6 +482,7 @@ extern "C" int st_xdev_new(const st_model *m, uint64_t arena_bytes, void *stream
         }
         if (off > x->rec)
             x->rec = off;
+        x->n_moe++;
     }
     if (!x->rec) {
         st_xdev_free(x);
@@ -486,8 +524,10 @@ extern "C" int st_xdev_new(const st_model *m, uint64_t arena_bytes, void *stream
             break;
         }
     /* the arena (invariant 4) */
-    int refuse = xd_inject(&x->inject_load);
-    if (st_xcache_init(&x->map, x->n_layers, x->X, x->rec, arena_bytes, x->k)) {
+    int refuse = xd_inject(&x->inject_load, &x->inject_slow);
+    uint64_t all = (uint64_t)x->n_moe * x->X * x->rec; /* room for every record at most */
+    if (st_xcache_init(&x->map, x->n_layers, x->X, x->rec, arena_bytes < all ? arena_bytes : all,
+                       x->k)) {
         fprintf(stderr, "strata: expert cache: %s\n", st_errdetail());
     } else if (refuse || (ce = cudaMalloc((void **)&x->arena,
                                           (size_t)x->map.n_slots * x->rec)) != cudaSuccess) {
@@ -507,13 +547,14 @@ extern "C" int st_xdev_new(const st_model *m, uint64_t arena_bytes, void *stream
     if (x->cached)
         fprintf(stderr, "strata: expert cache: %llu expert records of %.2f MiB in host memory, "
                 "an arena of %u in VRAM (%.1f MiB, %.1f%%)\n",
-                (unsigned long long)x->n_layers * x->X, (double)x->rec / 1048576.0,
+                (unsigned long long)x->n_moe * x->X, (double)x->rec / 1048576.0,
                 x->map.n_slots, (double)x->map.n_slots * (double)x->rec / 1048576.0,
-                100.0 * x->map.n_slots / ((double)x->n_layers * x->X));
+                100.0 * x->map.n_slots / ((double)x->n_moe * x->X));
     else
         fprintf(stderr, "strata: expert cache: %llu expert records of %.2f MiB in host memory, "
-                "streamed per token\n", (unsigned long long)x->n_layers * x->X,
+                "streamed per token\n", (unsigned long long)x->n_moe * x->X,
                 (double)x->rec / 1048576.0);
+    x->made = 1;
     xd_publish(x);
     *out = x;
     return 0;

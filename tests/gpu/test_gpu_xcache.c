@@ -5,12 +5,15 @@
  * logits, bit for bit, and the same state hash with
  * - every expert in VRAM (expert_cache_bytes 0: the reference),
  * - an arena that holds every record (misses only on first use, no eviction),
- * - an arena of k + 2 records, far fewer than the experts (evictions: every miss once it is
- *   full, so evictions = misses - slots),
+ * - an arena of k + 2 records, half to an eighth of the experts (evictions: every miss once
+ *   it is full, so evictions = misses - slots),
  * - an arena smaller than one token's k records (refused: every call streamed),
  * - STRATA_XCACHE_INJECT=alloc (the arena's allocation refused: every call streamed),
  * - STRATA_XCACHE_INJECT=load:3 (the third upload into the arena fails: that call streamed,
  *   the rest cached);
+ * - STRATA_XCACHE_INJECT=slow (a spin on the compute stream each call, so the host's uploads
+ *   run ahead of the products and only the fences keep a slot from being rewritten while it is
+ *   read), cached and streamed;
  * and the figures add up: hits + misses = calls x k on the cached paths, streamed = calls on
  * the streaming ones, the bytes uploaded per record the same on both. The control: another
  * prompt's logits differ from the reference's under the same comparison. The eviction order
@@ -167,7 +170,7 @@ static void test_same_bits(void **state)
                st_gguf_type_name(c->wtype), hp->n_layer, hp->n_expert, (unsigned long long)k,
                (unsigned long long)calls);
 
-        trace ref, all, lru, str, alloc, load, other;
+        trace ref, all, lru, str, alloc, load, slow, slow_str, other;
         st_engine *e = engine(m, 0, NULL);
         run(m, e, 3, NULL, &ref);
         st_engine_free(e);
@@ -238,6 +241,21 @@ static void test_same_bits(void **state)
         assert_int_equal(load.xc.streamed, 1);
         assert_int_equal(load.xc.hits + load.xc.misses, calls * k);
 
+        /* the products lag the host's calls (a spin on the compute stream each call): the
+         * slots and the compact buffer are rewritten only behind their fences */
+        e = engine(m, (k + 2) * rec, "slow");
+        run(m, e, 3, ref.dec, &slow);
+        st_engine_free(e);
+        print("injected: slow, k + 2", &slow.xc);
+        same(m, &ref, &slow, "STRATA_XCACHE_INJECT=slow, k + 2 records");
+        assert_true(slow.xc.cached && slow.xc.evictions == lru.xc.evictions);
+        e = engine(m, rec, "slow");
+        run(m, e, 3, ref.dec, &slow_str);
+        st_engine_free(e);
+        print("injected: slow, streamed", &slow_str.xc);
+        same(m, &ref, &slow_str, "STRATA_XCACHE_INJECT=slow, streamed");
+        assert_int_equal(slow_str.xc.streamed, calls);
+
         /* the control: the comparison tells another conversation apart */
         e = engine(m, (k + 2) * rec, NULL);
         run(m, e, 4, ref.dec, &other);
@@ -246,7 +264,7 @@ static void test_same_bits(void **state)
         assert_true(memcmp(ref.logits, other.logits, (size_t)V * 4) != 0);
         assert_true(ref.hash != other.hash);
 
-        trace *all_t[] = {&ref, &all, &lru, &str, &alloc, &load, &other};
+        trace *all_t[] = {&ref, &all, &lru, &str, &alloc, &load, &slow, &slow_str, &other};
         for (size_t i = 0; i < sizeof all_t / sizeof all_t[0]; i++)
             free(all_t[i]->logits);
         st_model_free(m);

@@ -1152,8 +1152,10 @@ static void test_get_stream_framed_damage(void **state)
 
 /* Puts from the calling thread while a streamed get's fill runs, enough of them that the map
  * grows (a small map_initial): the fill's image is the stored one, every put is acknowledged and
- * reads back, and the map did grow. The fill holds its read transaction throughout
- * (docs/STORE.md, "The streamed get"); a growth waits for it instead of failing. */
+ * reads back, and the map did grow. The fill holds its read transaction until it ends
+ * (docs/STORE.md, "The streamed get"), and a growth waits for it instead of failing; nothing
+ * here holds the fill open, so on a fast machine it may end before the first growth (the test
+ * then shows only that puts started during a fill are safe). */
 static void test_get_stream_with_writes(void **state)
 {
     (void)state;
