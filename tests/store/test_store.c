@@ -12,7 +12,7 @@
 #include "st_test_image.h"
 #include "store_test.h"
 
-static char base[1024];
+static char base[512]; /* short of the 1024-byte paths made from it, so no snprintf can truncate */
 static int seq;
 
 static void fresh_dir(char *dst, size_t cap)

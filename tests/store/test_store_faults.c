@@ -11,7 +11,7 @@
 
 #include "store_test.h"
 
-static char base[1024];
+static char base[512]; /* short of the 1024-byte paths made from it, so no snprintf can truncate */
 static int seq;
 
 /* ---- the fault table ---------------------------------------------------------------------------- */
