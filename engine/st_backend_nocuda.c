@@ -71,3 +71,12 @@ int st_cuda_dequant_rows(uint32_t type, const void *w, uint64_t row_bytes, uint3
     (void)ldd, (void)stream;
     return st_error_set(ST_EINVAL, "cuda dequant: built without CUDA");
 }
+
+int st_cuda_dequant_rows_h(uint32_t type, const void *w, uint64_t row_bytes, uint32_t cols,
+                           const uint32_t *rows, uint32_t r0, uint32_t n, void *dst, uint64_t ldd,
+                           void *stream)
+{
+    (void)type, (void)w, (void)row_bytes, (void)cols, (void)rows, (void)r0, (void)n, (void)dst;
+    (void)ldd, (void)stream;
+    return st_error_set(ST_EINVAL, "cuda dequant: built without CUDA");
+}

@@ -42,30 +42,40 @@ extern "C" {
 #define DQ_GRID_X_MAX 2147483647u
 #define DQ_GRID_Y_MAX 65535u
 
-/* Invariant 3: output row i of n in grid x, block b of nb in the threads of grid y. */
-template <class D>
+/* Invariant 3: output row i of n in grid x, block b of nb in the threads of grid y. O is the
+ * element type of dst: float (the exact values), or __half (rounded to nearest even, for the
+ * tensor-core products of st_ops_cuda.cu: invariant 6). */
+template <class O> struct dq_out;
+template <> struct dq_out<float> {
+    __device__ static float *at(float *p) { return p; }
+};
+template <> struct dq_out<__half> {
+    __device__ static st_dq_h16 at(__half *p) { return st_dq_h16{p}; }
+};
+
+template <class D, class O>
 __global__ void k_dequant(const uint8_t *W, uint64_t row_bytes, uint64_t nb, const uint32_t *rows,
-                          uint32_t r0, uint32_t n, float *dst, uint64_t ldd)
+                          uint32_t r0, uint32_t n, O *dst, uint64_t ldd)
 {
     st_pdl_begin(); /* st_launch_cuda.cuh rule 1 */
     for (uint64_t i = blockIdx.x; i < n; i += gridDim.x) {
         uint64_t r = rows ? (uint64_t)rows[i] : (uint64_t)r0 + i;
         const uint8_t *row = W + r * row_bytes;
-        float *out = dst + i * ldd;
+        O *out = dst + i * ldd;
         for (uint64_t b = (uint64_t)blockIdx.y * blockDim.x + threadIdx.x; b < nb;
              b += (uint64_t)gridDim.y * blockDim.x)
-            D::run(row + b * D::BYTES, out + b * D::QK);
+            D::run(row + b * D::BYTES, dq_out<O>::at(out + b * D::QK));
     }
 }
 
-template <class D>
+template <class D, class O>
 static void dq_launch(const void *w, uint64_t row_bytes, uint64_t nb, const uint32_t *rows, uint32_t r0,
-                      uint32_t n, float *dst, uint64_t ldd, cudaStream_t st)
+                      uint32_t n, O *dst, uint64_t ldd, cudaStream_t st)
 {
     uint64_t threads = nb < DQ_THREADS_MAX ? (nb + 31) / 32 * 32 : DQ_THREADS_MAX;
     uint64_t gy = (nb + threads - 1) / threads;
     dim3 grid(n < DQ_GRID_X_MAX ? n : DQ_GRID_X_MAX, gy < DQ_GRID_Y_MAX ? (uint32_t)gy : DQ_GRID_Y_MAX);
-    (void)st_launch(k_dequant<D>, grid, (uint32_t)threads, 0, st, (const uint8_t *)w, row_bytes, nb,
+    (void)st_launch(k_dequant<D, O>, grid, (uint32_t)threads, 0, st, (const uint8_t *)w, row_bytes, nb,
                     rows, r0, n, dst, ldd);
 }
 
@@ -93,9 +103,10 @@ extern "C" int st_cuda_dequant_supported(uint32_t type)
     }
 }
 
-extern "C" int st_cuda_dequant_rows(uint32_t type, const void *w, uint64_t row_bytes, uint32_t cols,
-                                    const uint32_t *rows, uint32_t r0, uint32_t n, float *dst,
-                                    uint64_t ldd, void *stream)
+template <class O>
+static int dequant_rows(uint32_t type, const void *w, uint64_t row_bytes, uint32_t cols,
+                        const uint32_t *rows, uint32_t r0, uint32_t n, O *dst, uint64_t ldd,
+                        void *stream)
 {
     const st_wtype *t = st_wtype_get(type);
     if (!t || !st_cuda_dequant_supported(type))
@@ -139,4 +150,18 @@ extern "C" int st_cuda_dequant_rows(uint32_t type, const void *w, uint64_t row_b
         return st_error_set(ST_EIO, "cuda dequant: %s launch: %s (%s)", t->name, cudaGetErrorName(e),
                             cudaGetErrorString(e));
     return 0;
+}
+
+extern "C" int st_cuda_dequant_rows(uint32_t type, const void *w, uint64_t row_bytes, uint32_t cols,
+                                    const uint32_t *rows, uint32_t r0, uint32_t n, float *dst,
+                                    uint64_t ldd, void *stream)
+{
+    return dequant_rows(type, w, row_bytes, cols, rows, r0, n, dst, ldd, stream);
+}
+
+extern "C" int st_cuda_dequant_rows_h(uint32_t type, const void *w, uint64_t row_bytes,
+                                      uint32_t cols, const uint32_t *rows, uint32_t r0, uint32_t n,
+                                      void *dst, uint64_t ldd, void *stream)
+{
+    return dequant_rows(type, w, row_bytes, cols, rows, r0, n, (__half *)dst, ldd, stream);
 }

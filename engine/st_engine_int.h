@@ -412,6 +412,12 @@ int st_cuda_dequant_supported(uint32_t type);
 int st_cuda_dequant_rows(uint32_t type, const void *w, uint64_t row_bytes, uint32_t cols,
                          const uint32_t *rows, uint32_t r0, uint32_t n, float *dst, uint64_t ldd,
                          void *stream);
+/* The same rows rounded to f16 (to nearest even; a value beyond the f16 range becomes an
+ * infinity): dst a device array of __half, ldd in elements. For the tensor-core products of
+ * several tokens (st_ops_cuda.cu invariant 2). */
+int st_cuda_dequant_rows_h(uint32_t type, const void *w, uint64_t row_bytes, uint32_t cols,
+                           const uint32_t *rows, uint32_t r0, uint32_t n, void *dst, uint64_t ldd,
+                           void *stream);
 
 /* ---- the routed-expert cache, host half (st_xcache.c; the device half: st_xcache_cuda.cu) --
  * A bounded arena of n_slots whole expert records (gate, up and down of one layer's expert,

@@ -11,10 +11,18 @@
  *    runs without a synchronisation except where the MoE layer downloads its selection.
  * 2. Products: a weight read for one token is the matrix-vector product of st_qmv_cuda.cu
  *    (every type has a kernel), dequantized in registers, when it is unstrided and it and x are
- *    16-byte aligned; every other product widens row tiles of the weight to f32
- *    (st_cuda_dequant_rows, the CPU's exact values) into a scratch tile and runs cuBLAS SGEMM
- *    (FP32, no TF32, atomics disallowed, a fixed workspace). F32 weights of several tokens go to
- *    SGEMM directly.
+ *    16-byte aligned. With STRATA_CUDA_PREFILL=f16 (read at st_ops_cuda_new; opt-in until it
+ *    has been measured on a GPU), a product of several tokens of a weight that is not F32 runs
+ *    on the tensor cores: the activations rounded to f16 once
+ *    per matmul call (the products of one call share them), the weight's rows rounded to f16 a
+ *    tile at a time (st_cuda_dequant_rows_h; F16 weights read in place), cuBLAS GemmEx with f16
+ *    inputs and f32 sums (the handle in its default math mode for that call only, atomics
+ *    disallowed, a fixed workspace). Otherwise (the default, STRATA_CUDA_PREFILL unset or f32),
+ *    and for a one-token product the matrix-vector kernels do not take, the rows are widened
+ *    to f32 (st_cuda_dequant_rows, the CPU's exact values) into the scratch tile and multiplied
+ *    by cuBLAS SGEMM (FP32, CUBLAS_PEDANTIC_MATH: no TF32). F32 weights go to SGEMM directly
+ *    either way. Both use the one 64 MiB scratch tile (the f16 path: 16 MiB of weight, 48 MiB
+ *    of activations, tokens taken in groups that fit).
  * 3. Determinism: every kernel gives each output to one thread, warp or block with fixed
  *    reduction orders and no atomics; attention splits the keys by a count fixed by the call's
  *    shape (tokens, heads, position; for one token the context length, the heads and the
@@ -76,6 +84,10 @@ extern "C" {
 
 #define OC_BLAS_WS ((size_t)32 << 20)
 #define OC_DEQ_FLOATS ((size_t)16 << 20) /* the f32 tile of a widened weight: 64 MiB */
+/* the f16 products (invariant 2) split the same 64 MiB: a weight tile of 16 MiB, then the
+ * activations of up to 48 MiB */
+#define OC_WH_HALVES ((size_t)8 << 20)
+#define OC_XH_HALVES (OC_DEQ_FLOATS * 2 - OC_WH_HALVES)
 #define OC_ATT_WARPS 8
 #define OC_ATT_KS 32 /* keys per split of a one-token pass, at least (invariant 8) */
 #define OC_ATT_SPAN0 256 /* the shortest span of a one-token pass (st_ops_cuda_att_span) */
@@ -86,13 +98,14 @@ enum {
     PR_GET_ROWS, PR_MATMUL, PR_ADD_RMSNORM, PR_RMSNORM_GATED, PR_L2NORM, PR_SWIGLU,
     PR_SHORT_CONV, PR_DN_GATES, PR_DELTA_RULE, PR_ROPE_NORM, PR_ROPE_NEOX, PR_RMSNORM_HEADS,
     PR_KV_STORE, PR_ATTENTION, PR_L2NORM_MAX, PR_SIGMOID_MUL, PR_MOE_ROUTE, PR_SCALE_ADD,
-    PR_SIGMOID_SCALE, PR_QMV, PR_SGEMM, PR_DEQUANT_SGEMM, PR_N
+    PR_SIGMOID_SCALE, PR_QMV, PR_SGEMM, PR_DEQUANT_SGEMM, PR_GEMM16, PR_N
 };
 static const char *const k_prof_names[PR_N] = {
     "get_rows", "matmul (all)", "add_rmsnorm", "rmsnorm_gated", "l2norm", "swiglu",
     "short_conv", "dn_gates", "delta_rule", "rope_norm", "rope_neox", "rmsnorm_heads",
     "kv_store", "attention", "l2norm_max", "sigmoid_mul", "moe_route", "scale_add",
-    "sigmoid_scale", "  product: qmv", "  product: sgemm f32", "  product: widen + sgemm"};
+    "sigmoid_scale", "  product: qmv", "  product: sgemm f32", "  product: widen + sgemm",
+    "  product: f16 tiles + gemm"};
 
 #define PROF_EV 8192 /* events of the event-timed profile between two reads of their times */
 
@@ -119,7 +132,10 @@ struct st_ops_cuda {
     uint64_t *pos_d;  /* the pass's position, read by the kernels in the dynamic mode (inv. 8) */
     uint64_t *pos_h;  /* its pinned staging */
     int dyn;          /* invariant 8 */
-    float *deq;       /* a widened weight tile: OC_DEQ_FLOATS */
+    float *deq;       /* a widened weight tile: OC_DEQ_FLOATS; or the f16 tiles (invariant 2) */
+    int gemm16;       /* products of several tokens on f16 tensor cores (invariant 2) */
+    const float *xh_src; /* the activations the f16 tile holds now (NULL: none), ... */
+    uint32_t xh_ldx, xh_cols, xh_T; /* ... their layout: valid within one matmul call */
     float *att_part;  /* attention's split partials: att_cap x (max_hd + 2) */
     uint64_t att_cap;
     size_t dn_smem_max; /* the delta rule's shared memory limit */
@@ -316,6 +332,90 @@ static int oc_sgemm(st_ops_cuda *oc, const float *W, uint32_t rows, uint32_t col
     return 0;
 }
 
+/* Activations (T rows of cols, ldx apart) rounded to f16, packed (cols apart): a block row per
+ * token, its threads over the columns. */
+__global__ void k_to_half(const float *x, uint32_t ldx, uint32_t cols, uint32_t T, __half *y)
+{
+    st_pdl_begin(); /* st_launch_cuda.cuh rule 1 */
+    for (uint32_t t = blockIdx.y; t < T; t += gridDim.y)
+        for (uint32_t c = blockIdx.x * blockDim.x + threadIdx.x; c < cols;
+             c += gridDim.x * blockDim.x)
+            y[(size_t)t * cols + c] = __float2half_rn(x[(size_t)t * ldx + c]);
+}
+
+/* y (f32, rows x T, ldy) = W x on the tensor cores: W f16 row-major (ldw), x f16 packed (cols
+ * apart), products in f16, sums in f32 (CUBLAS_COMPUTE_32F). The handle's pedantic mode keeps
+ * SGEMM on FP32 (no TF32); for this call it takes the default mode, which lets cuBLAS use the
+ * tensor cores. */
+static int oc_gemm16(st_ops_cuda *oc, const void *W, uint32_t rows, uint32_t cols, uint32_t ldw,
+                     const __half *x, uint32_t T, float *y, uint32_t ldy)
+{
+    const float one = 1.0f, zero = 0.0f;
+    cublasStatus_t st = cublasSetMathMode(oc->blas, CUBLAS_DEFAULT_MATH);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasGemmEx(oc->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, (int)T, (int)cols, &one,
+                          W, CUDA_R_16F, (int)ldw, x, CUDA_R_16F, (int)cols, &zero, y, CUDA_R_32F,
+                          (int)ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    cublasStatus_t st2 = cublasSetMathMode(oc->blas, CUBLAS_PEDANTIC_MATH);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = st2;
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        oc_fail(oc, st_error_set(st == CUBLAS_STATUS_ALLOC_FAILED ? ENOMEM : ST_EIO,
+                                 "cuda operations: cublasGemmEx (f16) %u x %u x %u: %s", rows,
+                                 cols, T, cublasGetStatusName(st)));
+        return oc->err;
+    }
+    return 0;
+}
+
+/* A product of several tokens on the tensor cores (invariant 2): the activations rounded to f16
+ * once per matmul call and token group, the weight rounded to f16 a row tile at a time (F16
+ * weights read in place), then oc_gemm16. */
+static void oc_product16(st_ops_cuda *oc, const st_mm *p, const float *x, uint32_t ldx,
+                         uint32_t T)
+{
+    const st_wmat *w = p->w;
+    uint32_t rows = w->rows, cols = w->cols;
+    __half *wh = (__half *)oc->deq, *xh = wh + OC_WH_HALVES;
+    uint32_t tg = (uint32_t)(OC_XH_HALVES / cols < T ? OC_XH_HALVES / cols : T);
+    uint32_t tile = (uint32_t)(OC_WH_HALVES / cols);
+    if (!tg || !tile)
+        return oc_fail(oc, st_error_set(ST_EINVAL, "cuda operations: rows of %u columns", cols));
+    if (oc->prof)
+        prof_begin(oc, 1);
+    uint64_t rb = st_wmat_row_bytes(w);
+    for (uint32_t t0 = 0; t0 < T && !oc->err; t0 += tg) {
+        uint32_t nt = T - t0 < tg ? T - t0 : tg;
+        const float *xs = x + (size_t)t0 * ldx;
+        if (oc->xh_src != xs || oc->xh_ldx != ldx || oc->xh_cols != cols || oc->xh_T != nt) {
+            dim3 grid((cols + 255) / 256, nt < 65535u ? nt : 65535u);
+            (void)st_launch(k_to_half, grid, 256, 0, oc->stream, xs, ldx, cols, nt, xh);
+            if (LAUNCHED(oc, "k_to_half"))
+                return;
+            oc->xh_src = xs;
+            oc->xh_ldx = ldx;
+            oc->xh_cols = cols;
+            oc->xh_T = nt;
+        }
+        float *ys = p->y + (size_t)t0 * p->ldy;
+        if (w->type == ST_GGML_F16) {
+            oc_gemm16(oc, w->data, rows, cols, cols, xh, nt, ys, p->ldy);
+            continue;
+        }
+        for (uint32_t r0 = 0; r0 < rows; r0 += tile) {
+            uint32_t nr = rows - r0 < tile ? rows - r0 : tile;
+            int rc = st_cuda_dequant_rows_h(w->type, w->data, rb, cols, NULL, r0, nr, wh, cols,
+                                            oc->stream);
+            if (rc)
+                return oc_fail(oc, rc);
+            if (oc_gemm16(oc, wh, nr, cols, cols, xh, nt, ys + r0, p->ldy))
+                return;
+        }
+    }
+    if (oc->prof)
+        prof_end(oc, 1, PR_GEMM16);
+}
+
 /* Whether product p of one token takes the matrix-vector kernels (invariant 2). */
 static int qmv_ok(const st_mm *p, const float *x)
 {
@@ -330,6 +430,8 @@ static void oc_product(st_ops_cuda *oc, const st_mm *p, const float *x, uint32_t
     uint32_t rows = w->rows, cols = w->cols;
     if (w->stride && w->stride != cols)
         return oc_fail(oc, st_error_set(ST_EINVAL, "cuda operations: a strided weight"));
+    if (T > 1 && oc->gemm16 && w->type != ST_GGML_F32)
+        return oc_product16(oc, p, x, ldx, T);
     if (oc->prof)
         prof_begin(oc, 1);
     if (w->type == ST_GGML_F32) {
@@ -339,6 +441,7 @@ static void oc_product(st_ops_cuda *oc, const st_mm *p, const float *x, uint32_t
         return;
     }
     uint64_t rb = st_wmat_row_bytes(w);
+    oc->xh_src = NULL; /* the f32 tile overwrites the f16 activations */
     uint32_t tile = (uint32_t)(OC_DEQ_FLOATS / cols);
     if (tile == 0)
         return oc_fail(oc, st_error_set(ST_EINVAL, "cuda operations: rows of %u columns", cols));
@@ -384,6 +487,7 @@ static void oc_matmul(void *ocp, const float *x, uint32_t ldx, uint32_t T, const
                       uint32_t n)
 {
     st_ops_cuda *oc = (st_ops_cuda *)ocp;
+    oc->xh_src = NULL; /* x holds new values: the f16 copy of another call is stale */
     for (uint32_t i = 0; i < n && !oc->err;) {
         uint32_t k = T == 1 ? oc_qmv_run(oc, x, mm, i, n) : 0;
         if (!k) {
@@ -1379,6 +1483,11 @@ int st_ops_cuda_new(void *stream, uint32_t max_T, uint32_t n_ctx, uint32_t max_h
             oc->prof = 0;
         }
     }
+    const char *gv = getenv("STRATA_CUDA_PREFILL");
+    oc->gemm16 = gv && !strcmp(gv, "f16");
+    if (gv && *gv && strcmp(gv, "f32") && strcmp(gv, "f16"))
+        fprintf(stderr, "strata: cuda operations: STRATA_CUDA_PREFILL=%s: f16 or f32; the "
+                "products of several tokens stay on f32 SGEMM\n", gv);
     oc->max_T = max_T ? max_T : 1;
     oc->n_ctx = n_ctx;
     oc->max_hd = max_head_dim ? max_head_dim : 1;

@@ -36,7 +36,7 @@ __device__ __forceinline__ uint32_t dq_u32(const uint8_t *p)
 
 /* One decoder per type: the QK values of the BYTES bytes at b, in the decoder's order, each
  * assigned to y[i] (y[j] = v, *y++ = v, y += n): Y is float * (the values stored, for
- * st_cuda_dequant_rows) or st_dq_dot (each value multiplied by x[i] and added to one sum, for
+ * st_cuda_dequant_rows), st_dq_h16 (stored rounded to f16, st_cuda_dequant_rows_h) or st_dq_dot (each value multiplied by x[i] and added to one sum, for
  * the matrix-vector products of st_qmv_cuda.cu). */
 struct dq_f32 {
     static const uint32_t QK = 1, BYTES = 4;
@@ -333,6 +333,31 @@ struct st_dq_dot {
         x += n;
         return *this;
     }
+};
+
+/* The output of a decoder that stores each value rounded to f16 (to nearest even; beyond the
+ * f16 range: infinity), for the half tiles of the tensor-core products (st_dequant_cuda.cu). */
+struct st_dq_href {
+    __half *p;
+    __device__ __forceinline__ void operator=(float v) const { *p = __float2half_rn(v); }
+};
+
+struct st_dq_h16 {
+    __half *p;
+    __device__ __forceinline__ st_dq_href operator[](int j) const { return st_dq_href{p + j}; }
+    __device__ __forceinline__ st_dq_href operator*() const { return st_dq_href{p}; }
+    __device__ __forceinline__ st_dq_h16 operator++(int)
+    {
+        st_dq_h16 o = *this;
+        p++;
+        return o;
+    }
+    __device__ __forceinline__ st_dq_h16 &operator+=(int n)
+    {
+        p += n;
+        return *this;
+    }
+    __device__ __forceinline__ st_dq_h16 operator+(uint64_t n) const { return st_dq_h16{p + n}; }
 };
 
 #endif /* ST_WTYPE_CUDA_CUH */

@@ -1,9 +1,10 @@
 /*
  * test_gpu_arch.c - every architecture of the engine on the CUDA backend's operation table
  * (engine/st_ops_cuda.cu, st_backend_cuda.cu invariant 8), against the CPU backend:
- * - logits of a prompt read in chunks (the products of many tokens: f32 tiles and SGEMM) and of
- *   teacher-forced decode steps (one token: the quantized matrix-vector kernels) agree with the
- *   CPU's (weights computed in f32 on their dequantized values: quant_f32) within ARCH_TOL
+ * - logits of a prompt read in chunks (the products of many tokens: f32 tiles and SGEMM, and
+ *   with STRATA_CUDA_PREFILL=f16 f16 tiles on the tensor cores) and of teacher-forced decode
+ *   steps (one token: the quantized matrix-vector kernels) agree with the CPU's (weights
+ *   computed in f32 on their dequantized values: quant_f32) within ARCH_TOL_F16 and ARCH_TOL
  *   (max |logit difference| / max |CPU logit|, printed), for llama, qwen3, qwen35, qwen35moe,
  *   qwen3next (fused and legacy projections) and quantized strata-hybrid, on f32, f16, bf16 and
  *   every quantized weight type, f16 and i8 K/V;
@@ -32,9 +33,12 @@
 #include "st_wtype.h"
 #include "gpu_test.h"
 
-/* max |GPU logit - CPU logit| over max |CPU logit|: both compute in f32 on the same weight
- * values, in other orders */
+/* max |GPU logit - CPU logit| over max |CPU logit|: by default both compute in f32 on the same
+ * weight values, in other orders; with STRATA_CUDA_PREFILL=f16 the GPU's products of several
+ * tokens (the prompt's chunks) round weights and activations to f16 for the tensor cores
+ * (st_ops_cuda.cu invariant 2): ARCH_TOL_F16 */
 #define ARCH_TOL 5e-3
+#define ARCH_TOL_F16 2e-2
 
 static char g_dir[4096];
 
@@ -203,23 +207,33 @@ static void test_agree(void **state)
 {
     (void)state;
     int bad = 0;
+    double worst[2] = {0.0, 0.0};
     for (size_t i = 0; i < N_CASES; i++) {
         const acase *c = &k_cases[i];
         st_model *m = load_case(c, 7);
-        double r = compare(m, m);
         const st_model_hparams *hp = st_model_hparams_get(m);
-        printf("gpu-vs-cpu %-13s %-11s %-7s kv %-3s DeltaNet %3u x %3u: max rel %.3e\n",
-               c->arch, c->preset, st_gguf_type_name(c->wtype),
-               c->kv_dtype == ST_DTYPE_I8 ? "i8" : "f16", hp->ssm_dk, hp->ssm_dv, r);
-        fflush(stdout);
-        if (!(r <= ARCH_TOL)) {
-            printf("  ^ beyond the tolerance %.1e\n", ARCH_TOL);
-            bad++;
+        for (int f32 = 0; f32 < 2; f32++) { /* the prompt's products on f16 tensor cores, f32 */
+            setenv("STRATA_CUDA_PREFILL", f32 ? "f32" : "f16", 1);
+            double r = compare(m, m);
+            unsetenv("STRATA_CUDA_PREFILL");
+            double tol = f32 ? ARCH_TOL : ARCH_TOL_F16;
+            printf("gpu-vs-cpu %-13s %-11s %-7s kv %-3s DeltaNet %3u x %3u, prefill %s: max rel "
+                   "%.3e\n", c->arch, c->preset, st_gguf_type_name(c->wtype),
+                   c->kv_dtype == ST_DTYPE_I8 ? "i8" : "f16", hp->ssm_dk, hp->ssm_dv,
+                   f32 ? "f32" : "f16", r);
+            fflush(stdout);
+            worst[f32] = r > worst[f32] ? r : worst[f32];
+            if (!(r <= tol)) {
+                printf("  ^ beyond the tolerance %.1e\n", tol);
+                bad++;
+            }
         }
         st_model_free(m);
     }
+    printf("gpu-vs-cpu worst: prefill f16 %.3e (tolerance %.1e), f32 %.3e (tolerance %.1e)\n",
+           worst[0], ARCH_TOL_F16, worst[1], ARCH_TOL);
     if (bad)
-        fail_msg("%d of %zu cases beyond the tolerance", bad, N_CASES);
+        fail_msg("%d of %zu comparisons beyond the tolerance", bad, 2 * N_CASES);
 }
 
 /* The control: a model of another seed in the same shapes must not pass. */
