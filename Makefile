@@ -36,7 +36,7 @@ COMPONENT  ?=
 
 DEB_PKGS := pkg-config cmake make gcc liblmdb-dev lmdb-utils libzstd-dev libssl-dev libevent-dev \
             libjansson-dev libxxhash-dev libcmocka-dev libicu-dev git curl clang-14 libclang-rt-14-dev llvm-14 \
-            chromium
+            chromium redis-server libhiredis-dev
 # The independent implementations the tests compare against (llama.cpp v0.4.0, prebuilt), pinned
 # by tests/ref/package-lock.json and installed with `npm ci` into tests/ref/node_modules (Node.js
 # >= 20 and npm must be present); a stamp of the lock keeps a second `make deps` quiet.

@@ -99,6 +99,9 @@ endif()
 # link (`pkg-config --static`); Libs.private: what has no .pc (libm, threads, the CUDA runtime).
 set(ST_PC_REQUIRES_PRIVATE "lmdb libzstd libcrypto libevent libevent_pthreads jansson libxxhash icu-uc")
 set(ST_PC_LIBS_PRIVATE "-lm -pthread")
+if(STRATA_HAVE_TIER)
+  string(APPEND ST_PC_REQUIRES_PRIVATE " hiredis")
+endif()
 if(STRATA_HAVE_CUDA)
   # The CUDA runtime and cuBLAS (the toolkit ships no .pc a distribution can count on), and the
   # C++ runtime that nvcc's host code needs in a static link.

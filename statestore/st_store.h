@@ -472,6 +472,70 @@ int st_store_schema_step(st_store *st, uint32_t from, int count_only, uint64_t *
  * exist), reopened and compared (record counts, schema), fsynced; removed on failure. */
 int st_store_schema_backup(st_store *st, const char *dest_dir);
 
+/* ---- the shared tier (st_tier.c): a Redis Cluster, or one Redis, shared by several nodes -----
+ * A client of one cluster: it routes each key to the master of its slot, follows MOVED and ASK,
+ * and refreshes the cluster's map when a node is lost or the cluster is changing (st_tier.c
+ * invariants). Every call may be made from any thread: one mutex serialises them. Errors: ST_EIO
+ * when the tier cannot be reached or keeps redirecting within opts.retry_ms (the detail names the
+ * last node and what it said), ST_EINVAL for bad arguments, the others as each call says. A
+ * build without hiredis has these functions, and st_tier_open says the build has no client. */
+typedef struct st_tier st_tier;
+typedef struct st_tier_opts {
+    uint32_t timeout_ms; /* connect and per-reply timeout of one node (default 1000) */
+    uint32_t retry_ms;   /* how long one call keeps retrying a lost or changing cluster (5000) */
+} st_tier_opts;
+void st_tier_opts_default(st_tier_opts *o);
+/* url: "redis://HOST:PORT[,HOST:PORT...]", the seed nodes (at most 64); the first seed that
+ * answers gives the cluster's map (a server without cluster support serves every key). */
+int st_tier_open(st_tier **out, const char *url, const st_tier_opts *opts);
+void st_tier_close(st_tier *t); /* accepts NULL */
+
+/* Redis Cluster's slot of a key (CRC16 of the key or of its {hash tag}, mod 16384). */
+uint32_t st_tier_key_slot(const void *key, size_t n);
+
+/* Chunks, under their SHA-256: written only if absent (*written 1 if this call wrote it, 0 if
+ * it was there; written may be NULL). chunk_get copies the value into a new buffer (caller
+ * frees) of at most max bytes (else ST_ETOOBIG), after checking that it hashes to sha (else
+ * ST_ECORRUPT); ST_ENOTFOUND if absent. */
+int st_tier_chunk_put(st_tier *t, const uint8_t sha[ST_SHA256_LEN], const void *p, size_t n,
+                      int *written);
+int st_tier_chunk_get(st_tier *t, const uint8_t sha[ST_SHA256_LEN], size_t max, void **p,
+                      size_t *n);
+int st_tier_chunk_exists(st_tier *t, const uint8_t sha[ST_SHA256_LEN], int *exists);
+/* A version's manifest, immutable: put stores it once (the same bytes again succeed; other bytes
+ * under that version are ST_ECONFLICT); get as chunk_get (no hash to check: the caller checks
+ * the manifest's own records). */
+int st_tier_manifest_put(st_tier *t, const char *id, uint64_t version, const void *p, size_t n);
+int st_tier_manifest_get(st_tier *t, const char *id, uint64_t version, size_t max, void **p,
+                         size_t *n);
+/* The head of session id: its current version (0: none). head_cas moves it from expect (0:
+ * none) to next (> 0) atomically, or fails with ST_ECONFLICT; *cur (may be NULL) gets the head
+ * after the call either way. This compare-and-set is what keeps a stale node from committing. */
+int st_tier_head_get(st_tier *t, const char *id, uint64_t *version);
+int st_tier_head_cas(st_tier *t, const char *id, uint64_t expect, uint64_t next, uint64_t *cur);
+/* The lease of a live conversation: owner (a node id, 1..ST_TIER_OWNER_MAX bytes without
+ * spaces) for ttl_ms. take gives a token (ST_EBUSY if someone holds it); renew and release act
+ * only under that token (ST_EBUSY when it expired or another node took it). owner reads the
+ * holder (owner "" and *ttl_ms -2 when none). */
+#define ST_TIER_TOKEN_LEN 16
+#define ST_TIER_OWNER_MAX 64
+int st_tier_lease_take(st_tier *t, const char *id, const char *owner, uint32_t ttl_ms,
+                       char token[ST_TIER_TOKEN_LEN + 1]);
+int st_tier_lease_renew(st_tier *t, const char *id, const char *token, uint32_t ttl_ms);
+int st_tier_lease_release(st_tier *t, const char *id, const char *token);
+int st_tier_lease_owner(st_tier *t, const char *id, char *owner, size_t cap, int64_t *ttl_ms);
+/* Waits until every write since the last sync is on at least `replicas` replicas of its master
+ * (WAIT), at most timeout_ms per node: ST_EIO when fewer confirmed or a connection that wrote
+ * was lost (the writes may be gone: write them again). replicas 0 forgets the writes. */
+int st_tier_sync(st_tier *t, uint32_t replicas, uint32_t timeout_ms);
+typedef struct st_tier_stats {
+    int cluster;        /* 1: a cluster; 0: one server without cluster support */
+    uint32_t nodes;     /* masters that own slots in the map */
+    uint64_t commands, moved, asked, retries, refreshes, connects, errors, conflicts, waits;
+    uint64_t bytes_written, bytes_read;
+} st_tier_stats;
+void st_tier_stats_get(st_tier *t, st_tier_stats *s);
+
 #ifdef __cplusplus
 }
 #endif

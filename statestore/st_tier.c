@@ -1,0 +1,1016 @@
+/*
+ * st_tier.c - the shared tier's client: a Redis Cluster (or one Redis without cluster mode) that
+ * several strata-server nodes share (issue 15). hiredis speaks RESP2 to one server; the cluster
+ * part (slots, redirects, topology) is here, as cluster clients do it. Contract in st_store.h.
+ *
+ * Invariants:
+ * 1. Routing. A key's slot is CRC16-XMODEM of the key, or of its hash tag (the bytes between the
+ *    first '{' and the next '}', when not empty), mod 16384: Redis Cluster's rule, checked against
+ *    the servers' CLUSTER KEYSLOT by tests/tier. The slot map names the master of each slot as the
+ *    last CLUSTER SLOTS reply gave it; a server without cluster support owns every slot.
+ * 2. Redirects. MOVED updates the slot's owner and is retried there; ASK is retried once at the
+ *    node it names, preceded by ASKING, without touching the map; TRYAGAIN, CLUSTERDOWN, LOADING
+ *    and a lost connection wait a little (10 ms, doubling to 200) and refresh the map first. A
+ *    command gives up after ST_TIER_REDIRECTS_MAX redirects or when its retry budget (the
+ *    options' retry_ms) is spent, with ST_EIO naming the last node and what it said. Only
+ *    idempotent commands are sent (SET NX of content-addressed or immutable values, GET, EXISTS,
+ *    compare-and-set scripts, PEXPIRE under a token): a retry after a lost reply cannot apply a
+ *    change twice in a way the caller would see (a CAS whose reply was lost reports a conflict
+ *    on its retry, and the caller reads the head again).
+ * 3. Values are checked: a chunk read back hashes to the SHA-256 it is stored under (else
+ *    ST_ECORRUPT), and no reply larger than the caller's bound is copied out (ST_ETOOBIG).
+ * 4. Durability. Each node's connection remembers that it wrote since its last WAIT;
+ *    st_tier_sync sends WAIT to each such node, so an acknowledged write is on a replica too
+ *    (Redis replicates asynchronously; WAIT is what makes a failover keep it).
+ * 5. One mutex serialises the client: a command, its redirects and a refresh run under it, so
+ *    the slot map and the connections are never seen half updated.
+ * 6. Key layout (every key under the prefix "st:"): chunks "st:c:<sha-256 hex>" (no hash tag:
+ *    chunks spread over the slots), a version's manifest "st:m:{<id>}:<version>", the head
+ *    "st:h:{<id>}" and the lease "st:l:{<id>}": a session's small keys share one slot, so a
+ *    script may read and write them together. Session ids are the store's (st_store_id_valid:
+ *    no braces), so the tag is exactly the id.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "st_store.h"
+
+#if ST_HAVE_TIER
+#include <hiredis/hiredis.h>
+#endif
+
+#define ST_TIER_SLOTS 16384
+#define ST_TIER_NODES_MAX 64
+#define ST_TIER_REDIRECTS_MAX 16
+#define ST_TIER_HOST_MAX 255
+
+/* ---- the slot of a key (invariant 1) ---------------------------------------------------------- */
+static uint16_t crc16_xmodem(const uint8_t *p, size_t n)
+{
+    uint16_t crc = 0;
+    for (size_t i = 0; i < n; i++) {
+        crc ^= (uint16_t)((uint16_t)p[i] << 8);
+        for (int b = 0; b < 8; b++)
+            crc = (uint16_t)(crc & 0x8000 ? (crc << 1) ^ 0x1021 : crc << 1);
+    }
+    return crc;
+}
+
+uint32_t st_tier_key_slot(const void *key, size_t n)
+{
+    const uint8_t *k = key;
+    for (size_t i = 0; i < n; i++)
+        if (k[i] == '{') {
+            for (size_t j = i + 1; j < n; j++)
+                if (k[j] == '}') {
+                    if (j > i + 1)
+                        return crc16_xmodem(k + i + 1, j - i - 1) & (ST_TIER_SLOTS - 1);
+                    break;
+                }
+            break;
+        }
+    return crc16_xmodem(k, n) & (ST_TIER_SLOTS - 1);
+}
+
+#if !ST_HAVE_TIER
+/* ---- built without hiredis -------------------------------------------------------------------- */
+static int no_tier(void)
+{
+    return st_error_set(ST_EINVAL, "tier: this build has no Redis client (hiredis was not found "
+                                   "when it was configured)");
+}
+
+int st_tier_open(st_tier **out, const char *url, const st_tier_opts *o)
+{
+    (void)url, (void)o;
+    *out = NULL;
+    return no_tier();
+}
+void st_tier_close(st_tier *t) { (void)t; }
+int st_tier_chunk_put(st_tier *t, const uint8_t sha[ST_SHA256_LEN], const void *p, size_t n,
+                      int *written)
+{
+    (void)t, (void)sha, (void)p, (void)n, (void)written;
+    return no_tier();
+}
+int st_tier_chunk_get(st_tier *t, const uint8_t sha[ST_SHA256_LEN], size_t max, void **p,
+                      size_t *n)
+{
+    (void)t, (void)sha, (void)max, (void)p, (void)n;
+    return no_tier();
+}
+int st_tier_chunk_exists(st_tier *t, const uint8_t sha[ST_SHA256_LEN], int *exists)
+{
+    (void)t, (void)sha, (void)exists;
+    return no_tier();
+}
+int st_tier_manifest_put(st_tier *t, const char *id, uint64_t version, const void *p, size_t n)
+{
+    (void)t, (void)id, (void)version, (void)p, (void)n;
+    return no_tier();
+}
+int st_tier_manifest_get(st_tier *t, const char *id, uint64_t version, size_t max, void **p,
+                         size_t *n)
+{
+    (void)t, (void)id, (void)version, (void)max, (void)p, (void)n;
+    return no_tier();
+}
+int st_tier_head_get(st_tier *t, const char *id, uint64_t *version)
+{
+    (void)t, (void)id, (void)version;
+    return no_tier();
+}
+int st_tier_head_cas(st_tier *t, const char *id, uint64_t expect, uint64_t next, uint64_t *cur)
+{
+    (void)t, (void)id, (void)expect, (void)next, (void)cur;
+    return no_tier();
+}
+int st_tier_lease_take(st_tier *t, const char *id, const char *owner, uint32_t ttl_ms,
+                       char token[ST_TIER_TOKEN_LEN + 1])
+{
+    (void)t, (void)id, (void)owner, (void)ttl_ms, (void)token;
+    return no_tier();
+}
+int st_tier_lease_renew(st_tier *t, const char *id, const char *token, uint32_t ttl_ms)
+{
+    (void)t, (void)id, (void)token, (void)ttl_ms;
+    return no_tier();
+}
+int st_tier_lease_release(st_tier *t, const char *id, const char *token)
+{
+    (void)t, (void)id, (void)token;
+    return no_tier();
+}
+int st_tier_lease_owner(st_tier *t, const char *id, char *owner, size_t cap, int64_t *ttl_ms)
+{
+    (void)t, (void)id, (void)owner, (void)cap, (void)ttl_ms;
+    return no_tier();
+}
+int st_tier_sync(st_tier *t, uint32_t replicas, uint32_t timeout_ms)
+{
+    (void)t, (void)replicas, (void)timeout_ms;
+    return no_tier();
+}
+void st_tier_stats_get(st_tier *t, st_tier_stats *s)
+{
+    (void)t;
+    memset(s, 0, sizeof *s);
+}
+#else
+
+/* ---- the client ------------------------------------------------------------------------------ */
+typedef struct tnode {
+    char host[ST_TIER_HOST_MAX + 1];
+    int port;
+    redisContext *c;
+    int dirty; /* invariant 4: wrote since its last WAIT */
+} tnode;
+
+struct st_tier {
+    pthread_mutex_t mu; /* invariant 5 */
+    st_tier_opts o;
+    int cluster;                       /* 0: one server without cluster support */
+    tnode nodes[ST_TIER_NODES_MAX];    /* seeds first, then the masters CLUSTER SLOTS names */
+    uint32_t n_nodes, n_seeds;
+    uint16_t slot[ST_TIER_SLOTS];      /* the master of each slot: an index into nodes */
+    uint64_t epoch;                    /* a counter the lease tokens draw from */
+    int unconfirmed;                   /* invariant 4: a written connection was lost */
+    st_tier_stats st;
+};
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+static void sleep_ms(unsigned ms)
+{
+    struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* A connection closed: writes it made since its last WAIT can no longer be confirmed (WAIT
+ * counts one connection's writes), so the next st_tier_sync fails (invariant 4). */
+static void node_drop(st_tier *t, tnode *n)
+{
+    if (n->c)
+        redisFree(n->c);
+    if (n->dirty)
+        t->unconfirmed = 1;
+    n->c = NULL;
+    n->dirty = 0;
+}
+
+/* The node's connection, made if it has none; NULL with the reason in why. */
+static redisContext *node_conn(st_tier *t, tnode *n, char *why, size_t cap)
+{
+    if (n->c)
+        return n->c;
+    struct timeval tv = {(time_t)(t->o.timeout_ms / 1000), (long)(t->o.timeout_ms % 1000) * 1000};
+    redisContext *c = redisConnectWithTimeout(n->host, n->port, tv);
+    if (!c) {
+        snprintf(why, cap, "out of memory");
+        return NULL;
+    }
+    if (c->err) {
+        snprintf(why, cap, "%s", c->errstr);
+        redisFree(c);
+        return NULL;
+    }
+    if (redisSetTimeout(c, tv) != REDIS_OK) {
+        snprintf(why, cap, "%s", c->errstr);
+        redisFree(c);
+        return NULL;
+    }
+    n->c = c;
+    t->st.connects++;
+    return c;
+}
+
+/* The index of host:port in the node table, added if new; -1 when the table is full. */
+static int node_find(st_tier *t, const char *host, size_t hl, int port)
+{
+    for (uint32_t i = 0; i < t->n_nodes; i++)
+        if (t->nodes[i].port == port && strlen(t->nodes[i].host) == hl &&
+            !memcmp(t->nodes[i].host, host, hl))
+            return (int)i;
+    if (t->n_nodes == ST_TIER_NODES_MAX || hl == 0 || hl > ST_TIER_HOST_MAX)
+        return -1;
+    tnode *n = &t->nodes[t->n_nodes];
+    memcpy(n->host, host, hl);
+    n->host[hl] = 0;
+    n->port = port;
+    n->c = NULL;
+    n->dirty = 0;
+    return (int)t->n_nodes++;
+}
+
+/* "host:port" (the form MOVED, ASK and the options use): 0, or -1 if malformed. */
+static int parse_hostport(const char *s, size_t len, const char **host, size_t *hl, int *port)
+{
+    size_t colon = len;
+    for (size_t i = len; i > 0; i--)
+        if (s[i - 1] == ':') {
+            colon = i - 1;
+            break;
+        }
+    if (colon == len || colon == 0 || colon + 1 == len || len - colon > 6)
+        return -1;
+    long p = 0;
+    for (size_t i = colon + 1; i < len; i++) {
+        if (s[i] < '0' || s[i] > '9')
+            return -1;
+        p = p * 10 + (s[i] - '0');
+    }
+    if (p < 1 || p > 65535)
+        return -1;
+    *host = s;
+    *hl = colon;
+    *port = (int)p;
+    return 0;
+}
+
+/* The slot map from one node's CLUSTER SLOTS: 0, 1 if that node has no cluster support (it owns
+ * every slot), -1 if it could not be read (why says so). */
+static int refresh_from(st_tier *t, uint32_t ni, char *why, size_t cap)
+{
+    redisContext *c = node_conn(t, &t->nodes[ni], why, cap);
+    if (!c)
+        return -1;
+    redisReply *r = redisCommand(c, "CLUSTER SLOTS");
+    if (!r) {
+        snprintf(why, cap, "%s", c->errstr);
+        node_drop(t, &t->nodes[ni]);
+        return -1;
+    }
+    int rc = -1;
+    if (r->type == REDIS_REPLY_ERROR) {
+        if (strstr(r->str, "cluster support disabled")) {
+            for (uint32_t s = 0; s < ST_TIER_SLOTS; s++)
+                t->slot[s] = (uint16_t)ni;
+            t->cluster = 0;
+            rc = 1;
+        } else {
+            snprintf(why, cap, "CLUSTER SLOTS: %s", r->str);
+        }
+        freeReplyObject(r);
+        return rc;
+    }
+    if (r->type != REDIS_REPLY_ARRAY || r->elements == 0) {
+        snprintf(why, cap, "CLUSTER SLOTS: %s", r->type == REDIS_REPLY_ARRAY ? "no slots served"
+                                                                             : "not an array");
+        freeReplyObject(r);
+        return -1;
+    }
+    uint16_t map[ST_TIER_SLOTS];
+    for (uint32_t s = 0; s < ST_TIER_SLOTS; s++)
+        map[s] = UINT16_MAX;
+    for (size_t i = 0; i < r->elements; i++) {
+        redisReply *e = r->element[i];
+        if (e->type != REDIS_REPLY_ARRAY || e->elements < 3 ||
+            e->element[0]->type != REDIS_REPLY_INTEGER || e->element[1]->type != REDIS_REPLY_INTEGER ||
+            e->element[2]->type != REDIS_REPLY_ARRAY || e->element[2]->elements < 2 ||
+            e->element[2]->element[0]->type != REDIS_REPLY_STRING ||
+            e->element[2]->element[1]->type != REDIS_REPLY_INTEGER) {
+            snprintf(why, cap, "CLUSTER SLOTS: entry %zu is malformed", i);
+            freeReplyObject(r);
+            return -1;
+        }
+        long long a = e->element[0]->integer, b = e->element[1]->integer;
+        redisReply *m = e->element[2];
+        const char *host = m->element[0]->str;
+        size_t hl = m->element[0]->len;
+        long long port = m->element[1]->integer;
+        if (hl == 0) { /* an empty host: the node we asked, at the port given */
+            host = t->nodes[ni].host;
+            hl = strlen(host);
+        }
+        if (a < 0 || b >= ST_TIER_SLOTS || a > b || port < 1 || port > 65535) {
+            snprintf(why, cap, "CLUSTER SLOTS: entry %zu names slots %lld-%lld at port %lld", i,
+                     a, b, port);
+            freeReplyObject(r);
+            return -1;
+        }
+        int k = node_find(t, host, hl, (int)port);
+        if (k < 0) {
+            snprintf(why, cap, "CLUSTER SLOTS: more than %d nodes", ST_TIER_NODES_MAX);
+            freeReplyObject(r);
+            return -1;
+        }
+        for (long long s = a; s <= b; s++)
+            map[s] = (uint16_t)k;
+    }
+    freeReplyObject(r);
+    memcpy(t->slot, map, sizeof map);
+    t->cluster = 1;
+    return 0;
+}
+
+/* A new slot map from the first node that gives one (the masters known, then the seeds). */
+static int refresh(st_tier *t, char *why, size_t cap)
+{
+    t->st.refreshes++;
+    char w[256] = "no node";
+    for (uint32_t i = 0; i < t->n_nodes; i++) {
+        int rc = refresh_from(t, i, w, sizeof w);
+        if (rc >= 0)
+            return 0;
+    }
+    snprintf(why, cap, "%s", w);
+    return -1;
+}
+
+enum { R_OK, R_MOVED, R_ASK, R_RETRY };
+
+/* What an error reply asks for (invariant 2); for MOVED and ASK the node in *to. */
+static int classify(st_tier *t, const redisReply *r, int *to)
+{
+    if (r->type != REDIS_REPLY_ERROR)
+        return R_OK;
+    int moved = !strncmp(r->str, "MOVED ", 6), ask = !strncmp(r->str, "ASK ", 4);
+    if (moved || ask) {
+        const char *sp = strchr(r->str + (moved ? 6 : 4), ' ');
+        const char *host;
+        size_t hl;
+        int port;
+        if (sp && !parse_hostport(sp + 1, strlen(sp + 1), &host, &hl, &port)) {
+            if (hl == 0)
+                return R_RETRY;
+            *to = node_find(t, host, hl, port);
+            if (*to >= 0)
+                return moved ? R_MOVED : R_ASK;
+        }
+        return R_RETRY;
+    }
+    if (!strncmp(r->str, "TRYAGAIN", 8) || !strncmp(r->str, "CLUSTERDOWN", 11) ||
+        !strncmp(r->str, "LOADING", 7) || !strncmp(r->str, "MASTERDOWN", 10))
+        return R_RETRY;
+    return R_OK; /* an answer: the caller reads the error */
+}
+
+/* Runs argv at the master of key's slot, following redirects (invariant 2): the reply (caller
+ * frees; may be an error reply the command itself gave), or NULL with ST_EIO set. write: the
+ * command writes (invariant 4). */
+static redisReply *tier_cmd(st_tier *t, const char *key, size_t klen, int argc, const char **argv,
+                            const size_t *lens, int write, int *rc)
+{
+    uint32_t slot = st_tier_key_slot(key, klen);
+    double deadline = now_ms() + t->o.retry_ms;
+    unsigned backoff = 10;
+    int ask_to = -1, redirects = 0;
+    char why[512] = "";
+    int target = -1;
+    for (;;) {
+        int ni = ask_to >= 0 ? ask_to : t->slot[slot];
+        if (ni == UINT16_MAX) {
+            snprintf(why, sizeof why, "slot %u has no master in the cluster's map", slot);
+        } else {
+            target = ni;
+            tnode *n = &t->nodes[ni];
+            char cw[256];
+            redisContext *c = node_conn(t, n, cw, sizeof cw);
+            if (!c) {
+                snprintf(why, sizeof why, "%s:%d: %s", n->host, n->port, cw);
+            } else {
+                redisReply *r = NULL;
+                int sent = 1;
+                if (ask_to >= 0) {
+                    redisReply *a = redisCommand(c, "ASKING");
+                    sent = a != NULL;
+                    if (a)
+                        freeReplyObject(a);
+                }
+                if (sent)
+                    r = redisCommandArgv(c, argc, argv, lens);
+                if (!r) {
+                    snprintf(why, sizeof why, "%s:%d: %s", n->host, n->port,
+                             c->errstr[0] ? c->errstr : "no reply");
+                    node_drop(t, n);
+                    t->st.errors++;
+                } else {
+                    int to = -1, k = classify(t, r, &to);
+                    if (k == R_OK) {
+                        if (write)
+                            n->dirty = 1;
+                        t->st.commands++;
+                        return r;
+                    }
+                    snprintf(why, sizeof why, "%s:%d: %s", n->host, n->port, r->str);
+                    freeReplyObject(r);
+                    ask_to = -1;
+                    if (k == R_MOVED || k == R_ASK) {
+                        if (++redirects > ST_TIER_REDIRECTS_MAX)
+                            break;
+                        if (k == R_MOVED) {
+                            t->slot[slot] = (uint16_t)to;
+                            t->st.moved++;
+                        } else {
+                            ask_to = to;
+                            t->st.asked++;
+                        }
+                        continue;
+                    }
+                    t->st.retries++;
+                }
+            }
+        }
+        ask_to = -1;
+        if (now_ms() + backoff > deadline)
+            break;
+        sleep_ms(backoff);
+        backoff = backoff < 100 ? backoff * 2 : 200;
+        char rw[256];
+        if (refresh(t, rw, sizeof rw))
+            snprintf(why + strlen(why), sizeof why - strlen(why), "; topology: %s", rw);
+    }
+    (void)target;
+    *rc = st_error_set(ST_EIO, "tier: %s (gave up after %u ms and %d redirects)", why,
+                       t->o.retry_ms, redirects);
+    return NULL;
+}
+
+/* ---- opening -------------------------------------------------------------------------------- */
+void st_tier_opts_default(st_tier_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->timeout_ms = 1000;
+    o->retry_ms = 5000;
+}
+
+int st_tier_open(st_tier **out, const char *url, const st_tier_opts *o)
+{
+    *out = NULL;
+    static const char scheme[] = "redis://";
+    if (!url || strncmp(url, scheme, sizeof scheme - 1))
+        return st_error_set(ST_EINVAL, "tier: %s: not a redis://HOST:PORT[,HOST:PORT...] address",
+                            url ? url : "(none)");
+    st_tier *t = calloc(1, sizeof *t);
+    if (!t)
+        return st_error_set(ENOMEM, "tier");
+    if (o)
+        t->o = *o;
+    else
+        st_tier_opts_default(&t->o);
+    if (!t->o.timeout_ms)
+        t->o.timeout_ms = 1000;
+    for (uint32_t s = 0; s < ST_TIER_SLOTS; s++)
+        t->slot[s] = UINT16_MAX;
+    pthread_mutex_init(&t->mu, NULL);
+    int rc = 0;
+    const char *p = url + sizeof scheme - 1;
+    while (*p) {
+        const char *e = strchr(p, ',');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        const char *host;
+        size_t hl;
+        int port;
+        if (parse_hostport(p, len, &host, &hl, &port) || hl > ST_TIER_HOST_MAX) {
+            rc = st_error_set(ST_EINVAL, "tier: %s: seed %u ('%.*s') is not HOST:PORT", url,
+                              t->n_nodes + 1, (int)(len < 300 ? len : 300), p);
+            goto fail;
+        }
+        if (node_find(t, host, hl, port) < 0) {
+            rc = st_error_set(ST_EINVAL, "tier: %s: more than %d seeds", url, ST_TIER_NODES_MAX);
+            goto fail;
+        }
+        if (!e)
+            break;
+        p = e + 1;
+    }
+    if (!t->n_nodes) {
+        rc = st_error_set(ST_EINVAL, "tier: %s: no HOST:PORT", url);
+        goto fail;
+    }
+    t->n_seeds = t->n_nodes;
+    t->epoch = (uint64_t)time(NULL) << 20;
+    char why[256];
+    if (refresh(t, why, sizeof why)) {
+        rc = st_error_set(ST_EIO, "tier: %s: no seed answered: %s", url, why);
+        goto fail;
+    }
+    *out = t;
+    return 0;
+fail:
+    st_tier_close(t);
+    return rc;
+}
+
+void st_tier_close(st_tier *t)
+{
+    if (!t)
+        return;
+    for (uint32_t i = 0; i < t->n_nodes; i++)
+        node_drop(t, &t->nodes[i]);
+    pthread_mutex_destroy(&t->mu);
+    free(t);
+}
+
+/* ---- keys (invariant 6) ------------------------------------------------------------------- */
+static int id_ok(const char *id)
+{
+    if (!id || !st_store_id_valid(id))
+        return st_error_set(ST_EINVAL, "tier: session id '%.128s' is not valid", id ? id : "");
+    return 0;
+}
+
+static size_t key_chunk(char *k, const uint8_t sha[ST_SHA256_LEN])
+{
+    memcpy(k, "st:c:", 5);
+    st_hex_encode(k + 5, sha, ST_SHA256_LEN);
+    return 5 + 2 * ST_SHA256_LEN;
+}
+
+/* the bytes of a reply string copied into a new buffer of at most max bytes */
+static int reply_copy(const redisReply *r, size_t max, const char *what, void **p, size_t *n)
+{
+    if (r->len > max)
+        return st_error_set(ST_ETOOBIG, "tier: %s is %zu bytes (at most %zu)", what, r->len, max);
+    void *b = malloc(r->len ? r->len : 1);
+    if (!b)
+        return st_error_set(ENOMEM, "tier: %s of %zu bytes", what, r->len);
+    memcpy(b, r->str, r->len);
+    *p = b;
+    *n = r->len;
+    return 0;
+}
+
+static int unexpected(const redisReply *r, const char *what)
+{
+    if (r->type == REDIS_REPLY_ERROR)
+        return st_error_set(ST_EIO, "tier: %s: %s", what, r->str);
+    return st_error_set(ST_EIO, "tier: %s: an unexpected reply (type %d)", what, r->type);
+}
+
+/* ---- chunks --------------------------------------------------------------------------------- */
+int st_tier_chunk_put(st_tier *t, const uint8_t sha[ST_SHA256_LEN], const void *p, size_t n,
+                      int *written)
+{
+    char k[80];
+    size_t kl = key_chunk(k, sha);
+    const char *argv[] = {"SET", k, p, "NX"};
+    const size_t lens[] = {3, kl, n, 2};
+    int rc = 0;
+    pthread_mutex_lock(&t->mu);
+    redisReply *r = tier_cmd(t, k, kl, 4, argv, lens, 1, &rc);
+    if (r) {
+        if (r->type == REDIS_REPLY_STATUS) { /* OK */
+            if (written)
+                *written = 1;
+            t->st.bytes_written += n;
+        } else if (r->type == REDIS_REPLY_NIL) { /* present already: content-addressed */
+            if (written)
+                *written = 0;
+        } else {
+            rc = unexpected(r, "SET NX of a chunk");
+        }
+        freeReplyObject(r);
+    }
+    pthread_mutex_unlock(&t->mu);
+    return rc;
+}
+
+int st_tier_chunk_get(st_tier *t, const uint8_t sha[ST_SHA256_LEN], size_t max, void **p,
+                      size_t *n)
+{
+    *p = NULL;
+    *n = 0;
+    char k[80], hex[2 * ST_SHA256_LEN + 1];
+    size_t kl = key_chunk(k, sha);
+    memcpy(hex, k + 5, sizeof hex - 1);
+    hex[sizeof hex - 1] = 0;
+    const char *argv[] = {"GET", k};
+    const size_t lens[] = {3, kl};
+    int rc = 0;
+    pthread_mutex_lock(&t->mu);
+    redisReply *r = tier_cmd(t, k, kl, 2, argv, lens, 0, &rc);
+    if (r) {
+        if (r->type == REDIS_REPLY_NIL)
+            rc = st_error_set(ST_ENOTFOUND, "tier: chunk %.16s...: not in the tier", hex);
+        else if (r->type == REDIS_REPLY_STRING)
+            rc = reply_copy(r, max, "a chunk", p, n);
+        else
+            rc = unexpected(r, "GET of a chunk");
+        if (!rc)
+            t->st.bytes_read += *n;
+        freeReplyObject(r);
+    }
+    pthread_mutex_unlock(&t->mu);
+    if (!rc) { /* invariant 3 */
+        uint8_t got[ST_SHA256_LEN];
+        rc = st_sha256(*p, *n, got);
+        if (!rc && memcmp(got, sha, ST_SHA256_LEN)) {
+            char gh[2 * ST_SHA256_LEN + 1];
+            st_hex_encode(gh, got, ST_SHA256_LEN);
+            gh[2 * ST_SHA256_LEN] = 0;
+            rc = st_error_set(ST_ECORRUPT, "tier: chunk %.16s...: its %zu bytes hash to "
+                              "%.16s...", hex, *n, gh);
+        }
+        if (rc) {
+            free(*p);
+            *p = NULL;
+            *n = 0;
+        }
+    }
+    return rc;
+}
+
+int st_tier_chunk_exists(st_tier *t, const uint8_t sha[ST_SHA256_LEN], int *exists)
+{
+    char k[80];
+    size_t kl = key_chunk(k, sha);
+    const char *argv[] = {"EXISTS", k};
+    const size_t lens[] = {6, kl};
+    int rc = 0;
+    pthread_mutex_lock(&t->mu);
+    redisReply *r = tier_cmd(t, k, kl, 2, argv, lens, 0, &rc);
+    if (r) {
+        if (r->type == REDIS_REPLY_INTEGER)
+            *exists = r->integer > 0;
+        else
+            rc = unexpected(r, "EXISTS of a chunk");
+        freeReplyObject(r);
+    }
+    pthread_mutex_unlock(&t->mu);
+    return rc;
+}
+
+/* ---- manifests -------------------------------------------------------------------------------- */
+int st_tier_manifest_put(st_tier *t, const char *id, uint64_t version, const void *p, size_t n)
+{
+    int rc = id_ok(id);
+    if (rc)
+        return rc;
+    if (!version)
+        return st_error_set(ST_EINVAL, "tier: %s: version 0 is not a version", id);
+    char k[200];
+    int kl = snprintf(k, sizeof k, "st:m:{%s}:%llu", id, (unsigned long long)version);
+    /* immutable: written once; the same bytes again are a retry, other bytes a conflict */
+    static const char lua[] =
+        "local c = redis.call('GET', KEYS[1]) "
+        "if c == false then redis.call('SET', KEYS[1], ARGV[1]) return 1 end "
+        "if c == ARGV[1] then return 0 end return -1";
+    const char *argv[] = {"EVAL", lua, "1", k, p};
+    const size_t lens[] = {4, sizeof lua - 1, 1, (size_t)kl, n};
+    pthread_mutex_lock(&t->mu);
+    redisReply *r = tier_cmd(t, k, (size_t)kl, 5, argv, lens, 1, &rc);
+    if (r) {
+        if (r->type != REDIS_REPLY_INTEGER)
+            rc = unexpected(r, "the manifest's write");
+        else if (r->integer < 0)
+            rc = st_error_set(ST_ECONFLICT, "tier: %s version %llu: another manifest is stored "
+                              "under that version", id, (unsigned long long)version);
+        else if (r->integer > 0)
+            t->st.bytes_written += n;
+        freeReplyObject(r);
+    }
+    pthread_mutex_unlock(&t->mu);
+    return rc;
+}
+
+int st_tier_manifest_get(st_tier *t, const char *id, uint64_t version, size_t max, void **p,
+                         size_t *n)
+{
+    *p = NULL;
+    *n = 0;
+    int rc = id_ok(id);
+    if (rc)
+        return rc;
+    char k[200];
+    int kl = snprintf(k, sizeof k, "st:m:{%s}:%llu", id, (unsigned long long)version);
+    const char *argv[] = {"GET", k};
+    const size_t lens[] = {3, (size_t)kl};
+    pthread_mutex_lock(&t->mu);
+    redisReply *r = tier_cmd(t, k, (size_t)kl, 2, argv, lens, 0, &rc);
+    if (r) {
+        if (r->type == REDIS_REPLY_NIL)
+            rc = st_error_set(ST_ENOTFOUND, "tier: %s version %llu: no manifest in the tier", id,
+                              (unsigned long long)version);
+        else if (r->type == REDIS_REPLY_STRING)
+            rc = reply_copy(r, max, "a manifest", p, n);
+        else
+            rc = unexpected(r, "GET of a manifest");
+        if (!rc)
+            t->st.bytes_read += *n;
+        freeReplyObject(r);
+    }
+    pthread_mutex_unlock(&t->mu);
+    return rc;
+}
+
+/* ---- the head ----------------------------------------------------------------------------- */
+/* A head's value: the version in decimal. */
+static int parse_version(const redisReply *r, const char *id, uint64_t *v)
+{
+    if (r->type == REDIS_REPLY_NIL) {
+        *v = 0;
+        return 0;
+    }
+    if (r->type != REDIS_REPLY_STRING || r->len == 0 || r->len > 20)
+        return st_error_set(ST_ECORRUPT, "tier: %s: the head is not a version", id);
+    uint64_t x = 0;
+    for (size_t i = 0; i < r->len; i++) {
+        if (r->str[i] < '0' || r->str[i] > '9' || x > (UINT64_MAX - 9) / 10)
+            return st_error_set(ST_ECORRUPT, "tier: %s: the head '%.20s' is not a version", id,
+                                r->str);
+        x = x * 10 + (uint64_t)(r->str[i] - '0');
+    }
+    *v = x;
+    return 0;
+}
+
+int st_tier_head_get(st_tier *t, const char *id, uint64_t *version)
+{
+    *version = 0;
+    int rc = id_ok(id);
+    if (rc)
+        return rc;
+    char k[200];
+    int kl = snprintf(k, sizeof k, "st:h:{%s}", id);
+    const char *argv[] = {"GET", k};
+    const size_t lens[] = {3, (size_t)kl};
+    pthread_mutex_lock(&t->mu);
+    redisReply *r = tier_cmd(t, k, (size_t)kl, 2, argv, lens, 0, &rc);
+    if (r) {
+        rc = r->type == REDIS_REPLY_ERROR ? unexpected(r, "GET of a head")
+                                          : parse_version(r, id, version);
+        freeReplyObject(r);
+    }
+    pthread_mutex_unlock(&t->mu);
+    return rc;
+}
+
+int st_tier_head_cas(st_tier *t, const char *id, uint64_t expect, uint64_t next, uint64_t *cur)
+{
+    if (cur)
+        *cur = 0;
+    int rc = id_ok(id);
+    if (rc)
+        return rc;
+    if (!next)
+        return st_error_set(ST_EINVAL, "tier: %s: a head cannot move to version 0", id);
+    char k[200], ev[24], nv[24];
+    int kl = snprintf(k, sizeof k, "st:h:{%s}", id);
+    int el = snprintf(ev, sizeof ev, "%llu", (unsigned long long)expect);
+    int nl = snprintf(nv, sizeof nv, "%llu", (unsigned long long)next);
+    /* the head moves only from the version the caller read (0: none yet); the reply is what
+     * it holds afterwards, and whether this call moved it */
+    static const char lua[] =
+        "local c = redis.call('GET', KEYS[1]) "
+        "if (c == false and ARGV[1] == '0') or c == ARGV[1] then "
+        "redis.call('SET', KEYS[1], ARGV[2]) return {1, ARGV[2]} end "
+        "if c == false then return {0, '0'} end return {0, c}";
+    const char *argv[] = {"EVAL", lua, "1", k, ev, nv};
+    const size_t lens[] = {4, sizeof lua - 1, 1, (size_t)kl, (size_t)el, (size_t)nl};
+    pthread_mutex_lock(&t->mu);
+    redisReply *r = tier_cmd(t, k, (size_t)kl, 6, argv, lens, 1, &rc);
+    if (r) {
+        uint64_t now = 0;
+        if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
+            r->element[0]->type != REDIS_REPLY_INTEGER)
+            rc = unexpected(r, "the head's compare-and-set");
+        else if (!(rc = parse_version(r->element[1], id, &now))) {
+            if (cur)
+                *cur = now;
+            if (!r->element[0]->integer) {
+                t->st.conflicts++;
+                rc = st_error_set(ST_ECONFLICT, "tier: %s: the head is version %llu, not %llu",
+                                  id, (unsigned long long)now, (unsigned long long)expect);
+            }
+        }
+        freeReplyObject(r);
+    }
+    pthread_mutex_unlock(&t->mu);
+    return rc;
+}
+
+/* ---- leases ----------------------------------------------------------------------------------- */
+int st_tier_lease_take(st_tier *t, const char *id, const char *owner, uint32_t ttl_ms,
+                       char token[ST_TIER_TOKEN_LEN + 1])
+{
+    token[0] = 0;
+    int rc = id_ok(id);
+    if (rc)
+        return rc;
+    size_t ol = owner ? strlen(owner) : 0;
+    if (!ol || ol > ST_TIER_OWNER_MAX || strchr(owner, ' '))
+        return st_error_set(ST_EINVAL, "tier: lease owner '%.64s': 1..%d bytes without spaces",
+                            owner ? owner : "", ST_TIER_OWNER_MAX);
+    if (!ttl_ms)
+        return st_error_set(ST_EINVAL, "tier: %s: a lease of 0 ms", id);
+    char k[200], v[ST_TIER_OWNER_MAX + ST_TIER_TOKEN_LEN + 2], ttl[16];
+    int kl = snprintf(k, sizeof k, "st:l:{%s}", id);
+    pthread_mutex_lock(&t->mu);
+    uint64_t x = ++t->epoch ^ ((uint64_t)(uintptr_t)t << 7) ^ (uint64_t)now_ms();
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    char tok[ST_TIER_TOKEN_LEN + 1];
+    snprintf(tok, sizeof tok, "%016llx", (unsigned long long)x);
+    int vl = snprintf(v, sizeof v, "%s %s", owner, tok);
+    int tl = snprintf(ttl, sizeof ttl, "%u", ttl_ms);
+    const char *argv[] = {"SET", k, v, "NX", "PX", ttl};
+    const size_t lens[] = {3, (size_t)kl, (size_t)vl, 2, 2, (size_t)tl};
+    redisReply *r = tier_cmd(t, k, (size_t)kl, 6, argv, lens, 1, &rc);
+    if (r) {
+        if (r->type == REDIS_REPLY_STATUS) {
+            memcpy(token, tok, sizeof tok);
+        } else if (r->type == REDIS_REPLY_NIL) {
+            t->st.conflicts++;
+            rc = st_error_set(ST_EBUSY, "tier: %s: another node holds its lease", id);
+        } else {
+            rc = unexpected(r, "SET NX of a lease");
+        }
+        freeReplyObject(r);
+    }
+    pthread_mutex_unlock(&t->mu);
+    return rc;
+}
+
+/* A script over the lease that acts only while it holds token: 1 done, 0 not held. */
+static int lease_script(st_tier *t, const char *id, const char *token, const char *lua,
+                        size_t lual, const char *arg, const char *what)
+{
+    int rc = id_ok(id);
+    if (rc)
+        return rc;
+    if (!token || strlen(token) != ST_TIER_TOKEN_LEN)
+        return st_error_set(ST_EINVAL, "tier: %s: not a lease token", id);
+    char k[200];
+    int kl = snprintf(k, sizeof k, "st:l:{%s}", id);
+    const char *argv[] = {"EVAL", lua, "1", k, token, arg};
+    const size_t lens[] = {4, lual, 1, (size_t)kl, ST_TIER_TOKEN_LEN, strlen(arg)};
+    pthread_mutex_lock(&t->mu);
+    redisReply *r = tier_cmd(t, k, (size_t)kl, 6, argv, lens, 1, &rc);
+    if (r) {
+        if (r->type != REDIS_REPLY_INTEGER)
+            rc = unexpected(r, what);
+        else if (!r->integer)
+            rc = st_error_set(ST_EBUSY, "tier: %s: the lease is not held under that token (it "
+                              "expired or another node took it)", id);
+        freeReplyObject(r);
+    }
+    pthread_mutex_unlock(&t->mu);
+    return rc;
+}
+
+/* the value is "owner token": the token is what follows the last space */
+#define LEASE_HELD "local c = redis.call('GET', KEYS[1]) " \
+                   "if c == false or string.sub(c, -16) ~= ARGV[1] then return 0 end "
+
+int st_tier_lease_renew(st_tier *t, const char *id, const char *token, uint32_t ttl_ms)
+{
+    static const char lua[] = LEASE_HELD "redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 1";
+    if (!ttl_ms)
+        return st_error_set(ST_EINVAL, "tier: %s: a lease of 0 ms", id ? id : "");
+    char ttl[16];
+    snprintf(ttl, sizeof ttl, "%u", ttl_ms);
+    return lease_script(t, id, token, lua, sizeof lua - 1, ttl, "the lease's renewal");
+}
+
+int st_tier_lease_release(st_tier *t, const char *id, const char *token)
+{
+    static const char lua[] = LEASE_HELD "redis.call('DEL', KEYS[1]) return 1";
+    return lease_script(t, id, token, lua, sizeof lua - 1, "0", "the lease's release");
+}
+
+int st_tier_lease_owner(st_tier *t, const char *id, char *owner, size_t cap, int64_t *ttl_ms)
+{
+    if (cap)
+        owner[0] = 0;
+    *ttl_ms = -2;
+    int rc = id_ok(id);
+    if (rc)
+        return rc;
+    char k[200];
+    int kl = snprintf(k, sizeof k, "st:l:{%s}", id);
+    static const char lua[] = "return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1])}";
+    const char *argv[] = {"EVAL", lua, "1", k};
+    const size_t lens[] = {4, sizeof lua - 1, 1, (size_t)kl};
+    pthread_mutex_lock(&t->mu);
+    redisReply *r = tier_cmd(t, k, (size_t)kl, 4, argv, lens, 0, &rc);
+    if (r) {
+        /* a missing key makes the GET's false the script's nil, which ends the array early */
+        if (r->type != REDIS_REPLY_ARRAY || r->elements < 1)
+            rc = unexpected(r, "the lease's read");
+        else if (r->element[0]->type == REDIS_REPLY_STRING && r->elements == 2 &&
+                 r->element[1]->type == REDIS_REPLY_INTEGER) {
+            const char *sp = memchr(r->element[0]->str, ' ', r->element[0]->len);
+            size_t ol = sp ? (size_t)(sp - r->element[0]->str) : r->element[0]->len;
+            if (cap) {
+                size_t c = ol < cap - 1 ? ol : cap - 1;
+                memcpy(owner, r->element[0]->str, c);
+                owner[c] = 0;
+            }
+            *ttl_ms = r->element[1]->integer;
+        } else if (r->element[0]->type != REDIS_REPLY_NIL) {
+            rc = unexpected(r, "the lease's read");
+        }
+        freeReplyObject(r);
+    }
+    pthread_mutex_unlock(&t->mu);
+    return rc;
+}
+
+/* ---- durability (invariant 4) ---------------------------------------------------------------- */
+int st_tier_sync(st_tier *t, uint32_t replicas, uint32_t timeout_ms)
+{
+    int rc = 0;
+    pthread_mutex_lock(&t->mu);
+    if (t->unconfirmed && replicas) {
+        t->unconfirmed = 0;
+        rc = st_error_set(ST_EIO, "tier: a connection that wrote was lost before its writes "
+                          "were confirmed on a replica (write them again)");
+    }
+    for (uint32_t i = 0; i < t->n_nodes && !rc; i++) {
+        tnode *n = &t->nodes[i];
+        if (!n->dirty || !n->c)
+            continue;
+        if (!replicas) {
+            n->dirty = 0;
+            t->unconfirmed = 0;
+            continue;
+        }
+        redisReply *r = redisCommand(n->c, "WAIT %u %u", replicas, timeout_ms);
+        if (!r) {
+            rc = st_error_set(ST_EIO, "tier: WAIT at %s:%d: %s (its writes may be lost)", n->host,
+                              n->port, n->c->errstr[0] ? n->c->errstr : "no reply");
+            node_drop(t, n);
+        } else {
+            if (r->type != REDIS_REPLY_INTEGER)
+                rc = unexpected(r, "WAIT");
+            else if (r->integer < (long long)replicas)
+                rc = st_error_set(ST_EIO, "tier: %s:%d: %lld of %u replicas confirmed the writes "
+                                  "within %u ms", n->host, n->port, r->integer, replicas,
+                                  timeout_ms);
+            else
+                n->dirty = 0;
+            freeReplyObject(r);
+        }
+        t->st.waits++;
+    }
+    pthread_mutex_unlock(&t->mu);
+    return rc;
+}
+
+void st_tier_stats_get(st_tier *t, st_tier_stats *s)
+{
+    pthread_mutex_lock(&t->mu);
+    *s = t->st;
+    s->cluster = t->cluster;
+    s->nodes = 0;
+    for (uint32_t i = 0; i < t->n_nodes; i++) {
+        int owns = 0;
+        for (uint32_t k = 0; k < ST_TIER_SLOTS && !owns; k++)
+            owns = t->slot[k] == i;
+        s->nodes += owns;
+    }
+    pthread_mutex_unlock(&t->mu);
+}
+#endif
