@@ -67,6 +67,9 @@ if(NOT STRATA_FUZZ)
   if(STRATA_HAVE_CUDA)
     list(APPEND ST_DEPS CUDA::cudart CUDA::cublas)
   endif()
+  if(STRATA_HAVE_TIER)
+    list(APPEND ST_DEPS PkgConfig::HIREDIS)
+  endif()
 
   # Linked as the programs are: by nvcc's driver where CUDA objects are in
   if(STRATA_HAVE_CUDA)
