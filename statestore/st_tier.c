@@ -405,7 +405,7 @@ static redisReply *tier_cmd(st_tier *t, const char *key, size_t klen, int argc, 
     double deadline = now_ms() + t->o.retry_ms;
     unsigned backoff = 10;
     int ask_to = -1, redirects = 0;
-    char why[512] = "";
+    char why[1024] = "";
     int target = -1;
     for (;;) {
         int ni = ask_to >= 0 ? ask_to : t->slot[slot];
