@@ -406,13 +406,11 @@ static redisReply *tier_cmd(st_tier *t, const char *key, size_t klen, int argc, 
     unsigned backoff = 10;
     int ask_to = -1, redirects = 0;
     char why[1024] = "";
-    int target = -1;
     for (;;) {
         int ni = ask_to >= 0 ? ask_to : t->slot[slot];
         if (ni == UINT16_MAX) {
             snprintf(why, sizeof why, "slot %u has no master in the cluster's map", slot);
         } else {
-            target = ni;
             tnode *n = &t->nodes[ni];
             char cw[256];
             redisContext *c = node_conn(t, n, cw, sizeof cw);
@@ -470,7 +468,6 @@ static redisReply *tier_cmd(st_tier *t, const char *key, size_t klen, int argc, 
         if (refresh(t, rw, sizeof rw))
             snprintf(why + strlen(why), sizeof why - strlen(why), "; topology: %s", rw);
     }
-    (void)target;
     *rc = st_error_set(ST_EIO, "tier: %s (gave up after %u ms and %d redirects)", why,
                        t->o.retry_ms, redirects);
     return NULL;

@@ -451,7 +451,6 @@ static void test_single_and_errors(void **state)
     free(d);
     OK(st_tier_head_cas(t, "solo", 0, 1, NULL));
     st_tier_close(t);
-    int port = one.port[0];
     rc_stop(&one);
     /* nothing listens there now */
     st_tier_opts o;
@@ -469,7 +468,6 @@ static void test_single_and_errors(void **state)
         assert_null(t);
     }
     assert_int_equal(st_tier_open(&t, NULL, &o), ST_EINVAL);
-    (void)port;
 }
 
 static int setup(void **state)
