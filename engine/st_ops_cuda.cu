@@ -11,14 +11,13 @@
  *    runs without a synchronisation except where the MoE layer downloads its selection.
  * 2. Products: a weight read for one token is the matrix-vector product of st_qmv_cuda.cu
  *    (every type has a kernel), dequantized in registers, when it is unstrided and it and x are
- *    16-byte aligned. With STRATA_CUDA_PREFILL=f16 (read at st_ops_cuda_new; opt-in until it
- *    has been measured on a GPU), a product of several tokens of a weight that is not F32 runs
- *    on the tensor cores: the activations rounded to f16 once
- *    per matmul call (the products of one call share them), the weight's rows rounded to f16 a
- *    tile at a time (st_cuda_dequant_rows_h; F16 weights read in place), cuBLAS GemmEx with f16
- *    inputs and f32 sums (the handle in its default math mode for that call only, atomics
- *    disallowed, a fixed workspace). Otherwise (the default, STRATA_CUDA_PREFILL unset or f32),
- *    and for a one-token product the matrix-vector kernels do not take, the rows are widened
+ *    16-byte aligned. By default (STRATA_CUDA_PREFILL unset or f16, read at st_ops_cuda_new), a
+ *    product of several tokens of a weight that is not F32 runs on the tensor cores: the
+ *    activations rounded to f16 once per matmul call (the products of one call share them), the
+ *    weight's rows rounded to f16 a tile at a time (st_cuda_dequant_rows_h; F16 weights read in
+ *    place), cuBLAS GemmEx with f16 inputs and f32 sums (the handle in its default math mode for
+ *    that call only, atomics disallowed, a fixed workspace). With STRATA_CUDA_PREFILL=f32, and
+ *    for a one-token product the matrix-vector kernels do not take, the rows are widened
  *    to f32 (st_cuda_dequant_rows, the CPU's exact values) into the scratch tile and multiplied
  *    by cuBLAS SGEMM (FP32, CUBLAS_PEDANTIC_MATH: no TF32). F32 weights go to SGEMM directly
  *    either way. Both use the one 64 MiB scratch tile (the f16 path: 16 MiB of weight, 48 MiB
@@ -64,6 +63,11 @@
  *    those beyond the position empty (the merge passes over them exactly), so its bits are
  *    those of the direct launches, and a graph captured at one position serves its span (the
  *    backend captures again in the next one).
+ * 9. Attention of several tokens in the f16 mode (invariant 2's default) over f16 K/V whose
+ *    head_dim is a multiple of 16 runs on the tensor cores (k_attn_tc: tiles of 64 queries and
+ *    64 keys, the queries and the softmax weights rounded to f16, scores, softmax and sums in
+ *    f32, one pass over the keys with an online softmax, no splits). Otherwise (f32 mode, i8
+ *    K/V, other widths, one token) attention is k_attn on the CUDA cores in f32.
  */
 #include <errno.h>
 #include <math.h>
@@ -75,6 +79,7 @@
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <mma.h>
 
 extern "C" {
 #include "st_ops_int.h"
@@ -133,7 +138,7 @@ struct st_ops_cuda {
     uint64_t *pos_h;  /* its pinned staging */
     int dyn;          /* invariant 8 */
     float *deq;       /* a widened weight tile: OC_DEQ_FLOATS; or the f16 tiles (invariant 2) */
-    int gemm16;       /* products of several tokens on f16 tensor cores (invariant 2) */
+    int gemm16;       /* products and attention of several tokens on f16 tensor cores (2, 9) */
     const float *xh_src; /* the activations the f16 tile holds now (NULL: none), ... */
     uint32_t xh_ldx, xh_cols, xh_T; /* ... their layout: valid within one matmul call */
     float *att_part;  /* attention's split partials: att_cap x (max_hd + 2) */
@@ -1150,6 +1155,141 @@ __global__ void k_attn_merge(oc_attn a)
     }
 }
 
+/* ---- attention of several tokens on f16 tensor cores (invariant 9) ------------------------------ */
+/* One block of OC_TC_WARPS warps per (tile of OC_TC_Q query tokens, head); warp w owns query
+ * rows 16 w .. 16 w + 15 of the tile. The keys go by in tiles of OC_TC_K rows staged in shared
+ * memory as they are in the pages (f16); per key tile each warp computes its scores S = Q K^T
+ * (WMMA 16x16x16, f16 inputs, f32 sums), the online softmax in f32 (two lanes per row: the
+ * running max, the sum of the f16-rounded weights), the weights P rounded to f16 and the output
+ * O += P V (the accumulator in shared memory, rescaled by the row's correction first). Keys
+ * beyond a row's position are masked; query rows past T are zero and never written. */
+#define OC_TC_Q 64
+#define OC_TC_K 64
+#define OC_TC_WARPS (OC_TC_Q / 16)
+#define OC_TC_LDS (OC_TC_K + 4) /* the scores' row stride (floats) */
+#define OC_TC_LDP (OC_TC_K + 8) /* the weights' row stride (halves) */
+
+static size_t attn_tc_smem(uint32_t hd)
+{
+    size_t ldh = hd + 8, ldo = hd + 4;
+    return 3 * (size_t)OC_TC_Q * ldh * 2 + (size_t)OC_TC_WARPS * 16 * OC_TC_LDS * 4 +
+           (size_t)OC_TC_WARPS * 16 * OC_TC_LDP * 2 + (size_t)OC_TC_Q * ldo * 4;
+}
+
+/* f16 K/V in rows of 16-byte pieces, head_dim a multiple of 16 and the shared memory at hand */
+static int attn_tc_fits(const st_ops_cuda *oc, const oc_kv *g)
+{
+    return !g->i8 && g->hd % 16 == 0 && g->off_k % 16 == 0 && g->off_v % 16 == 0 &&
+           g->row % 16 == 0 && attn_tc_smem(g->hd) <= oc->dn_smem_max;
+}
+
+__global__ void __launch_bounds__(32 * OC_TC_WARPS) k_attn_tc(oc_attn a, uint32_t T)
+{
+    using namespace nvcuda;
+    st_pdl_begin(); /* st_launch_cuda.cuh rule 1 */
+    extern __shared__ __align__(128) unsigned char tc_sm[];
+    const oc_kv &g = a.g;
+    const uint32_t hd = g.hd, ldh = hd + 8, ldo = hd + 4, h = blockIdx.y;
+    const uint32_t t0 = blockIdx.x * OC_TC_Q, kvh = h / (a.n_head / g.nkv);
+    const uint32_t lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    __half *Qs = (__half *)tc_sm, *Ks = Qs + OC_TC_Q * ldh, *Vs = Ks + OC_TC_K * ldh;
+    float *Ss = (float *)(Vs + OC_TC_K * ldh) + (size_t)w * 16 * OC_TC_LDS;
+    __half *Ps = (__half *)((float *)(Vs + OC_TC_K * ldh) + OC_TC_WARPS * 16 * OC_TC_LDS) +
+                 (size_t)w * 16 * OC_TC_LDP;
+    float *Os = (float *)((__half *)((float *)(Vs + OC_TC_K * ldh) + OC_TC_WARPS * 16 * OC_TC_LDS) +
+                          OC_TC_WARPS * 16 * OC_TC_LDP);
+    const uint64_t pos = a.posp ? *a.posp : a.pos0;
+    const uint32_t tend = t0 + OC_TC_Q < T ? t0 + OC_TC_Q : T;
+    const uint64_t nk = pos + tend; /* the keys any row of the tile sees */
+    for (uint32_t i = threadIdx.x; i < OC_TC_Q * hd; i += blockDim.x) {
+        uint32_t r = i / hd, c = i % hd;
+        float v = t0 + r < T ? a.q[(size_t)(t0 + r) * a.ldq + (size_t)h * hd + c] : 0.0f;
+        Qs[r * ldh + c] = __float2half_rn(v);
+        Os[r * ldo + c] = 0.0f;
+    }
+    const uint32_t rl = lane >> 1, half_ = lane & 1, row = w * 16 + rl;
+    const int valid = t0 + row < T;
+    const uint64_t qp = pos + t0 + row;            /* the row's position: keys 0..qp */
+    const uint64_t wlast = pos + t0 + w * 16 + 15; /* the warp's last row's position */
+    const size_t hoff = (size_t)kvh * hd * 2;
+    const uint32_t vec = hd / 8; /* 16-byte pieces of a K or V row */
+    float m = -INFINITY, l = 0.0f;
+    for (uint64_t j0 = 0; j0 < nk; j0 += OC_TC_K) {
+        __syncthreads(); /* the previous tile's K and V are no longer read */
+        for (uint32_t i = threadIdx.x; i < OC_TC_K * vec; i += blockDim.x) {
+            uint32_t r = i / vec, c = i % vec;
+            uint64_t j = j0 + r;
+            uint4 kv4 = make_uint4(0, 0, 0, 0), vv4 = make_uint4(0, 0, 0, 0);
+            if (j < nk) {
+                uint32_t page = (uint32_t)j / g.ps, in = (uint32_t)j % g.ps;
+                kv4 = ((const uint4 *)(kv_row(g, g.off_k, g.row, page, in) + hoff))[c];
+                vv4 = ((const uint4 *)(kv_row(g, g.off_v, g.row, page, in) + hoff))[c];
+            }
+            ((uint4 *)(Ks + r * ldh))[c] = kv4;
+            ((uint4 *)(Vs + r * ldh))[c] = vv4;
+        }
+        __syncthreads();
+        if (j0 > wlast)
+            continue; /* every key of the tile is past every row of this warp */
+        for (uint32_t n = 0; n < OC_TC_K / 16; n++) {
+            wmma::fragment<wmma::accumulator, 16, 16, 16, float> s;
+            wmma::fill_fragment(s, 0.0f);
+            for (uint32_t k = 0; k < hd / 16; k++) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> qa;
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> kb;
+                wmma::load_matrix_sync(qa, Qs + (size_t)w * 16 * ldh + k * 16, ldh);
+                wmma::load_matrix_sync(kb, Ks + (size_t)n * 16 * ldh + k * 16, ldh);
+                wmma::mma_sync(s, qa, kb, s);
+            }
+            wmma::store_matrix_sync(Ss + n * 16, s, OC_TC_LDS, wmma::mem_row_major);
+        }
+        __syncwarp();
+        /* the online softmax: lanes 2 r and 2 r + 1 share row r, 32 keys each */
+        const float *sr = Ss + rl * OC_TC_LDS + half_ * (OC_TC_K / 2);
+        __half *pr = Ps + rl * OC_TC_LDP + half_ * (OC_TC_K / 2);
+        float mx = -INFINITY;
+        for (uint32_t c = 0; c < OC_TC_K / 2; c++) {
+            uint64_t j = j0 + half_ * (OC_TC_K / 2) + c;
+            if (valid && j <= qp)
+                mx = fmaxf(mx, sr[c] * a.scale);
+        }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        float mn = fmaxf(m, mx), corr = mn == -INFINITY ? 1.0f : expf(m - mn), sum = 0.0f;
+        for (uint32_t c = 0; c < OC_TC_K / 2; c++) {
+            uint64_t j = j0 + half_ * (OC_TC_K / 2) + c;
+            __half p = __float2half_rn(valid && j <= qp ? expf(sr[c] * a.scale - mn) : 0.0f);
+            pr[c] = p;
+            sum += __half2float(p);
+        }
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        l = __fmaf_rn(l, corr, sum);
+        m = mn;
+        float *orow = Os + (size_t)row * ldo;
+        for (uint32_t c = half_ * (hd / 2); c < (half_ + 1) * (hd / 2); c++)
+            orow[c] *= corr;
+        __syncwarp();
+        for (uint32_t n = 0; n < hd / 16; n++) {
+            wmma::fragment<wmma::accumulator, 16, 16, 16, float> o;
+            wmma::load_matrix_sync(o, Os + (size_t)w * 16 * ldo + n * 16, ldo, wmma::mem_row_major);
+            for (uint32_t k = 0; k < OC_TC_K / 16; k++) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> pa;
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> vb;
+                wmma::load_matrix_sync(pa, Ps + k * 16, OC_TC_LDP);
+                wmma::load_matrix_sync(vb, Vs + (size_t)k * 16 * ldh + n * 16, ldh);
+                wmma::mma_sync(o, pa, vb, o);
+            }
+            wmma::store_matrix_sync(Os + (size_t)w * 16 * ldo + n * 16, o, ldo, wmma::mem_row_major);
+        }
+        __syncwarp();
+    }
+    if (!valid)
+        return;
+    const float *orow = Os + (size_t)row * ldo;
+    float *dst = a.out + (size_t)(t0 + row) * a.ldo + (size_t)h * hd;
+    for (uint32_t c = half_ * (hd / 2); c < (half_ + 1) * (hd / 2); c++)
+        dst[c] = orow[c] / l;
+}
+
 uint64_t st_ops_cuda_att_span(const st_ops_cuda *oc, uint64_t pos)
 {
     uint64_t span = OC_ATT_SPAN0;
@@ -1182,6 +1322,23 @@ static void oc_attention(void *ocp, const st_kv_view *kv, const float *q, uint32
         return oc_fail(oc, st_error_set(ST_EINVAL, "cuda operations: attention over %llu keys "
                                         "(the context is %u)", (unsigned long long)(pos0 + T),
                                         oc->n_ctx));
+    a.posp = POSP(oc);
+    a.q = q;
+    a.out = out;
+    a.part = oc->att_part;
+    a.ldq = ldq;
+    a.ldo = ldo;
+    a.n_head = n_head;
+    a.pos0 = pos0;
+    a.scale = 1.0f / sqrtf((float)a.g.hd);
+    if (T > 1 && oc->gemm16 && attn_tc_fits(oc, &a.g)) { /* invariant 9 */
+        a.ks = 0;
+        a.nsplit = 1;
+        (void)st_launch(k_attn_tc, dim3((T + OC_TC_Q - 1) / OC_TC_Q, n_head), 32 * OC_TC_WARPS,
+                        attn_tc_smem(a.g.hd), oc->stream, a, T);
+        LAUNCHED(oc, "k_attn_tc");
+        return;
+    }
     uint64_t nk = pos0 + T, base = (uint64_t)T * n_head, target = 8ull * (uint64_t)oc->n_sm;
     uint32_t nsplit = 1;
     if (T == 1) {
@@ -1212,15 +1369,6 @@ static void oc_attention(void *ocp, const st_kv_view *kv, const float *q, uint32
         a.ks = (uint32_t)((nk + nsplit - 1) / nsplit);
     }
     a.nsplit = nsplit;
-    a.posp = POSP(oc);
-    a.q = q;
-    a.out = out;
-    a.part = oc->att_part;
-    a.ldq = ldq;
-    a.ldo = ldo;
-    a.n_head = n_head;
-    a.pos0 = pos0;
-    a.scale = 1.0f / sqrtf((float)a.g.hd);
     dim3 grid(T, n_head, nsplit);
     switch ((a.g.hd + 31) / 32) { /* <= 8: head_dim <= OC_MAX_HD (kv_of) */
     case 1: (void)st_launch(k_attn<1>, grid, 32 * OC_ATT_WARPS, 0, oc->stream, a); break;
@@ -1484,10 +1632,10 @@ int st_ops_cuda_new(void *stream, uint32_t max_T, uint32_t n_ctx, uint32_t max_h
         }
     }
     const char *gv = getenv("STRATA_CUDA_PREFILL");
-    oc->gemm16 = gv && !strcmp(gv, "f16");
+    oc->gemm16 = !(gv && !strcmp(gv, "f32"));
     if (gv && *gv && strcmp(gv, "f32") && strcmp(gv, "f16"))
         fprintf(stderr, "strata: cuda operations: STRATA_CUDA_PREFILL=%s: f16 or f32; the "
-                "products of several tokens stay on f32 SGEMM\n", gv);
+                "prompt's products and attention stay on the f16 tensor cores\n", gv);
     oc->max_T = max_T ? max_T : 1;
     oc->n_ctx = n_ctx;
     oc->max_hd = max_head_dim ? max_head_dim : 1;
@@ -1506,7 +1654,10 @@ int st_ops_cuda_new(void *stream, uint32_t max_T, uint32_t n_ctx, uint32_t max_h
                       "cudaFuncSetAttribute (delta rule)")) ||
         (rc = oc_cuda(oc, cudaFuncSetAttribute(k_delta_rule<false>,
                                                cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-                      "cudaFuncSetAttribute (delta rule)")))
+                      "cudaFuncSetAttribute (delta rule)")) ||
+        (rc = oc_cuda(oc, cudaFuncSetAttribute(k_attn_tc,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+                      "cudaFuncSetAttribute (attention)")))
         goto fail;
     bs = cublasCreate(&oc->blas);
     if (bs == CUBLAS_STATUS_SUCCESS)

@@ -1,8 +1,9 @@
 /*
  * test_gpu_arch.c - every architecture of the engine on the CUDA backend's operation table
  * (engine/st_ops_cuda.cu, st_backend_cuda.cu invariant 8), against the CPU backend:
- * - logits of a prompt read in chunks (the products of many tokens: f32 tiles and SGEMM, and
- *   with STRATA_CUDA_PREFILL=f16 f16 tiles on the tensor cores) and of teacher-forced decode
+ * - logits of a prompt read in chunks of 64 and in one chunk (the products and attention of
+ *   many tokens: f16 tiles and attention on the tensor cores by default, f32 tiles, SGEMM and
+ *   CUDA-core attention with STRATA_CUDA_PREFILL=f32) and of teacher-forced decode
  *   steps (one token: the quantized matrix-vector kernels) agree with the CPU's (weights
  *   computed in f32 on their dequantized values: quant_f32) within ARCH_TOL_F16 and ARCH_TOL
  *   (max |logit difference| / max |CPU logit|, printed), for llama, qwen3, qwen35, qwen35moe,
@@ -33,12 +34,13 @@
 #include "st_wtype.h"
 #include "gpu_test.h"
 
-/* max |GPU logit - CPU logit| over max |CPU logit|: by default both compute in f32 on the same
- * weight values, in other orders; with STRATA_CUDA_PREFILL=f16 the GPU's products of several
- * tokens (the prompt's chunks) round weights and activations to f16 for the tensor cores
- * (st_ops_cuda.cu invariant 2): ARCH_TOL_F16 */
+/* max |GPU logit - CPU logit| over max |CPU logit|: with STRATA_CUDA_PREFILL=f32 both compute
+ * in f32 on the same weight values, in other orders (ARCH_TOL); in the f16 mode, the default, the
+ * GPU's products and attention of several tokens (the prompt's chunks) round weights, activations,
+ * queries and softmax weights to f16 for the tensor cores (st_ops_cuda.cu invariants 2 and 9):
+ * ARCH_TOL_F16, about 5x the worst measured (1.05e-3 on the H100, session 20) */
 #define ARCH_TOL 5e-3
-#define ARCH_TOL_F16 2e-2
+#define ARCH_TOL_F16 5e-3
 
 static char g_dir[4096];
 
@@ -69,6 +71,17 @@ static void huge_odd_heads(st_model_hparams *hp)
     hp->ssm_dv = 240;
 }
 
+/* attention heads of 128 and 256 (Qwen3.5's), the widest the tensor-core attention takes */
+static void wide_attention(st_model_hparams *hp)
+{
+    hp->head_dim = hp->head_dim * 4 <= 128 ? 128 : 256;
+}
+
+static void widest_attention(st_model_hparams *hp)
+{
+    hp->head_dim = 256;
+}
+
 static const acase k_cases[] = {
     {"llama", "tiny", ST_GGML_F32, ST_DTYPE_F16, NULL},
     {"llama", "tiny-untied", ST_GGML_BF16, ST_DTYPE_I8, NULL},
@@ -97,6 +110,8 @@ static const acase k_cases[] = {
     {"qwen35", "tiny", ST_GGML_F32, ST_DTYPE_F16, big_heads},
     {"qwen35", "tiny", ST_GGML_F32, ST_DTYPE_F16, odd_heads},
     {"qwen35", "tiny", ST_GGML_F32, ST_DTYPE_F16, huge_odd_heads},
+    {"qwen35", "tiny", ST_GGML_F32, ST_DTYPE_F16, widest_attention},
+    {"llama", "tiny-q", ST_GGML_Q4_K, ST_DTYPE_F16, wide_attention},
 };
 #define N_CASES (sizeof k_cases / sizeof k_cases[0])
 
@@ -177,10 +192,10 @@ static double rel_err(const float *ref, const float *x, uint32_t n)
 
 /* The prompt (three chunks) and N_DEC teacher-forced decodes on mc (CPU) and mg (GPU); the
  * largest relative error. */
-static double compare(const st_model *mc, const st_model *mg)
+static double compare(const st_model *mc, const st_model *mg, uint32_t ubatch)
 {
     uint32_t V = st_model_hparams_get(mc)->n_vocab;
-    st_engine *ec = engine(mc, "cpu", UBATCH), *eg = engine(mg, "cuda", UBATCH);
+    st_engine *ec = engine(mc, "cpu", ubatch), *eg = engine(mg, "cuda", ubatch);
     st_slot *sc = NULL, *sg = NULL;
     ST_OK(st_slot_new(ec, &sc));
     ST_OK(st_slot_new(eg, &sg));
@@ -212,15 +227,19 @@ static void test_agree(void **state)
         const acase *c = &k_cases[i];
         st_model *m = load_case(c, 7);
         const st_model_hparams *hp = st_model_hparams_get(m);
-        for (int f32 = 0; f32 < 2; f32++) { /* the prompt's products on f16 tensor cores, f32 */
+        /* the prompt on f16 tensor cores in chunks of UBATCH and in one chunk (several tiles
+         * of queries), then on f32 */
+        for (int run = 0; run < 3; run++) {
+            int f32 = run == 2;
+            uint32_t ub = run == 1 ? N_PROMPT : UBATCH;
             setenv("STRATA_CUDA_PREFILL", f32 ? "f32" : "f16", 1);
-            double r = compare(m, m);
+            double r = compare(m, m, ub);
             unsetenv("STRATA_CUDA_PREFILL");
             double tol = f32 ? ARCH_TOL : ARCH_TOL_F16;
-            printf("gpu-vs-cpu %-13s %-11s %-7s kv %-3s DeltaNet %3u x %3u, prefill %s: max rel "
-                   "%.3e\n", c->arch, c->preset, st_gguf_type_name(c->wtype),
+            printf("gpu-vs-cpu %-13s %-11s %-7s kv %-3s DeltaNet %3u x %3u, head %3u, prefill %s "
+                   "in %3u: max rel %.3e\n", c->arch, c->preset, st_gguf_type_name(c->wtype),
                    c->kv_dtype == ST_DTYPE_I8 ? "i8" : "f16", hp->ssm_dk, hp->ssm_dv,
-                   f32 ? "f32" : "f16", r);
+                   hp->head_dim, f32 ? "f32" : "f16", ub, r);
             fflush(stdout);
             worst[f32] = r > worst[f32] ? r : worst[f32];
             if (!(r <= tol)) {
@@ -233,7 +252,7 @@ static void test_agree(void **state)
     printf("gpu-vs-cpu worst: prefill f16 %.3e (tolerance %.1e), f32 %.3e (tolerance %.1e)\n",
            worst[0], ARCH_TOL_F16, worst[1], ARCH_TOL);
     if (bad)
-        fail_msg("%d of %zu comparisons beyond the tolerance", bad, 2 * N_CASES);
+        fail_msg("%d of %zu comparisons beyond the tolerance", bad, 3 * N_CASES);
 }
 
 /* The control: a model of another seed in the same shapes must not pass. */
@@ -243,7 +262,7 @@ static void test_control(void **state)
     const acase *cs[] = {&k_cases[2], &k_cases[10], &k_cases[19]};
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
         st_model *a = load_case(cs[i], 7), *b = load_case(cs[i], 8);
-        double r = compare(a, b);
+        double r = compare(a, b, UBATCH);
         printf("control %-13s %-7s (other seed): max rel %.3e\n", cs[i]->arch,
                st_gguf_type_name(cs[i]->wtype), r);
         if (!(r > 10 * ARCH_TOL))
