@@ -27,8 +27,9 @@
  *    shape (tokens, heads, position; for one token the context length, the heads and the
  *    GPU's SM count, invariant 8) and adds the splits in order. The same inputs read in the
  *    same chunks give the same bits. The short convolution does the CPU's scalar operations in
- *    the CPU's order (st_kernels.c conv_scalar), and so does the delta rule for key widths
- *    other than 16, 32, 64, 128 and 256 (delta_cols_scalar); its split form for those
+ *    the CPU's order (st_kernels.c conv_scalar; from 16 tokens a thread per output, the same
+ *    sums), and so does the delta rule for key widths other than 16, 32, 64, 128 and 256
+ *    (delta_cols_scalar); its split form for those
  *    (k_delta_split) and the rest agree with the CPU within float rounding
  *    (tests/gpu/test_gpu_arch.c).
  * 4. The first failure (a launch, cuBLAS, a size beyond what the context was made for) is kept
@@ -679,14 +680,63 @@ __global__ void k_short_conv(const float *x, float *y, uint32_t C, float *st, co
     st[2 * (size_t)C + c] = h2;
 }
 
+/* The same outputs for many tokens, a thread per (token, channel): the history of token t is
+ * x[t - 3 .. t - 1], reaching into the state for t < 3; the sums in k_short_conv's order, so
+ * the same bits. The state is left as it was; k_short_conv_tail moves it on. */
+__global__ void k_short_conv_par(const float *x, float *y, uint32_t C, const float *st,
+                                 const float *wT, uint32_t T)
+{
+    st_pdl_begin(); /* st_launch_cuda.cuh rule 1 */
+    uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (uint64_t)T * C)
+        return;
+    uint32_t t = (uint32_t)(i / C), c = (uint32_t)(i % C);
+    float h[3];
+#pragma unroll
+    for (uint32_t k = 0; k < 3; k++) { /* element t + k of [state 0..2, x 0..T-1] */
+        uint32_t e = t + k;
+        h[k] = e < 3 ? st[(size_t)e * C + c] : x[(size_t)(e - 3) * C + c];
+    }
+    float acc = __fmaf_rn(wT[c], h[0], 0.0f);
+    acc = __fmaf_rn(wT[C + c], h[1], acc);
+    acc = __fmaf_rn(wT[2 * (size_t)C + c], h[2], acc);
+    acc = __fmaf_rn(wT[3 * (size_t)C + c], x[(size_t)t * C + c], acc);
+    y[(size_t)t * C + c] = oc_silu(acc);
+}
+
+/* The state after T tokens: elements T .. T + 2 of [state 0..2, x 0..T-1], in place (ascending:
+ * each reads an element at or after the one it writes). */
+__global__ void k_short_conv_tail(const float *x, uint32_t C, float *st, uint32_t T)
+{
+    st_pdl_begin(); /* st_launch_cuda.cuh rule 1 */
+    uint32_t c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C)
+        return;
+    for (uint32_t k = 0; k < 3; k++) {
+        uint32_t e = T + k;
+        st[(size_t)k * C + c] = e < 3 ? st[(size_t)e * C + c] : x[(size_t)(e - 3) * C + c];
+    }
+}
+
+#define OC_CONV_PAR_T 16 /* from this many tokens the convolution is a thread per output */
+
 static void oc_short_conv(void *ocp, const float *x, float *y, uint32_t C, float *state,
                           const float *wT, uint32_t T)
 {
     st_ops_cuda *oc = (st_ops_cuda *)ocp;
     if (oc->err || !C || !T)
         return;
-    (void)st_launch(k_short_conv, (C + 127) / 128, 128, 0, oc->stream, x, y, C, state, wT, T);
-    LAUNCHED(oc, "k_short_conv");
+    if (T < OC_CONV_PAR_T) {
+        (void)st_launch(k_short_conv, (C + 127) / 128, 128, 0, oc->stream, x, y, C, state, wT, T);
+        LAUNCHED(oc, "k_short_conv");
+        return;
+    }
+    (void)st_launch(k_short_conv_par, blocks_for((uint64_t)T * C, 256), 256, 0, oc->stream, x, y,
+                    C, (const float *)state, wT, T);
+    if (LAUNCHED(oc, "k_short_conv_par"))
+        return;
+    (void)st_launch(k_short_conv_tail, (C + 127) / 128, 128, 0, oc->stream, x, C, state, T);
+    LAUNCHED(oc, "k_short_conv_tail");
 }
 
 __global__ void k_dn_gates(float *a, float *b, uint32_t ld, const float *ssm_a,
