@@ -836,15 +836,21 @@ __global__ void k_delta_rule(st_dn_args a)
 /* The delta rule with a head's rows split over DS_P warps: a block per (value head, 32
  * columns), warp p holding rows [p R, p R + R) of its lane's column in registers for every token
  * of the call; u, o and the next u are sums of the warps' parts, added in warp order through
- * shared memory. The order is not the CPU's (agreement within float rounding); dk = DS_P R. */
+ * shared memory (two buffers by token parity: one barrier a token). The tokens' q and k rows, v
+ * columns and gates come into shared memory DS_TC(R) tokens at a time, so no step waits for a load.
+ * The order is not the CPU's (agreement within float rounding); dk = DS_P R. */
 #define DS_P 8
+/* tokens staged per chunk: their q and k rows, v columns and gates in shared memory at once, so
+ * that a token's step waits for no load (at most about 37 KB) */
+#define DS_TC(R) ((R) <= 16 ? 32 : 16)
 template <int R>
 __global__ void __launch_bounds__(32 * DS_P) k_delta_split(st_dn_args a)
 {
     st_pdl_begin(); /* st_launch_cuda.cuh rule 1 */
-    __shared__ float qs[DS_P * R], ks[DS_P * R], kn[DS_P * R];
-    __shared__ float red[2][DS_P][32];
-    const uint32_t dk = DS_P * R, dv = a.dv, h = blockIdx.x;
+    constexpr uint32_t TC = DS_TC(R), DK = DS_P * R;
+    __shared__ float Qc[TC][DK], Kc[TC + 1][DK], Vc[TC][32], Ac[TC], Bc[TC];
+    __shared__ float red[2][2][DS_P][32]; /* [token parity][o, u'] */
+    const uint32_t dk = DK, dv = a.dv, h = blockIdx.x;
     const uint32_t lane = threadIdx.x & 31, p = threadIdx.x >> 5, j = blockIdx.y * 32 + lane;
     const bool live = j < dv;
     uint32_t kh = a.grouped ? h / (a.n_v_heads / a.n_k_heads) : h % a.n_k_heads;
@@ -854,43 +860,63 @@ __global__ void __launch_bounds__(32 * DS_P) k_delta_split(st_dn_args a)
     for (int r = 0; r < R; r++)
         m[r] = live ? S[(size_t)(p * R + r) * dv + j] : 0.0f;
     for (uint32_t i = threadIdx.x; i < dk; i += blockDim.x)
-        kn[i] = a.k[(size_t)kh * dk + i];
+        Kc[0][i] = a.k[(size_t)kh * dk + i];
     __syncthreads();
     float u = 0.0f;
 #pragma unroll
     for (int r = 0; r < R; r++)
-        u = __fmaf_rn(m[r], kn[p * R + r], u);
-    red[1][p][lane] = u;
+        u = __fmaf_rn(m[r], Kc[0][p * R + r], u);
+    red[1][1][p][lane] = u;
     __syncthreads();
     u = 0.0f;
     for (int k = 0; k < DS_P; k++)
-        u += red[1][k][lane];
-    for (uint32_t t = 0; t < a.T; t++) {
-        dn_stage(a, t, kh, dk, qs, ks, kn);
-        float al = a.alpha[(size_t)t * a.ld_g + h], be = a.beta[(size_t)t * a.ld_g + h];
-        float vj = live ? a.v[(size_t)t * a.ld + (size_t)h * dv + j] : 0.0f;
-        float d = be * (vj - al * u);
-        float o = 0.0f, un = 0.0f;
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-            uint32_t i = p * R + r;
-            float mv = __fmaf_rn(ks[i], d, al * m[r]);
-            m[r] = mv;
-            o = __fmaf_rn(mv, qs[i], o);
-            un = __fmaf_rn(mv, kn[i], un);
+        u += red[1][1][k][lane];
+    for (uint32_t c0 = 0; c0 < a.T; c0 += TC) {
+        const uint32_t n = a.T - c0 < TC ? a.T - c0 : TC;
+        __syncthreads(); /* the last chunk's rows are read */
+        for (uint32_t i = threadIdx.x; i < n * dk; i += blockDim.x) {
+            uint32_t t = c0 + i / dk, e = i % dk;
+            Qc[i / dk][e] = a.q[(size_t)t * a.ld + (size_t)kh * dk + e];
+            Kc[i / dk][e] = a.k[(size_t)t * a.ld + (size_t)kh * dk + e];
         }
-        red[0][p][lane] = o;
-        red[1][p][lane] = un;
+        if (c0 + n < a.T) /* the key after the chunk: the next step's u */
+            for (uint32_t i = threadIdx.x; i < dk; i += blockDim.x)
+                Kc[n][i] = a.k[(size_t)(c0 + n) * a.ld + (size_t)kh * dk + i];
+        for (uint32_t i = threadIdx.x; i < n * 32; i += blockDim.x) {
+            uint32_t t = c0 + i / 32, jj = blockIdx.y * 32 + i % 32;
+            Vc[i / 32][i % 32] = jj < dv ? a.v[(size_t)t * a.ld + (size_t)h * dv + jj] : 0.0f;
+        }
+        for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) {
+            Ac[i] = a.alpha[(size_t)(c0 + i) * a.ld_g + h];
+            Bc[i] = a.beta[(size_t)(c0 + i) * a.ld_g + h];
+        }
         __syncthreads();
-        if (p == 0 && live) {
-            float O = 0.0f;
+        for (uint32_t i = 0; i < n; i++) {
+            const uint32_t t = c0 + i, par = t & 1;
+            float al = Ac[i], be = Bc[i];
+            float d = be * (Vc[i][lane] - al * u);
+            float o = 0.0f, un = 0.0f;
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                uint32_t e = p * R + r;
+                float mv = __fmaf_rn(Kc[i][e], d, al * m[r]);
+                m[r] = mv;
+                o = __fmaf_rn(mv, Qc[i][e], o);
+                un = __fmaf_rn(mv, Kc[i + 1][e], un);
+            }
+            red[par][0][p][lane] = o;
+            red[par][1][p][lane] = un;
+            __syncthreads(); /* a buffer is written again two steps on, past the next barrier */
+            if (p == 0 && live) {
+                float O = 0.0f;
+                for (int k = 0; k < DS_P; k++)
+                    O += red[par][0][k][lane];
+                a.out[(size_t)t * a.ld_out + (size_t)h * dv + j] = O;
+            }
+            u = 0.0f;
             for (int k = 0; k < DS_P; k++)
-                O += red[0][k][lane];
-            a.out[(size_t)t * a.ld_out + (size_t)h * dv + j] = O;
+                u += red[par][1][k][lane];
         }
-        u = 0.0f;
-        for (int k = 0; k < DS_P; k++)
-            u += red[1][k][lane];
     }
     if (live)
 #pragma unroll
