@@ -841,7 +841,7 @@ __global__ void k_delta_rule(st_dn_args a)
  * The order is not the CPU's (agreement within float rounding); dk = DS_P R. */
 #define DS_P 8
 /* tokens staged per chunk: their q and k rows, v columns and gates in shared memory at once, so
- * that a token's step waits for no load (at most about 37 KB) */
+ * that a token's step waits for no load (with the sums' buffers at most about 41 KB) */
 #define DS_TC(R) ((R) <= 16 ? 32 : 16)
 template <int R>
 __global__ void __launch_bounds__(32 * DS_P) k_delta_split(st_dn_args a)
@@ -1252,7 +1252,9 @@ static size_t attn_tc_smem(uint32_t hd)
            (size_t)OC_TC_WARPS * 16 * OC_TC_LDP * 2 + (size_t)OC_TC_Q * ldo * 4;
 }
 
-/* f16 K/V in rows of 16-byte pieces, head_dim a multiple of 16 and the shared memory at hand */
+/* f16 K/V in rows of 16-byte pieces, head_dim a multiple of 16 and the shared memory at hand
+ * (attn_tc_smem must add up the regions k_attn_tc carves, in its order: Q, K, V, the warps'
+ * scores, their weights, the outputs) */
 static int attn_tc_fits(const st_ops_cuda *oc, const oc_kv *g)
 {
     return !g->i8 && g->hd % 16 == 0 && g->off_k % 16 == 0 && g->off_v % 16 == 0 &&
