@@ -528,6 +528,33 @@ int st_tier_lease_owner(st_tier *t, const char *id, char *owner, size_t cap, int
  * (WAIT), at most timeout_ms per node: ST_EIO when fewer confirmed or a connection that wrote
  * was lost (the writes may be gone: write them again). replicas 0 forgets the writes. */
 int st_tier_sync(st_tier *t, uint32_t replicas, uint32_t timeout_ms);
+/* ---- a version between the local store and the tier (st_tier_xfer.c invariants) ----
+ * push: version `version` (0: the head) of local session id goes to the tier as its session
+ * file (version 2, uncompressed), cut at content-defined boundaries into pieces of at most
+ * ST_TIER_PIECE_MAX bytes (so that conversations sharing a prefix share its pieces), each stored
+ * once under its SHA-256; then its tier manifest under a new tier version, and the tier's head
+ * moved to it from `expect` by compare-and-set (ST_TIER_HEAD_CURRENT: from whatever it is).
+ * ST_ECONFLICT when the head is not expect or moves during the push (another node saved: the
+ * caller's copy is stale). replicas > 0: returns only once st_tier_sync(replicas, wait_ms)
+ * confirmed every write. pull: tier version `version` (0: the head) of id, every piece checked
+ * against its SHA-256 and the file against the manifest's, read as a session file (at most
+ * max_bytes; 0: 32 GiB) and put into the local store as a new version of id (local version
+ * numbers are the store's own); on any error the local store is unchanged. */
+#define ST_TIER_PIECE_MAX ((1u << 20) - 64) /* costs 1.00x its size in Redis; 1 MiB costs 1.25x */
+#define ST_TIER_HEAD_CURRENT UINT64_MAX
+typedef struct st_tier_xfer_stats {
+    uint64_t tier_version;  /* the version pushed or pulled */
+    uint64_t local_version; /* pull: the local store's new version */
+    uint64_t bytes;         /* the session file's bytes */
+    uint32_t pieces;        /* pieces of the file */
+    uint32_t new_pieces;    /* push: pieces the tier did not have */
+    uint64_t new_bytes;     /* push: their bytes */
+} st_tier_xfer_stats;
+int st_tier_push(st_tier *t, st_store *st, const char *id, uint64_t version, uint64_t expect,
+                 uint32_t replicas, uint32_t wait_ms, st_tier_xfer_stats *out);
+int st_tier_pull(st_tier *t, st_store *st, const char *id, uint64_t version, uint64_t max_bytes,
+                 st_tier_xfer_stats *out);
+
 typedef struct st_tier_stats {
     int cluster;        /* 1: a cluster; 0: one server without cluster support */
     uint32_t nodes;     /* masters that own slots in the map */

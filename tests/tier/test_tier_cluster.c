@@ -26,6 +26,7 @@
 #include <cmocka.h>
 
 #include "redis_cluster.h"
+#include "st_file.h"
 #include "st_store.h"
 
 static char g_dir[512]; /* short of the 1024-byte paths made from it */
@@ -470,6 +471,154 @@ static void test_single_and_errors(void **state)
     assert_int_equal(st_tier_open(&t, NULL, &o), ST_EINVAL);
 }
 
+/* ---- a version between local stores through the tier (statestore/st_tier_xfer.c) ---------- */
+static st_store *open_store(const char *name)
+{
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/%s", g_dir, name);
+    st_store_opts o;
+    memset(&o, 0, sizeof o);
+    o.create = 1;
+    st_store *st = NULL;
+    OK(st_store_open(&st, dir, &o));
+    return st;
+}
+
+static st_image *synth(uint64_t seed, uint64_t prefix_seed, uint64_t prefix_len)
+{
+    st_synth_opts o;
+    memset(&o, 0, sizeof o);
+    o.seed = seed;
+    o.n_ctx = 16384;
+    o.n_tokens = 12000;
+    o.attn_every = 2; /* two attention layers of four: mostly K/V, as a long conversation is */
+    o.n_checkpoints = 1;
+    o.head_dim = 64;
+    o.prefix_seed = prefix_seed;
+    o.prefix_len = prefix_len;
+    st_image *img = NULL;
+    OK(st_image_synthesize(&o, &img));
+    return img;
+}
+
+/* the session file of a stored version: what the tier carries */
+static uint8_t *file_of(st_store *st, const char *id, size_t *n)
+{
+    st_image *img = NULL;
+    OK(st_store_get(st, id, 0, &img));
+    st_file_write_opts fo;
+    memset(&fo, 0, sizeof fo);
+    fo.version = 2;
+    uint8_t *b = NULL;
+    OK(st_file_write_mem(img, &fo, &b, n));
+    st_image_free(img);
+    return b;
+}
+
+static void forge(const char *key, size_t kl)
+{
+    int m = rc_master_of(&g_rc, st_tier_key_slot(key, kl));
+    assert_true(m >= 0);
+    redisReply *r = rc_cmd(g_rc.port[m], "SET %b %b", key, kl, "forged", (size_t)6);
+    assert_non_null(r);
+    freeReplyObject(r);
+}
+
+/* A version saved on node A's store goes to the tier and comes back into node B's store with the
+ * same session file (the control: another conversation's file differs); a second conversation
+ * sharing 11,000 of its 12,000 tokens' K/V writes only the pieces of what differs; a stale node's
+ * push is refused by the head's compare-and-set; a manifest orphaned by a failed push is passed
+ * over; a forged piece, a missing one, a damaged manifest and one that claims more than the
+ * caller allows fail with typed errors and leave B's store as it was. */
+static void test_xfer(void **state)
+{
+    (void)state;
+    st_tier *t = open_tier(5000);
+    st_store *a = open_store("node-a"), *b = open_store("node-b");
+    st_image *i1 = synth(11, 0, 0), *i2 = synth(12, 11, 11000);
+    uint64_t v = 0;
+    OK(st_store_put(a, "conv-x", i1, ST_STORE_HEAD_ANY, NULL, &v));
+    OK(st_store_put(a, "conv-y", i2, ST_STORE_HEAD_ANY, NULL, &v));
+    st_image_free(i1);
+    st_image_free(i2);
+    st_tier_xfer_stats s1, s2, p1;
+    OK(st_tier_push(t, a, "conv-x", 0, 0, 1, 2000, &s1));
+    assert_int_equal(s1.tier_version, 1);
+    assert_int_equal(s1.new_pieces, s1.pieces);
+    assert_true(s1.pieces > 1);
+    OK(st_tier_push(t, a, "conv-y", 0, ST_TIER_HEAD_CURRENT, 1, 2000, &s2));
+    printf("xfer: conv-x %llu bytes in %u pieces; conv-y (11,000 of 12,000 tokens shared) %u of %u "
+           "pieces new, %llu of %llu bytes\n", (unsigned long long)s1.bytes, s1.pieces,
+           s2.new_pieces, s2.pieces, (unsigned long long)s2.new_bytes,
+           (unsigned long long)s2.bytes);
+    assert_true(s2.new_bytes * 3 < s2.bytes); /* the shared prefix is not written again */
+    OK(st_tier_pull(t, b, "conv-x", 0, 0, &p1));
+    assert_int_equal(p1.tier_version, 1);
+    assert_int_equal(p1.local_version, 1);
+    size_t na = 0, nb = 0, ny = 0;
+    uint8_t *fa = file_of(a, "conv-x", &na), *fb = file_of(b, "conv-x", &nb);
+    uint8_t *fy = file_of(a, "conv-y", &ny);
+    assert_int_equal(na, nb);
+    assert_memory_equal(fa, fb, na);
+    assert_true(na != ny || memcmp(fa, fy, na) != 0); /* the control */
+    free(fa);
+    free(fb);
+    free(fy);
+    /* a stale node: it believes the head is none; the compare-and-set refuses it */
+    assert_int_equal(st_tier_push(t, a, "conv-x", 0, 0, 0, 0, NULL), ST_ECONFLICT);
+    printf("xfer: a stale push: %s\n", st_errdetail());
+    /* a manifest orphaned at version 2 (a push that died before its compare-and-set) */
+    static const char junk[] = "left by a push that failed";
+    OK(st_tier_manifest_put(t, "conv-x", 2, junk, sizeof junk));
+    st_tier_xfer_stats s3;
+    OK(st_tier_push(t, a, "conv-x", 0, 1, 1, 2000, &s3));
+    assert_int_equal(s3.tier_version, 3);
+    uint64_t head = 0;
+    OK(st_tier_head_get(t, "conv-x", &head));
+    assert_int_equal(head, 3);
+    OK(st_tier_pull(t, b, "conv-x", 0, 0, &p1));
+    assert_int_equal(p1.tier_version, 3);
+    assert_int_equal(p1.local_version, 2);
+    /* a forged piece of conv-y: refused, nothing stored on B */
+    void *m = NULL;
+    size_t mn = 0;
+    OK(st_tier_manifest_get(t, "conv-y", 1, 1 << 20, &m, &mn));
+    char key[80] = "st:c:";
+    st_hex_encode(key + 5, (const uint8_t *)m + 56 + 36 * 2, ST_SHA256_LEN);
+    forge(key, 69);
+    assert_int_equal(st_tier_pull(t, b, "conv-y", 0, 0, NULL), ST_ECORRUPT);
+    printf("xfer: a forged piece: %s\n", st_errdetail());
+    st_session_info si;
+    assert_int_equal(st_store_show(b, "conv-y", &si), ST_ENOTFOUND);
+    /* a missing piece */
+    int mm = rc_master_of(&g_rc, st_tier_key_slot(key, 69));
+    redisReply *r = rc_cmd(g_rc.port[mm], "DEL %b", key, (size_t)69);
+    freeReplyObject(r);
+    assert_int_equal(st_tier_pull(t, b, "conv-y", 0, 0, NULL), ST_ECORRUPT);
+    printf("xfer: a missing piece: %s\n", st_errdetail());
+    assert_int_equal(st_store_show(b, "conv-y", &si), ST_ENOTFOUND);
+    /* a damaged manifest (one byte changed: the trailer disagrees) */
+    uint8_t *bad = malloc(mn);
+    assert_non_null(bad);
+    memcpy(bad, m, mn);
+    bad[60] ^= 1;
+    OK(st_tier_manifest_put(t, "conv-z", 1, bad, mn));
+    OK(st_tier_head_cas(t, "conv-z", 0, 1, NULL));
+    assert_int_equal(st_tier_pull(t, b, "conv-z", 0, 0, NULL), ST_ECORRUPT);
+    printf("xfer: a damaged manifest: %s\n", st_errdetail());
+    /* a manifest that claims a file larger than the caller allows: refused before allocating */
+    assert_int_equal(st_tier_pull(t, b, "conv-y", 1, 4096, NULL), ST_ETOOBIG);
+    printf("xfer: a bound: %s\n", st_errdetail());
+    /* nothing in the tier */
+    assert_int_equal(st_tier_pull(t, b, "conv-none", 0, 0, NULL), ST_ENOTFOUND);
+    assert_int_equal(st_store_show(b, "conv-z", &si), ST_ENOTFOUND);
+    free(bad);
+    free(m);
+    st_store_close(a);
+    st_store_close(b);
+    st_tier_close(t);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -495,6 +644,7 @@ int main(void)
         cmocka_unit_test(test_head_manifest),
         cmocka_unit_test(test_lease),
         cmocka_unit_test(test_moved_ask),
+        cmocka_unit_test(test_xfer),
         cmocka_unit_test(test_single_and_errors),
         cmocka_unit_test(test_failover),
     };

@@ -1,0 +1,330 @@
+/*
+ * st_tier_xfer.c - a saved version between the local store and the shared tier (st_store.h,
+ * "a version between the local store and the tier"; docs/SCALE.md).
+ *
+ * Invariants:
+ * 1. The wire form of a version is its session file (st_file.h), version 2, uncompressed, so
+ *    that the tier holds the one format the project writes for a conversation, and identical
+ *    state (a shared system prompt's K/V pages) is identical bytes. The file is cut into pieces
+ *    at content-defined boundaries (a gear hash over the bytes: a cut where its low
+ *    TX_MASK_BITS bits are zero, no piece shorter than TX_PIECE_MIN unless it ends the file, none
+ *    longer than ST_TIER_PIECE_MAX), so that the same run of bytes cuts the same way wherever it
+ *    sits in a file and two conversations sharing a prefix share its pieces in the tier. Each
+ *    piece is a tier chunk under its SHA-256, written only if absent.
+ * 2. The tier manifest (little-endian; TX_MAN_HDR bytes of header, TX_MAN_ENT per piece, an
+ *    8-byte trailer):
+ *      0  u32 magic "STTM"         4  u16 format 1      6  u16 flags 0
+ *      8  u64 file bytes          16  32 bytes SHA-256 of the file
+ *     48  u32 pieces              52  u32 0
+ *     then per piece: 32 bytes SHA-256, u32 length; then the first 8 bytes of the SHA-256 of
+ *     everything before it.
+ *    A reader checks every field, bound and sum before it allocates anything by them (the file
+ *    at most the caller's max_bytes), every piece against its hash as it arrives, and the file
+ *    against the manifest's hash before reading it as a session file (which checks it again).
+ * 3. Push order: the pieces, then the manifest under a tier version (immutable), then the head
+ *    moved to that version by compare-and-set from the version the caller extends. A reader
+ *    follows the head only, so it never sees a version whose pieces or manifest are not all
+ *    written. A manifest left by a pusher that failed before its compare-and-set (a tier version
+ *    the head never reached) is skipped: the next push takes the next free version number
+ *    (tier versions grow but need not be consecutive). With replicas > 0 the push returns only
+ *    after st_tier_sync confirmed every write on that many replicas.
+ * 4. Pull puts the version into the local store with st_store_put (one transaction): on any
+ *    error the local store is unchanged.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "st_file.h"
+#include "st_store.h"
+
+#define TX_MAN_MAGIC 0x4d545453u /* "STTM" */
+#define TX_MAN_FORMAT 1u
+#define TX_MAN_HDR 56u
+#define TX_MAN_ENT 36u
+#define TX_MAN_TRAILER 8u
+#define TX_PIECE_MIN (64u << 10)
+#define TX_MASK_BITS 17 /* pieces of about 64 KiB + 128 KiB on average */
+#define TX_SKIP_MAX 64  /* tier versions past orphaned manifests tried by one push */
+
+/* ---- content-defined cuts (invariant 1) ---------------------------------------------------- */
+static uint64_t g_gear[256];
+static pthread_once_t g_gear_once = PTHREAD_ONCE_INIT;
+
+static void gear_init(void)
+{
+    uint64_t x = 0x5354524154412d47ull; /* a fixed seed: the same cuts on every node */
+    for (int i = 0; i < 256; i++) {
+        x += 0x9e3779b97f4a7c15ull; /* splitmix64 */
+        uint64_t z = x;
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        g_gear[i] = z ^ (z >> 31);
+    }
+}
+
+/* The length of the piece that starts at p (n bytes left). */
+static size_t cut_len(const uint8_t *p, size_t n)
+{
+    if (n <= TX_PIECE_MIN)
+        return n;
+    size_t lim = n < ST_TIER_PIECE_MAX ? n : ST_TIER_PIECE_MAX;
+    const uint64_t mask = (1ull << TX_MASK_BITS) - 1;
+    uint64_t h = 0;
+    /* the hash of a byte is shifted out after 64 more: start 64 before the first allowed cut */
+    for (size_t i = TX_PIECE_MIN - 64; i < lim; i++) {
+        h = (h << 1) + g_gear[p[i]];
+        if (i + 1 >= TX_PIECE_MIN && !(h & mask))
+            return i + 1;
+    }
+    return lim;
+}
+
+/* ---- push ----------------------------------------------------------------------------------- */
+int st_tier_push(st_tier *t, st_store *st, const char *id, uint64_t version, uint64_t expect,
+                 uint32_t replicas, uint32_t wait_ms, st_tier_xfer_stats *out)
+{
+    if (!t || !st || !id)
+        return st_error_set(ST_EINVAL, "tier push: NULL argument");
+    pthread_once(&g_gear_once, gear_init);
+    st_tier_xfer_stats s;
+    memset(&s, 0, sizeof s);
+    st_image *img = NULL;
+    uint8_t *file = NULL, *man = NULL;
+    size_t flen = 0, np = 0, cap = 0;
+    int rc = st_store_get(st, id, version, &img);
+    if (rc)
+        return rc;
+    st_file_write_opts fo;
+    memset(&fo, 0, sizeof fo);
+    fo.version = 2;
+    rc = st_file_write_mem(img, &fo, &file, &flen);
+    st_image_free(img);
+    if (rc)
+        return rc;
+    s.bytes = flen;
+    /* the pieces (invariant 1), their entries gathered for the manifest */
+    for (size_t off = 0; off < flen;) {
+        size_t len = cut_len(file + off, flen - off);
+        if (np == cap) {
+            size_t nc = cap ? 2 * cap : 64;
+            uint8_t *nm = realloc(man, TX_MAN_HDR + nc * TX_MAN_ENT + TX_MAN_TRAILER);
+            if (!nm) {
+                rc = st_error_set(ENOMEM, "tier push: %s: the manifest of %zu pieces", id, nc);
+                goto out;
+            }
+            man = nm;
+            cap = nc;
+        }
+        uint8_t *e = man + TX_MAN_HDR + np * TX_MAN_ENT;
+        int written = 0;
+        if ((rc = st_sha256(file + off, len, e)) ||
+            (rc = st_tier_chunk_put(t, e, file + off, len, &written)))
+            goto out;
+        st_put32(e + 32, (uint32_t)len);
+        if (written) {
+            s.new_pieces++;
+            s.new_bytes += len;
+        }
+        np++;
+        off += len;
+    }
+    if (!man && !(man = malloc(TX_MAN_HDR + TX_MAN_TRAILER))) {
+        rc = st_error_set(ENOMEM, "tier push: %s: the manifest", id);
+        goto out;
+    }
+    s.pieces = (uint32_t)np;
+    st_put32(man, TX_MAN_MAGIC);
+    st_put16(man + 4, TX_MAN_FORMAT);
+    st_put16(man + 6, 0);
+    st_put64(man + 8, flen);
+    if ((rc = st_sha256(file, flen, man + 16)))
+        goto out;
+    st_put32(man + 48, (uint32_t)np);
+    st_put32(man + 52, 0);
+    size_t mlen = TX_MAN_HDR + np * TX_MAN_ENT;
+    uint8_t dig[ST_SHA256_LEN];
+    if ((rc = st_sha256(man, mlen, dig)))
+        goto out;
+    memcpy(man + mlen, dig, TX_MAN_TRAILER);
+    mlen += TX_MAN_TRAILER;
+    /* the manifest under the next free version, then the head (invariant 3) */
+    uint64_t head = 0;
+    if ((rc = st_tier_head_get(t, id, &head)))
+        goto out;
+    if (expect != ST_TIER_HEAD_CURRENT && expect != head) {
+        rc = st_error_set(ST_ECONFLICT, "tier push: %s: the tier's head is version %llu, not %llu "
+                          "(another node saved it since)", id, (unsigned long long)head,
+                          (unsigned long long)expect);
+        goto out;
+    }
+    uint64_t tv = head + 1;
+    for (int k = 0;; k++, tv++) {
+        rc = st_tier_manifest_put(t, id, tv, man, mlen);
+        if (rc != ST_ECONFLICT)
+            break;
+        if (k + 1 >= TX_SKIP_MAX) {
+            rc = st_error_set(ST_ECONFLICT, "tier push: %s: versions %llu to %llu all hold other "
+                              "manifests", id, (unsigned long long)(head + 1),
+                              (unsigned long long)tv);
+            break;
+        }
+    }
+    if (rc)
+        goto out;
+    uint64_t cur = 0;
+    if ((rc = st_tier_head_cas(t, id, head, tv, &cur))) {
+        if (rc == ST_ECONFLICT)
+            rc = st_error_set(ST_ECONFLICT, "tier push: %s: the tier's head moved from %llu to %llu "
+                              "during the push (another node saved it)", id,
+                              (unsigned long long)head, (unsigned long long)cur);
+        goto out;
+    }
+    s.tier_version = tv;
+    if (replicas && (rc = st_tier_sync(t, replicas, wait_ms)))
+        goto out;
+    if (out)
+        *out = s;
+out:
+    free(file);
+    free(man);
+    return rc;
+}
+
+/* ---- pull ----------------------------------------------------------------------------------- */
+int st_tier_pull(st_tier *t, st_store *st, const char *id, uint64_t version, uint64_t max_bytes,
+                 st_tier_xfer_stats *out)
+{
+    if (!t || !st || !id)
+        return st_error_set(ST_EINVAL, "tier pull: NULL argument");
+    if (!max_bytes)
+        max_bytes = 32ull << 30;
+    st_tier_xfer_stats s;
+    memset(&s, 0, sizeof s);
+    uint8_t *man = NULL, *file = NULL;
+    size_t mlen = 0;
+    st_image *img = NULL;
+    int rc = 0;
+    uint64_t tv = version;
+    if (!tv) {
+        if ((rc = st_tier_head_get(t, id, &tv)))
+            return rc;
+        if (!tv)
+            return st_error_set(ST_ENOTFOUND, "tier pull: %s: no version in the tier", id);
+    }
+    /* the largest manifest a file of max_bytes can have: a piece per TX_PIECE_MIN bytes, the
+     * last one shorter */
+    uint64_t most = TX_MAN_HDR + (max_bytes / TX_PIECE_MIN + 1) * TX_MAN_ENT + TX_MAN_TRAILER;
+    rc = st_tier_manifest_get(t, id, tv, most > SIZE_MAX ? SIZE_MAX : (size_t)most, (void **)&man,
+                              &mlen);
+    if (rc == ST_ENOTFOUND)
+        rc = st_error_set(ST_ENOTFOUND, "tier pull: %s: no manifest for tier version %llu", id,
+                          (unsigned long long)tv);
+    if (rc)
+        return rc;
+    /* invariant 2: every field checked before anything is allocated by it */
+    uint8_t dig[ST_SHA256_LEN];
+    uint64_t flen = 0, np = 0;
+    if (mlen < TX_MAN_HDR + TX_MAN_TRAILER || st_get32(man) != TX_MAN_MAGIC) {
+        rc = st_error_set(ST_ECORRUPT, "tier pull: %s version %llu: not a tier manifest (%zu "
+                          "bytes)", id, (unsigned long long)tv, mlen);
+        goto out;
+    }
+    if ((rc = st_sha256(man, mlen - TX_MAN_TRAILER, dig)))
+        goto out;
+    if (memcmp(dig, man + mlen - TX_MAN_TRAILER, TX_MAN_TRAILER)) {
+        rc = st_error_set(ST_ECORRUPT, "tier pull: %s version %llu: the manifest's trailer does "
+                          "not match its bytes", id, (unsigned long long)tv);
+        goto out;
+    }
+    flen = st_get64(man + 8);
+    np = st_get32(man + 48);
+    if (st_get16(man + 4) != TX_MAN_FORMAT) {
+        rc = st_error_set(ST_EVERSION, "tier pull: %s version %llu: manifest format %u (this build "
+                          "reads %u)", id, (unsigned long long)tv, st_get16(man + 4), TX_MAN_FORMAT);
+        goto out;
+    }
+    if (mlen != TX_MAN_HDR + np * TX_MAN_ENT + TX_MAN_TRAILER) {
+        rc = st_error_set(ST_ECORRUPT, "tier pull: %s version %llu: %llu pieces need a manifest "
+                          "of %llu bytes, it has %zu", id, (unsigned long long)tv,
+                          (unsigned long long)np,
+                          (unsigned long long)(TX_MAN_HDR + np * TX_MAN_ENT + TX_MAN_TRAILER), mlen);
+        goto out;
+    }
+    if (flen > max_bytes || flen > SIZE_MAX) {
+        rc = st_error_set(ST_ETOOBIG, "tier pull: %s version %llu: a file of %llu bytes (at most "
+                          "%llu)", id, (unsigned long long)tv, (unsigned long long)flen,
+                          (unsigned long long)max_bytes);
+        goto out;
+    }
+    uint64_t sum = 0;
+    for (uint64_t i = 0; i < np; i++) {
+        uint32_t len = st_get32(man + TX_MAN_HDR + i * TX_MAN_ENT + 32);
+        if (!len || len > ST_TIER_PIECE_MAX) {
+            rc = st_error_set(ST_ECORRUPT, "tier pull: %s version %llu: piece %llu claims %u bytes "
+                              "(1 to %u)", id, (unsigned long long)tv, (unsigned long long)i, len,
+                              ST_TIER_PIECE_MAX);
+            goto out;
+        }
+        sum += len;
+    }
+    if (sum != flen) {
+        rc = st_error_set(ST_ECORRUPT, "tier pull: %s version %llu: the pieces add up to %llu "
+                          "bytes, the manifest says %llu", id, (unsigned long long)tv,
+                          (unsigned long long)sum, (unsigned long long)flen);
+        goto out;
+    }
+    if (!(file = malloc(flen ? (size_t)flen : 1))) {
+        rc = st_error_set(ENOMEM, "tier pull: %s: %llu bytes", id, (unsigned long long)flen);
+        goto out;
+    }
+    size_t off = 0;
+    for (uint64_t i = 0; i < np; i++) {
+        const uint8_t *e = man + TX_MAN_HDR + i * TX_MAN_ENT;
+        uint32_t len = st_get32(e + 32);
+        void *p = NULL;
+        size_t n = 0;
+        /* chunk_get checks the bytes against e's SHA-256 */
+        if ((rc = st_tier_chunk_get(t, e, len, &p, &n))) {
+            if (rc == ST_ENOTFOUND)
+                rc = st_error_set(ST_ECORRUPT, "tier pull: %s version %llu: piece %llu of %llu is "
+                                  "missing from the tier", id, (unsigned long long)tv,
+                                  (unsigned long long)i, (unsigned long long)np);
+            goto out;
+        }
+        if (n != len) {
+            free(p);
+            rc = st_error_set(ST_ECORRUPT, "tier pull: %s version %llu: piece %llu has %zu bytes, "
+                              "the manifest says %u", id, (unsigned long long)tv,
+                              (unsigned long long)i, n, len);
+            goto out;
+        }
+        memcpy(file + off, p, n);
+        free(p);
+        off += n;
+    }
+    if ((rc = st_sha256(file, (size_t)flen, dig)))
+        goto out;
+    if (memcmp(dig, man + 16, ST_SHA256_LEN)) {
+        rc = st_error_set(ST_ECORRUPT, "tier pull: %s version %llu: the file does not hash to the "
+                          "manifest's SHA-256", id, (unsigned long long)tv);
+        goto out;
+    }
+    s.bytes = flen;
+    s.pieces = (uint32_t)np;
+    s.tier_version = tv;
+    if ((rc = st_file_read_mem(file, (size_t)flen, NULL, &img)))
+        goto out;
+    free(file);
+    file = NULL;
+    rc = st_store_put(st, id, img, ST_STORE_HEAD_ANY, NULL, &s.local_version);
+    if (!rc && out)
+        *out = s;
+out:
+    st_image_free(img);
+    free(file);
+    free(man);
+    return rc;
+}
