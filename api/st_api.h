@@ -103,6 +103,12 @@ typedef struct st_api_config {
     int mem_guard;               /* 1 (default): admit parking, SAVE, RESTORE by available RAM */
     uint64_t mem_reserve_bytes;  /* kept free besides the operation (default 256 MiB) */
 
+    /* the shared tier (issue 15; docs/SCALE.md) */
+    const char *tier_url;        /* redis://HOST:PORT[,HOST:PORT...]; NULL: no tier */
+    const char *node_id;         /* this node's name in the tier; NULL: the host name */
+    uint32_t tier_replicas;      /* --tier-ack replica: 1 (default), none: 0 */
+    uint32_t tier_pending_max;   /* conversations queued while the tier is down (default 1024) */
+
     int handle_signals;          /* 1: SIGTERM / SIGINT stop the server gracefully (default 1) */
     int log_requests;            /* 1: one line per request on stderr */
 } st_api_config;

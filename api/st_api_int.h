@@ -210,6 +210,7 @@ typedef struct st_metrics {
     pthread_mutex_t store_mu;
     st_store_stats store;
     int store_ok;
+    struct st_tiernode *tier; /* the shared tier's node (st_tiernode.h), or NULL: no tier */
 } st_metrics;
 extern const double st_metrics_bucket_ms[ST_METRICS_BUCKETS];
 void st_metrics_init(st_metrics *m);
@@ -241,6 +242,7 @@ struct st_api_server {
     st_http *http;
     st_work *work;
     st_store *store;
+    struct st_tiernode *tier; /* --tier: the shared tier's node (st_tiernode.h); NULL: none */
     st_conv *conv;
     st_conv_env conv_env;     /* what conv was made with */
     unsigned lost;            /* live conversations the graceful stop could not write */

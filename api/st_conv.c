@@ -71,6 +71,7 @@
 #include <unistd.h>
 
 #include "st_conv.h"
+#include "st_tiernode.h"
 #include "st_engine.h"
 #include "st_file.h"
 #include "st_store.h"
@@ -689,6 +690,38 @@ static int load_parked(st_conv *cv, int j, pentry *p, const char **source)
     return 0;
 }
 
+/* 1 when id is in a slot or parked here. */
+static int live(st_conv *cv, const char *id)
+{
+    pthread_mutex_lock(&cv->mu);
+    int on = slot_find_locked(cv, id) >= 0 || park_find_locked(cv, id) != NULL;
+    pthread_mutex_unlock(&cv->mu);
+    return on;
+}
+
+/* A conversation this node does not hold live (with a tier): the tier's head, when another node
+ * saved it since this node last sent or fetched it, is brought into the store first (st_tiernode
+ * invariant 1), so that the store's head is the conversation's newest acknowledged state. The
+ * tier unreachable: the store's head is used where there is one (docs/SCALE.md, "Failure
+ * modes"), else ST_EIO (not silently a new conversation). *from_tier: 1 when fetched. */
+static int tier_in(st_conv *cv, const char *id, int *from_tier)
+{
+    *from_tier = 0;
+    if (!cv->env->tier)
+        return 0;
+    int rc = st_tiernode_fetch(cv->env->tier, id, 0, from_tier);
+    if (rc == ST_EIO) {
+        st_version_info vi;
+        if (st_store_version_info(cv->store, id, 0, &vi) == 0) {
+            st_error_clear();
+            return 0;
+        }
+        return st_error_set(ST_EIO, "session %s: not in this node's store, and the tier cannot be "
+                            "reached to look for it", id);
+    }
+    return rc;
+}
+
 enum { ACQ_LOAD, ACQ_EMPTY };
 
 /* Get a slot for session id, marked busy (invariant 2). ACQ_LOAD: the slot holds the session's
@@ -778,7 +811,10 @@ static int acquire(st_conv *cv, const char *id, int mode, int *out_j, pentry **p
         p = NULL;
     } else {
         st_version_info vi;
-        rc = st_store_version_info(cv->store, id, 0, &vi);
+        int from_tier = 0;
+        rc = tier_in(cv, id, &from_tier);
+        if (!rc)
+            rc = st_store_version_info(cv->store, id, 0, &vi);
         if (rc == ST_ENOTFOUND) {
             st_slot_reset(cs->slot);
             cv->m->conv_new++;
@@ -791,7 +827,7 @@ static int acquire(st_conv *cv, const char *id, int mode, int *out_j, pentry **p
                 cv->m->conv_hits_store++;
                 cv->m->restores++;
                 cv->m->restore_bytes += vi.logical_bytes;
-                *source = "store";
+                *source = from_tier ? "tier" : "store";
                 sidx_put_slot(cv, id, cs->slot);
             } else if (rc == ST_ENOTFOUND) {
                 /* the session was deleted between the look-up and the read (a DELETE of a
@@ -1354,6 +1390,9 @@ int st_conv_save(st_conv *cv, const char *id, const st_conv_save_opts *o, st_con
         goto done;
     sidx_put_image(cv, id, put_img);
     double t2 = st_conv_now_ms();
+    if (cv->env->tier) /* durable locally; then the tier (it never fails the SAVE) */
+        out->tier = st_tier_outcome_name(st_tiernode_saved(cv->env->tier, id, version,
+                                                           &out->tier_version));
     cv->m->saves++;
     cv->m->save_logical_bytes += ps->logical_bytes;
     cv->m->save_new_bytes += ps->new_bytes;
@@ -1377,7 +1416,11 @@ int st_conv_restore(st_conv *cv, const char *id, uint64_t version, st_conv_resto
 {
     memset(out, 0, sizeof *out);
     st_version_info vi;
-    int rc = st_store_version_info(cv->store, id, version, &vi);
+    int rc = 0, from_tier = 0;
+    if (version == 0 && !damaged(cv, id) && !live(cv, id))
+        rc = tier_in(cv, id, &from_tier);
+    if (!rc)
+        rc = st_store_version_info(cv->store, id, version, &vi);
     if (rc)
         return rc;
     if ((rc = st_memguard_admit(cv->guard, "RESTORE", vi.logical_bytes)))

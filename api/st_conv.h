@@ -68,6 +68,9 @@ typedef struct st_conv_env {
      * damaged page: nothing may read or write them). Any thread. */
     int (*damaged)(void *arg, const char *id);
     void *damaged_arg;
+    /* NULL, or the shared tier (st_tiernode.h): SAVEs are sent to it, and a conversation this
+     * node holds nowhere is looked for in it */
+    struct st_tiernode *tier;
 } st_conv_env;
 /* Loads the model and the engine, makes the slots, and finds the disk-parked conversations in
  * the store (invariant 4). env and what it points to must outlive the manager. */
@@ -163,6 +166,8 @@ typedef struct st_conv_save_opts {
 typedef struct st_conv_save_info {
     uint64_t version, tokens;
     const char *from;   /* "slot", "ram", "disk" */
+    const char *tier;   /* NULL without a tier; else st_tier_outcome_name of what it did */
+    uint64_t tier_version; /* the tier's version when sent */
     st_put_stats ps;
     double snapshot_ms, store_ms, ms;
 } st_conv_save_info;

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "st_api_int.h"
+#include "st_tiernode.h"
 
 const double st_metrics_bucket_ms[ST_METRICS_BUCKETS] = {0.5, 1,   2.5,  5,    10,   25,   50,  100,
                                                          250, 500, 1000, 2500, 5000, 10000, 30000};
@@ -229,6 +230,32 @@ void st_metrics_render(st_metrics *m, struct evbuffer *o, const st_http_stats *h
     counter(o, "strata_generated_tokens_total", "Tokens generated.", m->conv.tokens_generated);
     counter(o, "strata_memory_guard_refusals_total", "Operations the memory guard refused.",
             m->conv.memguard_refusals);
+    if (m->tier) { /* --tier (docs/SCALE.md) */
+        st_tiernode_stats ts;
+        st_tiernode_stats_get(m->tier, &ts);
+        gauge(o, "strata_tier_up", "1 when the last call to the shared tier succeeded.", ts.up);
+        gauge(o, "strata_tier_pending", "Conversations whose newest SAVE waits for the tier.",
+              (double)ts.pending);
+        gauge(o, "strata_tier_pending_max", "Conversations the tier's queue holds at most.",
+              (double)ts.pending_max);
+        counter(o, "strata_tier_pushes_total", "SAVEs the tier confirmed (at once or from the "
+                "queue).", ts.pushes);
+        counter(o, "strata_tier_pushed_bytes_total", "Session-file bytes of those SAVEs.",
+                ts.pushed_bytes);
+        counter(o, "strata_tier_pushed_new_bytes_total", "Bytes of the pieces the tier did not "
+                "have.", ts.pushed_new_bytes);
+        counter(o, "strata_tier_sent_from_queue_total", "Queued SAVEs sent once the tier "
+                "returned.", ts.sent_from_queue);
+        counter(o, "strata_tier_pulls_total", "Conversations fetched from the tier (saved on "
+                "another node).", ts.pulls);
+        counter(o, "strata_tier_pulled_bytes_total", "Session-file bytes fetched.", ts.pulled_bytes);
+        counter(o, "strata_tier_conflicts_total", "SAVEs the tier refused: another node had saved "
+                "the conversation since.", ts.conflicts);
+        counter(o, "strata_tier_unqueued_total", "SAVEs kept local only: the tier down and its "
+                "queue full.", ts.unqueued);
+        counter(o, "strata_tier_errors_total", "Tier calls that failed otherwise (logged).",
+                ts.errors);
+    }
     pthread_mutex_lock(&m->store_mu);
     st_store_stats ss = m->store;
     int ok = m->store_ok;

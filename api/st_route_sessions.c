@@ -465,6 +465,10 @@ void st_api_h_save(st_api_call *c)
                          "new_chunks", (int)ps->new_chunks, "pruned_versions", (int)ps->pruned,
                          "snapshot_ms", st_api_ms(si.snapshot_ms), "store_ms", st_api_ms(si.store_ms),
                          "ms", st_api_ms(si.ms));
+    if (c->reply && si.tier) { /* --tier: what the shared tier did with it (docs/SCALE.md) */
+        json_object_set_new(c->reply, "tier", json_string(si.tier));
+        json_object_set_new(c->reply, "tier_version", json_integer((json_int_t)si.tier_version));
+    }
     c->status = 201;
 }
 

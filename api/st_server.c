@@ -42,6 +42,7 @@
 
 #include "st_api_int.h"
 #include "st_file.h"
+#include "st_tiernode.h"
 #include "st_store.h"
 
 enum body_kind { BODY_NONE, BODY_JSON, BODY_COMPLETION, BODY_PART };
@@ -205,6 +206,8 @@ void st_api_config_default(st_api_config *c)
     c->store_stat_ms = 10000;
     c->mem_guard = 1;
     c->mem_reserve_bytes = 256u << 20;
+    c->tier_replicas = 1;
+    c->tier_pending_max = 1024;
     c->handle_signals = 1;
 }
 
@@ -825,9 +828,18 @@ int st_api_server_new(const st_api_config *cfg, st_api_server **out)
     spool_clean(s->spool);
     if ((rc = st_work_new(s->base, cfg->workers, &s->work)))
         goto fail;
+    if (cfg->tier_url) {
+        st_tiernode_opts to = {.url = cfg->tier_url, .node_id = cfg->node_id,
+                               .replicas = cfg->tier_replicas,
+                               .pending_max = cfg->tier_pending_max};
+        if ((rc = st_tiernode_new(&to, s->store, &s->tier)))
+            goto fail;
+        s->metrics.tier = s->tier;
+    }
     if (cfg->model_path) {
         s->conv_env = (st_conv_env){.cfg = &s->cfg, .store = s->store, .m = &s->metrics.conv,
-                                    .guard = &s->guard, .damaged = conv_damaged, .damaged_arg = s};
+                                    .guard = &s->guard, .damaged = conv_damaged, .damaged_arg = s,
+                                    .tier = s->tier};
         if ((rc = st_conv_new(&s->conv_env, &s->conv)))
             goto fail;
     }
@@ -901,6 +913,7 @@ void st_api_server_free(st_api_server *s)
         return;
     st_work_free(s->work); /* joins the workers; completions still pending are dropped */
     st_conv_free(s->conv);
+    st_tiernode_free(s->tier); /* after the conversations; what is still queued stays local */
     st_http_free(s->http);
     st_api_uploads_free(s);
     st_store_close(s->store);

@@ -536,7 +536,8 @@ int st_tier_sync(st_tier *t, uint32_t replicas, uint32_t timeout_ms);
  * moved to it from `expect` by compare-and-set (ST_TIER_HEAD_CURRENT: from whatever it is).
  * ST_ECONFLICT when the head is not expect or moves during the push (another node saved: the
  * caller's copy is stale). replicas > 0: returns only once st_tier_sync(replicas, wait_ms)
- * confirmed every write. pull: tier version `version` (0: the head) of id, every piece checked
+ * confirmed every write; when the sync fails (ST_EIO) the head is already at the new version
+ * (*out says which) but its writes are unconfirmed: push again to write them again. pull: tier version `version` (0: the head) of id, every piece checked
  * against its SHA-256 and the file against the manifest's, read as a session file (at most
  * max_bytes; 0: 32 GiB) and put into the local store as a new version of id (local version
  * numbers are the store's own); on any error the local store is unchanged. */

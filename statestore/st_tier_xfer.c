@@ -183,10 +183,9 @@ int st_tier_push(st_tier *t, st_store *st, const char *id, uint64_t version, uin
         goto out;
     }
     s.tier_version = tv;
-    if (replicas && (rc = st_tier_sync(t, replicas, wait_ms)))
-        goto out;
+    rc = replicas ? st_tier_sync(t, replicas, wait_ms) : 0;
     if (out)
-        *out = s;
+        *out = s; /* with a failed sync too: the head is at tv, unconfirmed */
 out:
     free(file);
     free(man);

@@ -52,6 +52,16 @@ static void usage(FILE *f)
             "  --keep-last N                 versions kept per session (default 0: the store's\n"
             "                                setting, 8 in a new store)\n"
             "  --spool-dir DIR               temporary upload/download files (default STORE/spool)\n"
+            "Shared tier (several nodes; docs/SCALE.md):\n"
+            "  --tier redis://HOST:PORT[,HOST:PORT...]   the seed nodes of a Redis Cluster (or one\n"
+            "                                Redis): each SAVE is also sent there, and a\n"
+            "                                conversation another node saved is fetched from it\n"
+            "                                (default none)\n"
+            "  --node-id ID                  this node's name in the tier (default: the host name)\n"
+            "  --tier-ack replica|none       a SAVE waits until a replica has its tier writes\n"
+            "                                (default replica)\n"
+            "  --tier-pending-max N          conversations queued while the tier is down (default\n"
+            "                                1024)\n"
             "Limits (every limit is at least 1; none is unlimited):\n"
             "  --workers N                   worker threads, 1..256 (default 8)\n"
             "  --max-connections N           open connections (default 256); at the cap a new one\n"
@@ -158,6 +168,16 @@ int main(int argc, char **argv)
             continue;
         }
         if (!strcmp(a, "--meminfo")) { c.meminfo_path = v; continue; }
+        if (!strcmp(a, "--tier")) { c.tier_url = v; continue; }
+        if (!strcmp(a, "--node-id")) { c.node_id = v; continue; }
+        if (!strcmp(a, "--tier-ack")) {
+            if (strcmp(v, "replica") && strcmp(v, "none")) {
+                fprintf(stderr, "strata-server: --tier-ack needs replica|none, got \"%s\"\n", v);
+                return 2;
+            }
+            c.tier_replicas = !strcmp(v, "replica");
+            continue;
+        }
         if (!strcmp(a, "--mem-guard")) {
             if (strcmp(v, "on") && strcmp(v, "off")) {
                 fprintf(stderr, "strata-server: --mem-guard needs on|off, got \"%s\"\n", v);
@@ -208,6 +228,7 @@ int main(int argc, char **argv)
         NUM("--max-n-predict", 1u << 24, c.max_n_predict, 1)
         NUM("--busy-wait-ms", U32, c.busy_wait_ms, 1)
         NUM("--keep-last", 1u << 20, c.keep_last, 1)
+        NUM("--tier-pending-max", 1u << 20, c.tier_pending_max, 1)
         NUM("--max-connections", 1u << 20, c.max_connections, 1)
         NUM("--max-connections-per-peer", 1u << 20, c.max_connections_per_peer, 1)
         NUM("--max-header-bytes", 1u << 20, c.max_header_bytes, 1)

@@ -1,0 +1,408 @@
+/*
+ * st_tiernode.c - a node's side of the shared tier (st_tiernode.h).
+ *
+ * Invariants:
+ * 1. The tier's head decides: a SAVE is sent with the tier version this node's copy extends
+ *    (the last version it sent or fetched of that conversation; none: 0), and the tier's
+ *    compare-and-set refuses it when another node moved the head since (ST_TIER_CONFLICT): a
+ *    stale node never overwrites a newer conversation.
+ * 2. Order per conversation: while the queue holds an entry for a conversation, a newer SAVE of
+ *    it replaces that entry's version instead of being sent past it (the tier needs only the
+ *    newest), and while the tier is down (the queue is not empty, or the tier was never
+ *    reached) a SAVE queues without trying; so versions reach the tier in their order. The queue
+ *    holds at most pending_max conversations; beyond, a SAVE stays local (ST_TIER_UNQUEUED).
+ * 3. One mutex guards the map of known versions, the queue and the counters; no call to the tier
+ *    is made under it (the tier's client serialises its own calls).
+ * 4. The queue's thread sends the oldest entry every retry_ms while entries wait, opening the
+ *    tier first when it was never reached; an entry leaves the queue when sent, refused as a
+ *    conflict, or failed for another reason than an unreachable tier (counted as an error and
+ *    logged).
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "st_tiernode.h"
+
+#define TN_BUCKETS 4096u
+
+typedef struct known {
+    struct known *next;
+    uint64_t tier_version;
+    char id[ST_STORE_ID_MAX + 1];
+} known;
+
+typedef struct pending {
+    uint64_t version; /* the local version to send */
+    char id[ST_STORE_ID_MAX + 1];
+} pending;
+
+struct st_tiernode {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    pthread_t thread;
+    int thread_on, stop;
+    st_tiernode_opts o;
+    char url[4096], node_id[ST_TIER_OWNER_MAX + 1];
+    st_store *store;
+    st_tier *tier; /* NULL until the tier was reached once */
+    known *map[TN_BUCKETS];
+    pending *q;    /* a ring of o.pending_max entries */
+    uint32_t q_head, q_n;
+    st_tiernode_stats st;
+};
+
+const char *st_tier_outcome_name(st_tier_outcome o)
+{
+    switch (o) {
+    case ST_TIER_SENT: return "sent";
+    case ST_TIER_PENDING: return "pending";
+    case ST_TIER_CONFLICT: return "conflict";
+    default: return "unqueued";
+    }
+}
+
+static uint32_t bucket(const char *id)
+{
+    uint32_t h = 2166136261u; /* FNV-1a */
+    for (const unsigned char *p = (const unsigned char *)id; *p; p++)
+        h = (h ^ *p) * 16777619u;
+    return h % TN_BUCKETS;
+}
+
+static known *known_find_locked(st_tiernode *tn, const char *id)
+{
+    for (known *k = tn->map[bucket(id)]; k; k = k->next)
+        if (!strcmp(k->id, id))
+            return k;
+    return NULL;
+}
+
+static void known_set_locked(st_tiernode *tn, const char *id, uint64_t tv)
+{
+    known *k = known_find_locked(tn, id);
+    if (!k) {
+        if (!(k = calloc(1, sizeof *k)))
+            return; /* the next SAVE of id then extends "none" and is refused as a conflict */
+        snprintf(k->id, sizeof k->id, "%s", id);
+        uint32_t b = bucket(id);
+        k->next = tn->map[b];
+        tn->map[b] = k;
+    }
+    k->tier_version = tv;
+}
+
+static uint64_t known_get_locked(st_tiernode *tn, const char *id)
+{
+    known *k = known_find_locked(tn, id);
+    return k ? k->tier_version : 0;
+}
+
+static pending *q_at(st_tiernode *tn, uint32_t i)
+{
+    return &tn->q[(tn->q_head + i) % tn->o.pending_max];
+}
+
+/* invariant 2: replace id's entry, or append one; 0 when the queue is full */
+static int q_put_locked(st_tiernode *tn, const char *id, uint64_t version)
+{
+    for (uint32_t i = 0; i < tn->q_n; i++) {
+        pending *p = q_at(tn, i);
+        if (!strcmp(p->id, id)) {
+            p->version = version;
+            return 1;
+        }
+    }
+    if (tn->q_n == tn->o.pending_max)
+        return 0;
+    pending *p = q_at(tn, tn->q_n++);
+    p->version = version;
+    snprintf(p->id, sizeof p->id, "%s", id);
+    tn->st.pending = tn->q_n;
+    pthread_cond_signal(&tn->cv);
+    return 1;
+}
+
+static st_tier *open_tier(st_tiernode *tn, int *bad)
+{
+    st_tier_opts to;
+    st_tier_opts_default(&to);
+    to.timeout_ms = 500;
+    to.retry_ms = 1000;
+    st_tier *t = NULL;
+    int rc = st_tier_open(&t, tn->url, &to);
+    if (bad)
+        *bad = rc == ST_EINVAL;
+    return rc ? NULL : t;
+}
+
+/* The tier, opened by whoever first finds it closed (the thread or a fetch). */
+static st_tier *tier_get(st_tiernode *tn)
+{
+    pthread_mutex_lock(&tn->mu);
+    st_tier *t = tn->tier;
+    pthread_mutex_unlock(&tn->mu);
+    if (t)
+        return t;
+    if (!(t = open_tier(tn, NULL)))
+        return NULL;
+    pthread_mutex_lock(&tn->mu);
+    if (tn->tier) { /* another thread opened it meanwhile */
+        pthread_mutex_unlock(&tn->mu);
+        st_tier_close(t);
+        return tn->tier;
+    }
+    tn->tier = t;
+    pthread_mutex_unlock(&tn->mu);
+    return t;
+}
+
+/* One push of (id, version) from the tier version this node knows; the counters and the map
+ * updated. Returns the push's error. */
+static int push_one(st_tiernode *tn, st_tier *t, const char *id, uint64_t version, uint64_t *tv)
+{
+    pthread_mutex_lock(&tn->mu);
+    uint64_t expect = known_get_locked(tn, id);
+    pthread_mutex_unlock(&tn->mu);
+    st_tier_xfer_stats xs;
+    memset(&xs, 0, sizeof xs);
+    int rc = st_tier_push(t, tn->store, id, version, expect, tn->o.replicas, tn->o.wait_ms, &xs);
+    pthread_mutex_lock(&tn->mu);
+    if (xs.tier_version) /* the head moved to it (its WAIT may have failed: sent again later) */
+        known_set_locked(tn, id, xs.tier_version);
+    if (!rc) {
+        tn->st.pushes++;
+        tn->st.pushed_bytes += xs.bytes;
+        tn->st.pushed_new_bytes += xs.new_bytes;
+    }
+    tn->st.up = rc != ST_EIO;
+    pthread_mutex_unlock(&tn->mu);
+    *tv = xs.tier_version;
+    return rc;
+}
+
+static void *queue_main(void *arg)
+{
+    st_tiernode *tn = arg;
+    pthread_mutex_lock(&tn->mu);
+    while (!tn->stop) {
+        if (!tn->q_n) {
+            pthread_cond_wait(&tn->cv, &tn->mu);
+            continue;
+        }
+        pending p = *q_at(tn, 0);
+        pthread_mutex_unlock(&tn->mu);
+        st_tier *t = tier_get(tn);
+        int rc = ST_EIO;
+        uint64_t tv = 0;
+        if (t)
+            rc = push_one(tn, t, p.id, p.version, &tv);
+        pthread_mutex_lock(&tn->mu);
+        if (rc == ST_EIO) {
+            tn->st.up = 0;
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)tn->o.retry_ms * 1000000ull;
+            ts.tv_sec += (time_t)(ns / 1000000000ull);
+            ts.tv_nsec = (long)(ns % 1000000000ull);
+            if (!tn->stop)
+                pthread_cond_timedwait(&tn->cv, &tn->mu, &ts);
+            continue;
+        }
+        if (!rc)
+            tn->st.sent_from_queue++;
+        else if (rc == ST_ECONFLICT)
+            tn->st.conflicts++;
+        else {
+            tn->st.errors++;
+            fprintf(stderr, "strata-server: tier: %s version %llu was not sent: %s: %s\n", p.id,
+                    (unsigned long long)p.version, st_strerror(rc), st_errdetail());
+        }
+        /* the entry leaves unless a newer SAVE replaced its version meanwhile (invariant 2) */
+        pending *h = q_at(tn, 0);
+        if (tn->q_n && !strcmp(h->id, p.id) && h->version == p.version) {
+            tn->q_head = (tn->q_head + 1) % tn->o.pending_max;
+            tn->q_n--;
+            tn->st.pending = tn->q_n;
+        }
+    }
+    pthread_mutex_unlock(&tn->mu);
+    return NULL;
+}
+
+int st_tiernode_new(const st_tiernode_opts *o, st_store *store, st_tiernode **out)
+{
+    *out = NULL;
+    if (!o || !o->url || !store)
+        return st_error_set(ST_EINVAL, "tier: no address");
+    if (strlen(o->url) >= sizeof ((st_tiernode *)0)->url)
+        return st_error_set(ST_EINVAL, "tier: the address is longer than 4095 bytes");
+    const char *nid = o->node_id && *o->node_id ? o->node_id : NULL;
+    if (nid && (strlen(nid) > ST_TIER_OWNER_MAX || strpbrk(nid, " \t\r\n")))
+        return st_error_set(ST_EINVAL, "tier: node id \"%s\": 1 to %d bytes without spaces", nid,
+                            ST_TIER_OWNER_MAX);
+    st_tiernode *tn = calloc(1, sizeof *tn);
+    if (!tn)
+        return st_error_set(ENOMEM, "tier: no memory");
+    tn->o = *o;
+    if (!tn->o.wait_ms)
+        tn->o.wait_ms = 2000;
+    if (!tn->o.pending_max)
+        tn->o.pending_max = 1024;
+    if (!tn->o.retry_ms)
+        tn->o.retry_ms = 500;
+    snprintf(tn->url, sizeof tn->url, "%s", o->url);
+    if (nid)
+        snprintf(tn->node_id, sizeof tn->node_id, "%s", nid);
+    else if (gethostname(tn->node_id, sizeof tn->node_id) != 0 || !tn->node_id[0])
+        snprintf(tn->node_id, sizeof tn->node_id, "node-%ld", (long)getpid());
+    tn->o.url = tn->url;
+    tn->o.node_id = tn->node_id;
+    tn->store = store;
+    tn->st.pending_max = tn->o.pending_max;
+    pthread_mutex_init(&tn->mu, NULL);
+    pthread_cond_init(&tn->cv, NULL);
+    int bad = 0;
+    tn->tier = open_tier(tn, &bad);
+    int rc = 0;
+    if (bad) {
+        rc = ST_EINVAL; /* the detail is the client's: which part of the address */
+        goto fail;
+    }
+    if (!tn->tier)
+        fprintf(stderr, "strata-server: tier %s: %s (SAVEs are queued until it answers)\n",
+                tn->url, st_errdetail());
+    tn->st.up = tn->tier != NULL;
+    if (!(tn->q = calloc(tn->o.pending_max, sizeof *tn->q))) {
+        rc = st_error_set(ENOMEM, "tier: a queue of %u entries", tn->o.pending_max);
+        goto fail;
+    }
+    if ((rc = pthread_create(&tn->thread, NULL, queue_main, tn))) {
+        rc = st_error_set(rc, "tier: the queue's thread: %s", strerror(rc));
+        goto fail;
+    }
+    tn->thread_on = 1;
+    *out = tn;
+    return 0;
+fail:
+    st_tiernode_free(tn);
+    return rc;
+}
+
+void st_tiernode_free(st_tiernode *tn)
+{
+    if (!tn)
+        return;
+    if (tn->thread_on) {
+        pthread_mutex_lock(&tn->mu);
+        tn->stop = 1;
+        pthread_cond_broadcast(&tn->cv);
+        pthread_mutex_unlock(&tn->mu);
+        pthread_join(tn->thread, NULL);
+    }
+    if (tn->q_n)
+        fprintf(stderr, "strata-server: tier: %u conversations were not sent (they stay in the "
+                "local store)\n", tn->q_n);
+    st_tier_close(tn->tier);
+    for (uint32_t b = 0; b < TN_BUCKETS; b++)
+        for (known *k = tn->map[b], *n; k; k = n) {
+            n = k->next;
+            free(k);
+        }
+    free(tn->q);
+    pthread_cond_destroy(&tn->cv);
+    pthread_mutex_destroy(&tn->mu);
+    free(tn);
+}
+
+st_tier_outcome st_tiernode_saved(st_tiernode *tn, const char *id, uint64_t version,
+                                  uint64_t *tier_version)
+{
+    *tier_version = 0;
+    pthread_mutex_lock(&tn->mu);
+    int queue = tn->q_n > 0 || !tn->tier; /* invariant 2 */
+    if (queue) {
+        int ok = q_put_locked(tn, id, version);
+        if (!ok)
+            tn->st.unqueued++;
+        pthread_mutex_unlock(&tn->mu);
+        return ok ? ST_TIER_PENDING : ST_TIER_UNQUEUED;
+    }
+    st_tier *t = tn->tier;
+    pthread_mutex_unlock(&tn->mu);
+    int rc = push_one(tn, t, id, version, tier_version);
+    if (!rc)
+        return ST_TIER_SENT;
+    pthread_mutex_lock(&tn->mu);
+    st_tier_outcome out;
+    if (rc == ST_ECONFLICT) {
+        tn->st.conflicts++;
+        out = ST_TIER_CONFLICT;
+    } else if (rc == ST_EIO) {
+        int ok = q_put_locked(tn, id, version);
+        if (!ok)
+            tn->st.unqueued++;
+        out = ok ? ST_TIER_PENDING : ST_TIER_UNQUEUED;
+    } else {
+        tn->st.errors++;
+        fprintf(stderr, "strata-server: tier: %s version %llu was not sent: %s: %s\n", id,
+                (unsigned long long)version, st_strerror(rc), st_errdetail());
+        out = ST_TIER_UNQUEUED;
+    }
+    pthread_mutex_unlock(&tn->mu);
+    *tier_version = 0;
+    return out;
+}
+
+int st_tiernode_fetch(st_tiernode *tn, const char *id, uint64_t max_bytes, int *fetched)
+{
+    *fetched = 0;
+    st_tier *t = tier_get(tn);
+    if (!t)
+        return st_error_set(ST_EIO, "tier %s: not reachable: %s", tn->url, st_errdetail());
+    uint64_t head = 0;
+    int rc = st_tier_head_get(t, id, &head);
+    if (rc == ST_EINVAL) /* an id the tier cannot hold (the store's alphabet is wider): local */
+        return 0;
+    if (rc) {
+        pthread_mutex_lock(&tn->mu);
+        tn->st.up = rc != ST_EIO;
+        pthread_mutex_unlock(&tn->mu);
+        return rc;
+    }
+    pthread_mutex_lock(&tn->mu);
+    uint64_t mine = known_get_locked(tn, id);
+    tn->st.up = 1;
+    pthread_mutex_unlock(&tn->mu);
+    if (!head || head == mine)
+        return 0;
+    st_tier_xfer_stats xs;
+    memset(&xs, 0, sizeof xs);
+    rc = st_tier_pull(t, tn->store, id, head, max_bytes, &xs);
+    if (!rc)
+        *fetched = 1;
+    pthread_mutex_lock(&tn->mu);
+    if (!rc) {
+        known_set_locked(tn, id, xs.tier_version);
+        tn->st.pulls++;
+        tn->st.pulled_bytes += xs.bytes;
+    } else if (rc != ST_ENOTFOUND && rc != ST_EIO) {
+        tn->st.errors++;
+    }
+    if (rc != ST_ENOTFOUND)
+        tn->st.up = rc != ST_EIO;
+    pthread_mutex_unlock(&tn->mu);
+    return rc;
+}
+
+void st_tiernode_stats_get(st_tiernode *tn, st_tiernode_stats *s)
+{
+    pthread_mutex_lock(&tn->mu);
+    *s = tn->st;
+    pthread_mutex_unlock(&tn->mu);
+}

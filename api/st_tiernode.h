@@ -1,0 +1,67 @@
+/*
+ * st_tiernode.h - a strata-server node's side of the shared tier (issue 15; docs/SCALE.md): what
+ * this node sends to the tier after each SAVE, what it fetches from it for a conversation it
+ * does not hold, and the bounded queue of SAVEs the tier has not confirmed yet. Internal to api/;
+ * the conversation manager (st_conv.c) calls it, the server (st_server.c) makes it and renders
+ * its counters in /metrics. Plain C over the store and the tier's client (statestore/st_tier.c,
+ * st_tier_xfer.c); nothing here knows HTTP or JSON.
+ *
+ * Threads: every function may be called from any thread; one background thread sends the queue.
+ */
+#ifndef ST_TIERNODE_H
+#define ST_TIERNODE_H
+
+#include <stdint.h>
+
+#include "st_store.h"
+
+typedef struct st_tiernode st_tiernode;
+
+typedef struct st_tiernode_opts {
+    const char *url;      /* redis://HOST:PORT[,HOST:PORT...] */
+    const char *node_id;  /* this node's name in the tier (leases, logs) */
+    uint32_t replicas;    /* --tier-ack replica: 1 (a SAVE waits for WAIT); none: 0 */
+    uint32_t wait_ms;     /* WAIT's timeout (default 2000) */
+    uint32_t pending_max; /* conversations the queue holds at most (default 1024) */
+    uint32_t retry_ms;    /* the queue's pause between tries while the tier is down (500) */
+} st_tiernode_opts;
+
+/* What the tier did with a SAVE (st_tiernode_saved). */
+typedef enum {
+    ST_TIER_SENT = 0,     /* the version is the tier's head (and on a replica, with replicas) */
+    ST_TIER_PENDING,      /* the tier could not be reached: queued, sent when it returns */
+    ST_TIER_CONFLICT,     /* another node saved this conversation since this node's copy was
+                             taken: the tier keeps the other node's; this version stays local */
+    ST_TIER_UNQUEUED      /* unreachable and the queue is full: this version stays local */
+} st_tier_outcome;
+const char *st_tier_outcome_name(st_tier_outcome o); /* "sent", "pending", "conflict", "unqueued" */
+
+typedef struct st_tiernode_stats {
+    uint64_t pushes, pushed_bytes, pushed_new_bytes, pulls, pulled_bytes;
+    uint64_t conflicts, errors, unqueued, sent_from_queue;
+    uint64_t pending;     /* gauge: conversations waiting in the queue */
+    uint64_t pending_max;
+    int up;               /* gauge: 1 when the last call to the tier succeeded */
+} st_tiernode_stats;
+
+/* Opens the tier (or, when no seed answers yet, keeps trying from the queue's thread: SAVEs
+ * queue meanwhile) and starts the queue's thread. ST_EINVAL for a bad url or node id. */
+int st_tiernode_new(const st_tiernode_opts *o, st_store *store, st_tiernode **out);
+void st_tiernode_free(st_tiernode *tn); /* accepts NULL; stops the thread (what is queued stays
+                                           local: a node restarted with the queue unsent saves
+                                           those conversations again at their next SAVE) */
+
+/* After version `version` of id was committed to the local store: send it (synchronously, with
+ * WAIT when replicas > 0), or queue it. *tier_version: the tier's version when sent (else 0).
+ * Never fails the SAVE: the outcome says what happened. */
+st_tier_outcome st_tiernode_saved(st_tiernode *tn, const char *id, uint64_t version,
+                                  uint64_t *tier_version);
+/* id is not live on this node: when the tier's head of id is not the version this node last
+ * sent or fetched (another node saved it since, or this node never had it), that head is put
+ * into the local store as its new head (st_tier_pull) and *fetched is 1. 0 with *fetched 0 when
+ * the local copy is current or the tier has none; ST_EIO when the tier cannot be reached; the
+ * pull's error otherwise (the local store unchanged). */
+int st_tiernode_fetch(st_tiernode *tn, const char *id, uint64_t max_bytes, int *fetched);
+void st_tiernode_stats_get(st_tiernode *tn, st_tiernode_stats *s);
+
+#endif /* ST_TIERNODE_H */

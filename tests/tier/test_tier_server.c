@@ -1,0 +1,181 @@
+/*
+ * test_tier_server.c - strata-server nodes sharing conversations through a real Redis Cluster
+ * (issue 15, section 3): 3 masters and 3 replicas of Debian's redis-server and two (three)
+ * strata-server processes on loopback, each with its own store, on the tiny model:
+ * - a conversation saved on A continues on B with the tokens of the uninterrupted run on A (the
+ *   completion says it was found in the tier); the control: a conversation B never got from
+ *   the tier starts anew and continues otherwise;
+ * - B saves it next (tier version 2); A, whose copy is older, SAVEs and is told "conflict" (the
+ *   head's compare-and-set), and a third node C fetches B's version, not A's;
+ * - A killed with SIGKILL after an acknowledged SAVE and one more turn: B continues from the
+ *   SAVE with the tokens A gave for that lost turn;
+ * - the whole cluster stopped (SIGSTOP to every server): a SAVE answers from the local store,
+ *   once the tier's client gives up (about 2.5 s: its retry budget), with "tier": "pending",
+ *   counted in /metrics; once the cluster runs again (SIGCONT) the
+ *   queue sends it, and B continues the conversation from it.
+ * Labels cluster and integration (in make test).
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "api/st_api_test.h"
+#include "redis_cluster.h"
+
+static st_at_env g_env;
+static rc_cluster g_rc;
+static char g_url[512];
+
+#define N_PREDICT 12
+
+static void node_start(st_hc_server *s, const char *store, const char *id)
+{
+    const char *flags[] = {"--tier", g_url, "--node-id", id, "--slots", "2", NULL};
+    assert_int_equal(st_at_server_start(s, &g_env, store, flags, NULL), 0);
+}
+
+static json_t *turn(uint16_t port, const char *id, const char *prompt, const char *found)
+{
+    json_t *o = st_at_complete(port, id, prompt, N_PREDICT, true);
+    if (found) {
+        const char *f = json_string_value(json_object_get(o, "found"));
+        if (!f || strcmp(f, found))
+            fail_msg("%s: the conversation was found in \"%s\", wanted \"%s\"", id, f ? f : "?",
+                     found);
+    }
+    return o;
+}
+
+static int same(json_t *a, json_t *b)
+{
+    return json_equal(json_object_get(a, "tokens"), json_object_get(b, "tokens"));
+}
+
+static json_t *save(uint16_t port, const char *id, const char *tier)
+{
+    char path[128];
+    snprintf(path, sizeof path, "/v1/sessions/%s/save", id);
+    json_t *o = st_at_call(port, "POST", path, "{}", 201);
+    const char *t = json_string_value(json_object_get(o, "tier"));
+    if (!t || strcmp(t, tier))
+        fail_msg("SAVE %s: tier \"%s\", wanted \"%s\"", id, t ? t : "(none)", tier);
+    return o;
+}
+
+static void test_across_nodes(void **state)
+{
+    (void)state;
+    st_hc_server a, b, c;
+    node_start(&a, "store-a", "node-a");
+    node_start(&b, "store-b", "node-b");
+    /* the uninterrupted run, on A */
+    json_t *r1 = turn(a.port, "ref", "The first turn of it", "new");
+    json_t *r2 = turn(a.port, "ref", " and the second turn", "slot");
+    /* s: its first turn on A, saved; its second on B */
+    json_t *s1 = turn(a.port, "s", "The first turn of it", "new");
+    assert_true(same(s1, r1));
+    json_t *sv = save(a.port, "s", "sent");
+    assert_int_equal(json_integer_value(json_object_get(sv, "tier_version")), 1);
+    json_t *s2 = turn(b.port, "s", " and the second turn", "tier");
+    if (!same(s2, r2)) {
+        char *x = json_dumps(json_object_get(s2, "tokens"), JSON_COMPACT);
+        char *y = json_dumps(json_object_get(r2, "tokens"), JSON_COMPACT);
+        fail_msg("B continued s with %s, the uninterrupted run with %s", x, y);
+    }
+    printf("across: s saved on A, continued on B with the uninterrupted run's %d tokens\n",
+           N_PREDICT);
+    /* the control: a conversation B cannot find starts anew, and its turn differs */
+    json_t *n2 = turn(b.port, "never-saved", " and the second turn", "new");
+    assert_false(same(n2, r2));
+    /* B saves s next; A's copy is older: its SAVE is refused by the tier's head */
+    json_decref(save(b.port, "s", "sent"));
+    json_t *sa = save(a.port, "s", "conflict");
+    printf("across: the stale node's SAVE: tier \"%s\"\n",
+           json_string_value(json_object_get(sa, "tier")));
+    assert_true(st_at_metric(a.port, "strata_tier_conflicts_total") >= 1);
+    /* a third node continues from B's version (the tier's head), not A's */
+    json_t *b3 = turn(b.port, "s", " then a third", "slot");
+    node_start(&c, "store-c", "node-c");
+    json_t *c3 = turn(c.port, "s", " then a third", "tier");
+    assert_true(same(c3, b3));
+    assert_int_equal(st_hc_server_stop(&c, SIGTERM), 0);
+    json_decref(r1);
+    json_decref(r2);
+    json_decref(s1);
+    json_decref(s2);
+    json_decref(sv);
+    json_decref(n2);
+    json_decref(sa);
+    json_decref(b3);
+    json_decref(c3);
+
+    /* A killed after an acknowledged SAVE and one more (unsaved) turn */
+    json_decref(turn(a.port, "k", "Killed after this", "new"));
+    json_decref(save(a.port, "k", "sent"));
+    json_t *lost = turn(a.port, "k", " and this turn is lost", "slot");
+    assert_int_equal(st_hc_server_stop(&a, SIGKILL), -1);
+    json_t *kb = turn(b.port, "k", " and this turn is lost", "tier");
+    assert_true(same(kb, lost));
+    printf("kill -9: B continued k from A's last acknowledged SAVE (the lost turn's tokens)\n");
+    json_decref(lost);
+    json_decref(kb);
+
+    /* the whole cluster stopped: SAVE answers from the local store, "pending" */
+    node_start(&a, "store-a", "node-a");
+    json_t *p1 = turn(a.port, "p", "Saved while the tier is away", "new");
+    json_t *p2 = turn(a.port, "p", " and continued", "slot");
+    /* the reference for p's second turn is p2; start p again on A under another id */
+    json_decref(turn(a.port, "q", "Saved while the tier is away", "new"));
+    for (int i = 0; i < g_rc.n; i++)
+        kill(g_rc.pid[i], SIGSTOP);
+    double t0 = st_hc_now_ms();
+    json_t *pq = save(a.port, "q", "pending");
+    double ms = st_hc_now_ms() - t0;
+    printf("cluster stopped: SAVE answered \"pending\" in %.0f ms\n", ms);
+    assert_true(st_at_metric(a.port, "strata_tier_pending") == 1);
+    assert_true(st_at_metric(a.port, "strata_tier_up") == 0);
+    for (int i = 0; i < g_rc.n; i++)
+        kill(g_rc.pid[i], SIGCONT);
+    assert_int_equal(st_at_await_metric(a.port, "strata_tier_pending", 0), 0);
+    assert_true(st_at_metric(a.port, "strata_tier_sent_from_queue_total") >= 1);
+    json_t *qb = turn(b.port, "q", " and continued", "tier");
+    assert_true(same(qb, p2));
+    printf("cluster back: the queued SAVE reached the tier, B continued q as p continued\n");
+    json_decref(p1);
+    json_decref(p2);
+    json_decref(pq);
+    json_decref(qb);
+    assert_int_equal(st_hc_server_stop(&a, SIGTERM), 0);
+    assert_int_equal(st_hc_server_stop(&b, SIGTERM), 0);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    if (st_at_setup(&g_env, "tier_server"))
+        return -1;
+    char dir[1000];
+    snprintf(dir, sizeof dir, "%.900s/cluster", g_env.dir); /* rc_cluster keeps 1024 bytes */
+    if (rc_start(&g_rc, dir, 6, 1, 1))
+        return -1;
+    rc_url(&g_rc, 2, g_url, sizeof g_url);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    for (int i = 0; i < g_rc.n; i++)
+        if (g_rc.pid[i] > 0)
+            kill(g_rc.pid[i], SIGCONT);
+    rc_stop(&g_rc);
+    return st_at_teardown(&g_env);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_across_nodes),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
