@@ -108,6 +108,7 @@ typedef struct st_api_config {
     const char *node_id;         /* this node's name in the tier; NULL: the host name */
     uint32_t tier_replicas;      /* --tier-ack replica: 1 (default), none: 0 */
     uint32_t tier_pending_max;   /* conversations queued while the tier is down (default 1024) */
+    uint32_t tier_lease_ms;      /* a conversation's lease while a request works on it (10000) */
 
     int handle_signals;          /* 1: SIGTERM / SIGINT stop the server gracefully (default 1) */
     int log_requests;            /* 1: one line per request on stderr */

@@ -58,6 +58,14 @@
  *    hint: what a request reads is the image restored, compared token by token, so a stale
  *    entry (a version deleted or saved by another process) costs a restore, never a wrong
  *    answer.
+ * 9. With a shared tier (env->tier, docs/SCALE.md): a completion or RESTORE holds the tier's lease
+ *    on its conversation from acquire to slot_release (st_tiernode_begin / _end), so two nodes
+ *    never work on one conversation at once (the other is refused, 409); when the tier's head
+ *    is newer than the version this node last sent or fetched (another node saved it), the
+ *    head is fetched into the store and this node's live copy (slot or park) is dropped before
+ *    the request reads it; a lease lost during a request (not renewed in time, taken by another
+ *    node) drops the live copy when the request ends. Every SAVE is sent to the tier after the
+ *    local commit (st_tiernode_saved: it never fails the SAVE).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -89,6 +97,7 @@ typedef struct cslot {
     uint64_t last_used;
     uint64_t tokens; /* held, as of the last release */
     uint64_t bytes;  /* of its park image (slot_image_bytes), as of the last release */
+    int lease;       /* the request holding it holds the tier's lease on id (st_tiernode_begin) */
 } cslot;
 
 /* A held conversation's tokens and checkpoint positions (increasing), copied for the prefix
@@ -507,8 +516,17 @@ static uint64_t slot_image_bytes(st_slot *s, int park)
 
 static void slot_release(st_conv *cv, int j)
 {
-    pthread_mutex_lock(&cv->mu);
     cslot *cs = &cv->slots[j];
+    if (cs->lease) { /* the request's lease; lost meanwhile: this node's copy is dropped */
+        cs->lease = 0;
+        if (st_tiernode_end(cv->env->tier, cs->id)) {
+            pthread_mutex_lock(&cv->mu);
+            cs->bound = 0;
+            st_slot_reset(cs->slot);
+            pthread_mutex_unlock(&cv->mu);
+        }
+    }
+    pthread_mutex_lock(&cv->mu);
     cs->busy = 0;
     wake_locked(cv);
     cs->last_used = ++cv->tick;
@@ -729,8 +747,8 @@ enum { ACQ_LOAD, ACQ_EMPTY };
  * ACQ_EMPTY: a slot already bound to id is returned as it is; otherwise an empty slot, and a park
  * entry of id, if any, is returned busy in *pe (out of the list) for the caller to drop or give
  * back with park_giveback. */
-static int acquire(st_conv *cv, const char *id, int mode, int *out_j, pentry **pe, const char **source,
-                   const _Atomic int *cancel)
+static int acquire_in(st_conv *cv, const char *id, int mode, int *out_j, pentry **pe,
+                      const char **source, const _Atomic int *cancel, int stale)
 {
     *out_j = -1;
     if (pe)
@@ -746,6 +764,12 @@ static int acquire(st_conv *cv, const char *id, int mode, int *out_j, pentry **p
         return rc;
     }
     int j = slot_find_locked(cv, id);
+    if (j >= 0 && stale && mode == ACQ_LOAD) {
+        /* another node saved it since this node's copy was taken (st_tiernode_begin fetched
+         * the tier's head into the store): the copy in the slot is dropped, the head loaded */
+        cv->slots[j].bound = 0;
+        j = -1;
+    }
     if (j >= 0) {
         cv->slots[j].busy = 1;
         gauges_locked(cv);
@@ -802,7 +826,7 @@ static int acquire(st_conv *cv, const char *id, int mode, int *out_j, pentry **p
         if (pe)
             *pe = p;
         p = NULL;
-    } else if (p) {
+    } else if (p && !stale) {
         if ((rc = load_parked(cv, j, p, source)))
             goto fail;
         if (!p->img)
@@ -810,6 +834,12 @@ static int acquire(st_conv *cv, const char *id, int mode, int *out_j, pentry **p
         pentry_free(cv, p);
         p = NULL;
     } else {
+        if (p) { /* a parked copy older than the tier's head (see the slot's case above) */
+            if (!p->img)
+                drop_park_store(cv, p->id);
+            pentry_free(cv, p);
+            p = NULL;
+        }
         st_version_info vi;
         int from_tier = 0;
         rc = tier_in(cv, id, &from_tier);
@@ -827,7 +857,7 @@ static int acquire(st_conv *cv, const char *id, int mode, int *out_j, pentry **p
                 cv->m->conv_hits_store++;
                 cv->m->restores++;
                 cv->m->restore_bytes += vi.logical_bytes;
-                *source = from_tier ? "tier" : "store";
+                *source = from_tier || stale ? "tier" : "store";
                 sidx_put_slot(cv, id, cs->slot);
             } else if (rc == ST_ENOTFOUND) {
                 /* the session was deleted between the look-up and the read (a DELETE of a
@@ -856,6 +886,29 @@ fail:
     wake_locked(cv);
     gauges_locked(cv);
     pthread_mutex_unlock(&cv->mu);
+    return rc;
+}
+
+/* acquire_in within the tier's lease on id (st_tiernode_begin; invariant 9): the slot carries
+ * the lease until slot_release; on failure it is ended here. */
+static int acquire(st_conv *cv, const char *id, int mode, int *out_j, pentry **pe, const char **source,
+                   const _Atomic int *cancel)
+{
+    int stale = 0;
+    if (cv->env->tier) {
+        int rc = damaged(cv, id);
+        if (!rc)
+            rc = st_tiernode_begin(cv->env->tier, id, &stale);
+        if (rc)
+            return rc;
+    }
+    int rc = acquire_in(cv, id, mode, out_j, pe, source, cancel, stale);
+    if (cv->env->tier) {
+        if (rc)
+            (void)st_tiernode_end(cv->env->tier, id);
+        else
+            cv->slots[*out_j].lease = 1;
+    }
     return rc;
 }
 

@@ -255,6 +255,13 @@ void st_metrics_render(st_metrics *m, struct evbuffer *o, const st_http_stats *h
                 "queue full.", ts.unqueued);
         counter(o, "strata_tier_errors_total", "Tier calls that failed otherwise (logged).",
                 ts.errors);
+        gauge(o, "strata_tier_leases_held", "Conversations this node's requests hold the lease "
+              "of now.", (double)ts.leases_held);
+        counter(o, "strata_tier_leases_taken_total", "Leases taken from the tier.", ts.leases_taken);
+        counter(o, "strata_tier_leases_refused_total", "Requests refused (409): another node held "
+                "the conversation's lease.", ts.leases_refused);
+        counter(o, "strata_tier_leases_lost_total", "Leases whose renewal the tier refused (the "
+                "live copy dropped).", ts.leases_lost);
     }
     pthread_mutex_lock(&m->store_mu);
     st_store_stats ss = m->store;

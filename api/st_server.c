@@ -208,6 +208,7 @@ void st_api_config_default(st_api_config *c)
     c->mem_reserve_bytes = 256u << 20;
     c->tier_replicas = 1;
     c->tier_pending_max = 1024;
+    c->tier_lease_ms = 10000;
     c->handle_signals = 1;
 }
 
@@ -831,7 +832,8 @@ int st_api_server_new(const st_api_config *cfg, st_api_server **out)
     if (cfg->tier_url) {
         st_tiernode_opts to = {.url = cfg->tier_url, .node_id = cfg->node_id,
                                .replicas = cfg->tier_replicas,
-                               .pending_max = cfg->tier_pending_max};
+                               .pending_max = cfg->tier_pending_max,
+                               .lease_ms = cfg->tier_lease_ms};
         if ((rc = st_tiernode_new(&to, s->store, &s->tier)))
             goto fail;
         s->metrics.tier = s->tier;

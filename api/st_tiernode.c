@@ -17,6 +17,11 @@
  *    tier first when it was never reached; an entry leaves the queue when sent, refused as a
  *    conflict, or failed for another reason than an unreachable tier (counted as an error and
  *    logged).
+ * 5. Leases: one per conversation and node, held while any request of this node works on it
+ *    (a count of requests), taken from the tier by the first and released by the last; a
+ *    thread renews every held lease every lease_ms / 3 and marks it lost when the tier says
+ *    another node holds it (its TTL ran out first), which the requests' end reports. A lease
+ *    taken while the tier was unreachable is held locally only (no token) and never renewed.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -37,6 +42,14 @@ typedef struct known {
     char id[ST_STORE_ID_MAX + 1];
 } known;
 
+typedef struct lease {
+    struct lease *next;
+    uint32_t refs;
+    int taken, lost; /* taken: a token from the tier; lost: its renewal was refused */
+    char token[ST_TIER_TOKEN_LEN + 1];
+    char id[ST_STORE_ID_MAX + 1];
+} lease;
+
 typedef struct pending {
     uint64_t version; /* the local version to send */
     char id[ST_STORE_ID_MAX + 1];
@@ -45,8 +58,9 @@ typedef struct pending {
 struct st_tiernode {
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    pthread_t thread;
-    int thread_on, stop;
+    pthread_t thread, renewer;
+    int thread_on, renewer_on, stop;
+    lease *leases;
     st_tiernode_opts o;
     char url[4096], node_id[ST_TIER_OWNER_MAX + 1];
     st_store *store;
@@ -124,7 +138,7 @@ static int q_put_locked(st_tiernode *tn, const char *id, uint64_t version)
     p->version = version;
     snprintf(p->id, sizeof p->id, "%s", id);
     tn->st.pending = tn->q_n;
-    pthread_cond_signal(&tn->cv);
+    pthread_cond_broadcast(&tn->cv); /* the queue's thread (the renewer shares the condition) */
     return 1;
 }
 
@@ -235,6 +249,151 @@ static void *queue_main(void *arg)
     return NULL;
 }
 
+static lease *lease_find_locked(st_tiernode *tn, const char *id)
+{
+    for (lease *l = tn->leases; l; l = l->next)
+        if (!strcmp(l->id, id))
+            return l;
+    return NULL;
+}
+
+static void *renew_main(void *arg)
+{
+    st_tiernode *tn = arg;
+    pthread_mutex_lock(&tn->mu);
+    while (!tn->stop) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)(tn->o.lease_ms / 3) * 1000000ull;
+        ts.tv_sec += (time_t)(ns / 1000000000ull);
+        ts.tv_nsec = (long)(ns % 1000000000ull);
+        pthread_cond_timedwait(&tn->cv, &tn->mu, &ts);
+        if (tn->stop)
+            break;
+        /* one lease at a time, the mutex released around each call to the tier */
+        char id[ST_STORE_ID_MAX + 1], tok[ST_TIER_TOKEN_LEN + 1];
+        for (lease *l = tn->leases; l;) {
+            if (!l->taken || l->lost) {
+                l = l->next;
+                continue;
+            }
+            memcpy(id, l->id, sizeof id);
+            memcpy(tok, l->token, sizeof tok);
+            st_tier *t = tn->tier;
+            pthread_mutex_unlock(&tn->mu);
+            int rc = t ? st_tier_lease_renew(t, id, tok, tn->o.lease_ms) : ST_EIO;
+            pthread_mutex_lock(&tn->mu);
+            lease *m = lease_find_locked(tn, id);
+            if (rc == ST_EBUSY && m && !strcmp(m->token, tok)) {
+                m->lost = 1;
+                tn->st.leases_lost++;
+                fprintf(stderr, "strata-server: tier: the lease of %s was lost (another node may "
+                        "have taken the conversation): its live copy is dropped when its requests "
+                        "end\n", id);
+            }
+            /* continue after id (the list may have changed while unlocked) */
+            l = m ? m->next : NULL;
+        }
+    }
+    pthread_mutex_unlock(&tn->mu);
+    return NULL;
+}
+
+int st_tiernode_begin(st_tiernode *tn, const char *id, int *fetched)
+{
+    *fetched = 0;
+    for (int tries = 0;; tries++) {
+        pthread_mutex_lock(&tn->mu);
+        lease *l = lease_find_locked(tn, id);
+        if (l && !l->lost) {
+            l->refs++;
+            pthread_mutex_unlock(&tn->mu);
+            break;
+        }
+        if (l && l->lost) {
+            pthread_mutex_unlock(&tn->mu);
+            return st_error_set(ST_EBUSY, "session %s: this node lost its lease; retry when its "
+                                "running requests end", id);
+        }
+        pthread_mutex_unlock(&tn->mu);
+        st_tier *t = tier_get(tn);
+        char tok[ST_TIER_TOKEN_LEN + 1] = "";
+        int rc = t ? st_tier_lease_take(t, id, tn->node_id, tn->o.lease_ms, tok) : ST_EIO;
+        if (rc == ST_EBUSY) {
+            char owner[ST_TIER_OWNER_MAX + 1] = "";
+            int64_t ttl = -2;
+            (void)st_tier_lease_owner(t, id, owner, sizeof owner, &ttl);
+            if (!strcmp(owner, tn->node_id) && tries < 50) {
+                /* another request of this node took it a moment ago: share its lease */
+                usleep(2000);
+                continue;
+            }
+            pthread_mutex_lock(&tn->mu);
+            tn->st.leases_refused++;
+            pthread_mutex_unlock(&tn->mu);
+            return st_error_set(ST_EBUSY, "session %s is in use on node %s (its lease, %lld ms "
+                                "left); retry", id, owner[0] ? owner : "?", (long long)ttl);
+        }
+        if (rc && rc != ST_EIO)
+            return rc;
+        lease *n = calloc(1, sizeof *n);
+        if (!n) {
+            if (!rc)
+                (void)st_tier_lease_release(t, id, tok);
+            return st_error_set(ENOMEM, "tier: a lease");
+        }
+        n->refs = 1;
+        n->taken = !rc;
+        memcpy(n->token, tok, sizeof n->token);
+        snprintf(n->id, sizeof n->id, "%s", id);
+        pthread_mutex_lock(&tn->mu);
+        n->next = tn->leases;
+        tn->leases = n;
+        tn->st.leases_held++;
+        if (!rc)
+            tn->st.leases_taken++;
+        else
+            tn->st.up = 0;
+        pthread_mutex_unlock(&tn->mu);
+        if (rc) /* the tier unreachable: no lease, no head to compare with */
+            return 0;
+        break;
+    }
+    int rc = st_tiernode_fetch(tn, id, 0, fetched);
+    if (rc == ST_EIO) {
+        st_error_clear();
+        rc = 0;
+    }
+    if (rc)
+        (void)st_tiernode_end(tn, id);
+    return rc;
+}
+
+int st_tiernode_end(st_tiernode *tn, const char *id)
+{
+    pthread_mutex_lock(&tn->mu);
+    lease *l = lease_find_locked(tn, id), **pp = &tn->leases;
+    if (!l) {
+        pthread_mutex_unlock(&tn->mu);
+        return 0;
+    }
+    int lost = l->lost;
+    if (--l->refs) {
+        pthread_mutex_unlock(&tn->mu);
+        return lost;
+    }
+    while (*pp != l)
+        pp = &(*pp)->next;
+    *pp = l->next;
+    tn->st.leases_held--;
+    st_tier *t = tn->tier;
+    pthread_mutex_unlock(&tn->mu);
+    if (l->taken && !lost && t)
+        (void)st_tier_lease_release(t, id, l->token); /* failing: it expires by its TTL */
+    free(l);
+    return lost;
+}
+
 int st_tiernode_new(const st_tiernode_opts *o, st_store *store, st_tiernode **out)
 {
     *out = NULL;
@@ -256,6 +415,8 @@ int st_tiernode_new(const st_tiernode_opts *o, st_store *store, st_tiernode **ou
         tn->o.pending_max = 1024;
     if (!tn->o.retry_ms)
         tn->o.retry_ms = 500;
+    if (tn->o.lease_ms < 300)
+        tn->o.lease_ms = tn->o.lease_ms ? 300 : 10000;
     snprintf(tn->url, sizeof tn->url, "%s", o->url);
     if (nid)
         snprintf(tn->node_id, sizeof tn->node_id, "%s", nid);
@@ -287,6 +448,11 @@ int st_tiernode_new(const st_tiernode_opts *o, st_store *store, st_tiernode **ou
         goto fail;
     }
     tn->thread_on = 1;
+    if ((rc = pthread_create(&tn->renewer, NULL, renew_main, tn))) {
+        rc = st_error_set(rc, "tier: the leases' thread: %s", strerror(rc));
+        goto fail;
+    }
+    tn->renewer_on = 1;
     *out = tn;
     return 0;
 fail:
@@ -298,12 +464,19 @@ void st_tiernode_free(st_tiernode *tn)
 {
     if (!tn)
         return;
-    if (tn->thread_on) {
-        pthread_mutex_lock(&tn->mu);
-        tn->stop = 1;
-        pthread_cond_broadcast(&tn->cv);
-        pthread_mutex_unlock(&tn->mu);
+    pthread_mutex_lock(&tn->mu);
+    tn->stop = 1;
+    pthread_cond_broadcast(&tn->cv);
+    pthread_mutex_unlock(&tn->mu);
+    if (tn->thread_on)
         pthread_join(tn->thread, NULL);
+    if (tn->renewer_on)
+        pthread_join(tn->renewer, NULL);
+    for (lease *l = tn->leases, *n; l; l = n) { /* requests still holding one at shutdown */
+        n = l->next;
+        if (l->taken && !l->lost && tn->tier)
+            (void)st_tier_lease_release(tn->tier, l->id, l->token);
+        free(l);
     }
     if (tn->q_n)
         fprintf(stderr, "strata-server: tier: %u conversations were not sent (they stay in the "

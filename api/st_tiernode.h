@@ -24,6 +24,7 @@ typedef struct st_tiernode_opts {
     uint32_t wait_ms;     /* WAIT's timeout (default 2000) */
     uint32_t pending_max; /* conversations the queue holds at most (default 1024) */
     uint32_t retry_ms;    /* the queue's pause between tries while the tier is down (500) */
+    uint32_t lease_ms;    /* a lease's TTL, renewed every third of it (default 10000) */
 } st_tiernode_opts;
 
 /* What the tier did with a SAVE (st_tiernode_saved). */
@@ -39,6 +40,8 @@ const char *st_tier_outcome_name(st_tier_outcome o); /* "sent", "pending", "conf
 typedef struct st_tiernode_stats {
     uint64_t pushes, pushed_bytes, pushed_new_bytes, pulls, pulled_bytes;
     uint64_t conflicts, errors, unqueued, sent_from_queue;
+    uint64_t leases_taken, leases_refused, leases_lost;
+    uint64_t leases_held; /* gauge */
     uint64_t pending;     /* gauge: conversations waiting in the queue */
     uint64_t pending_max;
     int up;               /* gauge: 1 when the last call to the tier succeeded */
@@ -63,5 +66,17 @@ st_tier_outcome st_tiernode_saved(st_tiernode *tn, const char *id, uint64_t vers
  * pull's error otherwise (the local store unchanged). */
 int st_tiernode_fetch(st_tiernode *tn, const char *id, uint64_t max_bytes, int *fetched);
 void st_tiernode_stats_get(st_tiernode *tn, st_tiernode_stats *s);
+
+/* Leases (invariant 5): a request that works on conversation id (a completion, a RESTORE)
+ * begins with st_tiernode_begin and ends with st_tiernode_end. begin holds this node's lease on
+ * id for the request (taken from the tier when no other request of this node holds it; renewed
+ * by a thread every lease_ms / 3 while held): ST_EBUSY, naming the node, when another node holds
+ * it; when the tier cannot be reached the request goes on without one. Then, as
+ * st_tiernode_fetch, the tier's head is brought into the local store when another node saved it
+ * since: *fetched 1 tells the caller to drop its live copy of id and load the store's head. end
+ * releases the lease when no other request of this node holds it, and returns 1 when it was lost
+ * meanwhile (not renewed in time and taken by another node): the caller drops its live copy. */
+int st_tiernode_begin(st_tiernode *tn, const char *id, int *fetched);
+int st_tiernode_end(st_tiernode *tn, const char *id);
 
 #endif /* ST_TIERNODE_H */

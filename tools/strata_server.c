@@ -62,6 +62,9 @@ static void usage(FILE *f)
             "                                (default replica)\n"
             "  --tier-pending-max N          conversations queued while the tier is down (default\n"
             "                                1024)\n"
+            "  --tier-lease-ms N             the lease a request holds on its conversation, renewed\n"
+            "                                every third of it; another node's request for it is\n"
+            "                                refused (409) meanwhile (default 10000, at least 300)\n"
             "Limits (every limit is at least 1; none is unlimited):\n"
             "  --workers N                   worker threads, 1..256 (default 8)\n"
             "  --max-connections N           open connections (default 256); at the cap a new one\n"
@@ -229,6 +232,7 @@ int main(int argc, char **argv)
         NUM("--busy-wait-ms", U32, c.busy_wait_ms, 1)
         NUM("--keep-last", 1u << 20, c.keep_last, 1)
         NUM("--tier-pending-max", 1u << 20, c.tier_pending_max, 1)
+        NUM("--tier-lease-ms", 3600000, c.tier_lease_ms, 1)
         NUM("--max-connections", 1u << 20, c.max_connections, 1)
         NUM("--max-connections-per-peer", 1u << 20, c.max_connections_per_peer, 1)
         NUM("--max-header-bytes", 1u << 20, c.max_header_bytes, 1)

@@ -6,7 +6,10 @@
  *   completion says it was found in the tier); the control: a conversation B never got from
  *   the tier starts anew and continues otherwise;
  * - B saves it next (tier version 2); A, whose copy is older, SAVEs and is told "conflict" (the
- *   head's compare-and-set), and a third node C fetches B's version, not A's;
+ *   head's compare-and-set); A's next completion drops its stale copy and continues from B's
+ *   version, with the tokens a third node C gives from the tier;
+ * - the lease: while a completion runs on A, B's request for that conversation is refused (409
+ *   busy, naming node-a), and A releases the lease when it ends;
  * - A killed with SIGKILL after an acknowledged SAVE and one more turn: B continues from the
  *   SAVE with the tokens A gave for that lost turn;
  * - the whole cluster stopped (SIGSTOP to every server): a SAVE answers from the local store,
@@ -18,6 +21,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "api/st_api_test.h"
 #include "redis_cluster.h"
@@ -93,12 +97,32 @@ static void test_across_nodes(void **state)
     printf("across: the stale node's SAVE: tier \"%s\"\n",
            json_string_value(json_object_get(sa, "tier")));
     assert_true(st_at_metric(a.port, "strata_tier_conflicts_total") >= 1);
+    /* A's next request finds the tier's head newer than its copy: it drops the copy and
+     * continues from B's version, as a third node does */
     /* a third node continues from B's version (the tier's head), not A's */
-    json_t *b3 = turn(b.port, "s", " then a third", "slot");
+    json_t *a3 = turn(a.port, "s", " then a third", "tier");
     node_start(&c, "store-c", "node-c");
     json_t *c3 = turn(c.port, "s", " then a third", "tier");
-    assert_true(same(c3, b3));
+    assert_true(same(c3, a3));
+    printf("across: A dropped its stale copy and continued from B's version, as node C did\n");
     assert_int_equal(st_hc_server_stop(&c, SIGTERM), 0);
+    /* the lease: while a completion runs on A, B is refused the conversation (409, naming A) */
+    st_at_bg bg;
+    st_at_bg_completion(&bg, a.port, "long", "A long completion", 1500, true);
+    while (st_at_metric(a.port, "strata_tier_leases_held") < 1)
+        usleep(1000);
+    char body[512];
+    st_at_completion_body(body, sizeof body, "long", "meanwhile", 4, true);
+    st_hc_resp rr;
+    assert_int_equal(st_hc_json(b.port, "POST", "/v1/completions", body, &rr), 0);
+    int refused = rr.status;
+    printf("lease: B's request while A works on it: %d %.160s\n", rr.status,
+           rr.body ? (const char *)rr.body : "");
+    st_hc_resp_free(&rr);
+    json_decref(st_at_bg_join(&bg, 200));
+    assert_int_equal(refused, 409);
+    assert_true(st_at_metric(b.port, "strata_tier_leases_refused_total") >= 1);
+    assert_true(st_at_metric(a.port, "strata_tier_leases_held") == 0); /* released at its end */
     json_decref(r1);
     json_decref(r2);
     json_decref(s1);
@@ -106,7 +130,7 @@ static void test_across_nodes(void **state)
     json_decref(sv);
     json_decref(n2);
     json_decref(sa);
-    json_decref(b3);
+    json_decref(a3);
     json_decref(c3);
 
     /* A killed after an acknowledged SAVE and one more (unsaved) turn */
