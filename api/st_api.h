@@ -109,6 +109,8 @@ typedef struct st_api_config {
     uint32_t tier_replicas;      /* --tier-ack replica: 1 (default), none: 0 */
     uint32_t tier_pending_max;   /* conversations queued while the tier is down (default 1024) */
     uint32_t tier_lease_ms;      /* a conversation's lease while a request works on it (10000) */
+    uint32_t tier_ttl_s;         /* the tier forgets a conversation not saved for this long
+                                    (default 604800: 7 days; 0: never) */
 
     int handle_signals;          /* 1: SIGTERM / SIGINT stop the server gracefully (default 1) */
     int log_requests;            /* 1: one line per request on stderr */

@@ -209,6 +209,7 @@ void st_api_config_default(st_api_config *c)
     c->tier_replicas = 1;
     c->tier_pending_max = 1024;
     c->tier_lease_ms = 10000;
+    c->tier_ttl_s = 604800;
     c->handle_signals = 1;
 }
 
@@ -833,7 +834,7 @@ int st_api_server_new(const st_api_config *cfg, st_api_server **out)
         st_tiernode_opts to = {.url = cfg->tier_url, .node_id = cfg->node_id,
                                .replicas = cfg->tier_replicas,
                                .pending_max = cfg->tier_pending_max,
-                               .lease_ms = cfg->tier_lease_ms};
+                               .lease_ms = cfg->tier_lease_ms, .ttl_s = cfg->tier_ttl_s};
         if ((rc = st_tiernode_new(&to, s->store, &s->tier)))
             goto fail;
         s->metrics.tier = s->tier;

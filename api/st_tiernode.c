@@ -148,6 +148,7 @@ static st_tier *open_tier(st_tiernode *tn, int *bad)
     st_tier_opts_default(&to);
     to.timeout_ms = 500;
     to.retry_ms = 1000;
+    to.ttl_s = tn->o.ttl_s;
     st_tier *t = NULL;
     int rc = st_tier_open(&t, tn->url, &to);
     if (bad)

@@ -25,6 +25,7 @@ typedef struct st_tiernode_opts {
     uint32_t pending_max; /* conversations the queue holds at most (default 1024) */
     uint32_t retry_ms;    /* the queue's pause between tries while the tier is down (500) */
     uint32_t lease_ms;    /* a lease's TTL, renewed every third of it (default 10000) */
+    uint32_t ttl_s;       /* what the tier keeps: st_tier_opts.ttl_s (0: forever) */
 } st_tiernode_opts;
 
 /* What the tier did with a SAVE (st_tiernode_saved). */

@@ -483,6 +483,9 @@ typedef struct st_tier st_tier;
 typedef struct st_tier_opts {
     uint32_t timeout_ms; /* connect and per-reply timeout of one node (default 1000) */
     uint32_t retry_ms;   /* how long one call keeps retrying a lost or changing cluster (5000) */
+    uint32_t ttl_s;      /* garbage collection (st_tier.c invariant 6): chunks, manifests and
+                            heads expire ttl_s seconds after the last write that named them
+                            (a chunk put again gets its TTL again); 0 (default): never */
 } st_tier_opts;
 void st_tier_opts_default(st_tier_opts *o);
 /* url: "redis://HOST:PORT[,HOST:PORT...]", the seed nodes (at most 64); the first seed that

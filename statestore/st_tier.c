@@ -28,7 +28,13 @@
  *    chunks spread over the slots), a version's manifest "st:m:{<id>}:<version>", the head
  *    "st:h:{<id>}" and the lease "st:l:{<id>}": a session's small keys share one slot, so a
  *    script may read and write them together. Session ids are the store's (st_store_id_valid:
- *    no braces), so the tag is exactly the id.
+ *    no braces), so the tag is exactly the id. Garbage collection (opts.ttl_s > 0): every key
+ *    is written with that TTL under noeviction; a manifest and a head when written, a chunk when
+ *    written and whenever it is put again (its TTL set anew, written or not). A push puts every
+ *    chunk its manifest names before the manifest, so a chunk outlives every manifest that names
+ *    it, and a conversation not saved for ttl_s seconds leaves the tier whole: its head, its
+ *    manifests, and the chunks no newer manifest names. Nothing is deleted by name, so a reader
+ *    never meets a manifest whose chunks were collected.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -589,20 +595,29 @@ static int unexpected(const redisReply *r, const char *what)
 int st_tier_chunk_put(st_tier *t, const uint8_t sha[ST_SHA256_LEN], const void *p, size_t n,
                       int *written)
 {
-    char k[80];
+    char k[80], ttl[16];
     size_t kl = key_chunk(k, sha);
-    const char *argv[] = {"SET", k, p, "NX"};
-    const size_t lens[] = {3, kl, n, 2};
+    int tl = snprintf(ttl, sizeof ttl, "%u", t->o.ttl_s);
+    /* with a TTL (invariant 6): written with it if absent, else its TTL set again, so that a
+     * chunk outlives every manifest written since that names it */
+    static const char lua[] =
+        "if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then return 1 end "
+        "redis.call('EXPIRE', KEYS[1], ARGV[2]) return 0";
+    const char *argv_nx[] = {"SET", k, p, "NX"};
+    const size_t lens_nx[] = {3, kl, n, 2};
+    const char *argv_ttl[] = {"EVAL", lua, "1", k, p, ttl};
+    const size_t lens_ttl[] = {4, sizeof lua - 1, 1, kl, n, (size_t)tl};
     int rc = 0;
     pthread_mutex_lock(&t->mu);
-    redisReply *r = tier_cmd(t, k, kl, 4, argv, lens, 1, &rc);
+    redisReply *r = t->o.ttl_s ? tier_cmd(t, k, kl, 6, argv_ttl, lens_ttl, 1, &rc)
+                               : tier_cmd(t, k, kl, 4, argv_nx, lens_nx, 1, &rc);
     if (r) {
-        if (r->type == REDIS_REPLY_STATUS) { /* OK */
+        if (r->type == REDIS_REPLY_STATUS || (r->type == REDIS_REPLY_INTEGER && r->integer == 1)) {
             if (written)
                 *written = 1;
             t->st.bytes_written += n;
-        } else if (r->type == REDIS_REPLY_NIL) { /* present already: content-addressed */
-            if (written)
+        } else if (r->type == REDIS_REPLY_NIL || r->type == REDIS_REPLY_INTEGER) {
+            if (written) /* present already: content-addressed */
                 *written = 0;
         } else {
             rc = unexpected(r, "SET NX of a chunk");
@@ -688,15 +703,20 @@ int st_tier_manifest_put(st_tier *t, const char *id, uint64_t version, const voi
         return st_error_set(ST_EINVAL, "tier: %s: version 0 is not a version", id);
     char k[200];
     int kl = snprintf(k, sizeof k, "st:m:{%s}:%llu", id, (unsigned long long)version);
-    /* immutable: written once; the same bytes again are a retry, other bytes a conflict */
+    /* immutable: written once; the same bytes again are a retry, other bytes a conflict; with a
+     * TTL (invariant 6; ARGV[2] "0": none) written with it */
     static const char lua[] =
         "local c = redis.call('GET', KEYS[1]) "
-        "if c == false then redis.call('SET', KEYS[1], ARGV[1]) return 1 end "
+        "if c == false then "
+        "if ARGV[2] == '0' then redis.call('SET', KEYS[1], ARGV[1]) "
+        "else redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2]) end return 1 end "
         "if c == ARGV[1] then return 0 end return -1";
-    const char *argv[] = {"EVAL", lua, "1", k, p};
-    const size_t lens[] = {4, sizeof lua - 1, 1, (size_t)kl, n};
+    char ttl[16];
+    int tl = snprintf(ttl, sizeof ttl, "%u", t->o.ttl_s);
+    const char *argv[] = {"EVAL", lua, "1", k, p, ttl};
+    const size_t lens[] = {4, sizeof lua - 1, 1, (size_t)kl, n, (size_t)tl};
     pthread_mutex_lock(&t->mu);
-    redisReply *r = tier_cmd(t, k, (size_t)kl, 5, argv, lens, 1, &rc);
+    redisReply *r = tier_cmd(t, k, (size_t)kl, 6, argv, lens, 1, &rc);
     if (r) {
         if (r->type != REDIS_REPLY_INTEGER)
             rc = unexpected(r, "the manifest's write");
@@ -801,12 +821,15 @@ int st_tier_head_cas(st_tier *t, const char *id, uint64_t expect, uint64_t next,
     static const char lua[] =
         "local c = redis.call('GET', KEYS[1]) "
         "if (c == false and ARGV[1] == '0') or c == ARGV[1] then "
-        "redis.call('SET', KEYS[1], ARGV[2]) return {1, ARGV[2]} end "
+        "if ARGV[3] == '0' then redis.call('SET', KEYS[1], ARGV[2]) "
+        "else redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[3]) end return {1, ARGV[2]} end "
         "if c == false then return {0, '0'} end return {0, c}";
-    const char *argv[] = {"EVAL", lua, "1", k, ev, nv};
-    const size_t lens[] = {4, sizeof lua - 1, 1, (size_t)kl, (size_t)el, (size_t)nl};
+    char ttl[16];
+    int tl = snprintf(ttl, sizeof ttl, "%u", t->o.ttl_s);
+    const char *argv[] = {"EVAL", lua, "1", k, ev, nv, ttl};
+    const size_t lens[] = {4, sizeof lua - 1, 1, (size_t)kl, (size_t)el, (size_t)nl, (size_t)tl};
     pthread_mutex_lock(&t->mu);
-    redisReply *r = tier_cmd(t, k, (size_t)kl, 6, argv, lens, 1, &rc);
+    redisReply *r = tier_cmd(t, k, (size_t)kl, 7, argv, lens, 1, &rc);
     if (r) {
         uint64_t now = 0;
         if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||

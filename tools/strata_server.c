@@ -65,6 +65,9 @@ static void usage(FILE *f)
             "  --tier-lease-ms N             the lease a request holds on its conversation, renewed\n"
             "                                every third of it; another node's request for it is\n"
             "                                refused (409) meanwhile (default 10000, at least 300)\n"
+            "  --tier-ttl-s N                the tier forgets a conversation not saved for N s: its\n"
+            "                                head, manifests and the pieces no newer one names\n"
+            "                                (default 604800: 7 days; 0: never)\n"
             "Limits (every limit is at least 1; none is unlimited):\n"
             "  --workers N                   worker threads, 1..256 (default 8)\n"
             "  --max-connections N           open connections (default 256); at the cap a new one\n"
@@ -233,6 +236,7 @@ int main(int argc, char **argv)
         NUM("--keep-last", 1u << 20, c.keep_last, 1)
         NUM("--tier-pending-max", 1u << 20, c.tier_pending_max, 1)
         NUM("--tier-lease-ms", 3600000, c.tier_lease_ms, 1)
+        NUM("--tier-ttl-s", 0x7fffffff, c.tier_ttl_s, 1)
         NUM("--max-connections", 1u << 20, c.max_connections, 1)
         NUM("--max-connections-per-peer", 1u << 20, c.max_connections_per_peer, 1)
         NUM("--max-header-bytes", 1u << 20, c.max_header_bytes, 1)

@@ -619,6 +619,69 @@ static void test_xfer(void **state)
     st_tier_close(t);
 }
 
+static long long key_ttl(const char *key, size_t kl)
+{
+    int m = rc_master_of(&g_rc, st_tier_key_slot(key, kl));
+    assert_true(m >= 0);
+    redisReply *r = rc_cmd(g_rc.port[m], "TTL %b", key, kl);
+    assert_non_null(r);
+    long long v = r->type == REDIS_REPLY_INTEGER ? r->integer : -99;
+    freeReplyObject(r);
+    return v;
+}
+
+/* Garbage collection by TTL (st_tier.c invariant 6): with ttl_s every key a push writes
+ * expires; a chunk put again by a later push that names it gets its TTL again (so it outlives
+ * the newer manifest); the control: without ttl_s nothing expires. */
+static void test_ttl(void **state)
+{
+    (void)state;
+    char url[512];
+    rc_url(&g_rc, 2, url, sizeof url);
+    st_tier_opts o;
+    st_tier_opts_default(&o);
+    o.ttl_s = 600;
+    st_tier *t = NULL;
+    OK(st_tier_open(&t, url, &o));
+    st_store *a = open_store("node-ttl");
+    st_image *i1 = synth(21, 0, 0), *i2 = synth(22, 21, 11000);
+    OK(st_store_put(a, "ttl-x", i1, ST_STORE_HEAD_ANY, NULL, NULL));
+    OK(st_store_put(a, "ttl-y", i2, ST_STORE_HEAD_ANY, NULL, NULL));
+    st_image_free(i1);
+    st_image_free(i2);
+    OK(st_tier_push(t, a, "ttl-x", 0, 0, 0, 0, NULL));
+    long long th = key_ttl("st:h:{ttl-x}", 12), tm = key_ttl("st:m:{ttl-x}:1", 14);
+    void *m = NULL;
+    size_t mn = 0;
+    OK(st_tier_manifest_get(t, "ttl-x", 1, 1 << 20, &m, &mn));
+    char key[80] = "st:c:";
+    st_hex_encode(key + 5, (const uint8_t *)m + 56, ST_SHA256_LEN); /* the first piece */
+    long long tc = key_ttl(key, 69);
+    printf("ttl: head %lld s, manifest %lld s, a piece %lld s (ttl_s 600)\n", th, tm, tc);
+    assert_true(th > 590 && th <= 600 && tm > 590 && tm <= 600 && tc > 590 && tc <= 600);
+    /* a piece ttl-y shares with ttl-x, aged by hand, gets its TTL again when ttl-y names it */
+    char shared[80] = "st:c:";
+    st_hex_encode(shared + 5, (const uint8_t *)m + 56 + 36 * 10, ST_SHA256_LEN);
+    int mi = rc_master_of(&g_rc, st_tier_key_slot(shared, 69));
+    redisReply *r = rc_cmd(g_rc.port[mi], "EXPIRE %b 5", shared, (size_t)69);
+    freeReplyObject(r);
+    assert_true(key_ttl(shared, 69) <= 5);
+    st_tier_xfer_stats s2;
+    OK(st_tier_push(t, a, "ttl-y", 0, 0, 0, 0, &s2));
+    assert_true(s2.new_pieces < s2.pieces); /* the shared piece was not written again */
+    long long ts = key_ttl(shared, 69);
+    printf("ttl: a shared piece aged to 5 s has %lld s again after a push that names it\n", ts);
+    assert_true(ts > 590);
+    free(m);
+    st_tier_close(t);
+    /* the control: without ttl_s nothing a push writes expires (TTL -1) */
+    st_tier *u = open_tier(5000);
+    OK(st_tier_push(u, a, "ttl-x", 0, ST_TIER_HEAD_CURRENT, 0, 0, NULL));
+    assert_int_equal(key_ttl("st:m:{ttl-x}:2", 14), -1);
+    st_tier_close(u);
+    st_store_close(a);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -645,6 +708,7 @@ int main(void)
         cmocka_unit_test(test_lease),
         cmocka_unit_test(test_moved_ask),
         cmocka_unit_test(test_xfer),
+        cmocka_unit_test(test_ttl),
         cmocka_unit_test(test_single_and_errors),
         cmocka_unit_test(test_failover),
     };
