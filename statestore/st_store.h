@@ -504,6 +504,10 @@ int st_tier_chunk_put(st_tier *t, const uint8_t sha[ST_SHA256_LEN], const void *
                       int *written);
 int st_tier_chunk_get(st_tier *t, const uint8_t sha[ST_SHA256_LEN], size_t max, void **p,
                       size_t *n);
+/* chunk_get into the caller's buffer of cap bytes (ST_ETOOBIG when larger): the bytes are
+ * checked there, so on an error the buffer's bytes are not a chunk's. */
+int st_tier_chunk_get_into(st_tier *t, const uint8_t sha[ST_SHA256_LEN], void *dst, size_t cap,
+                           size_t *n);
 int st_tier_chunk_exists(st_tier *t, const uint8_t sha[ST_SHA256_LEN], int *exists);
 /* A version's manifest, immutable: put stores it once (the same bytes again succeed; other bytes
  * under that version are ST_ECONFLICT); get as chunk_get (no hash to check: the caller checks

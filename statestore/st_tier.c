@@ -110,6 +110,12 @@ int st_tier_chunk_get(st_tier *t, const uint8_t sha[ST_SHA256_LEN], size_t max, 
     (void)t, (void)sha, (void)max, (void)p, (void)n;
     return no_tier();
 }
+int st_tier_chunk_get_into(st_tier *t, const uint8_t sha[ST_SHA256_LEN], void *dst, size_t cap,
+                           size_t *n)
+{
+    (void)t, (void)sha, (void)dst, (void)cap, (void)n;
+    return no_tier();
+}
 int st_tier_chunk_exists(st_tier *t, const uint8_t sha[ST_SHA256_LEN], int *exists)
 {
     (void)t, (void)sha, (void)exists;
@@ -671,6 +677,53 @@ int st_tier_chunk_get(st_tier *t, const uint8_t sha[ST_SHA256_LEN], size_t max, 
         }
     }
     return rc;
+}
+
+/* A chunk straight into the caller's buffer (no copy of its own): its bytes checked against sha
+ * there (invariant 3). */
+int st_tier_chunk_get_into(st_tier *t, const uint8_t sha[ST_SHA256_LEN], void *dst, size_t cap,
+                           size_t *n)
+{
+    *n = 0;
+    char k[80], hex[2 * ST_SHA256_LEN + 1];
+    size_t kl = key_chunk(k, sha);
+    memcpy(hex, k + 5, sizeof hex - 1);
+    hex[sizeof hex - 1] = 0;
+    const char *argv[] = {"GET", k};
+    const size_t lens[] = {3, kl};
+    int rc = 0;
+    size_t got_n = 0;
+    pthread_mutex_lock(&t->mu);
+    redisReply *r = tier_cmd(t, k, kl, 2, argv, lens, 0, &rc);
+    if (r) {
+        if (r->type == REDIS_REPLY_NIL)
+            rc = st_error_set(ST_ENOTFOUND, "tier: chunk %.16s...: not in the tier", hex);
+        else if (r->type != REDIS_REPLY_STRING)
+            rc = unexpected(r, "GET of a chunk");
+        else if (r->len > cap)
+            rc = st_error_set(ST_ETOOBIG, "tier: a chunk is %zu bytes (at most %zu)", r->len, cap);
+        else {
+            memcpy(dst, r->str, r->len);
+            got_n = r->len;
+            t->st.bytes_read += got_n;
+        }
+        freeReplyObject(r);
+    }
+    pthread_mutex_unlock(&t->mu);
+    if (rc)
+        return rc;
+    uint8_t got[ST_SHA256_LEN];
+    if ((rc = st_sha256(dst, got_n, got)))
+        return rc;
+    if (memcmp(got, sha, ST_SHA256_LEN)) {
+        char gh[2 * ST_SHA256_LEN + 1];
+        st_hex_encode(gh, got, ST_SHA256_LEN);
+        gh[2 * ST_SHA256_LEN] = 0;
+        return st_error_set(ST_ECORRUPT, "tier: chunk %.16s...: its %zu bytes hash to %.16s...",
+                            hex, got_n, gh);
+    }
+    *n = got_n;
+    return 0;
 }
 
 int st_tier_chunk_exists(st_tier *t, const uint8_t sha[ST_SHA256_LEN], int *exists)

@@ -14,7 +14,7 @@
  * 2. The tier manifest (little-endian; TX_MAN_HDR bytes of header, TX_MAN_ENT per piece, an
  *    8-byte trailer):
  *      0  u32 magic "STTM"         4  u16 format 1      6  u16 flags 0
- *      8  u64 file bytes          16  32 bytes SHA-256 of the file
+ *      8  u64 file bytes          16  u64 XXH3-64 of the file (st_checksum), 24 bytes 0
  *     48  u32 pieces              52  u32 0
  *     then per piece: 32 bytes SHA-256, u32 length; then the first 8 bytes of the SHA-256 of
  *     everything before it.
@@ -37,6 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "st_codec.h"
 #include "st_file.h"
 #include "st_store.h"
 
@@ -140,8 +141,8 @@ int st_tier_push(st_tier *t, st_store *st, const char *id, uint64_t version, uin
     st_put16(man + 4, TX_MAN_FORMAT);
     st_put16(man + 6, 0);
     st_put64(man + 8, flen);
-    if ((rc = st_sha256(file, flen, man + 16)))
-        goto out;
+    st_put64(man + 16, st_checksum(file, flen)); /* the pieces are SHA-256'd already */
+    memset(man + 24, 0, 24);
     st_put32(man + 48, (uint32_t)np);
     st_put32(man + 52, 0);
     size_t mlen = TX_MAN_HDR + np * TX_MAN_ENT;
@@ -283,10 +284,9 @@ int st_tier_pull(st_tier *t, st_store *st, const char *id, uint64_t version, uin
     for (uint64_t i = 0; i < np; i++) {
         const uint8_t *e = man + TX_MAN_HDR + i * TX_MAN_ENT;
         uint32_t len = st_get32(e + 32);
-        void *p = NULL;
         size_t n = 0;
-        /* chunk_get checks the bytes against e's SHA-256 */
-        if ((rc = st_tier_chunk_get(t, e, len, &p, &n))) {
+        /* straight into the file, checked there against e's SHA-256 */
+        if ((rc = st_tier_chunk_get_into(t, e, file + off, len, &n))) {
             if (rc == ST_ENOTFOUND)
                 rc = st_error_set(ST_ECORRUPT, "tier pull: %s version %llu: piece %llu of %llu is "
                                   "missing from the tier", id, (unsigned long long)tv,
@@ -294,21 +294,16 @@ int st_tier_pull(st_tier *t, st_store *st, const char *id, uint64_t version, uin
             goto out;
         }
         if (n != len) {
-            free(p);
             rc = st_error_set(ST_ECORRUPT, "tier pull: %s version %llu: piece %llu has %zu bytes, "
                               "the manifest says %u", id, (unsigned long long)tv,
                               (unsigned long long)i, n, len);
             goto out;
         }
-        memcpy(file + off, p, n);
-        free(p);
         off += n;
     }
-    if ((rc = st_sha256(file, (size_t)flen, dig)))
-        goto out;
-    if (memcmp(dig, man + 16, ST_SHA256_LEN)) {
+    if (st_checksum(file, (size_t)flen) != st_get64(man + 16)) {
         rc = st_error_set(ST_ECORRUPT, "tier pull: %s version %llu: the file does not hash to the "
-                          "manifest's SHA-256", id, (unsigned long long)tv);
+                          "manifest's XXH3-64", id, (unsigned long long)tv);
         goto out;
     }
     s.bytes = flen;
