@@ -16,9 +16,15 @@
  *   once the tier's client gives up (about 2.5 s: its retry budget), with "tier": "pending",
  *   counted in /metrics; once the cluster runs again (SIGCONT) the
  *   queue sends it, and B continues the conversation from it.
+ * - the cluster changing under SAVEs (test_cluster_changes): 1,000 slots resharded while A
+ *   saves (no request fails, every SAVE "sent"), then a master killed with SIGKILL and started
+ *   again as a replica: no request fails, the SAVEs made meanwhile answer "pending" and reach
+ *   the tier, and every conversation's last acknowledged SAVE restores on B.
  * Labels cluster and integration (in make test).
  */
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -173,6 +179,133 @@ static void test_across_nodes(void **state)
     assert_int_equal(st_hc_server_stop(&b, SIGTERM), 0);
 }
 
+/* ---- the cluster changing under SAVEs ------------------------------------------------------ */
+#define N_CONV 8
+
+typedef struct saver {
+    uint16_t port;
+    atomic_int stop;
+    int cycles, failed, sent, pending, other;
+    int64_t tokens[N_CONV]; /* the tokens of each conversation's last acknowledged SAVE */
+    char why[512];
+} saver;
+
+/* One turn and a SAVE of conversation r<i % N_CONV>, over and over: every reply must be 200 /
+ * 201; the SAVE's tier outcome is counted. */
+static void *saver_main(void *arg)
+{
+    saver *sv = arg;
+    for (int i = 0; !atomic_load(&sv->stop); i++) {
+        char id[16], body[512], path[64];
+        snprintf(id, sizeof id, "r%d", i % N_CONV);
+        st_at_completion_body(body, sizeof body, id, " more", 2, true);
+        st_hc_resp r;
+        if (st_hc_json(sv->port, "POST", "/v1/completions", body, &r) || r.status != 200) {
+            sv->failed++;
+            snprintf(sv->why, sizeof sv->why, "completion %s: %d %.300s", id, r.status,
+                     r.body ? (const char *)r.body : "");
+            st_hc_resp_free(&r);
+            continue;
+        }
+        st_hc_resp_free(&r);
+        snprintf(path, sizeof path, "/v1/sessions/%s/save", id);
+        if (st_hc_json(sv->port, "POST", path, "{}", &r) || r.status != 201) {
+            sv->failed++;
+            snprintf(sv->why, sizeof sv->why, "SAVE %s: %d %.300s", id, r.status,
+                     r.body ? (const char *)r.body : "");
+            st_hc_resp_free(&r);
+            continue;
+        }
+        json_t *o = st_at_parse(&r);
+        st_hc_resp_free(&r);
+        const char *t = o ? json_string_value(json_object_get(o, "tier")) : NULL;
+        if (t && !strcmp(t, "sent"))
+            sv->sent++;
+        else if (t && !strcmp(t, "pending"))
+            sv->pending++;
+        else
+            sv->other++;
+        if (o)
+            sv->tokens[i % N_CONV] = json_integer_value(json_object_get(o, "tokens"));
+        json_decref(o);
+        sv->cycles++;
+    }
+    return NULL;
+}
+
+/* 1,000 slots resharded while node A saves, then a master killed with SIGKILL (its replica
+ * promoted) and started again (it rejoins as the new master's replica): no request fails; the
+ * SAVEs during the reshard all reach the tier at once; those that could not during the failover
+ * answer "pending" and reach it once the cluster has a replica for every master again; then every
+ * conversation's last acknowledged SAVE continues on node B (the tokens it had). */
+static void test_cluster_changes(void **state)
+{
+    (void)state;
+    st_hc_server a, b;
+    node_start(&a, "store-a2", "node-a2");
+    node_start(&b, "store-b2", "node-b2");
+    saver sv;
+    memset(&sv, 0, sizeof sv);
+    sv.port = a.port;
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, saver_main, &sv), 0);
+    usleep(300000);
+    int src = rc_master_of(&g_rc, 0), dst = rc_master_of(&g_rc, 16383);
+    assert_true(src >= 0 && dst >= 0 && src != dst);
+    char sid[64], did[64], out[8192];
+    assert_int_equal(rc_node_id(&g_rc, src, sid), 0);
+    assert_int_equal(rc_node_id(&g_rc, dst, did), 0);
+    int before = sv.cycles;
+    double t0 = st_hc_now_ms();
+    int rrc = st_test_run(out, sizeof out, "redis-cli --cluster reshard 127.0.0.1:%d --cluster-from "
+                          "%s --cluster-to %s --cluster-slots 1000 --cluster-yes", g_rc.port[src],
+                          sid, did);
+    double ms = st_hc_now_ms() - t0;
+    if (rrc)
+        fail_msg("reshard: %s", out);
+    int during = sv.cycles - before, pend_reshard = sv.pending;
+    printf("reshard: 1,000 slots moved in %.0f ms while A made %d turns and SAVEs (%d failed, %d "
+           "pending)\n", ms, during, sv.failed, sv.pending);
+    /* a master killed during SAVEs */
+    int victim = rc_master_of(&g_rc, 8000);
+    assert_true(victim >= 0);
+    rc_kill(&g_rc, victim);
+    usleep(4000000);
+    g_rc.pid[victim] = rc_spawn_server(&g_rc, g_rc.port[victim], 1); /* back, as a replica */
+    assert_true(g_rc.pid[victim] > 0);
+    usleep(1500000);
+    atomic_store(&sv.stop, 1);
+    pthread_join(th, NULL);
+    printf("failover: %d turns and SAVEs in all, %d failed, tier: %d sent, %d pending, %d other%s%s\n",
+           sv.cycles, sv.failed, sv.sent, sv.pending, sv.other, sv.failed ? ": " : "", sv.why);
+    assert_int_equal(sv.failed, 0);
+    assert_int_equal(sv.other, 0);
+    assert_int_equal(pend_reshard, 0);
+    assert_true(during > 0);
+    /* the queue drains once every master has a replica again */
+    for (int i = 0; i < 600 && st_at_metric(a.port, "strata_tier_pending") != 0; i++)
+        usleep(100000);
+    assert_true(st_at_metric(a.port, "strata_tier_pending") == 0);
+    int restored = 0;
+    for (int i = 0; i < N_CONV; i++) {
+        if (!sv.tokens[i])
+            continue;
+        char path[64];
+        snprintf(path, sizeof path, "/v1/sessions/r%d/restore", i);
+        json_t *o = st_at_call(b.port, "POST", path, "{}", 200);
+        int64_t got = json_integer_value(json_object_get(o, "tokens"));
+        if (got != sv.tokens[i])
+            fail_msg("r%d: B restored %lld tokens, A's last acknowledged SAVE had %lld", i,
+                     (long long)got, (long long)sv.tokens[i]);
+        json_decref(o);
+        restored++;
+    }
+    printf("failover: all %d conversations' last acknowledged SAVEs restored on B\n", restored);
+    assert_true(restored > 0);
+    assert_int_equal(st_hc_server_stop(&a, SIGTERM), 0);
+    assert_int_equal(st_hc_server_stop(&b, SIGTERM), 0);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -200,6 +333,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_across_nodes),
+        cmocka_unit_test(test_cluster_changes),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
