@@ -634,11 +634,15 @@ int st_tier_chunk_put(st_tier *t, const uint8_t sha[ST_SHA256_LEN], const void *
     return rc;
 }
 
-int st_tier_chunk_get(st_tier *t, const uint8_t sha[ST_SHA256_LEN], size_t max, void **p,
-                      size_t *n)
+/* A chunk's GET: into dst (cap bytes) when dst is given, else into a new buffer of at most cap
+ * bytes (*alloc); then its bytes checked against sha (invariant 3). On an error nothing is
+ * allocated and *n is 0. */
+static int chunk_fetch(st_tier *t, const uint8_t sha[ST_SHA256_LEN], void *dst, size_t cap,
+                       void **alloc, size_t *n)
 {
-    *p = NULL;
     *n = 0;
+    if (alloc)
+        *alloc = NULL;
     char k[80], hex[2 * ST_SHA256_LEN + 1];
     size_t kl = key_chunk(k, sha);
     memcpy(hex, k + 5, sizeof hex - 1);
@@ -646,84 +650,63 @@ int st_tier_chunk_get(st_tier *t, const uint8_t sha[ST_SHA256_LEN], size_t max, 
     const char *argv[] = {"GET", k};
     const size_t lens[] = {3, kl};
     int rc = 0;
+    void *got_p = NULL;
+    size_t got_n = 0;
     pthread_mutex_lock(&t->mu);
     redisReply *r = tier_cmd(t, k, kl, 2, argv, lens, 0, &rc);
     if (r) {
-        if (r->type == REDIS_REPLY_NIL)
+        if (r->type == REDIS_REPLY_NIL) {
             rc = st_error_set(ST_ENOTFOUND, "tier: chunk %.16s...: not in the tier", hex);
-        else if (r->type == REDIS_REPLY_STRING)
-            rc = reply_copy(r, max, "a chunk", p, n);
-        else
+        } else if (r->type != REDIS_REPLY_STRING) {
             rc = unexpected(r, "GET of a chunk");
+        } else if (!dst) {
+            rc = reply_copy(r, cap, "a chunk", &got_p, &got_n);
+        } else if (r->len > cap) {
+            rc = st_error_set(ST_ETOOBIG, "tier: a chunk is %zu bytes (at most %zu)", r->len, cap);
+        } else {
+            memcpy(dst, r->str, r->len);
+            got_p = dst;
+            got_n = r->len;
+        }
         if (!rc)
-            t->st.bytes_read += *n;
+            t->st.bytes_read += got_n;
         freeReplyObject(r);
     }
     pthread_mutex_unlock(&t->mu);
-    if (!rc) { /* invariant 3 */
+    if (!rc) {
         uint8_t got[ST_SHA256_LEN];
-        rc = st_sha256(*p, *n, got);
+        rc = st_sha256(got_p, got_n, got);
         if (!rc && memcmp(got, sha, ST_SHA256_LEN)) {
             char gh[2 * ST_SHA256_LEN + 1];
             st_hex_encode(gh, got, ST_SHA256_LEN);
             gh[2 * ST_SHA256_LEN] = 0;
             rc = st_error_set(ST_ECORRUPT, "tier: chunk %.16s...: its %zu bytes hash to "
-                              "%.16s...", hex, *n, gh);
-        }
-        if (rc) {
-            free(*p);
-            *p = NULL;
-            *n = 0;
+                              "%.16s...", hex, got_n, gh);
         }
     }
-    return rc;
+    if (rc) {
+        if (!dst)
+            free(got_p);
+        return rc;
+    }
+    if (alloc)
+        *alloc = got_p;
+    *n = got_n;
+    return 0;
 }
 
-/* A chunk straight into the caller's buffer (no copy of its own): its bytes checked against sha
- * there (invariant 3). */
+int st_tier_chunk_get(st_tier *t, const uint8_t sha[ST_SHA256_LEN], size_t max, void **p,
+                      size_t *n)
+{
+    return chunk_fetch(t, sha, NULL, max, p, n);
+}
+
+/* A chunk straight into the caller's buffer (no copy of its own). */
 int st_tier_chunk_get_into(st_tier *t, const uint8_t sha[ST_SHA256_LEN], void *dst, size_t cap,
                            size_t *n)
 {
-    *n = 0;
-    char k[80], hex[2 * ST_SHA256_LEN + 1];
-    size_t kl = key_chunk(k, sha);
-    memcpy(hex, k + 5, sizeof hex - 1);
-    hex[sizeof hex - 1] = 0;
-    const char *argv[] = {"GET", k};
-    const size_t lens[] = {3, kl};
-    int rc = 0;
-    size_t got_n = 0;
-    pthread_mutex_lock(&t->mu);
-    redisReply *r = tier_cmd(t, k, kl, 2, argv, lens, 0, &rc);
-    if (r) {
-        if (r->type == REDIS_REPLY_NIL)
-            rc = st_error_set(ST_ENOTFOUND, "tier: chunk %.16s...: not in the tier", hex);
-        else if (r->type != REDIS_REPLY_STRING)
-            rc = unexpected(r, "GET of a chunk");
-        else if (r->len > cap)
-            rc = st_error_set(ST_ETOOBIG, "tier: a chunk is %zu bytes (at most %zu)", r->len, cap);
-        else {
-            memcpy(dst, r->str, r->len);
-            got_n = r->len;
-            t->st.bytes_read += got_n;
-        }
-        freeReplyObject(r);
-    }
-    pthread_mutex_unlock(&t->mu);
-    if (rc)
-        return rc;
-    uint8_t got[ST_SHA256_LEN];
-    if ((rc = st_sha256(dst, got_n, got)))
-        return rc;
-    if (memcmp(got, sha, ST_SHA256_LEN)) {
-        char gh[2 * ST_SHA256_LEN + 1];
-        st_hex_encode(gh, got, ST_SHA256_LEN);
-        gh[2 * ST_SHA256_LEN] = 0;
-        return st_error_set(ST_ECORRUPT, "tier: chunk %.16s...: its %zu bytes hash to %.16s...",
-                            hex, got_n, gh);
-    }
-    *n = got_n;
-    return 0;
+    return dst ? chunk_fetch(t, sha, dst, cap, NULL, n)
+               : st_error_set(ST_EINVAL, "tier: a chunk into no buffer");
 }
 
 int st_tier_chunk_exists(st_tier *t, const uint8_t sha[ST_SHA256_LEN], int *exists)
