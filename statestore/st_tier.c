@@ -83,6 +83,13 @@ uint32_t st_tier_key_slot(const void *key, size_t n)
     return crc16_xmodem(k, n) & (ST_TIER_SLOTS - 1);
 }
 
+void st_tier_opts_default(st_tier_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->timeout_ms = 1000;
+    o->retry_ms = 5000;
+}
+
 #if !ST_HAVE_TIER
 /* ---- built without hiredis -------------------------------------------------------------------- */
 static int no_tier(void)
@@ -486,13 +493,6 @@ static redisReply *tier_cmd(st_tier *t, const char *key, size_t klen, int argc, 
 }
 
 /* ---- opening -------------------------------------------------------------------------------- */
-void st_tier_opts_default(st_tier_opts *o)
-{
-    memset(o, 0, sizeof *o);
-    o->timeout_ms = 1000;
-    o->retry_ms = 5000;
-}
-
 int st_tier_open(st_tier **out, const char *url, const st_tier_opts *o)
 {
     *out = NULL;
