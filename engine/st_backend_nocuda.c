@@ -50,6 +50,24 @@ int st_cuda_qmv_n(uint32_t wtype, uint32_t cols, const st_cuda_qmv_job *jobs, ui
     return st_error_set(ST_EINVAL, "cuda qmv: built without CUDA");
 }
 
+int st_cuda_qmv_swiglu_supported(uint32_t wtype)
+{
+    (void)wtype;
+    return 0;
+}
+
+uint64_t st_cuda_qmv_swiglu_runs(void)
+{
+    return 0;
+}
+
+int st_cuda_qmv_swiglu(uint32_t wtype, uint32_t rows, uint32_t cols, const void *gate,
+                       const void *up, const float *x, float *y, void *stream)
+{
+    (void)wtype, (void)rows, (void)cols, (void)gate, (void)up, (void)x, (void)y, (void)stream;
+    return st_error_set(ST_EINVAL, "cuda qmv: built without CUDA");
+}
+
 int st_cuda_qmv_i8(uint32_t wtype, const void *w, uint32_t rows, uint32_t cols, const void *xq, float *y,
                    void *stream)
 {

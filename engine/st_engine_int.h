@@ -395,6 +395,14 @@ int st_cuda_qmv(uint32_t wtype, const void *w, uint32_t rows, uint32_t cols, con
                 void *stream);
 int st_cuda_qmv_n(uint32_t wtype, uint32_t cols, const st_cuda_qmv_job *jobs, uint32_t n,
                   const float *x, void *stream);
+/* One token's gate and up products and their swiglu in one launch (st_qmv_cuda.cu invariant 6):
+ * y [rows] = silu(G x) * (U x) for G and U [rows][cols] of type wtype (Q8_0, Q4_K or Q6_K:
+ * st_cuda_qmv_swiglu_supported), operands as st_cuda_qmv; the bits of st_cuda_qmv_n on both
+ * followed by the operation table's swiglu. */
+int st_cuda_qmv_swiglu_supported(uint32_t wtype);
+uint64_t st_cuda_qmv_swiglu_runs(void); /* the process's paired launches so far (tests) */
+int st_cuda_qmv_swiglu(uint32_t wtype, uint32_t rows, uint32_t cols, const void *gate,
+                       const void *up, const float *x, float *y, void *stream);
 /* The integer form for Q8_0 weights: xq is the activation row as the CPU's integer path
  * quantizes it (st_qdot_get(ST_GGML_Q8_0)->quantize: 36-byte blocks), in device memory, 4-byte
  * aligned; y as st_cuda_qmv. ST_EINVAL for another type or without CUDA. */

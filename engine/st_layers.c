@@ -66,8 +66,12 @@ void st_layer_swiglu(const st_fwd *f, const st_wmat *gate, const st_wmat *up, co
 {
     uint32_t E = f->m->hp.n_embd, F = gate->rows;
     const st_mm in[2] = {{gate, g, F}, {up, u, F}}, dn = {down, out, E};
-    f->ops->matmul(f->oc, xn, E, f->T, in, 2);
-    f->ops->swiglu(f->oc, g, u, F, f->T);
+    if (f->ops->matmul_swiglu) {
+        f->ops->matmul_swiglu(f->oc, xn, E, f->T, in);
+    } else {
+        f->ops->matmul(f->oc, xn, E, f->T, in, 2);
+        f->ops->swiglu(f->oc, g, u, F, f->T);
+    }
     f->ops->matmul(f->oc, g, F, f->T, &dn, 1);
 }
 

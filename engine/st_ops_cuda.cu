@@ -68,12 +68,20 @@
  *    head_dim is a multiple of 16 runs on the tensor cores (k_attn_tc: tiles of 64 queries and
  *    64 keys, the queries and the softmax weights rounded to f16, scores, softmax and sums in
  *    f32, one pass over the keys with an online softmax, no splits). Otherwise (f32 mode, i8
- *    K/V, other widths, one token) attention is k_attn on the CUDA cores in f32.
+ *    K/V, other widths) attention of several tokens is k_attn on the CUDA cores in f32.
+ * 10. Attention of one token over f16 K/V (head_dim 8 x 2^k, 1, 2, 4 or 8 query heads per K/V
+ *    head) is k_attn_dec in f32 in either mode: a block per (K/V head, split) reads each key once
+ *    for the heads that share it, 16 bytes a lane; the splits are set as invariant 8 says, by
+ *    the span and the K/V heads (about 4 blocks per SM, at least OC_ATT_KS keys, at least
+ *    STRATA_CUDA_ATT_KEYS where set, no more than the partials hold); k_attn_merge adds them.
+ *    STRATA_CUDA_ATT_DEC=0 keeps one-token attention on k_attn (for measurements). i8 K/V and
+ *    other shapes take k_attn.
  */
 #include <errno.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -145,6 +153,9 @@ struct st_ops_cuda {
     float *att_part;  /* attention's split partials: att_cap x (max_hd + 2) */
     uint64_t att_cap;
     size_t dn_smem_max; /* the delta rule's shared memory limit */
+    int att_dec;        /* one-token attention on k_attn_dec (invariant 10; STRATA_CUDA_ATT_DEC) */
+    int qmv_pair;       /* gate, up and swiglu of one token in one launch (STRATA_CUDA_QMV_PAIR) */
+    uint64_t att_keys;  /* its keys per split at least (STRATA_CUDA_ATT_KEYS; 0: the rule's) */
 };
 
 /* ---- errors (invariant 4) ------------------------------------------------------------------ */
@@ -633,6 +644,32 @@ static void elem(st_ops_cuda *oc, float *x, uint32_t ldx, const float *y, uint32
 static void oc_swiglu(void *ocp, float *g, const float *u, uint32_t n, uint32_t T)
 {
     elem((st_ops_cuda *)ocp, g, n, u, n, NULL, 0, n, T, 0);
+}
+
+/* One token's gate and up products with their swiglu in one launch where both take the paired
+ * kernel (st_qmv_cuda.cu invariant 6: the same bits); otherwise the two products and swiglu. */
+static void oc_matmul_swiglu(void *ocp, const float *x, uint32_t ldx, uint32_t T, const st_mm *mm)
+{
+    st_ops_cuda *oc = (st_ops_cuda *)ocp;
+    const st_wmat *g = mm[0].w, *u = mm[1].w;
+    if (T == 1 && oc->qmv_pair && qmv_ok(&mm[0], x) && qmv_ok(&mm[1], x) &&
+        g->type == u->type && g->rows == u->rows && g->cols == u->cols &&
+        st_cuda_qmv_swiglu_supported(g->type)) {
+        if (oc->err)
+            return;
+        oc->xh_src = NULL;
+        if (oc->prof)
+            prof_begin(oc, 1);
+        int rc = st_cuda_qmv_swiglu(g->type, g->rows, g->cols, g->data, u->data, x, mm[0].y,
+                                    oc->stream);
+        if (rc)
+            oc_fail(oc, rc);
+        if (oc->prof)
+            prof_end(oc, 1, PR_QMV);
+        return;
+    }
+    oc_matmul(oc, x, ldx, T, mm, 2);
+    oc_swiglu(oc, mm[0].y, mm[1].y, g->rows, T);
 }
 
 static void oc_sigmoid_mul(void *ocp, float *x, uint32_t ldx, const float *g, uint32_t ldg,
@@ -1206,29 +1243,275 @@ __global__ void __launch_bounds__(32 * OC_ATT_WARPS) k_attn(oc_attn a)
     }
 }
 
+/* The splits of a (token, head) merged: a block of 4 x hd' threads (hd' the head_dim rounded up
+ * to a warp), dynamic shared memory of nsplit + 4 hd + 32 floats. The largest split maximum M;
+ * the weights w_s = exp(M_s - M) of the splits that hold keys (an empty split, M_s = -inf, is
+ * passed over: its sums were never written); L = sum of l_s w_s, each thread's splits in order,
+ * then st_block_sum; output element i: thread group g (0..3) adds o_s[i] w_s over the splits
+ * s = g, g + 4, ... in order, and the four groups are added in group order. Every order is fixed
+ * by the head_dim alone, and a split's absence adds nothing (sums start at -0), so one split that
+ * holds keys among empty ones gives o / l of that split exactly, as a single split's own output
+ * does (invariant 8). */
 __global__ void k_attn_merge(oc_attn a)
 {
     st_pdl_begin(); /* st_launch_cuda.cuh rule 1 */
-    uint32_t t = blockIdx.x, h = blockIdx.y, hd = a.g.hd;
-    size_t base = ((size_t)t * a.n_head + h) * a.nsplit * (hd + 2);
-    float M = -INFINITY;
-    for (uint32_t s = 0; s < a.nsplit; s++)
-        M = fmaxf(M, a.part[base + s * (hd + 2)]);
-    float L = -0.0f; /* -0: one split's value passes through the sums unchanged */
-    for (uint32_t s = 0; s < a.nsplit; s++) {
-        float ms = a.part[base + s * (hd + 2)];
-        if (ms != -INFINITY)
-            L = __fmaf_rn(a.part[base + s * (hd + 2) + 1], expf(ms - M), L);
+    extern __shared__ float msh[];
+    uint32_t t = blockIdx.x, h = blockIdx.y, hd = a.g.hd, ns = a.nsplit, nt = blockDim.x;
+    uint32_t hdr = nt / 4, grp = threadIdx.x / hdr, i = threadIdx.x % hdr;
+    float *wt = msh, *red = msh + ns, *bsh = red + 4 * hd;
+    const float *base = a.part + ((size_t)t * a.n_head + h) * ns * (hd + 2);
+    float mx = -INFINITY;
+    for (uint32_t s = threadIdx.x; s < ns; s += nt) {
+        float ms = base[(size_t)s * (hd + 2)];
+        wt[s] = ms;
+        mx = fmaxf(mx, ms);
     }
-    for (uint32_t i = threadIdx.x; i < hd; i += blockDim.x) {
+    float M = st_block_max(mx, bsh); /* its barriers publish wt */
+    float lv = -0.0f;
+    for (uint32_t s = threadIdx.x; s < ns; s += nt) {
+        float ms = wt[s];
+        if (ms != -INFINITY)
+            lv = __fmaf_rn(base[(size_t)s * (hd + 2) + 1], expf(ms - M), lv);
+    }
+    __syncthreads(); /* every thread has read its wt[s] before they become weights */
+    for (uint32_t s = threadIdx.x; s < ns; s += nt) {
+        float ms = wt[s];
+        wt[s] = ms != -INFINITY ? expf(ms - M) : -1.0f; /* -1: an empty split */
+    }
+    float L = st_block_sum(lv, bsh); /* and its barriers publish the weights */
+    if (i < hd) {
         float o = -0.0f;
-        for (uint32_t s = 0; s < a.nsplit; s++) {
-            float ms = a.part[base + s * (hd + 2)];
-            if (ms != -INFINITY)
-                o = __fmaf_rn(a.part[base + s * (hd + 2) + 2 + i], expf(ms - M), o);
+#pragma unroll 4
+        for (uint32_t s = grp; s < ns; s += 4) {
+            float w = wt[s];
+            if (w >= 0.0f)
+                o = __fmaf_rn(base[(size_t)s * (hd + 2) + 2 + i], w, o);
         }
+        red[grp * hd + i] = o;
+    }
+    __syncthreads();
+    if (grp == 0 && i < hd) {
+        float o = ((red[i] + red[hd + i]) + red[2 * hd + i]) + red[3 * hd + i];
         a.out[(size_t)t * a.ldo + (size_t)h * hd + i] = o / L;
     }
+}
+
+static void attn_merge_launch(st_ops_cuda *oc, const oc_attn &a, uint32_t T)
+{
+    uint32_t hdr = (a.g.hd + 31) / 32 * 32;
+    size_t smem = ((size_t)a.nsplit + 4 * a.g.hd + 32) * sizeof(float);
+    (void)st_launch(k_attn_merge, dim3(T, a.n_head), 4 * hdr, smem, oc->stream, a);
+}
+
+/* ---- attention of one token over f16 K/V (invariant 10) ------------------------------------------ */
+/* One block of OC_DA_WARPS warps per (K/V head, key split), for the G query heads that share the
+ * K/V head: the keys are read once for all of them. A key's row of head_dim f16 values is read
+ * by C = head_dim / 8 lanes, 16 bytes each (a warp takes 32 / C keys at once, the block
+ * OC_DA_WARPS times as many); the split's keys go by in tiles of OC_DA_KT:
+ * 1. the rows' addresses of the tile in shared memory;
+ * 2. the scores: each lane the dot product of its 8 elements with the G queries' (in element
+ *    order), then the C lanes added by a shuffle tree (offsets C/2 .. 1); scaled, to shared
+ *    memory;
+ * 3. per head (warp w the heads w, w + OC_DA_WARPS, ...): the tile's maximum, the new running
+ *    maximum m, the weights exp(s - m) in place and their sum (the lanes in key order, then
+ *    st_warp_sum); the running sum l = l corr + sum, corr = exp(m_old - m);
+ * 4. the values: each thread's accumulators (G x 8 elements) rescaled by corr, then the weighted
+ *    V elements of its keys added in key order.
+ * At the end the threads of one element slot are added: in the warp by a shuffle tree over the
+ * key lanes (offsets 16 .. C), then the warps in warp order. One split: the output o / l; several:
+ * M, L and o into the partials for k_attn_merge. Every order is fixed by the head_dim, G and the
+ * split's key count, never by timing: the same bits run after run. */
+#define OC_DA_WARPS 4
+#define OC_DA_KT 256
+
+__device__ __forceinline__ float h2f_lo(uint32_t w)
+{
+    __half_raw r;
+    r.x = (unsigned short)(w & 0xffffu);
+    return __half2float(__half(r));
+}
+
+__device__ __forceinline__ float h2f_hi(uint32_t w)
+{
+    __half_raw r;
+    r.x = (unsigned short)(w >> 16);
+    return __half2float(__half(r));
+}
+
+__device__ __forceinline__ void h8_to_f(uint4 v, float *f)
+{
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        f[2 * k] = h2f_lo(w[k]);
+        f[2 * k + 1] = h2f_hi(w[k]);
+    }
+}
+
+template <int G>
+__global__ void __launch_bounds__(32 * OC_DA_WARPS) k_attn_dec(oc_attn a)
+{
+    st_pdl_begin(); /* st_launch_cuda.cuh rule 1 */
+    const oc_kv &g = a.g;
+    uint32_t kvh = blockIdx.y, s = blockIdx.z, hd = g.hd, h0 = kvh * G;
+    uint32_t lane = threadIdx.x & 31, w = threadIdx.x >> 5, C = hd / 8;
+    uint32_t kpw = 32 / C, KP = OC_DA_WARPS * kpw, slot = w * kpw + lane / C, c = lane % C;
+    uint64_t n = (a.posp ? *a.posp : a.pos0) + 1, j0 = (uint64_t)s * a.ks;
+    uint64_t j1 = j0 + a.ks < n ? j0 + a.ks : n;
+    size_t pstride = (size_t)a.nsplit * (hd + 2);
+    if (j0 >= n) { /* an empty split (the dynamic mode's span past the position) */
+        if (threadIdx.x < G)
+            a.part[(size_t)(h0 + threadIdx.x) * pstride + (size_t)s * (hd + 2)] = -INFINITY;
+        return;
+    }
+    __shared__ const uint8_t *rows[OC_DA_KT];
+    __shared__ float sc[G][OC_DA_KT];
+    __shared__ float s_m[G], s_l[G], s_corr[G];
+    __shared__ float red[OC_DA_WARPS][G * OC_MAX_HD];
+    const size_t hoff = (size_t)kvh * hd * 2 + 16 * c;
+    float q[G][8], acc[G][8];
+#pragma unroll
+    for (int k = 0; k < G; k++) {
+        const float *qk = a.q + (size_t)(h0 + k) * hd + 8 * c;
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            q[k][e] = qk[e];
+            acc[k][e] = 0.0f;
+        }
+    }
+    if (threadIdx.x < G) {
+        s_m[threadIdx.x] = -INFINITY;
+        s_l[threadIdx.x] = 0.0f;
+    }
+    for (uint64_t t0 = j0; t0 < j1; t0 += OC_DA_KT) {
+        uint32_t nt = j1 - t0 < OC_DA_KT ? (uint32_t)(j1 - t0) : OC_DA_KT;
+        for (uint32_t i = threadIdx.x; i < nt; i += blockDim.x) {
+            uint32_t j = (uint32_t)(t0 + i);
+            rows[i] = g.blocks[j / g.ps] + (uint64_t)(j % g.ps) * g.row;
+        }
+        __syncthreads();
+        for (uint32_t ib = 0; ib < nt; ib += 4 * KP) {
+            uint4 kr[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                uint32_t i = ib + slot + u * KP;
+                kr[u] = i < nt ? *(const uint4 *)(rows[i] + g.off_k + hoff) : make_uint4(0, 0, 0, 0);
+            }
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                uint32_t i = ib + slot + u * KP;
+                float kf[8];
+                h8_to_f(kr[u], kf);
+#pragma unroll
+                for (int k = 0; k < G; k++) {
+                    float d = q[k][0] * kf[0];
+#pragma unroll
+                    for (int e = 1; e < 8; e++)
+                        d = __fmaf_rn(q[k][e], kf[e], d);
+                    for (uint32_t o = C / 2; o > 0; o >>= 1)
+                        d += __shfl_xor_sync(0xffffffffu, d, o);
+                    if (c == 0 && i < nt)
+                        sc[k][i] = d * a.scale;
+                }
+            }
+        }
+        __syncthreads();
+        for (uint32_t k = w; k < G; k += OC_DA_WARPS) {
+            float mx = -INFINITY;
+            for (uint32_t i = lane; i < nt; i += 32)
+                mx = fmaxf(mx, sc[k][i]);
+            mx = st_warp_max(mx);
+            float mo = s_m[k], mn = fmaxf(mo, mx), sum = 0.0f;
+            for (uint32_t i = lane; i < nt; i += 32) {
+                float p = expf(sc[k][i] - mn);
+                sc[k][i] = p;
+                sum += p;
+            }
+            sum = st_warp_sum(sum);
+            if (lane == 0) {
+                float corr = expf(mo - mn);
+                s_corr[k] = corr;
+                s_l[k] = __fmaf_rn(s_l[k], corr, sum);
+                s_m[k] = mn;
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < G; k++) {
+            float corr = s_corr[k];
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                acc[k][e] *= corr;
+        }
+        for (uint32_t ib = 0; ib < nt; ib += 4 * KP) {
+            uint4 vr[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                uint32_t i = ib + slot + u * KP;
+                if (i < nt)
+                    vr[u] = *(const uint4 *)(rows[i] + g.off_v + hoff);
+            }
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                uint32_t i = ib + slot + u * KP;
+                if (i < nt) {
+                    float vf[8];
+                    h8_to_f(vr[u], vf);
+#pragma unroll
+                    for (int k = 0; k < G; k++) {
+                        float p = sc[k][i];
+#pragma unroll
+                        for (int e = 0; e < 8; e++)
+                            acc[k][e] = __fmaf_rn(p, vf[e], acc[k][e]);
+                    }
+                }
+            }
+        }
+        __syncthreads(); /* the tile's rows and weights are read before the next tile's */
+    }
+#pragma unroll
+    for (int k = 0; k < G; k++)
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            float v = acc[k][e];
+            for (uint32_t o = 16; o >= C; o >>= 1)
+                v += __shfl_xor_sync(0xffffffffu, v, o);
+            acc[k][e] = v;
+        }
+    if (lane < C)
+#pragma unroll
+        for (int k = 0; k < G; k++)
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                red[w][k * hd + 8 * c + e] = acc[k][e];
+    __syncthreads();
+    for (uint32_t x = threadIdx.x; x < G * hd; x += blockDim.x) {
+        uint32_t k = x / hd, i = x % hd;
+        float o = red[0][x];
+        for (int v = 1; v < OC_DA_WARPS; v++)
+            o += red[v][x];
+        if (a.nsplit == 1) {
+            a.out[(size_t)(h0 + k) * hd + i] = o / s_l[k];
+        } else {
+            float *pp = a.part + (size_t)(h0 + k) * pstride + (size_t)s * (hd + 2);
+            pp[2 + i] = o;
+            if (i == 0) {
+                pp[0] = s_m[k];
+                pp[1] = s_l[k];
+            }
+        }
+    }
+}
+
+/* One-token attention on k_attn_dec (invariant 10): f16 K/V in 16-byte pieces, head_dim 8 x 2^k
+ * up to OC_MAX_HD, 1, 2, 4 or 8 query heads per K/V head, and not turned off
+ * (STRATA_CUDA_ATT_DEC=0) */
+static int attn_dec_fits(const st_ops_cuda *oc, const oc_kv *g, uint32_t G)
+{
+    uint32_t C = g->hd / 8;
+    return oc->att_dec && !g->i8 && g->hd % 8 == 0 && g->hd <= OC_MAX_HD && (C & (C - 1)) == 0 &&
+           g->off_k % 16 == 0 && g->off_v % 16 == 0 && g->row % 16 == 0 &&
+           (G == 1 || G == 2 || G == 4 || G == 8);
 }
 
 /* ---- attention of several tokens on f16 tensor cores (invariant 9) ------------------------------ */
@@ -1245,16 +1528,34 @@ __global__ void k_attn_merge(oc_attn a)
 #define OC_TC_LDS (OC_TC_K + 4) /* the scores' row stride (floats) */
 #define OC_TC_LDP (OC_TC_K + 8) /* the weights' row stride (halves) */
 
-static size_t attn_tc_smem(uint32_t hd)
+/* k_attn_tc's shared memory, in bytes from its start: the regions in order (Q, K and V tiles
+ * of f16 rows of hd + 8, the warps' scores in f32, their weights in f16, the outputs in f32 rows
+ * of hd + 4) and the end. The kernel carves its pointers from these offsets and the launch
+ * asks for .end bytes, so the two cannot disagree. */
+typedef struct attn_tc_layout {
+    size_t q, k, v, s, p, o, end;
+} attn_tc_layout;
+
+__host__ __device__ __forceinline__ attn_tc_layout attn_tc_at(uint32_t hd)
 {
+    attn_tc_layout L;
     size_t ldh = hd + 8, ldo = hd + 4;
-    return 3 * (size_t)OC_TC_Q * ldh * 2 + (size_t)OC_TC_WARPS * 16 * OC_TC_LDS * 4 +
-           (size_t)OC_TC_WARPS * 16 * OC_TC_LDP * 2 + (size_t)OC_TC_Q * ldo * 4;
+    L.q = 0;
+    L.k = L.q + (size_t)OC_TC_Q * ldh * 2;
+    L.v = L.k + (size_t)OC_TC_K * ldh * 2;
+    L.s = L.v + (size_t)OC_TC_K * ldh * 2;
+    L.p = L.s + (size_t)OC_TC_WARPS * 16 * OC_TC_LDS * 4;
+    L.o = L.p + (size_t)OC_TC_WARPS * 16 * OC_TC_LDP * 2;
+    L.end = L.o + (size_t)OC_TC_Q * ldo * 4;
+    return L;
 }
 
-/* f16 K/V in rows of 16-byte pieces, head_dim a multiple of 16 and the shared memory at hand
- * (attn_tc_smem must add up the regions k_attn_tc carves, in its order: Q, K, V, the warps'
- * scores, their weights, the outputs) */
+static size_t attn_tc_smem(uint32_t hd)
+{
+    return attn_tc_at(hd).end;
+}
+
+/* f16 K/V in rows of 16-byte pieces, head_dim a multiple of 16 and the shared memory at hand */
 static int attn_tc_fits(const st_ops_cuda *oc, const oc_kv *g)
 {
     return !g->i8 && g->hd % 16 == 0 && g->off_k % 16 == 0 && g->off_v % 16 == 0 &&
@@ -1270,12 +1571,11 @@ __global__ void __launch_bounds__(32 * OC_TC_WARPS) k_attn_tc(oc_attn a, uint32_
     const uint32_t hd = g.hd, ldh = hd + 8, ldo = hd + 4, h = blockIdx.y;
     const uint32_t t0 = blockIdx.x * OC_TC_Q, kvh = h / (a.n_head / g.nkv);
     const uint32_t lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    __half *Qs = (__half *)tc_sm, *Ks = Qs + OC_TC_Q * ldh, *Vs = Ks + OC_TC_K * ldh;
-    float *Ss = (float *)(Vs + OC_TC_K * ldh) + (size_t)w * 16 * OC_TC_LDS;
-    __half *Ps = (__half *)((float *)(Vs + OC_TC_K * ldh) + OC_TC_WARPS * 16 * OC_TC_LDS) +
-                 (size_t)w * 16 * OC_TC_LDP;
-    float *Os = (float *)((__half *)((float *)(Vs + OC_TC_K * ldh) + OC_TC_WARPS * 16 * OC_TC_LDS) +
-                          OC_TC_WARPS * 16 * OC_TC_LDP);
+    const attn_tc_layout L = attn_tc_at(hd);
+    __half *Qs = (__half *)(tc_sm + L.q), *Ks = (__half *)(tc_sm + L.k), *Vs = (__half *)(tc_sm + L.v);
+    float *Ss = (float *)(tc_sm + L.s) + (size_t)w * 16 * OC_TC_LDS;
+    __half *Ps = (__half *)(tc_sm + L.p) + (size_t)w * 16 * OC_TC_LDP;
+    float *Os = (float *)(tc_sm + L.o);
     const uint64_t pos = a.posp ? *a.posp : a.pos0;
     const uint32_t tend = t0 + OC_TC_Q < T ? t0 + OC_TC_Q : T;
     const uint64_t nk = pos + tend; /* the keys any row of the tile sees */
@@ -1368,6 +1668,15 @@ __global__ void __launch_bounds__(32 * OC_TC_WARPS) k_attn_tc(oc_attn a, uint32_
         dst[c] = orow[c] / l;
 }
 
+/* The attention launches of this process by kernel (st_ops_int.h). */
+static uint64_t g_att_runs[ST_CUDA_ATT_N];
+
+void st_ops_cuda_attention_runs(uint64_t out[ST_CUDA_ATT_N])
+{
+    for (int i = 0; i < ST_CUDA_ATT_N; i++)
+        out[i] = __atomic_load_n(&g_att_runs[i], __ATOMIC_RELAXED);
+}
+
 uint64_t st_ops_cuda_att_span(const st_ops_cuda *oc, uint64_t pos)
 {
     uint64_t span = OC_ATT_SPAN0;
@@ -1414,11 +1723,39 @@ static void oc_attention(void *ocp, const st_kv_view *kv, const float *q, uint32
         a.nsplit = 1;
         (void)st_launch(k_attn_tc, dim3((T + OC_TC_Q - 1) / OC_TC_Q, n_head), 32 * OC_TC_WARPS,
                         attn_tc_smem(a.g.hd), oc->stream, a, T);
-        LAUNCHED(oc, "k_attn_tc");
+        if (!LAUNCHED(oc, "k_attn_tc"))
+            __atomic_add_fetch(&g_att_runs[ST_CUDA_ATT_TC], 1, __ATOMIC_RELAXED);
         return;
     }
     uint64_t nk = pos0 + T, base = (uint64_t)T * n_head, target = 8ull * (uint64_t)oc->n_sm;
-    uint32_t nsplit = 1;
+    uint32_t nsplit = 1, G = n_head / a.g.nkv;
+    if (T == 1 && oc->att_cap / n_head >= 2 && attn_dec_fits(oc, &a.g, G)) { /* invariant 10 */
+        uint64_t span = st_ops_cuda_att_span(oc, pos0), most = oc->att_cap / n_head;
+        uint64_t S = (4ull * (uint64_t)oc->n_sm + a.g.nkv - 1) / a.g.nkv;
+        S = S < most ? S : most;
+        uint64_t ks = (span + S - 1) / S, keys = oc->dyn ? span : nk;
+        ks = ks < OC_ATT_KS ? OC_ATT_KS : ks;
+        ks = ks < oc->att_keys ? oc->att_keys : ks;
+        a.ks = (uint32_t)ks;
+        a.nsplit = nsplit = (uint32_t)((keys + ks - 1) / ks);
+        if (oc->dyn && nsplit < 2)
+            a.nsplit = nsplit = 2; /* through the merge, as a longer span would be */
+        dim3 grid(1, a.g.nkv, nsplit);
+        switch (G) {
+        case 1: (void)st_launch(k_attn_dec<1>, grid, 32 * OC_DA_WARPS, 0, oc->stream, a); break;
+        case 2: (void)st_launch(k_attn_dec<2>, grid, 32 * OC_DA_WARPS, 0, oc->stream, a); break;
+        case 4: (void)st_launch(k_attn_dec<4>, grid, 32 * OC_DA_WARPS, 0, oc->stream, a); break;
+        default: (void)st_launch(k_attn_dec<8>, grid, 32 * OC_DA_WARPS, 0, oc->stream, a); break;
+        }
+        if (LAUNCHED(oc, "k_attn_dec"))
+            return;
+        __atomic_add_fetch(&g_att_runs[ST_CUDA_ATT_DEC], 1, __ATOMIC_RELAXED);
+        if (nsplit > 1) {
+            attn_merge_launch(oc, a, 1);
+            LAUNCHED(oc, "k_attn_merge");
+        }
+        return;
+    }
     if (T == 1) {
         /* one token (invariant 8): splits of a fixed key count, set by the position's span
          * (st_ops_cuda_att_span) and the heads; the dynamic mode launches the span's splits
@@ -1458,9 +1795,12 @@ static void oc_attention(void *ocp, const st_kv_view *kv, const float *q, uint32
     case 7: (void)st_launch(k_attn<7>, grid, 32 * OC_ATT_WARPS, 0, oc->stream, a); break;
     default: (void)st_launch(k_attn<8>, grid, 32 * OC_ATT_WARPS, 0, oc->stream, a); break;
     }
-    if (LAUNCHED(oc, "k_attn") || nsplit == 1)
+    if (LAUNCHED(oc, "k_attn"))
         return;
-    (void)st_launch(k_attn_merge, dim3(T, n_head), 128, 0, oc->stream, a);
+    __atomic_add_fetch(&g_att_runs[ST_CUDA_ATT_CORE], 1, __ATOMIC_RELAXED);
+    if (nsplit == 1)
+        return;
+    attn_merge_launch(oc, a, T);
     LAUNCHED(oc, "k_attn_merge");
 }
 
@@ -1540,6 +1880,7 @@ extern "C" const st_ops st_ops_cuda_table = {
     .rmsnorm_gated = oc_rmsnorm_gated,
     .l2norm = oc_l2norm,
     .swiglu = oc_swiglu,
+    .matmul_swiglu = oc_matmul_swiglu,
     .short_conv = oc_short_conv,
     .dn_gates = oc_dn_gates,
     .delta_rule = oc_delta_rule,
@@ -1581,6 +1922,7 @@ extern "C" const st_ops st_ops_cuda_prof_table = {
     .rmsnorm_gated = PW(oc_rmsnorm_gated, PR_RMSNORM_GATED),
     .l2norm = PW(oc_l2norm, PR_L2NORM),
     .swiglu = PW(oc_swiglu, PR_SWIGLU),
+    .matmul_swiglu = PW(oc_matmul_swiglu, PR_MATMUL),
     .short_conv = PW(oc_short_conv, PR_SHORT_CONV),
     .dn_gates = PW(oc_dn_gates, PR_DN_GATES),
     .delta_rule = PW(oc_delta_rule, PR_DELTA_RULE),
@@ -1714,6 +2056,27 @@ int st_ops_cuda_new(void *stream, uint32_t max_T, uint32_t n_ctx, uint32_t max_h
     if (gv && *gv && strcmp(gv, "f32") && strcmp(gv, "f16"))
         fprintf(stderr, "strata: cuda operations: STRATA_CUDA_PREFILL=%s: f16 or f32; the "
                 "prompt's products and attention stay on the f16 tensor cores\n", gv);
+    const char *dv = getenv("STRATA_CUDA_ATT_DEC");
+    oc->att_dec = !(dv && !strcmp(dv, "0"));
+    if (dv && *dv && strcmp(dv, "0") && strcmp(dv, "1"))
+        fprintf(stderr, "strata: cuda operations: STRATA_CUDA_ATT_DEC=%s: 0 or 1; one-token "
+                "attention stays on k_attn_dec\n", dv);
+    const char *qp = getenv("STRATA_CUDA_QMV_PAIR");
+    oc->qmv_pair = !(qp && !strcmp(qp, "0"));
+    if (qp && *qp && strcmp(qp, "0") && strcmp(qp, "1"))
+        fprintf(stderr, "strata: cuda operations: STRATA_CUDA_QMV_PAIR=%s: 0 or 1; the paired "
+                "products stay on\n", qp);
+    const char *kv = getenv("STRATA_CUDA_ATT_KEYS");
+    if (kv && *kv) {
+        char *end;
+        errno = 0;
+        unsigned long long x = strtoull(kv, &end, 10);
+        if (errno || *end || x < 1 || x > (1ull << 31))
+            fprintf(stderr, "strata: cuda operations: STRATA_CUDA_ATT_KEYS=%s: a key count from "
+                    "1 to 2^31; ignored\n", kv);
+        else
+            oc->att_keys = x;
+    }
     oc->max_T = max_T ? max_T : 1;
     oc->n_ctx = n_ctx;
     oc->max_hd = max_head_dim ? max_head_dim : 1;

@@ -75,6 +75,9 @@ typedef struct st_ops {
                    float scale, uint32_t T);
     /* Per token: g = silu(g) * u, vectors of n. */
     void (*swiglu)(void *oc, float *g, const float *u, uint32_t n, uint32_t T);
+    /* Optional (NULL: matmul then swiglu): mm[0] (gate) and mm[1] (up) on the same x, then
+     * swiglu into mm[0].y, with the bits of those two calls; mm[1].y may be left unwritten. */
+    void (*matmul_swiglu)(void *oc, const float *x, uint32_t ldx, uint32_t T, const st_mm *mm);
     /* The causal depthwise convolution (kernel 4) of C channels, then SiLU: x, y of C per token;
      * state: the last three inputs [3][C], oldest first, updated; wT: the weights [4][C]. */
     void (*short_conv)(void *oc, const float *x, float *y, uint32_t C, float *state,
@@ -150,6 +153,11 @@ void st_ops_cuda_dynamic(st_ops_cuda *oc, int on);
  * (invariant 8 of st_ops_cuda.cu); a pass captured in the dynamic mode serves every position of
  * the same span. */
 uint64_t st_ops_cuda_att_span(const st_ops_cuda *oc, uint64_t pos);
+/* How many attention calls this process has launched on each kernel (st_ops_cuda.cu invariants
+ * 9 and 10: tests check which one ran): k_attn on the CUDA cores, k_attn_tc on the tensor cores
+ * (several tokens), k_attn_dec (one token, K/V heads shared). */
+enum { ST_CUDA_ATT_CORE, ST_CUDA_ATT_TC, ST_CUDA_ATT_DEC, ST_CUDA_ATT_N };
+void st_ops_cuda_attention_runs(uint64_t out[ST_CUDA_ATT_N]);
 void st_ops_cuda_stage(st_ops_cuda *oc, const uint32_t *tokens, uint32_t T, uint64_t pos0);
 
 /* The CPU table: its context is an st_ops_cpu, made for a model's memory spec, a context length

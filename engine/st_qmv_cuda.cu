@@ -25,6 +25,11 @@
  *    bytes per lane per step); every other type, and those rows otherwise, the decoder-driven
  *    kernel, whose values are those of st_wtype_cuda.cuh's decoders (the CPU's scalar
  *    dequantization, bit for bit) multiplied into the sum as they are made.
+ * 6. The paired form (st_cuda_qmv_swiglu; Q8_0, Q4_K, Q6_K): a CTA computes QMV_R rows of the
+ *    gate weights and the same rows of the up weights over the same x (its x read once for
+ *    both), each row's sum exactly as invariants 2 and 3 make it alone, and writes
+ *    y = silu(gate row) * up row with the operation table's swiglu expression: the bits of the
+ *    two products followed by the swiglu kernel, in one launch.
  */
 #include <stdint.h>
 
@@ -50,6 +55,7 @@ extern "C" {
  * start[j] .. start[j + 1] - 1, its weights at w[j], its results to y[j]. Passed by value (in
  * the kernel's parameter space). */
 struct qmv_jobs {
+    const uint8_t *up; /* the paired form (invariant 6): job 0's up weights; NULL otherwise */
     const uint8_t *w[ST_CUDA_QMV_JOBS];
     float *y[ST_CUDA_QMV_JOBS];
     uint32_t rows[ST_CUDA_QMV_JOBS];
@@ -107,13 +113,13 @@ __device__ __forceinline__ float h2f_bits(uint32_t bits16)
 
 /* The end of every kernel: each warp's sums of the R rows, then the CTA's warps added in warp
  * order by thread r (a fixed order: invariant 3). */
-template <int S>
+template <int S, int PAIR>
 __device__ __forceinline__ void qmv_finish(float *acc, uint32_t r0, uint32_t nr, float *y)
 {
-    __shared__ float part[QMV_S_MAX][QMV_R];
+    __shared__ float part[QMV_S_MAX][QMV_R * (1 + PAIR)];
     uint32_t lane = threadIdx.x & 31, w = threadIdx.x >> 5;
 #pragma unroll
-    for (int r = 0; r < QMV_R; r++) {
+    for (int r = 0; r < QMV_R * (1 + PAIR); r++) {
         float v = st_warp_sum(acc[r]);
         if (lane == 0)
             part[w][r] = v;
@@ -123,27 +129,42 @@ __device__ __forceinline__ void qmv_finish(float *acc, uint32_t r0, uint32_t nr,
         float t = 0.0f;
         for (int k = 0; k < S; k++)
             t += part[k][threadIdx.x];
+        if (PAIR) { /* invariant 6: the swiglu of the gate row and the up row, as k_elem's */
+            float u = 0.0f;
+            for (int k = 0; k < S; k++)
+                u += part[k][QMV_R + threadIdx.x];
+            t = t / (1.0f + expf(-t)) * u;
+        }
         y[r0 + threadIdx.x] = t;
     }
 }
 
+/* The weights of a CTA's virtual row r (0 .. QMV_R (1 + PAIR) - 1): the job's rows, then (the
+ * paired form) the same rows of the up weights. */
+#define QMV_ROWS (QMV_R * (1 + PAIR))
+#define QMV_W(r) ((r) < QMV_R ? W : P.up)
+#define QMV_ROW(r) (r0 + ((r) % QMV_R))
+
 /* Q8_0: 34-byte blocks of 32 (f16 d, 32 int8). A warp covers 4 blocks per step, 8 lanes per
  * block, 4 values per lane. */
-template <int S>
+template <int S, int PAIR>
 __global__ void k_qmv_q8_0(qmv_jobs P, uint64_t row_bytes, uint32_t nb,
                            const float *x)
 {
     st_pdl_begin(); /* st_launch_cuda.cuh rule 1 */
     QMV_JOB(P);
     uint32_t lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    float acc[QMV_R] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float acc[QMV_ROWS];
+#pragma unroll
+    for (int r = 0; r < QMV_ROWS; r++)
+        acc[r] = 0.0f;
     uint32_t e = (lane & 7) * 4;
     for (uint32_t b = 4 * w + (lane >> 3); b < nb; b += 4 * S) {
         float4 xv = *(const float4 *)(x + (uint64_t)b * 32 + e);
 #pragma unroll
-        for (int r = 0; r < QMV_R; r++) {
-            if ((uint32_t)r < nr) {
-                const uint8_t *blk = W + (uint64_t)(r0 + r) * row_bytes + (uint64_t)b * 34;
+        for (int r = 0; r < QMV_ROWS; r++) {
+            if ((uint32_t)(r % QMV_R) < nr) {
+                const uint8_t *blk = QMV_W(r) + (uint64_t)QMV_ROW(r) * row_bytes + (uint64_t)b * 34;
                 float d = h2f(blk);
                 uint16_t lo = *(const uint16_t *)(blk + 2 + e), hi = *(const uint16_t *)(blk + 4 + e);
                 float s = i8f(lo & 0xff) * xv.x;
@@ -154,7 +175,7 @@ __global__ void k_qmv_q8_0(qmv_jobs P, uint64_t row_bytes, uint32_t nb,
             }
         }
     }
-    qmv_finish<S>(acc, r0, nr, y);
+    qmv_finish<S, PAIR>(acc, r0, nr, y);
 }
 
 /* Byte k (0..11) of a Q4_K block's 12 scale bytes, held in head.y, head.z, head.w (no local
@@ -180,14 +201,17 @@ __device__ __forceinline__ void q4k_scale_w(uint4 head, uint32_t j, float *sc, f
  * 16-byte aligned. A warp covers 4 blocks per step, 8 lanes per block: lane part p reads the
  * block's 16-byte head and 16 bytes of nibbles, group g = p / 2, the values
  * 64g + 16 (p % 2) + 0..15 (low nibbles, sub-block 2g) and those 32 further (high, 2g + 1). */
-template <int S>
+template <int S, int PAIR>
 __global__ void k_qmv_q4_k(qmv_jobs P, uint64_t row_bytes, uint32_t nb,
                            const float *x)
 {
     st_pdl_begin(); /* st_launch_cuda.cuh rule 1 */
     QMV_JOB(P);
     uint32_t lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    float acc[QMV_R] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float acc[QMV_ROWS];
+#pragma unroll
+    for (int r = 0; r < QMV_ROWS; r++)
+        acc[r] = 0.0f;
     uint32_t p = lane & 7, g = p >> 1, off = 64 * g + 16 * (p & 1);
     for (uint32_t b = 4 * w + (lane >> 3); b < nb; b += 4 * S) {
         const float4 *xb = (const float4 *)(x + (uint64_t)b * 256 + off);
@@ -204,9 +228,9 @@ __global__ void k_qmv_q4_k(qmv_jobs P, uint64_t row_bytes, uint32_t nb,
             sh += xh[i].x + xh[i].y + xh[i].z + xh[i].w;
         }
 #pragma unroll
-        for (int r = 0; r < QMV_R; r++) {
-            if ((uint32_t)r < nr) {
-                const uint8_t *blk = W + (uint64_t)(r0 + r) * row_bytes + (uint64_t)b * 144;
+        for (int r = 0; r < QMV_ROWS; r++) {
+            if ((uint32_t)(r % QMV_R) < nr) {
+                const uint8_t *blk = QMV_W(r) + (uint64_t)QMV_ROW(r) * row_bytes + (uint64_t)b * 144;
                 uint4 head = *(const uint4 *)blk;
                 uint4 qv = *(const uint4 *)(blk + 16 + 32 * g + 16 * (p & 1));
                 float d = h2f_bits(head.x & 0xffff), dmin = h2f_bits(head.x >> 16);
@@ -234,20 +258,23 @@ __global__ void k_qmv_q4_k(qmv_jobs P, uint64_t row_bytes, uint32_t nb,
             }
         }
     }
-    qmv_finish<S>(acc, r0, nr, y);
+    qmv_finish<S, PAIR>(acc, r0, nr, y);
 }
 
 /* Q6_K: 210-byte blocks of 256 (128 bytes of low nibbles, 64 of high 2-bit pairs, 16 int8
  * scales, f16 d). A warp takes one block per step; per half n, lane l makes the values
  * 128n + l + {0, 32, 64, 96}. */
-template <int S>
+template <int S, int PAIR>
 __global__ void k_qmv_q6_k(qmv_jobs P, uint64_t row_bytes, uint32_t nb,
                            const float *x)
 {
     st_pdl_begin(); /* st_launch_cuda.cuh rule 1 */
     QMV_JOB(P);
     uint32_t lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    float acc[QMV_R] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float acc[QMV_ROWS];
+#pragma unroll
+    for (int r = 0; r < QMV_ROWS; r++)
+        acc[r] = 0.0f;
     uint32_t is = lane / 16;
     for (uint32_t b = w; b < nb; b += S) {
 #pragma unroll
@@ -255,9 +282,9 @@ __global__ void k_qmv_q6_k(qmv_jobs P, uint64_t row_bytes, uint32_t nb,
             const float *xb = x + (uint64_t)b * 256 + 128 * n + lane;
             float x0 = xb[0], x1 = xb[32], x2 = xb[64], x3 = xb[96];
 #pragma unroll
-            for (int r = 0; r < QMV_R; r++) {
-                if ((uint32_t)r < nr) {
-                    const uint8_t *blk = W + (uint64_t)(r0 + r) * row_bytes + (uint64_t)b * 210;
+            for (int r = 0; r < QMV_ROWS; r++) {
+                if ((uint32_t)(r % QMV_R) < nr) {
+                    const uint8_t *blk = QMV_W(r) + (uint64_t)QMV_ROW(r) * row_bytes + (uint64_t)b * 210;
                     const uint8_t *ql = blk + 64 * n, *qh = blk + 128 + 32 * n;
                     const int8_t *sc = (const int8_t *)(blk + 192) + 8 * n;
                     float d = h2f(blk + 208);
@@ -275,7 +302,7 @@ __global__ void k_qmv_q6_k(qmv_jobs P, uint64_t row_bytes, uint32_t nb,
             }
         }
     }
-    qmv_finish<S>(acc, r0, nr, y);
+    qmv_finish<S, PAIR>(acc, r0, nr, y);
 }
 
 /* Q8_0 weights against activations quantized as the CPU's integer path does (st_qdot_get:
@@ -304,7 +331,7 @@ __global__ void k_qmv_q8_0_i8(qmv_jobs P, uint64_t row_bytes, uint32_t nb, const
             }
         }
     }
-    qmv_finish<S>(acc, r0, nr, y);
+    qmv_finish<S, 0>(acc, r0, nr, y);
 }
 
 /* Every other type (invariant 5): a decoder of st_wtype_cuda.cuh per block, its values
@@ -399,6 +426,7 @@ extern "C" int st_cuda_qmv_i8(uint32_t wtype, const void *w, uint32_t rows, uint
                             "aligned, w 2-byte)");
     uint32_t nb = cols / 32;
     qmv_jobs P;
+    P.up = NULL;
     P.n = 1;
     P.w[0] = (const uint8_t *)w;
     P.y[0] = y;
@@ -458,17 +486,18 @@ static uint32_t own_warps(uint32_t wtype, uint32_t nb)
     return S;
 }
 
-#define OWN_LAUNCH(k)                                                                          \
+#define OWN_LAUNCH_P(k, PAIR)                                                                  \
     do {                                                                                       \
         if (S == 8)                                                                            \
-            (void)st_launch(k<8>, ctas, 32 * 8, 0, st, P, rb, nb, x);                          \
+            (void)st_launch(k<8, PAIR>, ctas, 32 * 8, 0, st, P, rb, nb, x);                    \
         else if (S == 4)                                                                       \
-            (void)st_launch(k<4>, ctas, 32 * 4, 0, st, P, rb, nb, x);                          \
+            (void)st_launch(k<4, PAIR>, ctas, 32 * 4, 0, st, P, rb, nb, x);                    \
         else if (S == 2)                                                                       \
-            (void)st_launch(k<2>, ctas, 32 * 2, 0, st, P, rb, nb, x);                          \
+            (void)st_launch(k<2, PAIR>, ctas, 32 * 2, 0, st, P, rb, nb, x);                    \
         else                                                                                   \
-            (void)st_launch(k<1>, ctas, 32, 0, st, P, rb, nb, x);                              \
+            (void)st_launch(k<1, PAIR>, ctas, 32, 0, st, P, rb, nb, x);                        \
     } while (0)
+#define OWN_LAUNCH(k) OWN_LAUNCH_P(k, 0)
 
 template <class D>
 static void gen_launch(uint32_t ctas, const qmv_jobs &P, uint64_t rb, uint32_t nb, uint32_t L,
@@ -501,6 +530,7 @@ extern "C" int st_cuda_qmv_n(uint32_t wtype, uint32_t cols, const st_cuda_qmv_jo
         L /= 2;
     uint32_t per_cta = kind == 1 ? QMV_R : kind == 2 ? QMV_GEN_WARPS : QMV_GEN_WARPS * (32 / L);
     qmv_jobs P;
+    P.up = NULL;
     P.n = n;
     P.start[0] = 0;
     for (uint32_t j = 0; j < n; j++) {
@@ -555,6 +585,57 @@ extern "C" int st_cuda_qmv_n(uint32_t wtype, uint32_t cols, const st_cuda_qmv_jo
     default: return st_error_set(ST_EINVAL, "cuda qmv: weight type %s", t->name);
     }
     return launched(t->name);
+}
+
+static uint64_t g_pair_runs; /* paired launches made by this process (tests) */
+
+extern "C" uint64_t st_cuda_qmv_swiglu_runs(void)
+{
+    return __atomic_load_n(&g_pair_runs, __ATOMIC_RELAXED);
+}
+
+extern "C" int st_cuda_qmv_swiglu_supported(uint32_t wtype)
+{
+    return wtype == ST_GGML_Q8_0 || wtype == ST_GGML_Q4_K || wtype == ST_GGML_Q6_K;
+}
+
+extern "C" int st_cuda_qmv_swiglu(uint32_t wtype, uint32_t rows, uint32_t cols, const void *gate,
+                                  const void *up, const float *x, float *y, void *stream)
+{
+    const st_wtype *t = st_wtype_get(wtype);
+    if (!t || !st_cuda_qmv_swiglu_supported(wtype))
+        return st_error_set(ST_EINVAL, "cuda qmv: no paired kernel for weight type %u (%s)", wtype,
+                            t ? t->name : "unknown");
+    if (!rows || !cols || cols % t->block)
+        return st_error_set(ST_EINVAL, "cuda qmv: %u x %u: the columns must be a positive "
+                            "multiple of %s's block of %u", rows, cols, t->name, t->block);
+    if (!gate || !up || !x || !y || ((uintptr_t)gate & 15) || ((uintptr_t)up & 15) ||
+        ((uintptr_t)x & 15))
+        return st_error_set(ST_EINVAL, "cuda qmv: NULL or misaligned operand of the paired "
+                            "product (weights and x 16-byte aligned)");
+    uint32_t nb = cols / t->block;
+    uint64_t rb = (uint64_t)nb * t->bytes, ctas64 = ((uint64_t)rows + QMV_R - 1) / QMV_R;
+    if (ctas64 > 0x7fffffffull)
+        return st_error_set(ST_EINVAL, "cuda qmv: %u rows: too many CTAs for one launch", rows);
+    qmv_jobs P;
+    P.up = (const uint8_t *)up;
+    P.n = 1;
+    P.w[0] = (const uint8_t *)gate;
+    P.y[0] = y;
+    P.rows[0] = rows;
+    P.start[0] = 0;
+    P.start[1] = (uint32_t)ctas64;
+    uint32_t ctas = P.start[1], S = own_warps(wtype, nb);
+    cudaStream_t st = (cudaStream_t)stream;
+    switch (wtype) {
+    case ST_GGML_Q8_0: OWN_LAUNCH_P(k_qmv_q8_0, 1); break;
+    case ST_GGML_Q4_K: OWN_LAUNCH_P(k_qmv_q4_k, 1); break;
+    default: OWN_LAUNCH_P(k_qmv_q6_k, 1); break;
+    }
+    int rc = launched(t->name);
+    if (!rc)
+        __atomic_add_fetch(&g_pair_runs, 1, __ATOMIC_RELAXED);
+    return rc;
 }
 
 extern "C" int st_cuda_qmv(uint32_t wtype, const void *w, uint32_t rows, uint32_t cols,

@@ -31,6 +31,7 @@
 
 #include "engine/engine_test.h"
 #include "st_engine_int.h"
+#include "st_ops_int.h"
 #include "st_wtype.h"
 #include "gpu_test.h"
 
@@ -82,6 +83,21 @@ static void widest_attention(st_model_hparams *hp)
     hp->head_dim = 256;
 }
 
+/* 4 and 8 query heads on each K/V head (llama-3's 4, Qwen3-Next's 8) */
+static void grouped4(st_model_hparams *hp)
+{
+    hp->n_head = 8;
+    hp->n_head_kv = 2;
+    hp->head_dim = 32;
+}
+
+static void grouped8(st_model_hparams *hp)
+{
+    hp->n_head = 8;
+    hp->n_head_kv = 1;
+    hp->head_dim = 32;
+}
+
 static const acase k_cases[] = {
     {"llama", "tiny", ST_GGML_F32, ST_DTYPE_F16, NULL},
     {"llama", "tiny-untied", ST_GGML_BF16, ST_DTYPE_I8, NULL},
@@ -112,6 +128,8 @@ static const acase k_cases[] = {
     {"qwen35", "tiny", ST_GGML_F32, ST_DTYPE_F16, huge_odd_heads},
     {"qwen35", "tiny", ST_GGML_F32, ST_DTYPE_F16, widest_attention},
     {"llama", "tiny-q", ST_GGML_Q4_K, ST_DTYPE_F16, wide_attention},
+    {"llama", "tiny-q", ST_GGML_Q8_0, ST_DTYPE_F16, grouped4},
+    {"llama", "tiny-q", ST_GGML_Q8_0, ST_DTYPE_F16, grouped8},
 };
 #define N_CASES (sizeof k_cases / sizeof k_cases[0])
 
@@ -192,16 +210,16 @@ static double rel_err(const float *ref, const float *x, uint32_t n)
 
 /* The prompt (three chunks) and N_DEC teacher-forced decodes on mc (CPU) and mg (GPU); the
  * largest relative error. */
-static double compare(const st_model *mc, const st_model *mg, uint32_t ubatch)
+static double compare_n(const st_model *mc, const st_model *mg, uint32_t ubatch, uint32_t n_prompt)
 {
     uint32_t V = st_model_hparams_get(mc)->n_vocab;
     st_engine *ec = engine(mc, "cpu", ubatch), *eg = engine(mg, "cuda", ubatch);
     st_slot *sc = NULL, *sg = NULL;
     ST_OK(st_slot_new(ec, &sc));
     ST_OK(st_slot_new(eg, &sg));
-    uint32_t *t = prompt(N_PROMPT, V, 3);
-    ST_OK(st_slot_eval(sc, t, N_PROMPT, 0, NULL));
-    ST_OK(st_slot_eval(sg, t, N_PROMPT, 0, NULL));
+    uint32_t *t = prompt(n_prompt, V, 3);
+    ST_OK(st_slot_eval(sc, t, n_prompt, 0, NULL));
+    ST_OK(st_slot_eval(sg, t, n_prompt, 0, NULL));
     double worst = rel_err(st_slot_logits(sc, NULL), st_slot_logits(sg, NULL), V);
     for (int i = 0; i < N_DEC; i++) {
         uint32_t tok = et_greedy(sc);
@@ -216,6 +234,42 @@ static double compare(const st_model *mc, const st_model *mg, uint32_t ubatch)
     st_engine_free(ec);
     st_engine_free(eg);
     return worst;
+}
+
+static double compare(const st_model *mc, const st_model *mg, uint32_t ubatch)
+{
+    return compare_n(mc, mg, ubatch, N_PROMPT);
+}
+
+/* Which attention kernels a case must have run (st_ops_cuda.cu invariants 9 and 10), from the
+ * process's launch counts before (b) and after (e) one comparison: one-token attention on
+ * k_attn_dec for f16 K/V of head_dim 8 x 2^k and 1, 2, 4 or 8 query heads a K/V head, else on
+ * k_attn; in the f16 mode the prompt's on k_attn_tc for f16 K/V of head_dim a multiple of 16
+ * (the H100 and H200 have the shared memory for every width the cases have). */
+static int ran_expected(const st_model_hparams *hp, int f32, const uint64_t *b, const uint64_t *e)
+{
+    uint32_t hd = hp->head_dim, C = hd / 8, G = hp->n_head_kv ? hp->n_head / hp->n_head_kv : 0;
+    int f16kv = hp->kv_dtype == ST_DTYPE_F16;
+    int dec = f16kv && hd % 8 == 0 && (C & (C - 1)) == 0 && (G == 1 || G == 2 || G == 4 || G == 8);
+    int tc = !f32 && f16kv && hd % 16 == 0;
+    int ok = 1;
+    if (dec && e[ST_CUDA_ATT_DEC] == b[ST_CUDA_ATT_DEC]) {
+        printf("  ^ one-token attention did not run on k_attn_dec\n");
+        ok = 0;
+    }
+    if (!dec && e[ST_CUDA_ATT_CORE] == b[ST_CUDA_ATT_CORE]) {
+        printf("  ^ one-token attention did not run on k_attn\n");
+        ok = 0;
+    }
+    if (tc && e[ST_CUDA_ATT_TC] == b[ST_CUDA_ATT_TC]) {
+        printf("  ^ the prompt's attention did not run on the tensor cores (k_attn_tc)\n");
+        ok = 0;
+    }
+    if (!tc && e[ST_CUDA_ATT_TC] != b[ST_CUDA_ATT_TC]) {
+        printf("  ^ the prompt's attention ran on the tensor cores where it must not\n");
+        ok = 0;
+    }
+    return ok;
 }
 
 static void test_agree(void **state)
@@ -233,7 +287,10 @@ static void test_agree(void **state)
             int f32 = run == 2;
             uint32_t ub = run == 1 ? N_PROMPT : UBATCH;
             setenv("STRATA_CUDA_PREFILL", f32 ? "f32" : "f16", 1);
+            uint64_t b[ST_CUDA_ATT_N], e[ST_CUDA_ATT_N];
+            st_ops_cuda_attention_runs(b);
             double r = compare(m, m, ub);
+            st_ops_cuda_attention_runs(e);
             unsetenv("STRATA_CUDA_PREFILL");
             double tol = f32 ? ARCH_TOL : ARCH_TOL_F16;
             printf("gpu-vs-cpu %-13s %-11s %-7s kv %-3s DeltaNet %3u x %3u, head %3u, prefill %s "
@@ -246,6 +303,8 @@ static void test_agree(void **state)
                 printf("  ^ beyond the tolerance %.1e\n", tol);
                 bad++;
             }
+            if (hp->n_head && !ran_expected(hp, f32, b, e))
+                bad++;
         }
         st_model_free(m);
     }
@@ -253,6 +312,30 @@ static void test_agree(void **state)
            worst[0], ARCH_TOL_F16, worst[1], ARCH_TOL);
     if (bad)
         fail_msg("%d of %zu comparisons beyond the tolerance", bad, 3 * N_CASES);
+}
+
+/* One-token attention whose splits take more than one tile of keys (k_attn_dec's tiles of 256,
+ * STRATA_CUDA_ATT_KEYS=280 after a prompt of 300 tokens: the first split 256 + 24 keys, the
+ * rescaled running sums between the tiles) agrees with the CPU, for heads of 64 and 256. */
+static void test_long_splits(void **state)
+{
+    (void)state;
+    const acase *cs[] = {&k_cases[2], &k_cases[27]};
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+        st_model *m = load_case(cs[i], 7);
+        setenv("STRATA_CUDA_ATT_KEYS", "280", 1);
+        uint64_t b[ST_CUDA_ATT_N], e[ST_CUDA_ATT_N];
+        st_ops_cuda_attention_runs(b);
+        double r = compare_n(m, m, UBATCH, 300);
+        st_ops_cuda_attention_runs(e);
+        unsetenv("STRATA_CUDA_ATT_KEYS");
+        printf("gpu-vs-cpu %-6s head %3u, splits of 280 keys after 300 tokens: max rel %.3e\n",
+               cs[i]->arch, st_model_hparams_get(m)->head_dim, r);
+        assert_true(e[ST_CUDA_ATT_DEC] > b[ST_CUDA_ATT_DEC]);
+        if (!(r <= ARCH_TOL_F16))
+            fail_msg("%s: %.3e beyond the tolerance %.1e", cs[i]->arch, r, ARCH_TOL_F16);
+        st_model_free(m);
+    }
 }
 
 /* The control: a model of another seed in the same shapes must not pass. */
@@ -331,6 +414,18 @@ static void test_graphs(void **state)
         st_engine_free(ed);
         st_model_free(m);
     }
+    /* splits of two tiles (k_attn_dec, STRATA_CUDA_ATT_KEYS=300) past the span boundary */
+    st_model *m = load_case(&k_cases[2], 13);
+    setenv("STRATA_CUDA_ATT_KEYS", "300", 1);
+    setenv("STRATA_CUDA_GRAPHS", "1", 1);
+    st_engine *eg = engine(m, "cuda", UBATCH);
+    unsetenv("STRATA_CUDA_GRAPHS");
+    st_engine *ed = engine(m, "cuda", UBATCH);
+    unsetenv("STRATA_CUDA_ATT_KEYS");
+    same_bits(m, eg, ed, 240, 19, 24);
+    st_engine_free(eg);
+    st_engine_free(ed);
+    st_model_free(m);
 }
 
 /* The logits of a prompt of n tokens (ubatch 37) and of `steps` decodes of the given tokens, on
@@ -394,6 +489,45 @@ static void test_pdl(void **state)
         free(on);
         free(off);
         free(g);
+        free(c);
+        free(t);
+        free(t2);
+        free(dec);
+        st_model_free(m);
+    }
+}
+
+/* The paired gate/up product with its swiglu in one launch (st_qmv_cuda.cu invariant 6) gives
+ * the bits of the two products and the swiglu kernel (STRATA_CUDA_QMV_PAIR=0), on Q4_K, Q6_K and
+ * Q8_0 feed-forward weights; the control: another prompt's logits differ. */
+static void test_pair(void **state)
+{
+    (void)state;
+    const acase *cs[] = {&k_cases[2], &k_cases[3], &k_cases[10]};
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+        st_model *m = load_case(cs[i], 41);
+        uint32_t V = st_model_hparams_get(m)->n_vocab;
+        const uint64_t n = 90;
+        const int steps = 10;
+        uint32_t *t = prompt(n, V, 43), *dec = prompt(steps, V, 47), *t2 = prompt(n, V, 53);
+        size_t bytes = (size_t)(steps + 1) * V * 4;
+        uint64_t h_on, h_off, h_c;
+        uint64_t r0 = st_cuda_qmv_swiglu_runs();
+        float *on = pdl_trace(m, NULL, NULL, n, t, dec, steps, &h_on);
+        uint64_t r1 = st_cuda_qmv_swiglu_runs();
+        setenv("STRATA_CUDA_QMV_PAIR", "0", 1);
+        float *off = pdl_trace(m, NULL, NULL, n, t, dec, steps, &h_off);
+        unsetenv("STRATA_CUDA_QMV_PAIR");
+        assert_true(r1 > r0);                            /* the paired kernel ran */
+        assert_true(st_cuda_qmv_swiglu_runs() == r1);    /* and not with it off */
+        float *c = pdl_trace(m, NULL, NULL, n, t2, dec, steps, &h_c);
+        assert_memory_equal(on, off, bytes);
+        assert_true(h_on == h_off);
+        assert_true(memcmp(on, c, (size_t)V * 4) != 0 && h_c != h_on);
+        printf("pair %-6s %-5s: %d decode steps, the paired product's bits are the separate ones\n",
+               cs[i]->arch, st_gguf_type_name(cs[i]->wtype), steps);
+        free(on);
+        free(off);
         free(c);
         free(t);
         free(t2);
@@ -471,10 +605,12 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_agree),
+        cmocka_unit_test(test_long_splits),
         cmocka_unit_test(test_control),
         cmocka_unit_test(test_deterministic),
         cmocka_unit_test(test_graphs),
         cmocka_unit_test(test_pdl),
+        cmocka_unit_test(test_pair),
         cmocka_unit_test(test_across),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
