@@ -1699,7 +1699,7 @@ static void oc_attention(void *ocp, const st_kv_view *kv, const float *q, uint32
                          float *out, uint32_t ldo, uint32_t n_head, uint64_t pos0, uint32_t T)
 {
     st_ops_cuda *oc = (st_ops_cuda *)ocp;
-    oc_attn a;
+    oc_attn a = {}; /* every field set below; zeroed for gcc -O3 -Wmaybe-uninitialized */
     if (oc->err || !T || kv_of(oc, kv, &a.g))
         return;
     if (!n_head || !a.g.nkv || n_head % a.g.nkv)
