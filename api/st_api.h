@@ -112,6 +112,11 @@ typedef struct st_api_config {
     uint32_t tier_ttl_s;         /* the tier forgets a conversation not saved for this long
                                     (default 604800: 7 days; 0: never) */
 
+    /* the prefix index (issue 15 section 2; docs/SCALE.md, "The prefix index") */
+    uint64_t prefix_budget_bytes; /* logical bytes of the points kept; 0 (default): no index */
+    uint32_t prefix_max_entries; /* points kept at most (default 4096) */
+    uint32_t prefix_min_tokens;  /* the shallowest point recorded or looked up (default 256) */
+
     int handle_signals;          /* 1: SIGTERM / SIGINT stop the server gracefully (default 1) */
     int log_requests;            /* 1: one line per request on stderr */
 } st_api_config;

@@ -211,6 +211,7 @@ typedef struct st_metrics {
     st_store_stats store;
     int store_ok;
     struct st_tiernode *tier; /* the shared tier's node (st_tiernode.h), or NULL: no tier */
+    struct st_conv *manager;  /* the conversation manager (its prefix index), or NULL */
 } st_metrics;
 extern const double st_metrics_bucket_ms[ST_METRICS_BUCKETS];
 void st_metrics_init(st_metrics *m);

@@ -66,6 +66,13 @@
  *    the request reads it; a lease lost during a request (not renewed in time, taken by another
  *    node) drops the live copy when the request ends. Every SAVE is sent to the tier after the
  *    local commit (st_tiernode_saved: it never fails the SAVE).
+ * 10. With the prefix index (cv->prefix, st_prefix.h): a completion whose conversation holds
+ *    nothing (a new id, a session never saved) resumes from the deepest point of the index its
+ *    prompt shares (found "index"), before it reads; one whose read began at 0 or at that point
+ *    (so that every position below is a full read's, in a full read's chunks) records its points
+ *    when it ends, the slot still bound. A resumed read continues at a chunk end of a full read,
+ *    so the tokens are a full read's. For a recurrent model the engine takes a checkpoint at
+ *    every multiple of ubatch (--prompt-cache-every, unless given), where those points lie.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -79,6 +86,7 @@
 #include <unistd.h>
 
 #include "st_conv.h"
+#include "st_prefix.h"
 #include "st_tiernode.h"
 #include "st_engine.h"
 #include "st_file.h"
@@ -156,6 +164,7 @@ struct st_conv {
     sidx_entry sidx[SIDX_MAX];     /* the store index (invariant 8) */
     uint64_t sidx_tokens;
     int kv_only;                   /* every layer keeps K/V: a conversation cuts at any position */
+    st_prefix *prefix;             /* the prefix index (invariant 10); NULL: off */
     _Atomic uint64_t disk_toks;    /* tokens in the disk entries' copies, at most DISK_TOKENS */
 };
 
@@ -1221,6 +1230,7 @@ int st_conv_generate(st_conv *cv, st_conv_gen *g)
     g->n_held = held;
     if (toks) {
         n = g->n_whole;
+        system_end = g->system_end <= n ? g->system_end : 0;
         splice_held(vocab, st_slot_tokens(s), held, toks, n, &own, &n, &g->spliced);
         if (own)
             toks = own;
@@ -1233,6 +1243,15 @@ int st_conv_generate(st_conv *cv, st_conv_gen *g)
         g->code = "invalid_field";
         ret = st_error_set(ST_EINVAL, "the prompt is empty");
         goto done;
+    }
+    uint64_t idx_at = 0;
+    if (cv->prefix && held == 0 && n + g->n_predict <= cv->n_ctx) {
+        /* a conversation that holds nothing resumes from the prefix index (invariant 10) */
+        double ts = st_conv_now_ms();
+        st_prefix_resume(cv->prefix, s, toks, n, system_end, &idx_at);
+        g->search_ms += st_conv_now_ms() - ts;
+        if (idx_at)
+            g->found = "index";
     }
     if (n + g->n_predict > cv->n_ctx) {
         g->code = "context_full";
@@ -1290,6 +1309,8 @@ int st_conv_generate(st_conv *cv, st_conv_gen *g)
         }
     }
     double t2 = st_conv_now_ms();
+    if (cv->prefix && es.computed && (es.reused == 0 || es.reused == idx_at))
+        st_prefix_record(cv->prefix, s, n, system_end, es.reused); /* invariant 10 */
     g->prompt_ms = t1 - t0;
     g->decode_ms = t2 - t1;
     g->resumed = es.reused;
@@ -1325,6 +1346,14 @@ void st_conv_xcache(st_conv *cv, st_engine_xcache *out)
 {
     if (st_engine_xcache_get(cv->engine, out))
         memset(out, 0, sizeof *out);
+}
+
+int st_conv_prefix_stats(st_conv *cv, st_prefix_stats *out)
+{
+    if (!cv->prefix)
+        return 0;
+    st_prefix_stats_get(cv->prefix, out);
+    return 1;
 }
 
 const char *st_conv_model_name(st_conv *cv)
@@ -1960,6 +1989,10 @@ int st_conv_new(const st_conv_env *ce, st_conv **out)
         eo.prompt_cache = cfg->prompt_cache;
     eo.prompt_cache_every = cfg->prompt_cache_every;
     eo.prompt_cache_root = cfg->prompt_cache_root;
+    /* the prefix index's points are chunk ends where the slot holds a state: for a recurrent
+     * model, checkpoints at every multiple of ubatch (invariant 10) */
+    if (cfg->prefix_budget_bytes && !eo.prompt_cache_every)
+        eo.prompt_cache_every = eo.ubatch;
     eo.expert_cache_bytes = cfg->expert_cache_bytes;
     if ((rc = st_engine_new(cv->model, &eo, &cv->engine)))
         goto fail;
@@ -1984,6 +2017,21 @@ int st_conv_new(const st_conv_env *ce, st_conv **out)
             cv->kv_only = 0;
     if ((rc = load_spilled(cv)))
         goto fail;
+    if (cfg->prefix_budget_bytes) {
+        st_prefix_opts po;
+        st_prefix_opts_default(&po);
+        po.budget_bytes = cfg->prefix_budget_bytes;
+        if (cfg->prefix_max_entries)
+            po.max_entries = cfg->prefix_max_entries;
+        if (cfg->prefix_min_tokens)
+            po.min_tokens = cfg->prefix_min_tokens;
+        if ((rc = st_prefix_new(&po, cv->engine, geo, cv->store, ce->tier, &cv->prefix))) {
+            char d[600];
+            snprintf(d, sizeof d, "%s", st_errdetail());
+            rc = st_error_set(rc, "the prefix index: %s", d);
+            goto fail;
+        }
+    }
     images_warm(cv);
     cv->m->slots_total = cv->n_slots;
     cv->m->pool_limit_bytes = cv->ram_limit;
@@ -1999,6 +2047,7 @@ void st_conv_free(st_conv *cv)
 {
     if (!cv)
         return;
+    st_prefix_free(cv->prefix);
     while (cv->head) {
         pentry *p = cv->head;
         park_remove_locked(cv, p);

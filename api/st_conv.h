@@ -100,6 +100,9 @@ const st_chat_template *st_conv_chat(st_conv *cv);
 uint32_t st_conv_n_ctx(st_conv *cv);
 uint32_t st_conv_n_vocab(st_conv *cv);
 const char *st_conv_model_name(st_conv *cv); /* general.name, else the file's name */
+/* The prefix index's figures (st_prefix.h) into *out: 1, or 0 when the index is off. */
+struct st_prefix_stats;
+int st_conv_prefix_stats(st_conv *cv, struct st_prefix_stats *out);
 /* The engine's weight-conversion cache figures (st_engine_wcache_get: never waits for the
  * engine's computation, so the loop may call it). */
 void st_conv_wcache(st_conv *cv, st_engine_wcache *out);
@@ -129,6 +132,7 @@ typedef struct st_conv_gen {
     const char *session;
     const uint32_t *whole;
     uint64_t n_whole;
+    uint64_t system_end; /* with whole: where its system prompt ends (0: none) */
     int anon_reuse;
     /* the tokens to read (*toks malloc'd) from those held: 0, or -1 (its error recorded) */
     int (*build)(void *arg, const uint32_t *held, uint64_t n_held, uint32_t **toks, uint64_t *n,
@@ -143,7 +147,8 @@ typedef struct st_conv_gen {
     const _Atomic int *cancel; /* set by another thread when the client went away; NULL: never */
     /* out */
     char id[ST_API_ID_MAX + 1];
-    const char *found;  /* "slot", "ram", "disk", "store", "new" */
+    const char *found;  /* "slot", "ram", "disk", "store", "tier", "index" (the prefix index:
+                         * resumed at `resumed`), "new" */
     const char *stop;   /* "length", "eos", "stop" */
     uint64_t n_held, n_prompt, n_tokens, n_gen, resumed, computed;
     uint64_t spliced;   /* held tokens read in place of the prompt's own (g->whole: see above) */

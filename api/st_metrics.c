@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "st_api_int.h"
+#include "st_prefix.h"
 #include "st_tiernode.h"
 
 const double st_metrics_bucket_ms[ST_METRICS_BUCKETS] = {0.5, 1,   2.5,  5,    10,   25,   50,  100,
@@ -262,6 +263,25 @@ void st_metrics_render(st_metrics *m, struct evbuffer *o, const st_http_stats *h
                 "the conversation's lease.", ts.leases_refused);
         counter(o, "strata_tier_leases_lost_total", "Leases whose renewal the tier refused (the "
                 "live copy dropped).", ts.leases_lost);
+    }
+    st_prefix_stats px;
+    if (m->manager && st_conv_prefix_stats(m->manager, &px)) { /* --prefix-index-mib (docs/SCALE.md) */
+        gauge(o, "strata_prefix_entries", "Points the prefix index holds.", (double)px.entries);
+        gauge(o, "strata_prefix_bytes", "Logical bytes of those points' images.", (double)px.bytes);
+        counter(o, "strata_prefix_lookups_total", "Conversations holding nothing that looked in "
+                "the prefix index.", px.lookups);
+        counter(o, "strata_prefix_hits_total", "Of those, resumed from a point.", px.hits);
+        counter(o, "strata_prefix_hit_tokens_total", "Prompt tokens those resumes did not read.",
+                px.hit_tokens);
+        counter(o, "strata_prefix_tier_hits_total", "Resumes whose point came from the shared "
+                "tier.", px.tier_hits);
+        counter(o, "strata_prefix_records_total", "Points recorded.", px.records);
+        counter(o, "strata_prefix_record_bytes_total", "Logical bytes of those points.",
+                px.record_bytes);
+        counter(o, "strata_prefix_evictions_total", "Points deleted to fit the budget.",
+                px.evictions);
+        counter(o, "strata_prefix_errors_total", "Index operations that failed (logged).",
+                px.errors);
     }
     pthread_mutex_lock(&m->store_mu);
     st_store_stats ss = m->store;

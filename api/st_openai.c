@@ -443,7 +443,9 @@ oom:
 
 
 /* The chat's prompt: messages rendered by the model's template with add_generation_prompt. */
-static char *render_chat(st_api_call *c, size_t *len)
+/* The chat template over the request's messages (the first `upto` of them, without the
+ * generation prompt, when upto is not SIZE_MAX: the system prompt's part). */
+static char *render_chat(st_api_call *c, size_t *len, size_t upto)
 {
     st_conv *cv = st_api_conv(c->srv);
     json_t *msgs = json_object_get(c->body, "messages");
@@ -467,7 +469,7 @@ static char *render_chat(st_api_call *c, size_t *len)
     }
     json_t *vars = json_object(), *m2 = json_array();
     json_object_set_new(vars, "messages", m2);
-    for (size_t i = 0; i < json_array_size(msgs); i++) {
+    for (size_t i = 0; i < json_array_size(msgs) && i < upto; i++) {
         json_t *m = json_array_get(msgs, i), *content = json_object_get(m, "content");
         char param[40];
         snprintf(param, sizeof param, "messages[%zu]", i);
@@ -503,7 +505,7 @@ static char *render_chat(st_api_call *c, size_t *len)
         }
         json_array_append_new(m2, copy);
     }
-    json_object_set_new(vars, "add_generation_prompt", json_true());
+    json_object_set_new(vars, "add_generation_prompt", json_boolean(upto == SIZE_MAX));
     json_t *tools = json_object_get(c->body, "tools");
     if (tools && !json_is_null(tools))
         json_object_set(vars, "tools", tools);
@@ -512,6 +514,8 @@ static char *render_chat(st_api_call *c, size_t *len)
     char *out = NULL;
     int rc = st_chat_template_render(st_conv_chat(cv), vars, &out, len);
     json_decref(vars);
+    if (rc && upto != SIZE_MAX) /* the system part alone (a template may refuse it): none */
+        return NULL;
     if (rc) {
         char msg[900];
         snprintf(msg, sizeof msg, "the chat template: %s", st_errdetail());
@@ -534,19 +538,48 @@ static int prompt_tokens(st_conv *cv, const char *text, size_t len, uint32_t **t
     return rc;
 }
 
+/* Where the system prompt of a chat ends in its tokens toks[0..n) (0: none): the leading system
+ * messages rendered alone, tokenized, as far as those tokens begin toks. The conversation takes
+ * a root checkpoint there (--prompt-cache-root) and the prefix index a point (st_prefix.h). */
+static uint64_t chat_system_end(st_api_call *c, const uint32_t *toks, uint64_t n)
+{
+    json_t *msgs = json_object_get(c->body, "messages");
+    size_t k = 0;
+    while (k < json_array_size(msgs)) {
+        const char *role = json_string_value(json_object_get(json_array_get(msgs, k), "role"));
+        if (!role || strcmp(role, "system"))
+            break;
+        k++;
+    }
+    if (k == 0 || k == json_array_size(msgs))
+        return 0;
+    size_t len = 0;
+    char *text = render_chat(c, &len, k);
+    uint32_t *st = NULL;
+    uint64_t ns = 0, m = 0;
+    if (text && !prompt_tokens(st_api_conv(c->srv), text, len, &st, &ns))
+        while (m < ns && m < n && st[m] == toks[m])
+            m++;
+    free(text);
+    free(st);
+    return m;
+}
+
 static void oa_run(st_api_call *c, oa_req *q)
 {
     st_conv *cv = st_api_conv(c->srv);
     const st_api_config *cfg = st_api_cfg(c->srv);
     uint32_t *toks = NULL;
-    uint64_t n = 0;
+    uint64_t n = 0, system_end = 0;
     char *prompt = NULL;
     size_t plen = 0;
     int rc;
     if (q->chat) {
-        if (!(prompt = render_chat(c, &plen)))
+        if (!(prompt = render_chat(c, &plen, SIZE_MAX)))
             return;
         rc = prompt_tokens(cv, prompt, plen, &toks, &n);
+        if (!rc)
+            system_end = chat_system_end(c, toks, n);
     } else {
         json_t *p = json_object_get(c->body, "prompt");
         json_t *echo = json_object_get(c->body, "echo"), *bo = json_object_get(c->body, "best_of");
@@ -611,6 +644,7 @@ static void oa_run(st_api_call *c, oa_req *q)
 
     oa_gen o = {.c = c, .q = q, .vocab = st_conv_vocab(cv), .model = st_conv_model_name(cv)};
     st_conv_gen g = {.session = q->has_sid ? q->sid : NULL, .whole = toks, .n_whole = n,
+                     .system_end = system_end,
                      .anon_reuse = !q->has_sid, .token = oa_token, .arg = &o,
                      .n_predict = n_predict, .seed = q->seed, .ignore_eos = q->ignore_eos};
     g.sp.temp = (float)q->temp;

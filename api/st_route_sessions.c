@@ -18,6 +18,7 @@
 #include <time.h>
 
 #include "st_api_int.h"
+#include "st_prefix.h"
 #include "st_store.h"
 
 /* ---- store routes (workers) --------------------------------------------------------------- */
@@ -205,7 +206,8 @@ void st_api_h_sessions_list(st_api_call *c)
         if (got)
             snprintf(pos, sizeof pos, "%s", arr[have + got - 1].id);
         for (size_t i = have, end = have + got; i < end; i++)
-            if (strncmp(arr[i].id, ST_API_PARK_PREFIX, strlen(ST_API_PARK_PREFIX)))
+            if (strncmp(arr[i].id, ST_API_PARK_PREFIX, strlen(ST_API_PARK_PREFIX)) &&
+                strncmp(arr[i].id, ST_PREFIX_ID_PREFIX, strlen(ST_PREFIX_ID_PREFIX)))
                 arr[have++] = arr[i];
     }
     if (s->conv) {

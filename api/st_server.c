@@ -210,6 +210,8 @@ void st_api_config_default(st_api_config *c)
     c->tier_pending_max = 1024;
     c->tier_lease_ms = 10000;
     c->tier_ttl_s = 604800;
+    c->prefix_max_entries = 4096;
+    c->prefix_min_tokens = 256;
     c->handle_signals = 1;
 }
 
@@ -845,6 +847,7 @@ int st_api_server_new(const st_api_config *cfg, st_api_server **out)
                                     .tier = s->tier};
         if ((rc = st_conv_new(&s->conv_env, &s->conv)))
             goto fail;
+        s->metrics.manager = s->conv;
     }
     st_http_limits lim = {
         .max_connections = cfg->max_connections,

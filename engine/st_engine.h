@@ -507,10 +507,19 @@ int st_slot_state_hash(const st_slot *s, uint32_t codec, uint64_t *out);
 #define ST_SNAPSHOT_SESSION 0
 #define ST_SNAPSHOT_PARK 1
 int st_slot_snapshot(st_slot *s, int mode, uint32_t codec, st_image **out);
+/* A prefix image of the conversation for the prefix index (docs/SCALE.md, "The prefix index"):
+ * tokens[0..p) and K/V rows [0, p) with the running state after them as the one checkpoint (in
+ * codec), taken from the checkpoint held at p, or for a model whose only running tensor is the
+ * position (llama, qwen3) made at any p, or the live state when p is n_tokens. It has no logits:
+ * a slot restored from it holds the prefix without them, so the next st_slot_eval reads from p
+ * (at least one token). ST_ENOTFOUND when the slot holds no running state at p, ST_EINVAL for p
+ * outside [1, n_tokens]. The slot is not changed. */
+int st_slot_snapshot_prefix(st_slot *s, uint64_t p, uint32_t codec, st_image **out);
 /* Restore: the model fingerprint and the geometry are compared first (ST_EMODEL /
  * ST_EGEOMETRY, the detail naming the difference), then the image is checked and loaded into
  * fresh buffers, the state hash is verified (ST_ECORRUPT), and only then swapped in. On any error
- * the slot is exactly as it was. */
+ * the slot is exactly as it was. An image without logits (st_slot_snapshot_prefix) leaves the
+ * slot holding its tokens without logits. */
 int st_slot_restore(st_slot *s, const st_image *img);
 /* The same for an image the caller frees next (a session file LOAD, a store RESTORE): the
  * restore may keep the image's fp32 checkpoint blocks as the slot's running state and

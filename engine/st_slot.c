@@ -868,6 +868,84 @@ done:
     return rc;
 }
 
+/* A prefix of the conversation (st_engine.h): tokens and K/V rows [0, p) and the running state
+ * after them (a held checkpoint at p, the position alone for a K/V-only model, or the live state
+ * at p == n_tokens), without logits, through the plain (non-bulk) path. */
+int st_slot_snapshot_prefix(st_slot *s, uint64_t p, uint32_t codec, st_image **out)
+{
+    st_engine *e = s->e;
+    st_image *img = NULL;
+    void *scratch = NULL;
+    uint64_t h = 0;
+    int rc;
+    *out = NULL;
+    if ((rc = st_codec_check(codec)))
+        return rc;
+    pthread_mutex_lock(&e->lock);
+    int64_t kv_pos = kv_only_pos(e), ck = -1;
+    for (uint32_t i = 0; i < s->n_ck; i++)
+        if (s->ck[i].e.position == p)
+            ck = i;
+    if (p == 0 || p > s->n_tokens) {
+        rc = st_error_set(ST_EINVAL, "prefix snapshot: position %llu outside the %llu tokens held",
+                          (unsigned long long)p, (unsigned long long)s->n_tokens);
+        goto done;
+    }
+    if (ck < 0 && kv_pos < 0 && p != s->n_tokens) {
+        rc = st_error_set(ST_ENOTFOUND, "prefix snapshot: no running state held at position %llu "
+                          "(no checkpoint there)", (unsigned long long)p);
+        goto done;
+    }
+    if (!(scratch = malloc(SCRATCH_BYTES))) {
+        rc = st_error_set(ENOMEM, "prefix snapshot: scratch");
+        goto done;
+    }
+    if ((rc = st_image_create(&img, &e->geom)) || (rc = st_image_tokens_set(img, s->tokens, p)))
+        goto done;
+    for (uint32_t ti = 0; ti < e->geom.n_tensors; ti++) {
+        if (e->geom.tensors[ti].role != ST_ROLE_KV)
+            continue;
+        uint64_t len = 0;
+        void *dst = st_image_kv(img, ti, &len);
+        if (len != p * st_tensor_row_bytes(&e->geom.tensors[ti])) {
+            rc = st_error_set(ST_EINVAL, "prefix snapshot: K/V tensor %s: image holds %llu bytes",
+                              e->geom.tensors[ti].name, (unsigned long long)len);
+            goto done;
+        }
+        if ((rc = e->be->kv_read(e->bctx, s->st, ti, 0, p, dst)))
+            goto done;
+    }
+    if (ck >= 0) {
+        rc = add_held_ckpt(e, img, p, &s->ck[ck], codec);
+    } else if (p == s->n_tokens) {
+        rc = add_live_ckpt(e, img, p, s->st, codec, scratch);
+    } else { /* K/V only: the running state is the position */
+        uint32_t ci;
+        uint64_t len = 0;
+        int64_t v = (int64_t)p;
+        if (!(rc = st_image_checkpoint_add(img, p, codec, &ci))) {
+            void *dst = st_image_checkpoint_tensor(img, ci, (uint32_t)kv_pos, &len);
+            if (!dst || len != sizeof v)
+                rc = st_error_set(ST_EINVAL, "prefix snapshot: the position tensor holds %llu "
+                                  "bytes", (unsigned long long)len);
+            else
+                memcpy(dst, &v, sizeof v);
+        }
+    }
+    if (rc || (rc = image_hash(e, img, &h)))
+        goto done;
+    st_image_state_hash_set(img, h);
+    if ((rc = st_image_check(img)))
+        goto done;
+    *out = img;
+    img = NULL;
+done:
+    pthread_mutex_unlock(&e->lock);
+    st_image_free(img);
+    free(scratch);
+    return rc;
+}
+
 /* ---- restore ---------------------------------------------------------------------------------- */
 /* Checkpoint ci of img, widened to f32, into checkpoint ck's block, on the engine's pool; with
  * check_only, only the position tensor is checked (the block is taken as it is later:
@@ -1019,9 +1097,10 @@ static int restore(st_slot *s, const st_image *img, st_image *mut)
     const uint32_t *tokens = st_image_tokens(img);
     uint32_t nl = 0;
     const float *logits = st_image_logits(img, &nl);
-    if (n == 0 || !logits || nl != e->m->hp.n_vocab)
+    if (n == 0 || (nl && (!logits || nl != e->m->hp.n_vocab)))
         return st_error_set(ST_ECORRUPT, "restore: the image holds %llu tokens and %u logits "
-                            "(need >= 1 and %u)", (unsigned long long)n, nl, e->m->hp.n_vocab);
+                            "(need >= 1 and %u, or none for a prefix)", (unsigned long long)n, nl,
+                            e->m->hp.n_vocab);
     for (uint64_t i = 0; i < n; i++)
         if (tokens[i] >= e->m->hp.n_vocab)
             return st_error_set(ST_ECORRUPT, "restore: token %llu is %u, outside the vocabulary",
@@ -1149,8 +1228,9 @@ static int restore(st_slot *s, const st_image *img, st_image *mut)
         s->ck[i].e.created = s->ck[i].e.last_used = ++s->tick;
     memcpy(s->tokens, tokens, n * sizeof *tokens);
     s->n_tokens = n;
-    memcpy(s->logits, logits, (size_t)nl * sizeof *logits);
-    s->has_logits = 1;
+    if (nl)
+        memcpy(s->logits, logits, (size_t)nl * sizeof *logits);
+    s->has_logits = nl != 0; /* a prefix image (st_slot_snapshot_prefix) has none */
 done:
     /* a state that failed to load is not kept (a backend may hold an error in it); checkpoint
      * buffers are plain memory, every byte of which their next use overwrites */

@@ -68,6 +68,15 @@ static void usage(FILE *f)
             "  --tier-ttl-s N                the tier forgets a conversation not saved for N s: its\n"
             "                                head, manifests and the pieces no newer one names\n"
             "                                (default 604800: 7 days; 0: never)\n"
+            "Prefix index (docs/SCALE.md, \"The prefix index\"):\n"
+            "  --prefix-index-mib N          keep up to N MiB of prompt points in the store (and\n"
+            "                                the tier): a new conversation sharing a prompt's\n"
+            "                                first tokens resumes there, after restarts and on\n"
+            "                                other nodes (default 0: off); recurrent models then\n"
+            "                                checkpoint every --ubatch tokens unless\n"
+            "                                --prompt-cache-every is given\n"
+            "  --prefix-max-entries N        points kept at most (default 4096)\n"
+            "  --prefix-min-tokens N         the shallowest point recorded (default 256)\n"
             "Limits (every limit is at least 1; none is unlimited):\n"
             "  --workers N                   worker threads, 1..256 (default 8)\n"
             "  --max-connections N           open connections (default 256); at the cap a new one\n"
@@ -237,6 +246,9 @@ int main(int argc, char **argv)
         NUM("--tier-pending-max", 1u << 20, c.tier_pending_max, 1)
         NUM("--tier-lease-ms", 3600000, c.tier_lease_ms, 1)
         NUM("--tier-ttl-s", 0x7fffffff, c.tier_ttl_s, 1)
+        NUM("--prefix-index-mib", 1ull << 30, c.prefix_budget_bytes, MIB)
+        NUM("--prefix-max-entries", 1u << 24, c.prefix_max_entries, 1)
+        NUM("--prefix-min-tokens", 1u << 24, c.prefix_min_tokens, 1)
         NUM("--max-connections", 1u << 20, c.max_connections, 1)
         NUM("--max-connections-per-peer", 1u << 20, c.max_connections_per_peer, 1)
         NUM("--max-header-bytes", 1u << 20, c.max_header_bytes, 1)

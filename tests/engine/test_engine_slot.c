@@ -1147,6 +1147,94 @@ static void kv_cut_case(const char *arch, const char *preset, int kv_only)
     rig_close(&fresh);
 }
 
+/* st_slot_snapshot_prefix (the prefix index's points): a prefix image at a chunk end p, restored
+ * into another engine's slot and read on from p, gives the logits, tokens and state hash of a
+ * full read of the same prompt; without logits the slot takes no snapshot; refusals: p outside
+ * the conversation, and a recurrent model with no checkpoint at p (a K/V-only one cuts anywhere). */
+static void rig_reset_eval(rig *r, const uint32_t *t, uint64_t n)
+{
+    st_eval_stats es;
+    st_slot_reset(r->s);
+    assert_int_equal(st_slot_eval(r->s, t, n, 0, &es), 0);
+}
+
+static void prefix_case(const char *arch, const char *preset, int kv_only)
+{
+    char path[4400];
+    st_model_hparams hp;
+    assert_int_equal(st_model_preset_arch(arch, preset, &hp), 0);
+    snprintf(path, sizeof path, "%s/pfx-%s-%s.gguf", g_dir, arch, preset);
+    assert_int_equal(st_model_write_seeded(&hp, 5, arch, path), 0);
+    uint32_t *c = et_prompt(100, 11), g1[12], g2[12];
+    st_engine_opts o = opts(2);
+    o.ubatch = 16;
+    o.prompt_cache_every = 16;
+    rig a, b, full;
+    rig_open(&a, path, &o);
+    rig_open(&b, path, &o);
+    rig_open(&full, path, &o);
+    st_eval_stats es;
+    assert_int_equal(st_slot_eval(a.s, c, 70, 0, &es), 0);
+    gen(a.s, 4, g1, 0.0f); /* decoded tokens after the prompt do not change rows below 64 */
+    st_image *img = NULL;
+    assert_int_equal(st_slot_snapshot_prefix(a.s, 0, ST_CODEC_FP32, &img), ST_EINVAL);
+    assert_int_equal(st_slot_snapshot_prefix(a.s, 75, ST_CODEC_FP32, &img), ST_EINVAL);
+    /* 40: no checkpoint (every 16: 16, 32, 48, 64) */
+    assert_int_equal(st_slot_snapshot_prefix(a.s, 40, ST_CODEC_FP32, &img), kv_only ? 0 : ST_ENOTFOUND);
+    st_image_free(img);
+    img = NULL;
+    assert_int_equal(st_slot_snapshot_prefix(a.s, 64, ST_CODEC_FP32, &img), 0);
+    assert_int_equal(st_image_n_tokens(img), 64);
+    uint32_t nl = 7;
+    assert_null(st_image_logits(img, &nl));
+    assert_int_equal(nl, 0);
+    assert_int_equal(st_slot_restore(b.s, img), 0);
+    assert_int_equal(st_slot_n_tokens(b.s), 64);
+    assert_null(st_slot_logits(b.s, NULL));
+    st_image *none = NULL;
+    assert_int_equal(st_slot_snapshot(b.s, ST_SNAPSHOT_SESSION, ST_CODEC_FP32, &none), ST_EINVAL);
+    assert_int_equal(st_slot_eval(b.s, c, 100, 0, &es), 0);
+    assert_int_equal(es.reused, 64);
+    assert_int_equal(st_slot_eval(full.s, c, 100, 0, &es), 0);
+    assert_int_equal(es.reused, 0);
+    uint32_t na, nb;
+    const float *la = st_slot_logits(b.s, &na), *lb = st_slot_logits(full.s, &nb);
+    assert_int_equal(na, nb);
+    assert_memory_equal(la, lb, na * sizeof *la);
+    uint64_t ha = 0, hb = 0;
+    assert_int_equal(st_slot_state_hash(b.s, ST_CODEC_FP32, &ha), 0);
+    assert_int_equal(st_slot_state_hash(full.s, ST_CODEC_FP32, &hb), 0);
+    assert_true(ha == hb);
+    gen(b.s, 12, g1, 0.0f);
+    gen(full.s, 12, g2, 0.0f);
+    assert_memory_equal(g1, g2, sizeof g1);
+    /* negative control: the prefix of another prompt, read on, is not the full read */
+    uint32_t *d = et_prompt(100, 12);
+    memcpy(d + 64, c + 64, 36 * sizeof *d);
+    rig_reset_eval(&a, d, 70);
+    st_image *other = NULL;
+    assert_int_equal(st_slot_snapshot_prefix(a.s, 64, ST_CODEC_FP32, &other), 0);
+    assert_int_equal(st_slot_restore(b.s, other), 0);
+    assert_int_equal(st_slot_eval(b.s, d, 100, 0, &es), 0);
+    la = st_slot_logits(b.s, &na);
+    assert_true(memcmp(la, lb, na * sizeof *la) != 0);
+    st_image_free(other);
+    st_image_free(img);
+    free(c);
+    free(d);
+    rig_close(&a);
+    rig_close(&b);
+    rig_close(&full);
+}
+
+static void test_snapshot_prefix(void **state)
+{
+    (void)state;
+    prefix_case("llama", "tiny-untied", 1);
+    prefix_case("qwen35", "qwen35-tiny", 0);
+    prefix_case("strata-hybrid", "tiny", 0);
+}
+
 static void test_kv_only_cut(void **state)
 {
     (void)state;
@@ -1313,6 +1401,7 @@ int main(void)
         cmocka_unit_test(test_state_hash_codecs),
         cmocka_unit_test(test_state_hash_threads),
         cmocka_unit_test(test_kv_only_cut),
+        cmocka_unit_test(test_snapshot_prefix),
         cmocka_unit_test(test_bulk_bit_flips),
         cmocka_unit_test(test_image_cache_reuse),
         cmocka_unit_test(test_restore_into_spares),

@@ -20,6 +20,9 @@
  *   saves (no request fails, every SAVE "sent"), then a master killed with SIGKILL and started
  *   again as a replica: no request fails, the SAVEs made meanwhile answer "pending" and reach
  *   the tier, and every conversation's last acknowledged SAVE restores on B.
+ * - the prefix index across nodes (test_prefix_across_nodes): a new chat on B sharing a long
+ *   system prompt first read on A resumes from A's point through the tier, with a full read's
+ *   tokens; B restarted resumes from its own store; another system prompt finds nothing.
  * Labels cluster and integration (in make test).
  */
 #include <pthread.h>
@@ -313,6 +316,75 @@ static void test_cluster_changes(void **state)
     assert_int_equal(st_hc_server_stop(&b, SIGTERM), 0);
 }
 
+/* The prefix index across nodes (section 2): a long system prompt first read on A; a new chat on
+ * B with that system prompt and another question resumes from A's point, fetched from the tier
+ * (found "index", counted as a tier hit), with the tokens of a full read on a node without the
+ * index; B restarted (SIGKILL) resumes from it again, now from its own store. The negative
+ * control: another system prompt finds nothing. */
+static void ask_body(char *body, size_t cap, const char *session, const char *sys, const char *q)
+{
+    snprintf(body, cap,
+             "{\"session\":\"%s\",\"system\":\"%s\",\"prompt\":\"%s\",\"n_predict\":%d,"
+             "\"temperature\":0,\"ignore_eos\":true}",
+             session, sys, q, N_PREDICT);
+}
+
+static json_t *ask(uint16_t port, const char *session, const char *sys, const char *q,
+                   const char *want_found)
+{
+    char body[4096];
+    ask_body(body, sizeof body, session, sys, q);
+    json_t *o = st_at_call(port, "POST", "/v1/completions", body, 200);
+    const char *f = json_string_value(json_object_get(o, "found"));
+    if (!f || strcmp(f, want_found))
+        fail_msg("%s: found \"%s\", wanted \"%s\"", session, f ? f : "?", want_found);
+    return o;
+}
+
+static void test_prefix_across_nodes(void **state)
+{
+    (void)state;
+    char sys[600], other[600];
+    size_t k = 0;
+    while (k < 400)
+        k += (size_t)snprintf(sys + k, sizeof sys - k, "%s", "Shared system prompt of the fleet. ");
+    snprintf(other, sizeof other, "%s", sys);
+    other[0] = 'Z';
+    const char *q = "A question asked on node B.";
+    /* the reference: a full read on a node without the index (and without the tier) */
+    st_hc_server r, a, b;
+    const char *ref_flags[] = {"--slots", "2", "--ubatch", "64", "--prompt-cache-root", "32", NULL};
+    assert_int_equal(st_at_server_start(&r, &g_env, "store-pfx-ref", ref_flags, NULL), 0);
+    json_t *ref = ask(r.port, "ref", sys, q, "new");
+    assert_int_equal(st_hc_server_stop(&r, SIGTERM), 0);
+    const char *flags[] = {"--tier", g_url, "--node-id", "node-a", "--slots", "2", "--ubatch", "64",
+                           "--prompt-cache-root", "32", "--prefix-index-mib", "64",
+                           "--prefix-min-tokens", "64", NULL};
+    assert_int_equal(st_at_server_start(&a, &g_env, "store-pfx-a", flags, NULL), 0);
+    flags[3] = "node-b";
+    assert_int_equal(st_at_server_start(&b, &g_env, "store-pfx-b", flags, NULL), 0);
+    json_decref(ask(a.port, "on-a", sys, "The question asked on A.", "new"));
+    assert_true(st_at_metric(a.port, "strata_prefix_records_total") >= 1);
+    json_t *o = ask(b.port, "on-b", sys, q, "index");
+    json_int_t res = json_integer_value(json_object_get(json_object_get(o, "timings"), "resumed_tokens"));
+    printf("prefix across nodes: B resumed %lld tokens from A's point\n", (long long)res);
+    assert_true(res >= 64);
+    assert_true(st_at_metric(b.port, "strata_prefix_tier_hits_total") == 1);
+    assert_true(same(o, ref));
+    json_decref(o);
+    json_decref(ask(b.port, "on-b-other", other, q, "new"));
+    /* B restarted: the point is in its store now */
+    (void)st_hc_server_stop(&b, SIGKILL);
+    assert_int_equal(st_at_server_start(&b, &g_env, "store-pfx-b", flags, NULL), 0);
+    o = ask(b.port, "on-b-again", sys, q, "index");
+    assert_true(same(o, ref));
+    assert_true(st_at_metric(b.port, "strata_prefix_tier_hits_total") == 0);
+    json_decref(o);
+    json_decref(ref);
+    assert_int_equal(st_hc_server_stop(&a, SIGTERM), 0);
+    assert_int_equal(st_hc_server_stop(&b, SIGTERM), 0);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -341,6 +413,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_across_nodes),
         cmocka_unit_test(test_cluster_changes),
+        cmocka_unit_test(test_prefix_across_nodes),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

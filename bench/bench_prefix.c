@@ -1,0 +1,192 @@
+/*
+ * bench_prefix - time to first token of a new chat on node B that shares a long system prompt
+ * first read on node A, with the prefix index (the point fetched from the shared tier) against a
+ * full read of the same request on a node without the index, measured in the same run (issue 15
+ * section 4; docs/BENCHMARKS.md, "The prefix index").
+ *
+ *   bench_prefix [--quick] [--tokens N] [--preset NAME] [--runs N] [--dir DIR]
+ *
+ * It starts a Redis Cluster of 3 masters and 3 replicas (Debian's redis-server) and three
+ * strata-server processes (found next to it: BUILD/tools) on loopback: A and B with --tier and
+ * --prefix-index-mib, R with neither. The model is strata-mkmodel's preset (default `small`, the
+ * byte tokenizer: a system prompt of N bytes is N tokens) with a context of N + 2048. Each run:
+ * A reads a new system prompt of N tokens and a question (its point recorded and sent to the
+ * tier); R answers another question after that system prompt by a full read; B answers the same
+ * request from the index. The first token is the reply (n_predict 1), so TTFT is the request's
+ * wall time on the client. B's tokens must be R's (the run fails otherwise).
+ */
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../tests/api/st_http_client.h"
+#include "../tests/tier/redis_cluster.h"
+
+static char bindir[PATH_MAX];
+static char work[PATH_MAX];
+
+static _Noreturn void die(const char *what)
+{
+    fprintf(stderr, "bench_prefix: %s\n", what);
+    exit(1);
+}
+
+static int start(st_hc_server *s, const char *model, const char *store, const char *ctx,
+                 const char *url, const char *node)
+{
+    char bin[PATH_MAX + 32], logp[PATH_MAX + 32], sp[PATH_MAX + 64];
+    snprintf(bin, sizeof bin, "%s/strata-server", bindir);
+    snprintf(logp, sizeof logp, "%s/server.log", work);
+    snprintf(sp, sizeof sp, "%s/%s", work, store);
+    const char *args[32];
+    int n = 0;
+    const char *base[] = {"--store", sp, "--model", model, "--ctx", ctx, "--slots", "2",
+                          "--prompt-cache-root", "1024", "--backend", "cpu"};
+    for (size_t i = 0; i < sizeof base / sizeof *base; i++)
+        args[n++] = base[i];
+    if (url) {
+        const char *more[] = {"--tier", url, "--node-id", node, "--prefix-index-mib", "4096"};
+        for (size_t i = 0; i < sizeof more / sizeof *more; i++)
+            args[n++] = more[i];
+    }
+    args[n] = NULL;
+    return st_hc_server_start(s, bin, work, logp, (const char *const *)args);
+}
+
+/* A completion of one token for a new session: system (n bytes of it) and a question. The
+ * request's wall time in *ms; the reply's found, resumed tokens and token into the outputs. */
+static void ask(uint16_t port, const char *session, const char *sys, const char *q, double *ms,
+                char *found, size_t fcap, long long *resumed, long long *token)
+{
+    size_t cap = strlen(sys) + 512;
+    char *body = malloc(cap);
+    if (!body)
+        die("no memory");
+    snprintf(body, cap,
+             "{\"session\":\"%s\",\"system\":\"%s\",\"prompt\":\"%s\",\"n_predict\":1,"
+             "\"temperature\":0,\"ignore_eos\":true}",
+             session, sys, q);
+    st_hc_resp r;
+    double t0 = st_hc_now_ms();
+    if (st_hc_json(port, "POST", "/v1/completions", body, &r) || r.status != 200) {
+        fprintf(stderr, "bench_prefix: %s: %d %s\n", session, r.status, r.body ? (char *)r.body : "");
+        die("a completion failed");
+    }
+    *ms = st_hc_now_ms() - t0;
+    const char *b = (const char *)r.body, *f = strstr(b, "\"found\":\""), *rt = strstr(b, "\"resumed_tokens\":"),
+               *tk = strstr(b, "\"tokens\":[");
+    found[0] = '\0';
+    if (f)
+        sscanf(f + 9, "%31[^\"]", found);
+    (void)fcap;
+    *resumed = rt ? atoll(rt + 17) : -1;
+    *token = tk ? atoll(tk + 10) : -1;
+    st_hc_resp_free(&r);
+    free(body);
+}
+
+int main(int argc, char **argv)
+{
+    long tokens = 16384;
+    int runs = 2;
+    const char *preset = "small", *dir = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--quick")) {
+            tokens = 4096;
+            runs = 1;
+        } else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) {
+            tokens = atol(argv[++i]);
+        } else if (!strcmp(argv[i], "--preset") && i + 1 < argc) {
+            preset = argv[++i];
+        } else if (!strcmp(argv[i], "--runs") && i + 1 < argc) {
+            runs = atoi(argv[++i]);
+        } else if (!strcmp(argv[i], "--dir") && i + 1 < argc) {
+            dir = argv[++i];
+        } else {
+            fprintf(stderr, "usage: bench_prefix [--quick] [--tokens N] [--preset NAME] [--runs N] "
+                            "[--dir DIR]\n");
+            return 2;
+        }
+    }
+    if (tokens < 2048 || tokens > 1000000 || runs < 1)
+        die("--tokens 2048..1000000, --runs >= 1");
+    char self[PATH_MAX];
+    snprintf(self, sizeof self, "%s", argv[0]);
+    char *slash = strrchr(self, '/');
+    snprintf(bindir, sizeof bindir, "%.*s/../tools", slash ? (int)(slash - self) : 1, slash ? self : ".");
+    if (dir)
+        snprintf(work, sizeof work, "%s", dir);
+    else
+        snprintf(work, sizeof work, "%s/bench_prefix.%d", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp",
+                 (int)getpid());
+    mkdir(work, 0755);
+    char model[PATH_MAX + 32], cmd[3 * PATH_MAX], ctx[32], cdir[1000];
+    snprintf(model, sizeof model, "%s/%s.gguf", work, preset);
+    snprintf(ctx, sizeof ctx, "%ld", tokens + 2048);
+    snprintf(cmd, sizeof cmd, "'%s/strata-mkmodel' --preset %s --ctx %s -o '%s' >/dev/null 2>&1", bindir,
+             preset, ctx, model);
+    if (system(cmd))
+        die("strata-mkmodel failed");
+    snprintf(cdir, sizeof cdir, "%.900s/cluster", work); /* rc_cluster keeps 1024 bytes */
+    rc_cluster rc;
+    if (rc_start(&rc, cdir, 6, 1, 1))
+        die("the Redis Cluster did not start");
+    char url[512];
+    rc_url(&rc, 2, url, sizeof url);
+    st_hc_server a, b, r;
+    if (start(&a, model, "store-a", ctx, url, "node-a") || start(&b, model, "store-b", ctx, url, "node-b") ||
+        start(&r, model, "store-r", ctx, NULL, NULL))
+        die("strata-server did not start");
+    printf("bench_prefix: model %s, system prompt %ld tokens, %d run(s); loopback cluster 3+3\n", preset,
+           tokens, runs);
+    char *sys = malloc((size_t)tokens + 1);
+    if (!sys)
+        die("no memory");
+    double sum_full = 0, sum_idx = 0, sum_rec = 0;
+    int failures = 0;
+    for (int run = 0; run < runs; run++) {
+        for (long i = 0; i < tokens; i++) /* a new system prompt each run: no point is shared */
+            sys[i] = (char)('a' + (i * 7 + run * 13 + i / 97) % 26);
+        sys[0] = (char)('A' + run % 26);
+        sys[tokens - 1] = '.';
+        sys[tokens] = '\0';
+        char sa[32], sb[32], srr[32], found[32];
+        snprintf(sa, sizeof sa, "a%d", run);
+        snprintf(sb, sizeof sb, "b%d", run);
+        snprintf(srr, sizeof srr, "r%d", run);
+        double ms_a, ms_r, ms_b;
+        long long res_a, res_r, res_b, tok_a, tok_r, tok_b;
+        ask(a.port, sa, sys, "What did the first user ask?", &ms_a, found, sizeof found, &res_a, &tok_a);
+        ask(r.port, srr, sys, "And what does the second ask?", &ms_r, found, sizeof found, &res_r, &tok_r);
+        ask(b.port, sb, sys, "And what does the second ask?", &ms_b, found, sizeof found, &res_b, &tok_b);
+        int ok = !strcmp(found, "index") && tok_b == tok_r;
+        failures += !ok;
+        printf("run %d: A (first read, point recorded and sent) %.0f ms; R full read %.0f ms; B from the "
+               "index %.0f ms (found %s, %lld tokens resumed) = %.3fx the full read's TTFT, %.1fx faster; "
+               "first token %s\n",
+               run + 1, ms_a, ms_r, ms_b, found, res_b, ms_b / ms_r, ms_r / ms_b,
+               tok_b == tok_r ? "the full read's" : "DIFFERENT");
+        sum_full += ms_r;
+        sum_idx += ms_b;
+        sum_rec += ms_a - ms_r;
+    }
+    printf("TTFT with the index %.0f ms vs full read %.0f ms: %.3fx (%.1fx faster); recording on A "
+           "cost %.0f ms over a full read (%.2fx)\n",
+           sum_idx / runs, sum_full / runs, sum_idx / sum_full, sum_full / sum_idx, sum_rec / runs,
+           (sum_full + sum_rec) / sum_full);
+    free(sys);
+    st_hc_server_stop(&a, SIGTERM);
+    st_hc_server_stop(&b, SIGTERM);
+    st_hc_server_stop(&r, SIGTERM);
+    rc_stop(&rc);
+    if (!dir) {
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", work);
+        if (system(cmd))
+            fprintf(stderr, "bench_prefix: could not remove %s\n", work);
+    }
+    return failures ? 1 : 0;
+}
