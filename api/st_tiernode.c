@@ -389,8 +389,18 @@ int st_tiernode_end(st_tiernode *tn, const char *id)
     tn->st.leases_held--;
     st_tier *t = tn->tier;
     pthread_mutex_unlock(&tn->mu);
-    if (l->taken && !lost && t)
-        (void)st_tier_lease_release(t, id, l->token); /* failing: it expires by its TTL */
+    /* the release is refused when the lease is not held under this token any more (it expired
+     * and another node may have taken it before the renewal noticed): lost too; any other
+     * failure (the tier unreachable) leaves it to expire by its TTL */
+    if (l->taken && !lost && t && st_tier_lease_release(t, id, l->token) == ST_EBUSY) {
+        lost = 1;
+        pthread_mutex_lock(&tn->mu);
+        tn->st.leases_lost++;
+        pthread_mutex_unlock(&tn->mu);
+        fprintf(stderr, "strata-server: tier: the lease of %s had expired when its request "
+                "ended (another node may have taken the conversation): its live copy is "
+                "dropped\n", id);
+    }
     free(l);
     return lost;
 }

@@ -76,7 +76,8 @@ void st_tiernode_stats_get(st_tiernode *tn, st_tiernode_stats *s);
  * st_tiernode_fetch, the tier's head is brought into the local store when another node saved it
  * since: *fetched 1 tells the caller to drop its live copy of id and load the store's head. end
  * releases the lease when no other request of this node holds it, and returns 1 when it was lost
- * meanwhile (not renewed in time and taken by another node): the caller drops its live copy. */
+ * meanwhile (not renewed in time and taken by another node, or found expired by the release at
+ * the end): the caller drops its live copy. */
 int st_tiernode_begin(st_tiernode *tn, const char *id, int *fetched);
 int st_tiernode_end(st_tiernode *tn, const char *id);
 

@@ -20,6 +20,9 @@
  *   saves (no request fails, every SAVE "sent"), then a master killed with SIGKILL and started
  *   again as a replica: no request fails, the SAVEs made meanwhile answer "pending" and reach
  *   the tier, and every conversation's last acknowledged SAVE restores on B.
+ * - a lease lost during a request (test_lost_lease): A stopped while it holds a conversation's
+ *   lease, B takes it over and SAVEs; A's renewal is refused, its live copy dropped when its
+ *   request ends, and its next completion continues from B's SAVE;
  * - the prefix index across nodes (test_prefix_across_nodes): a new chat on B sharing a long
  *   system prompt first read on A resumes from A's point through the tier, with a full read's
  *   tokens; B restarted resumes from its own store; another system prompt finds nothing.
@@ -316,6 +319,46 @@ static void test_cluster_changes(void **state)
     assert_int_equal(st_hc_server_stop(&b, SIGTERM), 0);
 }
 
+/* A lease lost during a request: A is stopped (SIGSTOP) while a completion holds the lease of
+ * "lost"; the lease expires, B takes the conversation, continues and SAVEs it; once A runs again
+ * its renewal is refused, the lease counted lost, and when A's request ends its live copy is
+ * dropped: A's next completion of "lost" continues from B's SAVE (found "tier"), not from the
+ * copy it held. The control: without the stop, A's next completion finds its slot. */
+static void test_lost_lease(void **state)
+{
+    (void)state;
+    st_hc_server a, b;
+    const char *fa[] = {"--tier", g_url, "--node-id", "node-la", "--slots", "2", "--tier-lease-ms",
+                        "300", NULL};
+    const char *fb[] = {"--tier", g_url, "--node-id", "node-lb", "--slots", "2", "--tier-lease-ms",
+                        "300", NULL};
+    assert_int_equal(st_at_server_start(&a, &g_env, "store-lost-a", fa, NULL), 0);
+    assert_int_equal(st_at_server_start(&b, &g_env, "store-lost-b", fb, NULL), 0);
+    /* the control: a conversation A keeps stays in its slot */
+    json_decref(turn(a.port, "kept", "Kept on A", "new"));
+    json_decref(turn(a.port, "kept", " and again", "slot"));
+    st_at_bg bg;
+    st_at_bg_completion(&bg, a.port, "lost", "A long completion on A", 1500, true);
+    for (int i = 0; st_at_metric(a.port, "strata_tier_leases_held") < 1; i++) {
+        if (i > 20000 || bg.done)
+            fail_msg("A's completion did not hold the lease");
+        usleep(1000);
+    }
+    kill(a.pid, SIGSTOP);
+    usleep(900 * 1000); /* three times the lease's TTL */
+    json_decref(turn(b.port, "lost", "B takes it over", "new"));
+    json_decref(save(b.port, "lost", "sent"));
+    kill(a.pid, SIGCONT);
+    json_decref(st_at_bg_join(&bg, 200));
+    assert_true(st_at_metric(a.port, "strata_tier_leases_lost_total") >= 1);
+    json_t *o = turn(a.port, "lost", " and A again", "tier");
+    printf("lost lease: A's renewal refused, its copy dropped; its next completion came from "
+           "B's SAVE\n");
+    json_decref(o);
+    assert_int_equal(st_hc_server_stop(&a, SIGTERM), 0);
+    assert_int_equal(st_hc_server_stop(&b, SIGTERM), 0);
+}
+
 /* The prefix index across nodes (section 2): a long system prompt first read on A; a new chat on
  * B with that system prompt and another question resumes from A's point, fetched from the tier
  * (found "index", counted as a tier hit), with the tokens of a full read on a node without the
@@ -413,6 +456,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_across_nodes),
         cmocka_unit_test(test_cluster_changes),
+        cmocka_unit_test(test_lost_lease),
         cmocka_unit_test(test_prefix_across_nodes),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
