@@ -1935,6 +1935,13 @@ static void images_warm(st_conv *cv)
             ia->free(ia->ctx, p[i], (size_t)len);
 }
 
+/* The prefix index's images pass the memory guard as a SAVE's and a RESTORE's do. */
+static int prefix_admit(void *arg, const char *what, uint64_t bytes)
+{
+    st_conv *cv = arg;
+    return st_memguard_admit(cv->guard, what, bytes);
+}
+
 int st_conv_new(const st_conv_env *ce, st_conv **out)
 {
     const st_api_config *cfg = ce->cfg;
@@ -2025,6 +2032,8 @@ int st_conv_new(const st_conv_env *ce, st_conv **out)
             po.max_entries = cfg->prefix_max_entries;
         if (cfg->prefix_min_tokens)
             po.min_tokens = cfg->prefix_min_tokens;
+        po.admit = prefix_admit;
+        po.admit_arg = cv;
         if ((rc = st_prefix_new(&po, cv->engine, geo, cv->store, ce->tier, &cv->prefix))) {
             char d[600];
             snprintf(d, sizeof d, "%s", st_errdetail());

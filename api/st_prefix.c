@@ -41,6 +41,7 @@ struct st_prefix {
     st_engine *e;
     st_store *store;
     st_tiernode *tier;
+    const st_geometry *g;
     uint8_t base[KEY_LEN];
     uint32_t ubatch, page, root_min;
     int root_on; /* the engine takes root checkpoints */
@@ -292,6 +293,7 @@ int st_prefix_new(const st_prefix_opts *o, st_engine *e, const st_geometry *g, s
     px->e = e;
     px->store = store;
     px->tier = tier;
+    px->g = g;
     const st_engine_opts *eo = st_engine_opts_get(e);
     px->ubatch = eo->ubatch;
     px->page = g->page_size;
@@ -379,6 +381,7 @@ static int locate(st_prefix *px, const char *id, int *from_tier, uint64_t *bytes
     int rc = st_store_version_info(px->store, id, 0, &vi);
     if (rc == ST_ENOTFOUND && px->tier) {
         int fetched = 0;
+        st_tiernode_forget(px->tier, id); /* the store lacks it, whatever this node sent */
         int trc = st_tiernode_fetch(px->tier, id, px->o.budget_bytes, &fetched);
         if (trc && trc != ST_ENOTFOUND && trc != ST_EIO)
             count_error(px, "fetching", id);
@@ -424,6 +427,8 @@ void st_prefix_resume(st_prefix *px, st_slot *s, const uint32_t *tokens, uint64_
         pthread_mutex_unlock(&px->mu);
         int rc = locate(px, id, &from_tier, &bytes);
         st_image *img = NULL;
+        if (!rc && px->o.admit)
+            rc = px->o.admit(px->o.admit_arg, "restoring a point of the prefix index", bytes);
         if (!rc)
             rc = st_store_get(px->store, id, 0, &img);
         if (!rc && (st_image_n_tokens(img) != p ||
@@ -443,7 +448,8 @@ void st_prefix_resume(st_prefix *px, st_slot *s, const uint32_t *tokens, uint64_
             px->st.tier_hits += from_tier;
             if (add_locked(px, id, bytes, ++px->tick))
                 px->st.errors++;
-        } else if (e && !e->pins) {
+        } else if (e && !e->pins && (rc == ST_ENOTFOUND || rc == ST_ECORRUPT ||
+                                     rc == ST_EMODEL || rc == ST_EGEOMETRY)) {
             remove_locked(px, e); /* invariant 2; a damaged one is deleted below */
         }
         char(*v)[ID_LEN + 1] = NULL;
@@ -487,7 +493,20 @@ static int record_one(st_prefix *px, st_slot *s, uint64_t p, const char *id)
         return 0;
     }
     st_image *img = NULL;
-    int rc = st_slot_snapshot_prefix(s, p, px->o.codec, &img);
+    int rc = 0;
+    if (px->o.admit) { /* the image's size, from the geometry */
+        uint64_t need = p * 4;
+        for (uint32_t ti = 0; ti < px->g->n_tensors; ti++) {
+            const st_tensor_desc *t = &px->g->tensors[ti];
+            need += t->role == ST_ROLE_KV ? p * st_tensor_row_bytes(t)
+                                          : st_tensor_stored_bytes(t, px->o.codec);
+        }
+        if ((rc = px->o.admit(px->o.admit_arg, "recording a point of the prefix index", need))) {
+            count_error(px, "recording", id);
+            return 0;
+        }
+    }
+    rc = st_slot_snapshot_prefix(s, p, px->o.codec, &img);
     if (rc == ST_ENOTFOUND)
         return 1;
     uint64_t bytes = img ? st_image_bytes(img) : 0, version = 0;

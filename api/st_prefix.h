@@ -39,6 +39,10 @@ typedef struct st_prefix_opts {
     uint32_t max_entries;    /* points kept at most */
     uint64_t min_tokens;     /* the shallowest point recorded or looked up */
     uint32_t codec;          /* running state of the points' images (ST_CODEC_FP32) */
+    /* NULL, or 0 when an image of that many bytes may be made or read now (the server's memory
+     * guard), else its error: the point is not recorded, or not used (a miss) */
+    int (*admit)(void *arg, const char *what, uint64_t bytes);
+    void *admit_arg;
 } st_prefix_opts;
 /* 4 GiB, 4096 points, 256 tokens, fp32. */
 void st_prefix_opts_default(st_prefix_opts *o);

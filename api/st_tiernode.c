@@ -117,6 +117,19 @@ static uint64_t known_get_locked(st_tiernode *tn, const char *id)
     return k ? k->tier_version : 0;
 }
 
+void st_tiernode_forget(st_tiernode *tn, const char *id)
+{
+    pthread_mutex_lock(&tn->mu);
+    for (known **pp = &tn->map[bucket(id)]; *pp; pp = &(*pp)->next)
+        if (!strcmp((*pp)->id, id)) {
+            known *k = *pp;
+            *pp = k->next;
+            free(k);
+            break;
+        }
+    pthread_mutex_unlock(&tn->mu);
+}
+
 static pending *q_at(st_tiernode *tn, uint32_t i)
 {
     return &tn->q[(tn->q_head + i) % tn->o.pending_max];

@@ -67,6 +67,9 @@ st_tier_outcome st_tiernode_saved(st_tiernode *tn, const char *id, uint64_t vers
  * pull's error otherwise (the local store unchanged). */
 int st_tiernode_fetch(st_tiernode *tn, const char *id, uint64_t max_bytes, int *fetched);
 void st_tiernode_stats_get(st_tiernode *tn, st_tiernode_stats *s);
+/* Forget the tier version this node last sent or fetched of id: its next fetch pulls the tier's
+ * head whatever it is (the prefix index, for a point its store no longer holds). */
+void st_tiernode_forget(st_tiernode *tn, const char *id);
 
 /* Leases (invariant 5): a request that works on conversation id (a completion, a RESTORE)
  * begins with st_tiernode_begin and ends with st_tiernode_end. begin holds this node's lease on
