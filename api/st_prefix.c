@@ -268,7 +268,8 @@ static int load_existing(st_prefix *px)
         return rc;
     size_t pl = strlen(ST_PREFIX_ID_PREFIX);
     /* oldest write first, so the ticks give the order of the last writes (st_prefix.h) */
-    qsort(arr, n, sizeof *arr, by_updated);
+    if (n > 1)
+        qsort(arr, n, sizeof *arr, by_updated);
     for (size_t i = 0; i < n && !rc; i++) {
         if (strncmp(arr[i].id, ST_PREFIX_ID_PREFIX, pl) || arr[i].damaged ||
             strlen(arr[i].id) != ID_LEN)
