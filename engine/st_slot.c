@@ -785,6 +785,26 @@ static int add_live_ckpt(st_engine *e, st_image *img, uint64_t pos, void *bst, u
     return 0;
 }
 
+/* K/V rows [0, n) of every K/V tensor of the slot into the image (which holds n tokens), through
+ * the backend's kv_read (the plain path). what names the caller in a detail. */
+static int kv_rows_out(st_slot *s, st_image *img, uint64_t n, const char *what)
+{
+    st_engine *e = s->e;
+    for (uint32_t ti = 0; ti < e->geom.n_tensors; ti++) {
+        if (e->geom.tensors[ti].role != ST_ROLE_KV)
+            continue;
+        uint64_t len = 0;
+        void *dst = st_image_kv(img, ti, &len);
+        if (len != n * st_tensor_row_bytes(&e->geom.tensors[ti]))
+            return st_error_set(ST_EINVAL, "%s: K/V tensor %s: image holds %llu bytes", what,
+                                e->geom.tensors[ti].name, (unsigned long long)len);
+        int rc = e->be->kv_read(e->bctx, s->st, ti, 0, n, dst);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
 int st_slot_snapshot(st_slot *s, int mode, uint32_t codec, st_image **out)
 {
     st_engine *e = s->e;
@@ -819,19 +839,8 @@ int st_slot_snapshot(st_slot *s, int mode, uint32_t codec, st_image **out)
         goto done;
     if (bulk && (rc = bulk_digests(e, s->n_tokens, &dg, &nd, &d0)))
         goto done;
-    for (uint32_t ti = 0; !bulk && ti < e->geom.n_tensors; ti++) {
-        if (e->geom.tensors[ti].role != ST_ROLE_KV)
-            continue;
-        uint64_t len = 0;
-        void *dst = st_image_kv(img, ti, &len);
-        if (len != s->n_tokens * st_tensor_row_bytes(&e->geom.tensors[ti])) {
-            rc = st_error_set(ST_EINVAL, "snapshot: K/V tensor %s: image holds %llu bytes",
-                              e->geom.tensors[ti].name, (unsigned long long)len);
-            goto done;
-        }
-        if ((rc = e->be->kv_read(e->bctx, s->st, ti, 0, s->n_tokens, dst)))
-            goto done;
-    }
+    if (!bulk && (rc = kv_rows_out(s, img, s->n_tokens, "snapshot")))
+        goto done;
     /* resume checkpoints: every earlier one (park) or the deepest earlier one (session) */
     uint32_t first = 0, end = 0;
     while (end < s->n_ck && s->ck[end].e.position < s->n_tokens)
@@ -902,19 +911,8 @@ int st_slot_snapshot_prefix(st_slot *s, uint64_t p, uint32_t codec, st_image **o
     }
     if ((rc = st_image_create(&img, &e->geom)) || (rc = st_image_tokens_set(img, s->tokens, p)))
         goto done;
-    for (uint32_t ti = 0; ti < e->geom.n_tensors; ti++) {
-        if (e->geom.tensors[ti].role != ST_ROLE_KV)
-            continue;
-        uint64_t len = 0;
-        void *dst = st_image_kv(img, ti, &len);
-        if (len != p * st_tensor_row_bytes(&e->geom.tensors[ti])) {
-            rc = st_error_set(ST_EINVAL, "prefix snapshot: K/V tensor %s: image holds %llu bytes",
-                              e->geom.tensors[ti].name, (unsigned long long)len);
-            goto done;
-        }
-        if ((rc = e->be->kv_read(e->bctx, s->st, ti, 0, p, dst)))
-            goto done;
-    }
+    if ((rc = kv_rows_out(s, img, p, "prefix snapshot")))
+        goto done;
     if (ck >= 0) {
         rc = add_held_ckpt(e, img, p, &s->ck[ck], codec);
     } else if (p == s->n_tokens) {
