@@ -442,9 +442,8 @@ oom:
 /* ---- the routes ----------------------------------------------------------------------------------- */
 
 
-/* The chat's prompt: messages rendered by the model's template with add_generation_prompt. */
-/* The chat template over the request's messages (the first `upto` of them, without the
- * generation prompt, when upto is not SIZE_MAX: the system prompt's part). */
+/* The chat's prompt: messages rendered by the model's template with add_generation_prompt; or,
+ * when upto is not SIZE_MAX, the first `upto` messages without it (the system prompt's part). */
 static char *render_chat(st_api_call *c, size_t *len, size_t upto)
 {
     st_conv *cv = st_api_conv(c->srv);
@@ -578,7 +577,7 @@ static void oa_run(st_api_call *c, oa_req *q)
         if (!(prompt = render_chat(c, &plen, SIZE_MAX)))
             return;
         rc = prompt_tokens(cv, prompt, plen, &toks, &n);
-        if (!rc)
+        if (!rc && (cfg->prefix_budget_bytes || cfg->prompt_cache_root)) /* who uses it */
             system_end = chat_system_end(c, toks, n);
     } else {
         json_t *p = json_object_get(c->body, "prompt");
