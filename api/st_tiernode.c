@@ -342,6 +342,25 @@ int st_tiernode_begin(st_tiernode *tn, const char *id, int *fetched)
                 usleep(2000);
                 continue;
             }
+            if (!strcmp(owner, tn->node_id)) {
+                /* no request of this node registered it in 100 ms: a lease this node left
+                 * behind (its release failed, e.g. during a failover): take it over */
+                pthread_mutex_lock(&tn->mu);
+                int mine = lease_find_locked(tn, id) != NULL;
+                pthread_mutex_unlock(&tn->mu);
+                if (mine) {
+                    tries = 0;
+                    continue;
+                }
+                rc = st_tier_lease_takeover(t, id, tn->node_id, tn->o.lease_ms, tok);
+                if (rc == ST_EBUSY && tries < 100)
+                    continue; /* expired meanwhile (take again) or another node's now */
+            }
+        }
+        if (rc == ST_EBUSY) {
+            char owner[ST_TIER_OWNER_MAX + 1] = "";
+            int64_t ttl = -2;
+            (void)st_tier_lease_owner(t, id, owner, sizeof owner, &ttl);
             pthread_mutex_lock(&tn->mu);
             tn->st.leases_refused++;
             pthread_mutex_unlock(&tn->mu);

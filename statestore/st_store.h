@@ -529,6 +529,10 @@ int st_tier_head_cas(st_tier *t, const char *id, uint64_t expect, uint64_t next,
 int st_tier_lease_take(st_tier *t, const char *id, const char *owner, uint32_t ttl_ms,
                        char token[ST_TIER_TOKEN_LEN + 1]);
 int st_tier_lease_renew(st_tier *t, const char *id, const char *token, uint32_t ttl_ms);
+/* take over a lease that owner holds already under a token it no longer has (a release that
+ * failed): a new token, ST_EBUSY when the lease is missing or another owner's. */
+int st_tier_lease_takeover(st_tier *t, const char *id, const char *owner, uint32_t ttl_ms,
+                           char token[ST_TIER_TOKEN_LEN + 1]);
 int st_tier_lease_release(st_tier *t, const char *id, const char *token);
 int st_tier_lease_owner(st_tier *t, const char *id, char *owner, size_t cap, int64_t *ttl_ms);
 /* Waits until every write since the last sync is on at least `replicas` replicas of its master

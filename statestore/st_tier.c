@@ -160,6 +160,12 @@ int st_tier_lease_renew(st_tier *t, const char *id, const char *token, uint32_t 
     (void)t, (void)id, (void)token, (void)ttl_ms;
     return no_tier();
 }
+int st_tier_lease_takeover(st_tier *t, const char *id, const char *owner, uint32_t ttl_ms,
+                           char token[ST_TIER_TOKEN_LEN + 1])
+{
+    (void)t, (void)id, (void)owner, (void)ttl_ms, (void)token;
+    return no_tier();
+}
 int st_tier_lease_release(st_tier *t, const char *id, const char *token)
 {
     (void)t, (void)id, (void)token;
@@ -887,8 +893,10 @@ int st_tier_head_cas(st_tier *t, const char *id, uint64_t expect, uint64_t next,
 }
 
 /* ---- leases ----------------------------------------------------------------------------------- */
-int st_tier_lease_take(st_tier *t, const char *id, const char *owner, uint32_t ttl_ms,
-                       char token[ST_TIER_TOKEN_LEN + 1])
+/* take (takeover 0: SET NX) or take over from the same owner (takeover 1: a script that sets
+ * the lease only while its owner is `owner`, under a new token). */
+static int lease_set(st_tier *t, const char *id, const char *owner, uint32_t ttl_ms,
+                     char token[ST_TIER_TOKEN_LEN + 1], int takeover)
 {
     token[0] = 0;
     int rc = id_ok(id);
@@ -911,13 +919,24 @@ int st_tier_lease_take(st_tier *t, const char *id, const char *owner, uint32_t t
     snprintf(tok, sizeof tok, "%016llx", (unsigned long long)x);
     int vl = snprintf(v, sizeof v, "%s %s", owner, tok);
     int tl = snprintf(ttl, sizeof ttl, "%u", ttl_ms);
+    static const char lua[] = "local c = redis.call('GET', KEYS[1]) "
+                              "if c == false or string.sub(c, 1, -18) ~= ARGV[1] then return 0 end "
+                              "redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3]) return 1";
     const char *argv[] = {"SET", k, v, "NX", "PX", ttl};
     const size_t lens[] = {3, (size_t)kl, (size_t)vl, 2, 2, (size_t)tl};
-    redisReply *r = tier_cmd(t, k, (size_t)kl, 6, argv, lens, 1, &rc);
+    const char *targv[] = {"EVAL", lua, "1", k, owner, v, ttl};
+    const size_t tlens[] = {4, sizeof lua - 1, 1, (size_t)kl, ol, (size_t)vl, (size_t)tl};
+    redisReply *r = takeover ? tier_cmd(t, k, (size_t)kl, 7, targv, tlens, 1, &rc)
+                             : tier_cmd(t, k, (size_t)kl, 6, argv, lens, 1, &rc);
     if (r) {
-        if (r->type == REDIS_REPLY_STATUS) {
+        if (takeover && r->type == REDIS_REPLY_INTEGER && r->integer == 1) {
             memcpy(token, tok, sizeof tok);
-        } else if (r->type == REDIS_REPLY_NIL) {
+        } else if (takeover && r->type == REDIS_REPLY_INTEGER) {
+            t->st.conflicts++;
+            rc = st_error_set(ST_EBUSY, "tier: %s: its lease is not %s's", id, owner);
+        } else if (!takeover && r->type == REDIS_REPLY_STATUS) {
+            memcpy(token, tok, sizeof tok);
+        } else if (!takeover && r->type == REDIS_REPLY_NIL) {
             t->st.conflicts++;
             rc = st_error_set(ST_EBUSY, "tier: %s: another node holds its lease", id);
         } else {
@@ -927,6 +946,18 @@ int st_tier_lease_take(st_tier *t, const char *id, const char *owner, uint32_t t
     }
     pthread_mutex_unlock(&t->mu);
     return rc;
+}
+
+int st_tier_lease_take(st_tier *t, const char *id, const char *owner, uint32_t ttl_ms,
+                       char token[ST_TIER_TOKEN_LEN + 1])
+{
+    return lease_set(t, id, owner, ttl_ms, token, 0);
+}
+
+int st_tier_lease_takeover(st_tier *t, const char *id, const char *owner, uint32_t ttl_ms,
+                           char token[ST_TIER_TOKEN_LEN + 1])
+{
+    return lease_set(t, id, owner, ttl_ms, token, 1);
 }
 
 /* A script over the lease that acts only while it holds token: 1 done, 0 not held. */

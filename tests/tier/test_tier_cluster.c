@@ -269,6 +269,20 @@ static void test_lease(void **state)
     OK(st_tier_lease_release(t, "conv-l", tb));
     OK(st_tier_lease_owner(t, "conv-l", owner, sizeof owner, &ttl));
     assert_string_equal(owner, "");
+    /* takeover: a lease its owner left behind (a failed release) gets a new token; the old one
+     * is dead; another owner's lease and a missing one are refused */
+    char tc[ST_TIER_TOKEN_LEN + 1];
+    assert_int_equal(st_tier_lease_takeover(t, "conv-l", "node-a", 60000, tc), ST_EBUSY);
+    OK(st_tier_lease_take(t, "conv-l", "node-a", 60000, ta));
+    assert_int_equal(st_tier_lease_takeover(t, "conv-l", "node-b", 60000, tc), ST_EBUSY);
+    assert_int_equal(st_tier_lease_takeover(t, "conv-l", "node", 60000, tc), ST_EBUSY);
+    OK(st_tier_lease_takeover(t, "conv-l", "node-a", 60000, tc));
+    assert_string_not_equal(tc, ta);
+    assert_int_equal(st_tier_lease_renew(t, "conv-l", ta, 60000), ST_EBUSY);
+    OK(st_tier_lease_renew(t, "conv-l", tc, 60000));
+    OK(st_tier_lease_owner(t, "conv-l", owner, sizeof owner, &ttl));
+    assert_string_equal(owner, "node-a");
+    OK(st_tier_lease_release(t, "conv-l", tc));
     assert_int_equal(st_tier_lease_take(t, "conv-l", "bad owner", 1000, tb), ST_EINVAL);
     assert_int_equal(st_tier_lease_take(t, "conv-l", "node-a", 0, tb), ST_EINVAL);
     assert_int_equal(st_tier_lease_renew(t, "conv-l", "short", 1000), ST_EINVAL);
