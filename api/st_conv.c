@@ -73,6 +73,15 @@
  *    when it ends, the slot still bound. A resumed read continues at a chunk end of a full read,
  *    so the tokens are a full read's. For a recurrent model the engine takes a checkpoint at
  *    every multiple of ubatch (--prompt-cache-every, unless given), where those points lie.
+ * 11. Handover and parking into the tier (docs/SCALE.md): the lease's take tells whether another
+ *    node held the conversation since this node did (st_tiernode_begun.handed); then this
+ *    node's live copy (slot or park) is older than that node's and is dropped, as when the
+ *    tier's head is newer, so one conversation is never extended from two states. A park
+ *    entry of a named conversation spilled at the RAM ceiling is written to the store and,
+ *    under a lease the spill takes for it (not while a request of this node or another node
+ *    holds it), into the tier as session park:<id>, named in the holder record: the next node
+ *    that takes the conversation continues from that park (found "tier"), so a turn parked
+ *    here survives this node's loss. A spill that finds its copy stale drops the entry.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -571,15 +580,16 @@ static int restore_stored(st_conv *cv, st_slot *s, const char *id, uint64_t vers
     return frc;
 }
 
-static int put_park(st_conv *cv, const char *id, const st_image *img, const st_put_opts *po)
+static int put_park(st_conv *cv, const char *id, const st_image *img, const st_put_opts *po,
+                    uint64_t *version)
 {
     char pid[PARK_ID_MAX];
     park_id(pid, id);
-    int rc = st_store_put(cv->store, pid, img, ST_STORE_HEAD_ANY, po, NULL);
+    int rc = st_store_put(cv->store, pid, img, ST_STORE_HEAD_ANY, po, version);
     if (rc == ST_EMODEL || rc == ST_EGEOMETRY) {
         /* a stale spill made under another model: this image replaces it */
         st_store_session_delete(cv->store, pid);
-        rc = st_store_put(cv->store, pid, img, ST_STORE_HEAD_ANY, po, NULL);
+        rc = st_store_put(cv->store, pid, img, ST_STORE_HEAD_ANY, po, version);
     }
     return rc;
 }
@@ -591,6 +601,71 @@ static void drop_park_store(st_conv *cv, const char *id)
     int rc = st_store_session_delete(cv->store, pid);
     if (rc && rc != ST_ENOTFOUND)
         fprintf(stderr, "strata-server: removing the spilled image of %s: %s\n", id, st_errdetail());
+}
+
+/* A spill of conversation id's parked image to the store and, with a tier, to the tier too
+ * (invariant 11): *stale 1 when the tier says the image is older than what another node holds
+ * (nothing written: the caller drops the entry). The tier's part never fails the spill. */
+static int spill_one(st_conv *cv, const char *id, const st_image *img, int *stale)
+{
+    *stale = 0;
+    st_tiernode *tn = cv->env->tier;
+    st_tiernode_begun b;
+    int leased = tn && strncmp(id, ST_CONV_ANON_PREFIX, strlen(ST_CONV_ANON_PREFIX)) &&
+                 st_tiernode_begin(tn, id, ST_TIERNODE_FRESH, &b) == 0;
+    if (!leased) {
+        /* no tier; an anonymous conversation (no other node asks for it); a request of this
+         * node holds its lease (it waits for this entry), or another node does, or the tier is
+         * away: the local store only */
+        st_error_clear();
+        return put_park(cv, id, img, NULL, NULL);
+    }
+    if (b.fetched || b.handed) {
+        (void)st_tiernode_end(tn, id);
+        *stale = 1;
+        return 0;
+    }
+    uint64_t v = 0;
+    int rc = put_park(cv, id, img, NULL, &v);
+    if (!rc) {
+        char pid[PARK_ID_MAX];
+        park_id(pid, id);
+        if (st_tiernode_park(tn, id, pid, v))
+            fprintf(stderr, "strata-server: parking %s into the tier failed (it is parked in this "
+                    "node's store only): %s\n", id, st_errdetail());
+        else
+            cv->m->park_spills_tier++;
+    }
+    (void)st_tiernode_end(tn, id);
+    return rc;
+}
+
+/* The park another node made of id in the tier (st_tiernode_begun.park) into slot s: pulled into
+ * the local store as its disk park, restored, and removed from the store again (it is in the
+ * slot now: invariant 4). On failure the slot is as it was. */
+static int park_from_tier(st_conv *cv, st_slot *s, const char *id, uint64_t tier_version)
+{
+    char pid[PARK_ID_MAX];
+    park_id(pid, id);
+    drop_park_store(cv, id); /* one of this node's own, older */
+    int rc = st_tiernode_park_pull(cv->env->tier, pid, tier_version, 0);
+    st_version_info vi;
+    if (!rc)
+        rc = st_store_version_info(cv->store, pid, 0, &vi);
+    if (!rc)
+        rc = st_memguard_admit(cv->guard, "restoring a conversation parked on another node",
+                               vi.logical_bytes);
+    if (!rc)
+        rc = restore_stored(cv, s, pid, 0);
+    if (!rc) {
+        cv->m->restores++;
+        cv->m->restore_bytes += vi.logical_bytes;
+    }
+    char d[1024] = "";
+    if (rc)
+        snprintf(d, sizeof d, "%s", st_errdetail());
+    drop_park_store(cv, id);
+    return rc ? st_error_set(rc, "%s", d) : 0;
 }
 
 /* Spill RAM entries, oldest first, until the pool is under its ceiling (invariant 3). */
@@ -613,7 +688,22 @@ static void spill_excess(st_conv *cv)
         memcpy(id, p->id, sizeof id);
         pthread_mutex_unlock(&cv->mu);
 
-        int rc = put_park(cv, id, img, NULL);
+        int stale = 0;
+        int rc = spill_one(cv, id, img, &stale);
+        if (!rc && stale) {
+            /* another node held it since this copy was made: dropped (invariant 11) */
+            fprintf(stderr, "strata-server: parked %s is older than the tier's (another node "
+                    "held it since): dropped\n", id);
+            pthread_mutex_lock(&cv->mu);
+            park_remove_locked(cv, p);
+            cv->m->park_dropped_stale++;
+            wake_locked(cv);
+            gauges_locked(cv);
+            pthread_mutex_unlock(&cv->mu);
+            drop_park_store(cv, id);
+            pentry_free(cv, p);
+            continue;
+        }
         /* the prefix search's copy of an anonymous one's tokens (invariant 8): the image goes */
         uint64_t nt = st_image_n_tokens(img);
         hcopy held = {0};
@@ -757,7 +847,8 @@ enum { ACQ_LOAD, ACQ_EMPTY };
  * entry of id, if any, is returned busy in *pe (out of the list) for the caller to drop or give
  * back with park_giveback. */
 static int acquire_in(st_conv *cv, const char *id, int mode, int *out_j, pentry **pe,
-                      const char **source, const _Atomic int *cancel, int stale)
+                      const char **source, const _Atomic int *cancel, int stale,
+                      const st_tiernode_begun *tb)
 {
     *out_j = -1;
     if (pe)
@@ -775,7 +866,8 @@ static int acquire_in(st_conv *cv, const char *id, int mode, int *out_j, pentry 
     int j = slot_find_locked(cv, id);
     if (j >= 0 && stale && mode == ACQ_LOAD) {
         /* another node saved it since this node's copy was taken (st_tiernode_begin fetched
-         * the tier's head into the store): the copy in the slot is dropped, the head loaded */
+         * the tier's head into the store), or held it since (invariant 11): the copy in the
+         * slot is dropped, the head (or the other node's park) loaded */
         cv->slots[j].bound = 0;
         j = -1;
     }
@@ -851,6 +943,19 @@ static int acquire_in(st_conv *cv, const char *id, int mode, int *out_j, pentry 
         }
         st_version_info vi;
         int from_tier = 0;
+        if (tb && tb->park && mode == ACQ_LOAD) {
+            /* the node that held it last parked it into the tier: its newest state */
+            if (!(rc = park_from_tier(cv, cs->slot, id, tb->park))) {
+                cv->m->conv_hits_store++; /* as a SAVE fetched from the tier */
+                *source = "tier";
+                *out_j = j;
+                return 0;
+            }
+            fprintf(stderr, "strata-server: %s: the park node %s made of it could not be "
+                    "restored (it continues from its last SAVE): %s\n", id, tb->prev,
+                    st_errdetail());
+            st_error_clear();
+        }
         rc = tier_in(cv, id, &from_tier);
         if (!rc)
             rc = st_store_version_info(cv->store, id, 0, &vi);
@@ -903,15 +1008,20 @@ fail:
 static int acquire(st_conv *cv, const char *id, int mode, int *out_j, pentry **pe, const char **source,
                    const _Atomic int *cancel)
 {
-    int stale = 0;
+    st_tiernode_begun tb;
+    memset(&tb, 0, sizeof tb);
     if (cv->env->tier) {
         int rc = damaged(cv, id);
         if (!rc)
-            rc = st_tiernode_begin(cv->env->tier, id, &stale);
+            rc = st_tiernode_begin(cv->env->tier, id, 0, &tb);
         if (rc)
             return rc;
+        if (tb.handed)
+            fprintf(stderr, "strata-server: %s: node %s held it since this node did: %s\n", id,
+                    tb.prev, tb.park ? "continuing from the park it made in the tier"
+                                     : "this node's copy, if any, is dropped");
     }
-    int rc = acquire_in(cv, id, mode, out_j, pe, source, cancel, stale);
+    int rc = acquire_in(cv, id, mode, out_j, pe, source, cancel, tb.fetched || tb.handed, &tb);
     if (cv->env->tier) {
         if (rc)
             (void)st_tiernode_end(cv->env->tier, id);
@@ -1321,6 +1431,11 @@ int st_conv_generate(st_conv *cv, st_conv_gen *g)
     ret = 0;
     goto done;
 cancelled:
+    if (idx_at && !st_slot_logits(s, NULL))
+        /* gone before the first chunk after a resume from the index: the slot holds a point's
+         * tokens without logits, which no SAVE or PARK takes; the conversation holds nothing
+         * again, as before the request */
+        st_slot_reset(s);
     cv->m->prompt_reused += es.reused;
     cv->m->prompt_computed += es.computed;
     cv->m->completions_cancelled++;
@@ -1775,7 +1890,7 @@ void st_conv_forget_end(st_conv *cv, st_conv_hold *h)
  * chunks compressed. img is the caller's and may be changed. */
 static int persist_one(st_conv *cv, const char *id, st_image *img)
 {
-    int rc = put_park(cv, id, img, NULL);
+    int rc = put_park(cv, id, img, NULL, NULL);
     if (rc != ST_EFULL)
         return rc;
     char first[512];
@@ -1784,7 +1899,7 @@ static int persist_one(st_conv *cv, const char *id, st_image *img)
     while (!rc2 && st_image_n_checkpoints(img) > 1)
         rc2 = st_image_checkpoint_remove(img, 0);
     st_put_opts po = {.compress = 1};
-    if (!rc2 && !(rc2 = put_park(cv, id, img, &po))) {
+    if (!rc2 && !(rc2 = put_park(cv, id, img, &po, NULL))) {
         fprintf(stderr, "strata-server: stop: %s kept without its resume checkpoints, compressed (%s)\n",
                 id, first);
         return 0;

@@ -190,6 +190,8 @@ void st_metrics_render(st_metrics *m, struct evbuffer *o, const st_http_stats *h
                         U(m->conv.parks_ram), U(m->conv.parks_disk));
     counter(o, "strata_park_spills_total", "Parked images spilled from RAM to the store.", m->conv.park_spills);
     counter(o, "strata_park_unspills_total", "Spilled images brought back into a slot.", m->conv.park_unspills);
+    counter(o, "strata_park_dropped_stale_total", "Parked images dropped at a spill: another node "
+            "held the conversation since.", m->conv.park_dropped_stale);
     gauge(o, "strata_park_pool_bytes", "Bytes of parked images held in RAM.", (double)m->conv.pool_ram_bytes);
     gauge(o, "strata_park_pool_limit_bytes", "Ceiling of the RAM park pool (--conversation-cache-mib).",
           (double)m->conv.pool_limit_bytes);
@@ -263,6 +265,19 @@ void st_metrics_render(st_metrics *m, struct evbuffer *o, const st_http_stats *h
                 "the conversation's lease.", ts.leases_refused);
         counter(o, "strata_tier_leases_lost_total", "Leases whose renewal the tier refused (the "
                 "live copy dropped).", ts.leases_lost);
+        counter(o, "strata_tier_handovers_total", "Conversations taken after another node had "
+                "held them (this node's older copy dropped).", ts.handovers);
+        counter(o, "strata_tier_park_pushes_total", "Parked images spilled at the RAM ceiling "
+                "that the tier holds too.", ts.park_pushes);
+        counter(o, "strata_tier_park_pushed_bytes_total", "Session-file bytes of those parks.",
+                ts.park_pushed_bytes);
+        counter(o, "strata_tier_park_pulls_total", "Parks of other nodes fetched from the tier "
+                "and continued here.", ts.park_pulls);
+        counter(o, "strata_tier_park_pulled_bytes_total", "Session-file bytes of those parks.",
+                ts.park_pulled_bytes);
+        counter(o, "strata_tier_park_errors_total", "Parks the tier did not take or give "
+                "(logged; the park stays local, the conversation continues from its SAVE).",
+                ts.park_errors);
     }
     st_prefix_stats px;
     if (m->manager && st_conv_prefix_stats(m->manager, &px)) { /* --prefix-index-mib (docs/SCALE.md) */

@@ -22,6 +22,12 @@
  *    thread renews every held lease every lease_ms / 3 and marks it lost when the tier says
  *    another node holds it (its TTL ran out first), which the requests' end reports. A lease
  *    taken while the tier was unreachable is held locally only (no token) and never renewed.
+ * 6. Handover: a take tells (the holder record, st_tier.c invariant 7) whether another node held
+ *    the conversation since this node last did; begin reports it, so that a node never extends
+ *    a live copy made before another node worked on the conversation (its turns there would
+ *    fork the conversation). A park pushed to the tier (st_tiernode_park) is named in the
+ *    record only under the lease the spill took fresh: while it is held no other node works on
+ *    the conversation and no other request of this node does, so the park is the newest state.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -313,12 +319,19 @@ static void *renew_main(void *arg)
     return NULL;
 }
 
-int st_tiernode_begin(st_tiernode *tn, const char *id, int *fetched)
+int st_tiernode_begin(st_tiernode *tn, const char *id, int flags, st_tiernode_begun *b)
 {
-    *fetched = 0;
+    memset(b, 0, sizeof *b);
+    int fresh = flags & ST_TIERNODE_FRESH;
+    st_tier_holder prev;
+    memset(&prev, 0, sizeof prev);
     for (int tries = 0;; tries++) {
         pthread_mutex_lock(&tn->mu);
         lease *l = lease_find_locked(tn, id);
+        if (l && fresh) {
+            pthread_mutex_unlock(&tn->mu);
+            return st_error_set(ST_EBUSY, "session %s: a request of this node holds its lease", id);
+        }
         if (l && !l->lost) {
             l->refs++;
             pthread_mutex_unlock(&tn->mu);
@@ -332,8 +345,8 @@ int st_tiernode_begin(st_tiernode *tn, const char *id, int *fetched)
         pthread_mutex_unlock(&tn->mu);
         st_tier *t = tier_get(tn);
         char tok[ST_TIER_TOKEN_LEN + 1] = "";
-        int rc = t ? st_tier_lease_take(t, id, tn->node_id, tn->o.lease_ms, tok) : ST_EIO;
-        if (rc == ST_EBUSY) {
+        int rc = t ? st_tier_lease_take(t, id, tn->node_id, tn->o.lease_ms, tok, &prev) : ST_EIO;
+        if (rc == ST_EBUSY && !fresh) {
             char owner[ST_TIER_OWNER_MAX + 1] = "";
             int64_t ttl = -2;
             (void)st_tier_lease_owner(t, id, owner, sizeof owner, &ttl);
@@ -352,7 +365,7 @@ int st_tiernode_begin(st_tiernode *tn, const char *id, int *fetched)
                     tries = 0;
                     continue;
                 }
-                rc = st_tier_lease_takeover(t, id, tn->node_id, tn->o.lease_ms, tok);
+                rc = st_tier_lease_takeover(t, id, tn->node_id, tn->o.lease_ms, tok, &prev);
                 if (rc == ST_EBUSY && tries < 100)
                     continue; /* expired meanwhile (take again) or another node's now */
             }
@@ -367,8 +380,8 @@ int st_tiernode_begin(st_tiernode *tn, const char *id, int *fetched)
             return st_error_set(ST_EBUSY, "session %s is in use on node %s (its lease, %lld ms "
                                 "left); retry", id, owner[0] ? owner : "?", (long long)ttl);
         }
-        if (rc && rc != ST_EIO)
-            return rc;
+        if (rc && (rc != ST_EIO || fresh))
+            return rc == ST_EIO ? st_error_set(ST_EIO, "tier %s: not reachable", tn->url) : rc;
         lease *n = calloc(1, sizeof *n);
         if (!n) {
             if (!rc)
@@ -387,18 +400,75 @@ int st_tiernode_begin(st_tiernode *tn, const char *id, int *fetched)
             tn->st.leases_taken++;
         else
             tn->st.up = 0;
+        if (!rc && prev.owner[0] && strcmp(prev.owner, tn->node_id)) {
+            /* another node held it since this node did: whatever this node holds is older */
+            b->handed = 1;
+            b->park = prev.park;
+            memcpy(b->prev, prev.owner, sizeof b->prev);
+            tn->st.handovers++;
+        }
         pthread_mutex_unlock(&tn->mu);
         if (rc) /* the tier unreachable: no lease, no head to compare with */
             return 0;
         break;
     }
-    int rc = st_tiernode_fetch(tn, id, 0, fetched);
+    int rc = st_tiernode_fetch(tn, id, 0, &b->fetched);
     if (rc == ST_EIO) {
         st_error_clear();
         rc = 0;
     }
     if (rc)
         (void)st_tiernode_end(tn, id);
+    return rc;
+}
+
+int st_tiernode_park(st_tiernode *tn, const char *id, const char *park_id, uint64_t version)
+{
+    pthread_mutex_lock(&tn->mu);
+    lease *l = lease_find_locked(tn, id);
+    char tok[ST_TIER_TOKEN_LEN + 1] = "";
+    int held = l && l->taken && !l->lost;
+    if (held)
+        memcpy(tok, l->token, sizeof tok);
+    st_tier *t = tn->tier;
+    pthread_mutex_unlock(&tn->mu);
+    if (!held || !t)
+        return st_error_set(ST_EBUSY, "tier: %s: parking into the tier needs its lease", id);
+    st_tier_xfer_stats xs;
+    memset(&xs, 0, sizeof xs);
+    int rc = st_tier_push(t, tn->store, park_id, version, ST_TIER_HEAD_CURRENT, tn->o.replicas,
+                          tn->o.wait_ms, &xs);
+    if (!rc)
+        rc = st_tier_holder_park(t, id, tok, xs.tier_version);
+    pthread_mutex_lock(&tn->mu);
+    if (!rc) {
+        tn->st.park_pushes++;
+        tn->st.park_pushed_bytes += xs.bytes;
+        tn->st.pushed_new_bytes += xs.new_bytes;
+    } else {
+        tn->st.park_errors++;
+    }
+    pthread_mutex_unlock(&tn->mu);
+    return rc;
+}
+
+int st_tiernode_park_pull(st_tiernode *tn, const char *park_id, uint64_t tier_version,
+                          uint64_t max_bytes)
+{
+    st_tier *t = tier_get(tn);
+    if (!t)
+        return st_error_set(ST_EIO, "tier %s: not reachable: %s", tn->url, st_errdetail());
+    st_tier_xfer_stats xs;
+    memset(&xs, 0, sizeof xs);
+    int rc = st_tier_pull(t, tn->store, park_id, tier_version, max_bytes, &xs);
+    pthread_mutex_lock(&tn->mu);
+    if (!rc) {
+        tn->st.park_pulls++;
+        tn->st.park_pulled_bytes += xs.bytes;
+    } else {
+        tn->st.park_errors++;
+    }
+    pthread_mutex_unlock(&tn->mu);
     return rc;
 }
 

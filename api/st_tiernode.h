@@ -42,6 +42,8 @@ typedef struct st_tiernode_stats {
     uint64_t pushes, pushed_bytes, pushed_new_bytes, pulls, pulled_bytes;
     uint64_t conflicts, errors, unqueued, sent_from_queue;
     uint64_t leases_taken, leases_refused, leases_lost;
+    uint64_t handovers;   /* begins that found another node held the conversation since */
+    uint64_t park_pushes, park_pushed_bytes, park_pulls, park_pulled_bytes, park_errors;
     uint64_t leases_held; /* gauge */
     uint64_t pending;     /* gauge: conversations waiting in the queue */
     uint64_t pending_max;
@@ -75,13 +77,36 @@ void st_tiernode_forget(st_tiernode *tn, const char *id);
  * begins with st_tiernode_begin and ends with st_tiernode_end. begin holds this node's lease on
  * id for the request (taken from the tier when no other request of this node holds it; renewed
  * by a thread every lease_ms / 3 while held): ST_EBUSY, naming the node, when another node holds
- * it; when the tier cannot be reached the request goes on without one. Then, as
- * st_tiernode_fetch, the tier's head is brought into the local store when another node saved it
- * since: *fetched 1 tells the caller to drop its live copy of id and load the store's head. end
- * releases the lease when no other request of this node holds it, and returns 1 when it was lost
- * meanwhile (not renewed in time and taken by another node, or found expired by the release at
- * the end): the caller drops its live copy. */
-int st_tiernode_begin(st_tiernode *tn, const char *id, int *fetched);
+ * it; when the tier cannot be reached the request goes on without one. Taking it, begin learns
+ * from the holder record (st_tier.c invariant 7) whether another node held the conversation
+ * since this node did (b->handed: the caller drops its live copy, which is older; b->park: that
+ * node parked the conversation into the tier as this version of park:<id>, the newest state to
+ * continue from, st_tiernode_park_pull). Then, as st_tiernode_fetch, the tier's head is brought
+ * into the local store when another node saved it since: b->fetched tells the caller to drop its
+ * live copy of id and load the store's head. end releases the lease when no other request of
+ * this node holds it, and returns 1 when it was lost meanwhile (not renewed in time and taken by
+ * another node, or found expired by the release at the end): the caller drops its live copy.
+ * flags ST_TIERNODE_FRESH (a spill to the tier): only a lease taken from the tier now will do:
+ * ST_EBUSY when a request of this node holds it, ST_EIO when the tier cannot be reached. */
+typedef struct st_tiernode_begun {
+    int fetched;   /* the tier's head was newer than this node's copy: now in the local store */
+    int handed;    /* another node (prev) held the conversation since this node did */
+    uint64_t park; /* with handed: prev parked it into the tier as this version of park:<id> */
+    char prev[ST_TIER_OWNER_MAX + 1];
+} st_tiernode_begun;
+#define ST_TIERNODE_FRESH 1
+int st_tiernode_begin(st_tiernode *tn, const char *id, int flags, st_tiernode_begun *b);
 int st_tiernode_end(st_tiernode *tn, const char *id);
+
+/* PARK at the RAM ceiling (docs/SCALE.md): version `version` of local session park_id (the
+ * parked image of conversation id, just written to the local store) goes to the tier as
+ * session park_id, and the holder record of id names it, under the lease this node holds on id
+ * (begun with ST_TIERNODE_FRESH). ST_EBUSY when the lease was lost, ST_EIO when the tier (or
+ * with replicas, a replica) did not confirm it: the park then stays local only. */
+int st_tiernode_park(st_tiernode *tn, const char *id, const char *park_id, uint64_t version);
+/* The park another node made (st_tiernode_begun.park): tier version tier_version of park_id into
+ * the local store as a new version of park_id (at most max_bytes; 0: 32 GiB), as st_tier_pull. */
+int st_tiernode_park_pull(st_tiernode *tn, const char *park_id, uint64_t tier_version,
+                          uint64_t max_bytes);
 
 #endif /* ST_TIERNODE_H */

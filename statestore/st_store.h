@@ -523,18 +523,30 @@ int st_tier_head_cas(st_tier *t, const char *id, uint64_t expect, uint64_t next,
 /* The lease of a live conversation: owner (a node id, 1..ST_TIER_OWNER_MAX bytes without
  * spaces) for ttl_ms. take gives a token (ST_EBUSY if someone holds it); renew and release act
  * only under that token (ST_EBUSY when it expired or another node took it). owner reads the
- * holder (owner "" and *ttl_ms -2 when none). */
+ * holder (owner "" and *ttl_ms -2 when none).
+ * The holder record (st_tier.c invariant 7): every take (and takeover) also records its owner as
+ * the conversation's last holder, in the same script, and gives the record it replaced in *prev
+ * (optional; owner "" when none): a node whose live copy was made before another node held the
+ * conversation knows that copy is stale. holder_park, under the lease's token, adds to the
+ * record the tier version of session park:<id> into which the holder parked the conversation:
+ * the next holder continues from it (until then, park is 0). */
 #define ST_TIER_TOKEN_LEN 16
 #define ST_TIER_OWNER_MAX 64
+typedef struct st_tier_holder {
+    char owner[ST_TIER_OWNER_MAX + 1];
+    uint64_t park; /* the tier version of park:<id> the holder parked it into; 0: none */
+} st_tier_holder;
 int st_tier_lease_take(st_tier *t, const char *id, const char *owner, uint32_t ttl_ms,
-                       char token[ST_TIER_TOKEN_LEN + 1]);
+                       char token[ST_TIER_TOKEN_LEN + 1], st_tier_holder *prev);
 int st_tier_lease_renew(st_tier *t, const char *id, const char *token, uint32_t ttl_ms);
 /* take over a lease that owner holds already under a token it no longer has (a release that
  * failed): a new token, ST_EBUSY when the lease is missing or another owner's. */
 int st_tier_lease_takeover(st_tier *t, const char *id, const char *owner, uint32_t ttl_ms,
-                           char token[ST_TIER_TOKEN_LEN + 1]);
+                           char token[ST_TIER_TOKEN_LEN + 1], st_tier_holder *prev);
 int st_tier_lease_release(st_tier *t, const char *id, const char *token);
 int st_tier_lease_owner(st_tier *t, const char *id, char *owner, size_t cap, int64_t *ttl_ms);
+int st_tier_holder_park(st_tier *t, const char *id, const char *token, uint64_t park);
+int st_tier_holder_get(st_tier *t, const char *id, st_tier_holder *h);
 /* Waits until every write since the last sync is on at least `replicas` replicas of its master
  * (WAIT), at most timeout_ms per node: ST_EIO when fewer confirmed or a connection that wrote
  * was lost (the writes may be gone: write them again). replicas 0 forgets the writes. */

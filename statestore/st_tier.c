@@ -35,6 +35,14 @@
  *    it, and a conversation not saved for ttl_s seconds leaves the tier whole: its head, its
  *    manifests, and the chunks no newer manifest names. Nothing is deleted by name, so a reader
  *    never meets a manifest whose chunks were collected.
+ * 7. The holder record "st:o:{<id>}" = "owner park" names the node that last took the
+ *    conversation's lease (set by the take's script, atomically with the lease: same slot) and,
+ *    once that node parked the conversation into the tier under that lease (st_tier_holder_park,
+ *    under the lease's token), the tier version of session "park:<id>" that holds it; a take
+ *    resets park to 0. So the record says where the conversation's newest state is: in the park
+ *    it names, or live on the node it names (or lost with it), or, for any other node, in its
+ *    head. Written with the TTL of invariant 6. A take whose reply was lost and is retried is
+ *    refused (the lease is held): the caller's takeover then reads a record naming itself.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -150,9 +158,19 @@ int st_tier_head_cas(st_tier *t, const char *id, uint64_t expect, uint64_t next,
     return no_tier();
 }
 int st_tier_lease_take(st_tier *t, const char *id, const char *owner, uint32_t ttl_ms,
-                       char token[ST_TIER_TOKEN_LEN + 1])
+                       char token[ST_TIER_TOKEN_LEN + 1], st_tier_holder *prev)
 {
-    (void)t, (void)id, (void)owner, (void)ttl_ms, (void)token;
+    (void)t, (void)id, (void)owner, (void)ttl_ms, (void)token, (void)prev;
+    return no_tier();
+}
+int st_tier_holder_park(st_tier *t, const char *id, const char *token, uint64_t park)
+{
+    (void)t, (void)id, (void)token, (void)park;
+    return no_tier();
+}
+int st_tier_holder_get(st_tier *t, const char *id, st_tier_holder *h)
+{
+    (void)t, (void)id, (void)h;
     return no_tier();
 }
 int st_tier_lease_renew(st_tier *t, const char *id, const char *token, uint32_t ttl_ms)
@@ -161,9 +179,9 @@ int st_tier_lease_renew(st_tier *t, const char *id, const char *token, uint32_t 
     return no_tier();
 }
 int st_tier_lease_takeover(st_tier *t, const char *id, const char *owner, uint32_t ttl_ms,
-                           char token[ST_TIER_TOKEN_LEN + 1])
+                           char token[ST_TIER_TOKEN_LEN + 1], st_tier_holder *prev)
 {
-    (void)t, (void)id, (void)owner, (void)ttl_ms, (void)token;
+    (void)t, (void)id, (void)owner, (void)ttl_ms, (void)token, (void)prev;
     return no_tier();
 }
 int st_tier_lease_release(st_tier *t, const char *id, const char *token)
@@ -893,12 +911,43 @@ int st_tier_head_cas(st_tier *t, const char *id, uint64_t expect, uint64_t next,
 }
 
 /* ---- leases ----------------------------------------------------------------------------------- */
-/* take (takeover 0: SET NX) or take over from the same owner (takeover 1: a script that sets
- * the lease only while its owner is `owner`, under a new token). */
+/* The holder record's value: "owner park" (invariant 7). */
+static void parse_holder(const redisReply *r, st_tier_holder *h)
+{
+    memset(h, 0, sizeof *h);
+    if (r->type != REDIS_REPLY_STRING)
+        return;
+    const char *sp = memchr(r->str, ' ', r->len);
+    size_t ol = sp ? (size_t)(sp - r->str) : r->len;
+    if (ol > ST_TIER_OWNER_MAX)
+        ol = ST_TIER_OWNER_MAX;
+    memcpy(h->owner, r->str, ol);
+    h->owner[ol] = 0;
+    uint64_t v = 0;
+    for (size_t i = sp ? (size_t)(sp - r->str) + 1 : r->len; i < r->len; i++) {
+        if (r->str[i] < '0' || r->str[i] > '9' || v > (UINT64_MAX - 9) / 10) {
+            v = 0; /* not a version: no park to continue from */
+            break;
+        }
+        v = v * 10 + (uint64_t)(r->str[i] - '0');
+    }
+    h->park = v;
+}
+
+static int holder_key(char *k, size_t cap, const char *id)
+{
+    return snprintf(k, cap, "st:o:{%s}", id);
+}
+
+/* take (takeover 0: only when nobody holds it) or take over from the same owner (takeover 1:
+ * only while its owner is `owner`), under a new token; one script that also records owner as the
+ * last holder and returns the record it replaced (invariant 7). */
 static int lease_set(st_tier *t, const char *id, const char *owner, uint32_t ttl_ms,
-                     char token[ST_TIER_TOKEN_LEN + 1], int takeover)
+                     char token[ST_TIER_TOKEN_LEN + 1], int takeover, st_tier_holder *prev)
 {
     token[0] = 0;
+    if (prev)
+        memset(prev, 0, sizeof *prev);
     int rc = id_ok(id);
     if (rc)
         return rc;
@@ -908,8 +957,10 @@ static int lease_set(st_tier *t, const char *id, const char *owner, uint32_t ttl
                             owner ? owner : "", ST_TIER_OWNER_MAX);
     if (!ttl_ms)
         return st_error_set(ST_EINVAL, "tier: %s: a lease of 0 ms", id);
-    char k[200], v[ST_TIER_OWNER_MAX + ST_TIER_TOKEN_LEN + 2], ttl[16];
+    char k[200], ko[200], v[ST_TIER_OWNER_MAX + ST_TIER_TOKEN_LEN + 2], hv[ST_TIER_OWNER_MAX + 4];
+    char ttl[16], gc[16];
     int kl = snprintf(k, sizeof k, "st:l:{%s}", id);
+    int kol = holder_key(ko, sizeof ko, id);
     pthread_mutex_lock(&t->mu);
     uint64_t x = ++t->epoch ^ ((uint64_t)(uintptr_t)t << 7) ^ (uint64_t)now_ms();
     x ^= x >> 33;
@@ -918,29 +969,37 @@ static int lease_set(st_tier *t, const char *id, const char *owner, uint32_t ttl
     char tok[ST_TIER_TOKEN_LEN + 1];
     snprintf(tok, sizeof tok, "%016llx", (unsigned long long)x);
     int vl = snprintf(v, sizeof v, "%s %s", owner, tok);
+    int hl = snprintf(hv, sizeof hv, "%s 0", owner);
     int tl = snprintf(ttl, sizeof ttl, "%u", ttl_ms);
-    static const char lua[] = "local c = redis.call('GET', KEYS[1]) "
-                              "if c == false or string.sub(c, 1, -18) ~= ARGV[1] then return 0 end "
-                              "redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3]) return 1";
-    const char *argv[] = {"SET", k, v, "NX", "PX", ttl};
-    const size_t lens[] = {3, (size_t)kl, (size_t)vl, 2, 2, (size_t)tl};
-    const char *targv[] = {"EVAL", lua, "1", k, owner, v, ttl};
-    const size_t tlens[] = {4, sizeof lua - 1, 1, (size_t)kl, ol, (size_t)vl, (size_t)tl};
-    redisReply *r = takeover ? tier_cmd(t, k, (size_t)kl, 7, targv, tlens, 1, &rc)
-                             : tier_cmd(t, k, (size_t)kl, 6, argv, lens, 1, &rc);
+    int gl = snprintf(gc, sizeof gc, "%u", t->o.ttl_s);
+    /* ARGV: the lease's value, its TTL, the holder record, the record's TTL (0: none), the mode
+     * ("take", or "over" with the owner a takeover expects) */
+    static const char lua[] =
+        "local c = redis.call('GET', KEYS[1]) "
+        "if ARGV[5] == 'take' then if c ~= false then return {0, ''} end "
+        "elseif c == false or string.sub(c, 1, -18) ~= ARGV[6] then return {0, ''} end "
+        "redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) "
+        "local o = redis.call('GET', KEYS[2]) "
+        "if ARGV[4] == '0' then redis.call('SET', KEYS[2], ARGV[3]) "
+        "else redis.call('SET', KEYS[2], ARGV[3], 'EX', ARGV[4]) end "
+        "if o == false then o = '' end return {1, o}";
+    const char *argv[] = {"EVAL", lua, "2", k, ko, v, ttl, hv, gc, takeover ? "over" : "take",
+                          owner};
+    const size_t lens[] = {4, sizeof lua - 1, 1, (size_t)kl, (size_t)kol, (size_t)vl,
+                           (size_t)tl, (size_t)hl, (size_t)gl, 4, ol};
+    redisReply *r = tier_cmd(t, k, (size_t)kl, 11, argv, lens, 1, &rc);
     if (r) {
-        if (takeover && r->type == REDIS_REPLY_INTEGER && r->integer == 1) {
+        if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
+            r->element[0]->type != REDIS_REPLY_INTEGER) {
+            rc = unexpected(r, "the lease's take");
+        } else if (r->element[0]->integer == 1) {
             memcpy(token, tok, sizeof tok);
-        } else if (takeover && r->type == REDIS_REPLY_INTEGER) {
-            t->st.conflicts++;
-            rc = st_error_set(ST_EBUSY, "tier: %s: its lease is not %s's", id, owner);
-        } else if (!takeover && r->type == REDIS_REPLY_STATUS) {
-            memcpy(token, tok, sizeof tok);
-        } else if (!takeover && r->type == REDIS_REPLY_NIL) {
-            t->st.conflicts++;
-            rc = st_error_set(ST_EBUSY, "tier: %s: another node holds its lease", id);
+            if (prev)
+                parse_holder(r->element[1], prev);
         } else {
-            rc = unexpected(r, "SET NX of a lease");
+            t->st.conflicts++;
+            rc = takeover ? st_error_set(ST_EBUSY, "tier: %s: its lease is not %s's", id, owner)
+                          : st_error_set(ST_EBUSY, "tier: %s: another node holds its lease", id);
         }
         freeReplyObject(r);
     }
@@ -949,15 +1008,75 @@ static int lease_set(st_tier *t, const char *id, const char *owner, uint32_t ttl
 }
 
 int st_tier_lease_take(st_tier *t, const char *id, const char *owner, uint32_t ttl_ms,
-                       char token[ST_TIER_TOKEN_LEN + 1])
+                       char token[ST_TIER_TOKEN_LEN + 1], st_tier_holder *prev)
 {
-    return lease_set(t, id, owner, ttl_ms, token, 0);
+    return lease_set(t, id, owner, ttl_ms, token, 0, prev);
 }
 
 int st_tier_lease_takeover(st_tier *t, const char *id, const char *owner, uint32_t ttl_ms,
-                           char token[ST_TIER_TOKEN_LEN + 1])
+                           char token[ST_TIER_TOKEN_LEN + 1], st_tier_holder *prev)
 {
-    return lease_set(t, id, owner, ttl_ms, token, 1);
+    return lease_set(t, id, owner, ttl_ms, token, 1, prev);
+}
+
+int st_tier_holder_park(st_tier *t, const char *id, const char *token, uint64_t park)
+{
+    int rc = id_ok(id);
+    if (rc)
+        return rc;
+    if (!token || strlen(token) != ST_TIER_TOKEN_LEN)
+        return st_error_set(ST_EINVAL, "tier: %s: not a lease token", id);
+    if (!park)
+        return st_error_set(ST_EINVAL, "tier: %s: a park of version 0", id);
+    char k[200], ko[200], pv[24], gc[16];
+    int kl = snprintf(k, sizeof k, "st:l:{%s}", id);
+    int kol = holder_key(ko, sizeof ko, id);
+    int pl = snprintf(pv, sizeof pv, "%llu", (unsigned long long)park);
+    int gl = snprintf(gc, sizeof gc, "%u", t->o.ttl_s);
+    static const char lua[] =
+        "local c = redis.call('GET', KEYS[1]) "
+        "if c == false or string.sub(c, -16) ~= ARGV[1] then return 0 end "
+        "local v = string.sub(c, 1, -18) .. ' ' .. ARGV[2] "
+        "if ARGV[3] == '0' then redis.call('SET', KEYS[2], v) "
+        "else redis.call('SET', KEYS[2], v, 'EX', ARGV[3]) end return 1";
+    const char *argv[] = {"EVAL", lua, "2", k, ko, token, pv, gc};
+    const size_t lens[] = {4, sizeof lua - 1, 1, (size_t)kl, (size_t)kol, ST_TIER_TOKEN_LEN,
+                           (size_t)pl, (size_t)gl};
+    pthread_mutex_lock(&t->mu);
+    redisReply *r = tier_cmd(t, k, (size_t)kl, 8, argv, lens, 1, &rc);
+    if (r) {
+        if (r->type != REDIS_REPLY_INTEGER)
+            rc = unexpected(r, "the holder record's park");
+        else if (!r->integer)
+            rc = st_error_set(ST_EBUSY, "tier: %s: the lease is not held under that token (it "
+                              "expired or another node took it)", id);
+        freeReplyObject(r);
+    }
+    pthread_mutex_unlock(&t->mu);
+    return rc;
+}
+
+int st_tier_holder_get(st_tier *t, const char *id, st_tier_holder *h)
+{
+    memset(h, 0, sizeof *h);
+    int rc = id_ok(id);
+    if (rc)
+        return rc;
+    char ko[200];
+    int kol = holder_key(ko, sizeof ko, id);
+    const char *argv[] = {"GET", ko};
+    const size_t lens[] = {3, (size_t)kol};
+    pthread_mutex_lock(&t->mu);
+    redisReply *r = tier_cmd(t, ko, (size_t)kol, 2, argv, lens, 0, &rc);
+    if (r) {
+        if (r->type == REDIS_REPLY_STRING)
+            parse_holder(r, h);
+        else if (r->type != REDIS_REPLY_NIL)
+            rc = unexpected(r, "GET of a holder record");
+        freeReplyObject(r);
+    }
+    pthread_mutex_unlock(&t->mu);
+    return rc;
 }
 
 /* A script over the lease that acts only while it holds token: 1 done, 0 not held. */

@@ -62,7 +62,7 @@ static json_t *ask(uint16_t port, const char *session, const char *sys, const ch
 }
 
 /* The same through the OpenAI chat route (no session): the system message and a user message;
- * the reply's text. */
+ * the reply's text, of N_PREDICT tokens. */
 static char *chat(uint16_t port, const char *sys, const char *q)
 {
     char body[4096];
@@ -73,6 +73,9 @@ static char *chat(uint16_t port, const char *sys, const char *q)
     json_t *o = st_at_call(port, "POST", "/v1/chat/completions", body, 200);
     json_t *msg = json_object_get(json_array_get(json_object_get(o, "choices"), 0), "message");
     char *text = strdup(json_string_value(json_object_get(msg, "content")));
+    /* the texts compared are those of N_PREDICT generated tokens (not two empty answers) */
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(o, "usage"),
+                                                        "completion_tokens")), N_PREDICT);
     json_decref(o);
     return text;
 }

@@ -248,9 +248,13 @@ static void test_lease(void **state)
     OK(st_tier_lease_owner(t, "conv-l", owner, sizeof owner, &ttl));
     assert_string_equal(owner, "");
     assert_int_equal(ttl, -2);
-    OK(st_tier_lease_take(t, "conv-l", "node-a", 60000, ta));
+    st_tier_holder h;
+    OK(st_tier_holder_get(t, "conv-l", &h));
+    assert_string_equal(h.owner, "");
+    OK(st_tier_lease_take(t, "conv-l", "node-a", 60000, ta, &h));
+    assert_string_equal(h.owner, ""); /* nobody held it before */
     assert_int_equal(strlen(ta), ST_TIER_TOKEN_LEN);
-    assert_int_equal(st_tier_lease_take(t, "conv-l", "node-b", 60000, tb), ST_EBUSY);
+    assert_int_equal(st_tier_lease_take(t, "conv-l", "node-b", 60000, tb, NULL), ST_EBUSY);
     OK(st_tier_lease_owner(t, "conv-l", owner, sizeof owner, &ttl));
     assert_string_equal(owner, "node-a");
     assert_true(ttl > 50000 && ttl <= 60000);
@@ -263,7 +267,17 @@ static void test_lease(void **state)
     OK(st_tier_lease_owner(t, "conv-l", owner, sizeof owner, &ttl));
     assert_true(ttl > 0 && ttl <= 300);
     rc_sleep_ms(500); /* expired: another node may take it, the old token is dead */
-    OK(st_tier_lease_take(t, "conv-l", "node-b", 60000, tb));
+    /* the holder record: node-a parks it under its (expired) token: refused */
+    assert_int_equal(st_tier_holder_park(t, "conv-l", ta, 7), ST_EBUSY);
+    OK(st_tier_lease_take(t, "conv-l", "node-b", 60000, tb, &h));
+    assert_string_equal(h.owner, "node-a");
+    assert_int_equal(h.park, 0);
+    assert_int_equal(st_tier_holder_park(t, "conv-l", ta, 7), ST_EBUSY); /* not node-a's now */
+    OK(st_tier_holder_park(t, "conv-l", tb, 7));
+    assert_int_equal(st_tier_holder_park(t, "conv-l", tb, 0), ST_EINVAL);
+    OK(st_tier_holder_get(t, "conv-l", &h));
+    assert_string_equal(h.owner, "node-b");
+    assert_int_equal(h.park, 7);
     assert_int_equal(st_tier_lease_renew(t, "conv-l", ta, 60000), ST_EBUSY);
     assert_int_equal(st_tier_lease_release(t, "conv-l", ta), ST_EBUSY);
     OK(st_tier_lease_release(t, "conv-l", tb));
@@ -272,19 +286,25 @@ static void test_lease(void **state)
     /* takeover: a lease its owner left behind (a failed release) gets a new token; the old one
      * is dead; another owner's lease and a missing one are refused */
     char tc[ST_TIER_TOKEN_LEN + 1];
-    assert_int_equal(st_tier_lease_takeover(t, "conv-l", "node-a", 60000, tc), ST_EBUSY);
-    OK(st_tier_lease_take(t, "conv-l", "node-a", 60000, ta));
-    assert_int_equal(st_tier_lease_takeover(t, "conv-l", "node-b", 60000, tc), ST_EBUSY);
-    assert_int_equal(st_tier_lease_takeover(t, "conv-l", "node", 60000, tc), ST_EBUSY);
-    OK(st_tier_lease_takeover(t, "conv-l", "node-a", 60000, tc));
+    assert_int_equal(st_tier_lease_takeover(t, "conv-l", "node-a", 60000, tc, NULL), ST_EBUSY);
+    OK(st_tier_lease_take(t, "conv-l", "node-a", 60000, ta, &h));
+    assert_string_equal(h.owner, "node-b"); /* the record of the last holder, with its park */
+    assert_int_equal(h.park, 7);
+    OK(st_tier_holder_get(t, "conv-l", &h));
+    assert_string_equal(h.owner, "node-a"); /* a take resets the park */
+    assert_int_equal(h.park, 0);
+    assert_int_equal(st_tier_lease_takeover(t, "conv-l", "node-b", 60000, tc, NULL), ST_EBUSY);
+    assert_int_equal(st_tier_lease_takeover(t, "conv-l", "node", 60000, tc, NULL), ST_EBUSY);
+    OK(st_tier_lease_takeover(t, "conv-l", "node-a", 60000, tc, &h));
+    assert_string_equal(h.owner, "node-a");
     assert_string_not_equal(tc, ta);
     assert_int_equal(st_tier_lease_renew(t, "conv-l", ta, 60000), ST_EBUSY);
     OK(st_tier_lease_renew(t, "conv-l", tc, 60000));
     OK(st_tier_lease_owner(t, "conv-l", owner, sizeof owner, &ttl));
     assert_string_equal(owner, "node-a");
     OK(st_tier_lease_release(t, "conv-l", tc));
-    assert_int_equal(st_tier_lease_take(t, "conv-l", "bad owner", 1000, tb), ST_EINVAL);
-    assert_int_equal(st_tier_lease_take(t, "conv-l", "node-a", 0, tb), ST_EINVAL);
+    assert_int_equal(st_tier_lease_take(t, "conv-l", "bad owner", 1000, tb, NULL), ST_EINVAL);
+    assert_int_equal(st_tier_lease_take(t, "conv-l", "node-a", 0, tb, NULL), ST_EINVAL);
     assert_int_equal(st_tier_lease_renew(t, "conv-l", "short", 1000), ST_EINVAL);
     st_tier_close(t);
 }

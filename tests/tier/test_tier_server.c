@@ -26,6 +26,9 @@
  * - the prefix index across nodes (test_prefix_across_nodes): a new chat on B sharing a long
  *   system prompt first read on A resumes from A's point through the tier, with a full read's
  *   tokens; B restarted resumes from its own store; another system prompt finds nothing.
+ * - PARK into the tier (test_park_across_nodes): a conversation A parked at its RAM ceiling
+ *   continues on B after A is killed, with an uninterrupted run's tokens; A restarted drops its
+ *   own park, older than B's turn (the handover).
  * Labels cluster and integration (in make test).
  */
 #include <pthread.h>
@@ -428,6 +431,78 @@ static void test_prefix_across_nodes(void **state)
     assert_int_equal(st_hc_server_stop(&b, SIGTERM), 0);
 }
 
+/* PARK at the RAM ceiling goes to the tier too (docs/SCALE.md): A (--conversation-cache-mib 0:
+ * every park spills) parks "pk" after an unsaved turn, continues it from its own park (no
+ * handover), parks it again, and is killed with SIGKILL; B continues pk from A's park in the tier
+ * (found "tier") with the tokens of an uninterrupted run on a node without the tier. The
+ * negative control: "pc", the same turns on A but held in its slot when A died, continues on B
+ * from its SAVE, and its tokens differ. The handover: A restarted finds its own disk park of pk
+ * in its store, but B held pk since: A drops that older copy and continues from the SAVE (the
+ * tokens B gave pc), not from its park (the tokens B gave pk). */
+static void test_park_across_nodes(void **state)
+{
+    (void)state;
+    static const char *turns[] = {"Parked on node A", " and a turn nobody saved",
+                                  " and one more there", " then on node B"};
+    st_hc_server r, a, b;
+    const char *rflags[] = {"--slots", "2", NULL};
+    assert_int_equal(st_at_server_start(&r, &g_env, "store-park-ref", rflags, NULL), 0);
+    json_t *ref[4];
+    for (int i = 0; i < 4; i++)
+        ref[i] = turn(r.port, "pk", turns[i], i ? "slot" : "new");
+    assert_int_equal(st_hc_server_stop(&r, SIGTERM), 0);
+    const char *fa[] = {"--tier", g_url, "--node-id", "node-pa", "--slots", "2",
+                        "--conversation-cache-mib", "0", NULL};
+    const char *fb[] = {"--tier", g_url, "--node-id", "node-pb", "--slots", "2", NULL};
+    assert_int_equal(st_at_server_start(&a, &g_env, "store-park-a", fa, NULL), 0);
+    assert_int_equal(st_at_server_start(&b, &g_env, "store-park-b", fb, NULL), 0);
+    const char *ids[] = {"pk", "pc"};
+    for (int k = 0; k < 2; k++) {
+        json_t *o = turn(a.port, ids[k], turns[0], "new");
+        assert_true(same(o, ref[0]));
+        json_decref(o);
+        json_decref(save(a.port, ids[k], "sent"));
+        json_decref(turn(a.port, ids[k], turns[1], "slot"));
+    }
+    json_t *pk = st_at_call(a.port, "POST", "/v1/sessions/pk/park", "{}", 200);
+    assert_string_equal(json_string_value(json_object_get(pk, "where")), "disk");
+    json_decref(pk);
+    assert_true(st_at_metric(a.port, "strata_tier_park_pushes_total") == 1);
+    json_t *o = turn(a.port, "pk", turns[2], "disk"); /* its own park: no handover */
+    assert_true(same(o, ref[2]));
+    json_decref(o);
+    assert_true(st_at_metric(a.port, "strata_tier_handovers_total") == 0);
+    json_decref(st_at_call(a.port, "POST", "/v1/sessions/pk/park", "{}", 200));
+    assert_true(st_at_metric(a.port, "strata_tier_park_pushes_total") == 2);
+    assert_int_equal(st_hc_server_stop(&a, SIGKILL), -1);
+    json_t *bk = turn(b.port, "pk", turns[3], "tier");
+    if (!same(bk, ref[3]))
+        fail_msg("B did not continue pk from A's park with the uninterrupted run's tokens");
+    assert_true(st_at_metric(b.port, "strata_tier_park_pulls_total") == 1);
+    assert_true(st_at_metric(b.port, "strata_tier_handovers_total") == 1);
+    json_t *bc = turn(b.port, "pc", turns[3], "tier");
+    assert_true(st_at_metric(b.port, "strata_tier_park_pulls_total") == 1);
+    assert_false(same(bc, ref[3])); /* the negative control: from its SAVE, without turn 2 */
+    printf("park across nodes: A killed; B continued A's park from the tier with the "
+           "uninterrupted run's %d tokens; the conversation A held in its slot continued from "
+           "its SAVE (other tokens)\n", N_PREDICT);
+    /* A restarted: its disk park of pk is older than B's turn: dropped, continued from the SAVE */
+    assert_int_equal(st_at_server_start(&a, &g_env, "store-park-a", fa, NULL), 0);
+    json_t *ak = turn(a.port, "pk", turns[3], "tier");
+    assert_true(same(ak, bc));
+    assert_false(same(ak, bk));
+    assert_true(st_at_metric(a.port, "strata_tier_handovers_total") == 1);
+    printf("park across nodes: A restarted dropped its own older park of pk (B held it since) "
+           "and continued from the SAVE\n");
+    json_decref(ak);
+    json_decref(bk);
+    json_decref(bc);
+    for (int i = 0; i < 4; i++)
+        json_decref(ref[i]);
+    assert_int_equal(st_hc_server_stop(&a, SIGTERM), 0);
+    assert_int_equal(st_hc_server_stop(&b, SIGTERM), 0);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -458,6 +533,7 @@ int main(void)
         cmocka_unit_test(test_cluster_changes),
         cmocka_unit_test(test_lost_lease),
         cmocka_unit_test(test_prefix_across_nodes),
+        cmocka_unit_test(test_park_across_nodes),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
