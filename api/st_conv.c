@@ -611,9 +611,15 @@ static int spill_one(st_conv *cv, const char *id, const st_image *img, int *stal
     *stale = 0;
     st_tiernode *tn = cv->env->tier;
     st_tiernode_begun b;
-    int leased = tn && strncmp(id, ST_CONV_ANON_PREFIX, strlen(ST_CONV_ANON_PREFIX)) &&
-                 st_tiernode_begin(tn, id, ST_TIERNODE_FRESH, &b) == 0;
-    if (!leased) {
+    memset(&b, 0, sizeof b);
+    int brc = tn && strncmp(id, ST_CONV_ANON_PREFIX, strlen(ST_CONV_ANON_PREFIX))
+                  ? st_tiernode_begin(tn, id, ST_TIERNODE_FRESH, &b) : -1;
+    if (brc == ST_ECONFLICT && b.handed) { /* another node held it since: this copy is older */
+        st_error_clear();
+        *stale = 1;
+        return 0;
+    }
+    if (brc) {
         /* no tier; an anonymous conversation (no other node asks for it); a request of this
          * node holds its lease (it waits for this entry), or another node does, or the tier is
          * away: the local store only */
@@ -630,11 +636,9 @@ static int spill_one(st_conv *cv, const char *id, const st_image *img, int *stal
     if (!rc) {
         char pid[PARK_ID_MAX];
         park_id(pid, id);
-        if (st_tiernode_park(tn, id, pid, v))
+        if (st_tiernode_park(tn, id, pid, v)) /* counted in strata_tier_park_errors_total */
             fprintf(stderr, "strata-server: parking %s into the tier failed (it is parked in this "
                     "node's store only): %s\n", id, st_errdetail());
-        else
-            cv->m->park_spills_tier++;
     }
     (void)st_tiernode_end(tn, id);
     return rc;
@@ -1294,6 +1298,7 @@ int st_conv_generate(st_conv *cv, st_conv_gen *g)
     g->n_gen = g->resumed = g->computed = 0;
     g->prompt_ms = g->decode_ms = 0.0;
     g->search_ms = 0.0;
+    g->record_ms = 0.0;
     g->spliced = 0;
     char seed[ST_API_ID_MAX + 1] = "";
     if (g->session) {
@@ -1419,8 +1424,10 @@ int st_conv_generate(st_conv *cv, st_conv_gen *g)
         }
     }
     double t2 = st_conv_now_ms();
-    if (cv->prefix && es.computed && (es.reused == 0 || es.reused == idx_at))
+    if (cv->prefix && es.computed && (es.reused == 0 || es.reused == idx_at)) {
         st_prefix_record(cv->prefix, s, n, system_end, es.reused); /* invariant 10 */
+        g->record_ms = st_conv_now_ms() - t2;
+    }
     g->prompt_ms = t1 - t0;
     g->decode_ms = t2 - t1;
     g->resumed = es.reused;

@@ -44,7 +44,6 @@ typedef struct st_conv_counters {
     _Atomic uint64_t saves, save_logical_bytes, save_new_bytes, save_stored_bytes;
     _Atomic uint64_t restores, restore_bytes;
     _Atomic uint64_t parks_ram, parks_disk, park_spills, park_unspills, park_bytes;
-    _Atomic uint64_t park_spills_tier;   /* spills also parked into the tier (invariant 11) */
     _Atomic uint64_t park_dropped_stale; /* parked copies dropped: another node held it since */
     _Atomic uint64_t conv_hits_slot, conv_hits_ram, conv_hits_disk, conv_hits_store, conv_new;
     _Atomic uint64_t prompt_reused, prompt_computed, tokens_generated;
@@ -156,6 +155,7 @@ typedef struct st_conv_gen {
     uint64_t spliced;   /* held tokens read in place of the prompt's own (g->whole: see above) */
     double prompt_ms, decode_ms;
     double search_ms;   /* the prefix search of a request without a session */
+    double record_ms;   /* copying the prefix index's points out of the slot (0: none) */
     const char *what;   /* on an error: the step that failed */
     const char *code;   /* on a refusal of the request itself: its code, else NULL */
 } st_conv_gen;

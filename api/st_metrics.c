@@ -297,6 +297,10 @@ void st_metrics_render(st_metrics *m, struct evbuffer *o, const st_http_stats *h
                 px.evictions);
         counter(o, "strata_prefix_errors_total", "Index operations that failed (logged).",
                 px.errors);
+        gauge(o, "strata_prefix_record_queue", "Points snapshotted and waiting for the recorder "
+              "(put into the store and sent to the tier in the background).", (double)px.queued);
+        counter(o, "strata_prefix_records_dropped_total", "Points not recorded: the recorder's "
+                "queue was full.", px.dropped);
     }
     pthread_mutex_lock(&m->store_mu);
     st_store_stats ss = m->store;

@@ -15,6 +15,13 @@
  *    is pinned while a lookup reads it (pins > 0), so a point being restored is never deleted
  *    under the reader.
  * 4. Nothing here fails a request: every error is counted (errors) and logged once per kind.
+ * 5. Recording in the background: a request's worker only snapshots its points (the slot is
+ *    read while the request still holds it) and queues the images; one recorder thread puts them
+ *    into the store, into the table, evicts, and sends them to the tier, in the order queued. The
+ *    queue holds at most RQ_MAX_BYTES of images (and never more than the budget); a point beyond
+ *    is dropped (counted). A point queued or being put counts as held (record_one skips it).
+ *    st_prefix_free puts what is queued before it returns; a crash loses it (the index is a
+ *    cache: a lost point costs a full read, never a wrong answer).
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -36,6 +43,15 @@ typedef struct pent {
     unsigned pins;
 } pent;
 
+/* A point waiting for the recorder (invariant 5). */
+#define RQ_MAX_BYTES (1ull << 30)
+typedef struct rjob {
+    struct rjob *next;
+    st_image *img;
+    uint64_t bytes;
+    char id[ID_LEN + 1];
+} rjob;
+
 struct st_prefix {
     st_prefix_opts o;
     st_engine *e;
@@ -50,6 +66,11 @@ struct st_prefix {
     size_t n, cap;
     uint64_t tick;
     st_prefix_stats st;
+    pthread_cond_t rcv;      /* invariant 5: a job queued, or stop */
+    pthread_t rec;
+    int rec_on, stop;
+    rjob *rq_head, *rq_tail; /* the head is the job being put */
+    uint64_t rq_bytes;
 };
 
 void st_prefix_opts_default(st_prefix_opts *o)
@@ -283,6 +304,71 @@ static int load_existing(st_prefix *px)
     return rc;
 }
 
+static void count_error(st_prefix *px, const char *what, const char *id);
+
+/* The recorder's part of a point (invariant 5): into the store, the table (evicting), the tier. */
+static void put_point(st_prefix *px, rjob *j)
+{
+    uint64_t version = 0;
+    int rc = st_store_put(px->store, j->id, j->img, ST_STORE_HEAD_NONE, NULL, &version);
+    if (rc == ST_ECONFLICT) /* another process put it meanwhile */
+        return;
+    if (rc) {
+        count_error(px, "recording", j->id);
+        return;
+    }
+    char(*v)[ID_LEN + 1] = NULL;
+    size_t nv = 0;
+    pthread_mutex_lock(&px->mu);
+    if (add_locked(px, j->id, j->bytes, ++px->tick))
+        px->st.errors++;
+    evict_locked(px, &v, &nv);
+    pthread_mutex_unlock(&px->mu);
+    delete_all(px, v, nv);
+    if (px->tier) {
+        uint64_t tv = 0;
+        (void)st_tiernode_saved(px->tier, j->id, version, &tv);
+    }
+    pthread_mutex_lock(&px->mu); /* counted once it is everywhere it goes */
+    px->st.records++;
+    px->st.record_bytes += j->bytes;
+    pthread_mutex_unlock(&px->mu);
+}
+
+static void *rec_main(void *arg)
+{
+    st_prefix *px = arg;
+    pthread_mutex_lock(&px->mu);
+    for (;;) {
+        while (!px->rq_head && !px->stop)
+            pthread_cond_wait(&px->rcv, &px->mu);
+        rjob *j = px->rq_head;
+        if (!j)
+            break; /* stopped, and nothing is queued */
+        pthread_mutex_unlock(&px->mu);
+        put_point(px, j);
+        st_image_free(j->img);
+        j->img = NULL;
+        pthread_mutex_lock(&px->mu);
+        px->rq_head = j->next;
+        if (!px->rq_head)
+            px->rq_tail = NULL;
+        px->rq_bytes -= j->bytes;
+        px->st.queued--;
+        free(j);
+    }
+    pthread_mutex_unlock(&px->mu);
+    return NULL;
+}
+
+static int queued_locked(const st_prefix *px, const char *id)
+{
+    for (const rjob *j = px->rq_head; j; j = j->next)
+        if (!strcmp(j->id, id))
+            return 1;
+    return 0;
+}
+
 int st_prefix_new(const st_prefix_opts *o, st_engine *e, const st_geometry *g, st_store *store,
                   st_tiernode *tier, st_prefix **out)
 {
@@ -303,6 +389,7 @@ int st_prefix_new(const st_prefix_opts *o, st_engine *e, const st_geometry *g, s
     if (px->o.min_tokens < 1)
         px->o.min_tokens = 1;
     pthread_mutex_init(&px->mu, NULL);
+    pthread_cond_init(&px->rcv, NULL);
     int rc = 0;
     if (!px->ubatch || !px->page || make_base(px, g))
         rc = st_error_set(ST_EINVAL, "prefix index: ubatch %u, page %u, or no SHA-256", px->ubatch,
@@ -314,6 +401,13 @@ int st_prefix_new(const st_prefix_opts *o, st_engine *e, const st_geometry *g, s
         size_t nv;
         evict_locked(px, &v, &nv); /* a smaller budget than last time */
         delete_all(px, v, nv);
+    }
+    if (!rc) {
+        int prc = pthread_create(&px->rec, NULL, rec_main, px);
+        if (prc)
+            rc = st_error_set(prc, "prefix index: the recorder's thread: %s", strerror(prc));
+        else
+            px->rec_on = 1;
     }
     if (rc) {
         st_prefix_free(px);
@@ -327,6 +421,14 @@ void st_prefix_free(st_prefix *px)
 {
     if (!px)
         return;
+    if (px->rec_on) { /* invariant 5: what is queued is put first */
+        pthread_mutex_lock(&px->mu);
+        px->stop = 1;
+        pthread_cond_broadcast(&px->rcv);
+        pthread_mutex_unlock(&px->mu);
+        pthread_join(px->rec, NULL);
+    }
+    pthread_cond_destroy(&px->rcv);
     pthread_mutex_destroy(&px->mu);
     free(px->ents);
     free(px);
@@ -483,8 +585,9 @@ static int record_one(st_prefix *px, st_slot *s, uint64_t p, const char *id)
     pent *e = find_locked(px, id);
     if (e)
         e->tick = ++px->tick;
+    int held = e || queued_locked(px, id);
     pthread_mutex_unlock(&px->mu);
-    if (e)
+    if (held)
         return 0;
     st_version_info vi;
     if (!st_store_version_info(px->store, id, 0, &vi)) { /* put by another process */
@@ -510,31 +613,39 @@ static int record_one(st_prefix *px, st_slot *s, uint64_t p, const char *id)
     rc = st_slot_snapshot_prefix(s, p, px->o.codec, &img);
     if (rc == ST_ENOTFOUND)
         return 1;
-    uint64_t bytes = img ? st_image_bytes(img) : 0, version = 0;
+    uint64_t bytes = img ? st_image_bytes(img) : 0;
     if (!rc && bytes > px->o.budget_bytes)
         rc = st_error_set(ST_ETOOBIG, "%" PRIu64 " bytes, more than the index's budget", bytes);
-    if (!rc)
-        rc = st_store_put(px->store, id, img, ST_STORE_HEAD_NONE, NULL, &version);
-    st_image_free(img);
-    if (rc == ST_ECONFLICT) /* another request put it meanwhile */
-        return 0;
+    rjob *j = NULL;
+    if (!rc && !(j = calloc(1, sizeof *j)))
+        rc = st_error_set(ENOMEM, "a point's job");
     if (rc) {
+        st_image_free(img);
         count_error(px, "recording", id);
         return 0;
     }
-    char(*v)[ID_LEN + 1] = NULL;
-    size_t nv = 0;
+    j->img = img;
+    j->bytes = bytes;
+    snprintf(j->id, sizeof j->id, "%s", id);
+    uint64_t cap = px->o.budget_bytes < RQ_MAX_BYTES ? px->o.budget_bytes : RQ_MAX_BYTES;
     pthread_mutex_lock(&px->mu);
-    if (add_locked(px, id, bytes, ++px->tick))
-        px->st.errors++;
-    px->st.records++;
-    px->st.record_bytes += bytes;
-    evict_locked(px, &v, &nv);
+    int room = px->rq_bytes + bytes <= cap; /* invariant 5 */
+    if (room) {
+        if (px->rq_tail)
+            px->rq_tail->next = j;
+        else
+            px->rq_head = j;
+        px->rq_tail = j;
+        px->rq_bytes += bytes;
+        px->st.queued++;
+        pthread_cond_signal(&px->rcv);
+    } else {
+        px->st.dropped++;
+    }
     pthread_mutex_unlock(&px->mu);
-    delete_all(px, v, nv);
-    if (px->tier) {
-        uint64_t tv = 0;
-        (void)st_tiernode_saved(px->tier, id, version, &tv);
+    if (!room) {
+        st_image_free(img);
+        free(j);
     }
     return 0;
 }

@@ -20,7 +20,7 @@
  * the entries not being read (pinned); the order after a restart is that of the entries' last
  * writes.
  *
- * Threads: every function may be called from any worker thread.
+ * Threads: every function may be called from any worker thread; one recorder thread of its own.
  */
 #ifndef ST_PREFIX_H
 #define ST_PREFIX_H
@@ -52,6 +52,8 @@ typedef struct st_prefix_stats {
     uint64_t lookups, hits, hit_tokens, misses;
     uint64_t tier_hits;               /* hits whose point came from the tier */
     uint64_t records, record_bytes, evictions, errors;
+    uint64_t queued;                  /* gauge: points snapshotted, waiting for the recorder */
+    uint64_t dropped;                 /* points not recorded: the recorder's queue was full */
 } st_prefix_stats;
 
 typedef struct st_prefix st_prefix;
@@ -73,7 +75,9 @@ void st_prefix_resume(st_prefix *px, st_slot *s, const uint32_t *tokens, uint64_
  * point it resumed at: positions below are a full read's) and the slot still holds those tokens:
  * record the deepest point of (from, n] the slot has a state for, and the system prompt's
  * (its root checkpoint, and the deepest ubatch multiple within it), unless the index holds them.
- * Sent to the tier when there is one. Never fails the request. */
+ * The slot is only read here (the points' images made); a background thread puts them into the
+ * store and sends them to the tier when there is one (st_prefix.c invariant 5). Never fails the
+ * request. */
 void st_prefix_record(st_prefix *px, st_slot *s, uint64_t n, uint64_t system_len, uint64_t from);
 void st_prefix_stats_get(st_prefix *px, st_prefix_stats *out);
 

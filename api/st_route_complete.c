@@ -258,13 +258,14 @@ void st_api_h_completion(st_api_call *c)
     json_t *jtoks = json_array();
     for (uint64_t i = 0; i < ng.n_gen; i++)
         json_array_append_new(jtoks, json_integer(ng.gen[i]));
-    c->reply = json_pack("{s:s,s:s,s:o,s:s,s:s,s:I,s:I,s:{s:f,s:I,s:I,s:f,s:f}}", "session", g.id,
+    c->reply = json_pack("{s:s,s:s,s:o,s:s,s:s,s:I,s:I,s:{s:f,s:I,s:I,s:f,s:f,s:f}}", "session", g.id,
                          "text", text ? text : "", "tokens", jtoks, "stop", g.stop, "found", g.found,
                          "n_prompt_tokens", (json_int_t)(g.n_prompt - g.n_held), "n_tokens",
                          (json_int_t)g.n_tokens, "timings", "prompt_ms", st_api_ms(g.prompt_ms),
                          "resumed_tokens", (json_int_t)g.resumed, "computed_tokens",
                          (json_int_t)g.computed, "decode_ms", st_api_ms(g.decode_ms), "tokens_per_s",
-                         st_api_ms(g.decode_ms > 0 ? (double)g.n_gen * 1000.0 / g.decode_ms : 0.0));
+                         st_api_ms(g.decode_ms > 0 ? (double)g.n_gen * 1000.0 / g.decode_ms : 0.0),
+                         "record_ms", st_api_ms(g.record_ms));
     c->status = 200;
 done:
     free(ng.gen);

@@ -345,7 +345,17 @@ int st_tiernode_begin(st_tiernode *tn, const char *id, int flags, st_tiernode_be
         pthread_mutex_unlock(&tn->mu);
         st_tier *t = tier_get(tn);
         char tok[ST_TIER_TOKEN_LEN + 1] = "";
-        int rc = t ? st_tier_lease_take(t, id, tn->node_id, tn->o.lease_ms, tok, &prev) : ST_EIO;
+        int rc = !t    ? ST_EIO
+                 : fresh ? st_tier_lease_take_held(t, id, tn->node_id, tn->o.lease_ms, tok, &prev)
+                         : st_tier_lease_take(t, id, tn->node_id, tn->o.lease_ms, tok, &prev);
+        if (fresh && rc == ST_ECONFLICT) { /* another node held it since: nothing taken */
+            b->handed = 1;
+            b->park = prev.park;
+            memcpy(b->prev, prev.owner, sizeof b->prev);
+            return rc;
+        }
+        if (fresh && rc == ST_EBUSY) /* not a request refused: the spill stays local */
+            return rc;
         if (rc == ST_EBUSY && !fresh) {
             char owner[ST_TIER_OWNER_MAX + 1] = "";
             int64_t ttl = -2;

@@ -86,8 +86,11 @@ void st_tiernode_forget(st_tiernode *tn, const char *id);
  * live copy of id and load the store's head. end releases the lease when no other request of
  * this node holds it, and returns 1 when it was lost meanwhile (not renewed in time and taken by
  * another node, or found expired by the release at the end): the caller drops its live copy.
- * flags ST_TIERNODE_FRESH (a spill to the tier): only a lease taken from the tier now will do:
- * ST_EBUSY when a request of this node holds it, ST_EIO when the tier cannot be reached. */
+ * flags ST_TIERNODE_FRESH (a spill to the tier): only a lease taken from the tier now, and only
+ * while the holder record names this node or nobody, will do: ST_EBUSY when a request of this
+ * node or another node holds it, ST_EIO when the tier cannot be reached, ST_ECONFLICT with
+ * b->handed (and b->prev, b->park) when another node held the conversation since this node did
+ * (this node's copy is stale; the record is left as it is). */
 typedef struct st_tiernode_begun {
     int fetched;   /* the tier's head was newer than this node's copy: now in the local store */
     int handed;    /* another node (prev) held the conversation since this node did */

@@ -545,6 +545,11 @@ int st_tier_lease_takeover(st_tier *t, const char *id, const char *owner, uint32
                            char token[ST_TIER_TOKEN_LEN + 1], st_tier_holder *prev);
 int st_tier_lease_release(st_tier *t, const char *id, const char *token);
 int st_tier_lease_owner(st_tier *t, const char *id, char *owner, size_t cap, int64_t *ttl_ms);
+/* take_held: as take, and only while the holder record names owner or nobody: ST_ECONFLICT
+ * (*prev the record; nothing changed) when another node held the conversation since (a node
+ * parking its copy into the tier must not claim a conversation another node continued). */
+int st_tier_lease_take_held(st_tier *t, const char *id, const char *owner, uint32_t ttl_ms,
+                            char token[ST_TIER_TOKEN_LEN + 1], st_tier_holder *prev);
 int st_tier_holder_park(st_tier *t, const char *id, const char *token, uint64_t park);
 int st_tier_holder_get(st_tier *t, const char *id, st_tier_holder *h);
 /* Waits until every write since the last sync is on at least `replicas` replicas of its master

@@ -168,6 +168,12 @@ int st_tier_holder_park(st_tier *t, const char *id, const char *token, uint64_t 
     (void)t, (void)id, (void)token, (void)park;
     return no_tier();
 }
+int st_tier_lease_take_held(st_tier *t, const char *id, const char *owner, uint32_t ttl_ms,
+                            char token[ST_TIER_TOKEN_LEN + 1], st_tier_holder *prev)
+{
+    (void)t, (void)id, (void)owner, (void)ttl_ms, (void)token, (void)prev;
+    return no_tier();
+}
 int st_tier_holder_get(st_tier *t, const char *id, st_tier_holder *h)
 {
     (void)t, (void)id, (void)h;
@@ -939,11 +945,14 @@ static int holder_key(char *k, size_t cap, const char *id)
     return snprintf(k, cap, "st:o:{%s}", id);
 }
 
-/* take (takeover 0: only when nobody holds it) or take over from the same owner (takeover 1:
- * only while its owner is `owner`), under a new token; one script that also records owner as the
- * last holder and returns the record it replaced (invariant 7). */
+/* mode LEASE_TAKE: only when nobody holds it; LEASE_OVER: take over from the same owner (only
+ * while its owner is `owner`); LEASE_HELD: as LEASE_TAKE, and only when the holder record names
+ * owner or nobody (else ST_ECONFLICT, *prev the record, nothing changed). Under a new token; one
+ * script that also records owner as the last holder and returns the record it replaced
+ * (invariant 7). */
+enum { LEASE_TAKE, LEASE_OVER, LEASE_HELD };
 static int lease_set(st_tier *t, const char *id, const char *owner, uint32_t ttl_ms,
-                     char token[ST_TIER_TOKEN_LEN + 1], int takeover, st_tier_holder *prev)
+                     char token[ST_TIER_TOKEN_LEN + 1], int mode, st_tier_holder *prev)
 {
     token[0] = 0;
     if (prev)
@@ -973,18 +982,20 @@ static int lease_set(st_tier *t, const char *id, const char *owner, uint32_t ttl
     int tl = snprintf(ttl, sizeof ttl, "%u", ttl_ms);
     int gl = snprintf(gc, sizeof gc, "%u", t->o.ttl_s);
     /* ARGV: the lease's value, its TTL, the holder record, the record's TTL (0: none), the mode
-     * ("take", or "over" with the owner a takeover expects) */
+     * ("take", "held", or "over"), the owner */
     static const char lua[] =
         "local c = redis.call('GET', KEYS[1]) "
-        "if ARGV[5] == 'take' then if c ~= false then return {0, ''} end "
+        "if ARGV[5] ~= 'over' then if c ~= false then return {0, ''} end "
         "elseif c == false or string.sub(c, 1, -18) ~= ARGV[6] then return {0, ''} end "
-        "redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) "
         "local o = redis.call('GET', KEYS[2]) "
+        "if ARGV[5] == 'held' and o ~= false and string.match(o, '^[^ ]*') ~= ARGV[6] then "
+        "return {2, o} end "
+        "redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) "
         "if ARGV[4] == '0' then redis.call('SET', KEYS[2], ARGV[3]) "
         "else redis.call('SET', KEYS[2], ARGV[3], 'EX', ARGV[4]) end "
         "if o == false then o = '' end return {1, o}";
-    const char *argv[] = {"EVAL", lua, "2", k, ko, v, ttl, hv, gc, takeover ? "over" : "take",
-                          owner};
+    const char *argv[] = {"EVAL", lua, "2", k, ko, v, ttl, hv, gc,
+                          mode == LEASE_OVER ? "over" : mode == LEASE_HELD ? "held" : "take", owner};
     const size_t lens[] = {4, sizeof lua - 1, 1, (size_t)kl, (size_t)kol, (size_t)vl,
                            (size_t)tl, (size_t)hl, (size_t)gl, 4, ol};
     redisReply *r = tier_cmd(t, k, (size_t)kl, 11, argv, lens, 1, &rc);
@@ -996,10 +1007,17 @@ static int lease_set(st_tier *t, const char *id, const char *owner, uint32_t ttl
             memcpy(token, tok, sizeof tok);
             if (prev)
                 parse_holder(r->element[1], prev);
+        } else if (r->element[0]->integer == 2) {
+            st_tier_holder h;
+            parse_holder(r->element[1], &h);
+            if (prev)
+                *prev = h;
+            rc = st_error_set(ST_ECONFLICT, "tier: %s: node %s held it since", id, h.owner);
         } else {
             t->st.conflicts++;
-            rc = takeover ? st_error_set(ST_EBUSY, "tier: %s: its lease is not %s's", id, owner)
-                          : st_error_set(ST_EBUSY, "tier: %s: another node holds its lease", id);
+            rc = mode == LEASE_OVER
+                     ? st_error_set(ST_EBUSY, "tier: %s: its lease is not %s's", id, owner)
+                     : st_error_set(ST_EBUSY, "tier: %s: another node holds its lease", id);
         }
         freeReplyObject(r);
     }
@@ -1010,13 +1028,19 @@ static int lease_set(st_tier *t, const char *id, const char *owner, uint32_t ttl
 int st_tier_lease_take(st_tier *t, const char *id, const char *owner, uint32_t ttl_ms,
                        char token[ST_TIER_TOKEN_LEN + 1], st_tier_holder *prev)
 {
-    return lease_set(t, id, owner, ttl_ms, token, 0, prev);
+    return lease_set(t, id, owner, ttl_ms, token, LEASE_TAKE, prev);
+}
+
+int st_tier_lease_take_held(st_tier *t, const char *id, const char *owner, uint32_t ttl_ms,
+                            char token[ST_TIER_TOKEN_LEN + 1], st_tier_holder *prev)
+{
+    return lease_set(t, id, owner, ttl_ms, token, LEASE_HELD, prev);
 }
 
 int st_tier_lease_takeover(st_tier *t, const char *id, const char *owner, uint32_t ttl_ms,
                            char token[ST_TIER_TOKEN_LEN + 1], st_tier_holder *prev)
 {
-    return lease_set(t, id, owner, ttl_ms, token, 1, prev);
+    return lease_set(t, id, owner, ttl_ms, token, LEASE_OVER, prev);
 }
 
 int st_tier_holder_park(st_tier *t, const char *id, const char *token, uint64_t park)

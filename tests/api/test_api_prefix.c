@@ -113,9 +113,11 @@ static void run_model(const model *m, const char *const *index_flags, const char
     start(&a, m, sa, index_flags);
     json_t *first = ask(a.port, "first", g_sys, "The first question.");
     assert_string_equal(found(first), "new");
-    assert_true(st_at_metric(a.port, "strata_prefix_records_total") >= 1);
     json_decref(first);
     free(chat(a.port, g_sys, "A chat question, the first one."));
+    /* the recorder puts the points in the background: once it is idle they are in the store */
+    assert_int_equal(st_at_await_metric(a.port, "strata_prefix_record_queue", 0), 0);
+    assert_true(st_at_metric(a.port, "strata_prefix_records_total") >= 1);
     (void)st_hc_server_stop(&a, SIGKILL); /* killed: the index is in the store */
 
     start(&a, m, sa, index_flags);
@@ -178,6 +180,8 @@ static void test_budget(void **state)
         char id[32];
         snprintf(id, sizeof id, "b%d", k);
         json_decref(ask(a.port, id, sys, "The first question."));
+        /* one at a time: the LRU order is that of the records */
+        assert_int_equal(st_at_await_metric(a.port, "strata_prefix_record_queue", 0), 0);
     }
     double entries = st_at_metric(a.port, "strata_prefix_entries");
     printf("budget: %g points kept, %g evicted\n", entries,

@@ -303,6 +303,22 @@ static void test_lease(void **state)
     OK(st_tier_lease_owner(t, "conv-l", owner, sizeof owner, &ttl));
     assert_string_equal(owner, "node-a");
     OK(st_tier_lease_release(t, "conv-l", tc));
+    /* take_held (a node parking its copy): refused, with nothing changed, once another node
+     * held the conversation since; taken while the record names the taker */
+    OK(st_tier_lease_take(t, "conv-l", "node-b", 60000, tb, NULL));
+    OK(st_tier_lease_release(t, "conv-l", tb));
+    assert_int_equal(st_tier_lease_take_held(t, "conv-l", "node-a", 60000, tc, &h), ST_ECONFLICT);
+    assert_string_equal(h.owner, "node-b");
+    OK(st_tier_lease_owner(t, "conv-l", owner, sizeof owner, &ttl));
+    assert_string_equal(owner, ""); /* no lease was taken */
+    OK(st_tier_holder_get(t, "conv-l", &h));
+    assert_string_equal(h.owner, "node-b");
+    OK(st_tier_lease_take_held(t, "conv-l", "node-b", 60000, tb, &h));
+    assert_string_equal(h.owner, "node-b");
+    OK(st_tier_lease_release(t, "conv-l", tb));
+    OK(st_tier_lease_take_held(t, "conv-new", "node-a", 60000, tc, &h)); /* no record yet */
+    assert_string_equal(h.owner, "");
+    OK(st_tier_lease_release(t, "conv-new", tc));
     assert_int_equal(st_tier_lease_take(t, "conv-l", "bad owner", 1000, tb, NULL), ST_EINVAL);
     assert_int_equal(st_tier_lease_take(t, "conv-l", "node-a", 0, tb, NULL), ST_EINVAL);
     assert_int_equal(st_tier_lease_renew(t, "conv-l", "short", 1000), ST_EINVAL);

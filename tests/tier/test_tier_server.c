@@ -410,6 +410,7 @@ static void test_prefix_across_nodes(void **state)
     flags[3] = "node-b";
     assert_int_equal(st_at_server_start(&b, &g_env, "store-pfx-b", flags, NULL), 0);
     json_decref(ask(a.port, "on-a", sys, "The question asked on A.", "new"));
+    assert_int_equal(st_at_await_metric(a.port, "strata_prefix_record_queue", 0), 0);
     assert_true(st_at_metric(a.port, "strata_prefix_records_total") >= 1);
     json_t *o = ask(b.port, "on-b", sys, q, "index");
     json_int_t res = json_integer_value(json_object_get(json_object_get(o, "timings"), "resumed_tokens"));
