@@ -64,8 +64,11 @@
  *    is newer than the version this node last sent or fetched (another node saved it), the
  *    head is fetched into the store and this node's live copy (slot or park) is dropped before
  *    the request reads it; a lease lost during a request (not renewed in time, taken by another
- *    node) drops the live copy when the request ends. Every SAVE is sent to the tier after the
- *    local commit (st_tiernode_saved: it never fails the SAVE).
+ *    node) drops the live copy when the request ends. A SAVE of a named conversation takes the
+ *    lease as a spill does (save_lease; invariant 11): a copy older than what another node made
+ *    since (held or saved) is dropped and the SAVE refused (409 conflict); then it is sent to
+ *    the tier after the local commit (st_tiernode_saved: the tier never fails the SAVE; the
+ *    tier away: queued, "pending").
  * 10. With the prefix index (cv->prefix, st_prefix.h): a completion whose conversation holds
  *    nothing (a new id, a session never saved) resumes from the deepest point of the index its
  *    prompt shares (found "index"), before it reads; one whose read began at 0 or at that point
@@ -626,7 +629,7 @@ static int spill_one(st_conv *cv, const char *id, const st_image *img, int *stal
         st_error_clear();
         return put_park(cv, id, img, NULL, NULL);
     }
-    if (b.fetched || b.handed) {
+    if (b.fetched) { /* another node saved it since: this copy is older */
         (void)st_tiernode_end(tn, id);
         *stale = 1;
         return 0;
@@ -1553,6 +1556,72 @@ static int take_live(st_conv *cv, const char *id, int *j, pentry **pe)
     return rc;
 }
 
+/* Drop a live copy the caller holds (take_live, forget_begin): slot j reset and unbound and
+ * released, or park entry p out of the pool and freed; the id's waiters go on. */
+static void drop_live(st_conv *cv, int j, pentry *p)
+{
+    if (j >= 0) {
+        st_slot_reset(cv->slots[j].slot);
+        pthread_mutex_lock(&cv->mu);
+        cv->slots[j].bound = 0;
+        pthread_mutex_unlock(&cv->mu);
+        slot_release(cv, j);
+    }
+    if (p) {
+        pthread_mutex_lock(&cv->mu);
+        park_remove_locked(cv, p);
+        wake_locked(cv); /* the id is gone: its waiters start afresh */
+        gauges_locked(cv);
+        pthread_mutex_unlock(&cv->mu);
+        park_drop(cv, p);
+    }
+}
+
+/* With a tier, a SAVE of a named conversation takes its lease as a spill does (fresh, and only
+ * while the holder record names this node or nobody: invariant 11), so that a node never saves
+ * a copy older than what another node made of the conversation since, saved or not. A stale
+ * copy is dropped and the SAVE refused (ST_ECONFLICT); ST_EBUSY while another node (or a spill
+ * of this one) holds the lease; the tier away: 0 with *leased 0 (the SAVE stays local and
+ * queues, "pending": *leased -1). */
+static int save_lease(st_conv *cv, const char *id, int j, pentry *p, int *leased)
+{
+    *leased = 0;
+    st_tiernode *tn = cv->env->tier;
+    if (!tn || !strncmp(id, ST_CONV_ANON_PREFIX, strlen(ST_CONV_ANON_PREFIX)))
+        return 0;
+    st_tiernode_begun b;
+    int rc = st_tiernode_begin(tn, id, ST_TIERNODE_FRESH, &b);
+    if (rc == ST_EIO) {
+        st_error_clear();
+        *leased = -1; /* the tier away: the SAVE queues without trying it again */
+        return 0;
+    }
+    if (!rc && b.fetched)
+        (void)st_tiernode_end(tn, id);
+    if (rc == ST_ECONFLICT || (!rc && b.fetched)) {
+        char d[1024];
+        if (rc)
+            snprintf(d, sizeof d, "%s", st_errdetail());
+        else
+            snprintf(d, sizeof d, "session %s: another node saved it since this node's copy was "
+                     "made (the tier's head is in this node's store now)", id);
+        fprintf(stderr, "strata-server: SAVE refused: %s: this node's copy is dropped\n", d);
+        drop_live(cv, j, p);
+        cv->m->saves_stale++;
+        return st_error_set(ST_ECONFLICT, "%s: this node's copy was dropped and nothing saved; "
+                            "the next request continues from the tier", d);
+    }
+    if (rc) {
+        if (j >= 0)
+            slot_release(cv, j);
+        else
+            park_release(cv, p);
+        return rc;
+    }
+    *leased = 1;
+    return 0;
+}
+
 int st_conv_save(st_conv *cv, const char *id, const st_conv_save_opts *o, st_conv_save_info *out)
 {
     uint32_t codec = o->codec;
@@ -1561,6 +1630,9 @@ int st_conv_save(st_conv *cv, const char *id, const st_conv_save_opts *o, st_con
     pentry *p;
     int rc = take_live(cv, id, &j, &p);
     if (rc)
+        return rc;
+    int leased = 0;
+    if ((rc = save_lease(cv, id, j, p, &leased))) /* on failure it released the copy */
         return rc;
     double t0 = st_conv_now_ms();
     st_image *img = NULL;
@@ -1594,7 +1666,9 @@ int st_conv_save(st_conv *cv, const char *id, const st_conv_save_opts *o, st_con
         goto done;
     sidx_put_image(cv, id, put_img);
     double t2 = st_conv_now_ms();
-    if (cv->env->tier) /* durable locally; then the tier (it never fails the SAVE) */
+    if (leased < 0) /* durable locally; the tier away a moment ago: queued */
+        out->tier = st_tier_outcome_name(st_tiernode_queue(cv->env->tier, id, version));
+    else if (cv->env->tier) /* durable locally; then the tier (it never fails the SAVE) */
         out->tier = st_tier_outcome_name(st_tiernode_saved(cv->env->tier, id, version,
                                                            &out->tier_version));
     cv->m->saves++;
@@ -1609,6 +1683,8 @@ int st_conv_save(st_conv *cv, const char *id, const st_conv_save_opts *o, st_con
     out->ms = t2 - t0;
 done:
     st_image_free(img);
+    if (leased > 0)
+        (void)st_tiernode_end(cv->env->tier, id);
     if (j >= 0)
         slot_release(cv, j);
     else
@@ -1869,22 +1945,7 @@ void st_conv_forget_abort(st_conv *cv, st_conv_hold *h)
 void st_conv_forget_end(st_conv *cv, st_conv_hold *h)
 {
     unhold_id(cv, h);
-    if (h->slot >= 0) {
-        st_slot_reset(cv->slots[h->slot].slot);
-        pthread_mutex_lock(&cv->mu);
-        cv->slots[h->slot].bound = 0;
-        pthread_mutex_unlock(&cv->mu);
-        slot_release(cv, h->slot);
-    }
-    pentry *p = h->entry;
-    if (p) {
-        pthread_mutex_lock(&cv->mu);
-        park_remove_locked(cv, p);
-        wake_locked(cv); /* the id is gone: its waiters start afresh */
-        gauges_locked(cv);
-        pthread_mutex_unlock(&cv->mu);
-        park_drop(cv, p);
-    }
+    drop_live(cv, h->slot, h->entry);
     h->slot = -1;
     h->entry = NULL;
 }

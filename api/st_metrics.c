@@ -190,6 +190,9 @@ void st_metrics_render(st_metrics *m, struct evbuffer *o, const st_http_stats *h
                         U(m->conv.parks_ram), U(m->conv.parks_disk));
     counter(o, "strata_park_spills_total", "Parked images spilled from RAM to the store.", m->conv.park_spills);
     counter(o, "strata_park_unspills_total", "Spilled images brought back into a slot.", m->conv.park_unspills);
+    counter(o, "strata_saves_stale_total", "SAVEs refused (409) because another node held or "
+            "saved the conversation since this node's copy was made (the copy dropped).",
+            m->conv.saves_stale);
     counter(o, "strata_park_dropped_stale_total", "Parked images dropped at a spill: another node "
             "held the conversation since.", m->conv.park_dropped_stale);
     gauge(o, "strata_park_pool_bytes", "Bytes of parked images held in RAM.", (double)m->conv.pool_ram_bytes);
@@ -267,6 +270,12 @@ void st_metrics_render(st_metrics *m, struct evbuffer *o, const st_http_stats *h
                 "live copy dropped).", ts.leases_lost);
         counter(o, "strata_tier_handovers_total", "Conversations taken after another node had "
                 "held them (this node's older copy dropped).", ts.handovers);
+        gauge(o, "strata_tier_lease_orphans", "Lease takes that got no reply, waiting to be "
+              "released under their token once the tier answers.", (double)ts.orphans);
+        counter(o, "strata_tier_lease_orphans_released_total", "Leases such takes had taken, "
+                "released once the tier answered.", ts.orphans_released);
+        counter(o, "strata_tier_adopted_total", "Tier heads taken as this node's own SAVE (it held "
+                "the conversation last, before a restart): no pull, its copy kept.", ts.adopted);
         counter(o, "strata_tier_park_pushes_total", "Parked images spilled at the RAM ceiling "
                 "that the tier holds too.", ts.park_pushes);
         counter(o, "strata_tier_park_pushed_bytes_total", "Session-file bytes of those parks.",

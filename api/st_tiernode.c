@@ -28,6 +28,20 @@
  *    fork the conversation). A park pushed to the tier (st_tiernode_park) is named in the
  *    record only under the lease the spill took fresh: while it is held no other node works on
  *    the conversation and no other request of this node does, so the park is the newest state.
+ * 7. A restart empties the map of known versions. When a take finds the holder record naming
+ *    this node and this process never sent or fetched the conversation, no other node took its
+ *    lease since this node last did (completions, RESTOREs, SAVEs and spills all take it), so
+ *    the tier's head is this node's own SAVE and its live copy, if any (a park kept over the
+ *    restart), is at least as new: the head becomes the known version without a pull, when the
+ *    local store holds the conversation (strata_tier_adopted_total). A SAVE another node made
+ *    while it could not take the lease (the tier away from it) and sent later from its queue is
+ *    not seen so (docs/SCALE.md, the failure modes).
+ * 8. A take that got no reply (ST_EIO: a server stopped, a failover) may still have run when
+ *    the server answers later; its token is kept (at most TN_ORPHANS, beyond the oldest is left
+ *    to expire by its TTL) and the queue's thread releases the lease under it, before it sends
+ *    the queue, once the tier answers: such a lease would keep every other node out of the
+ *    conversation for its TTL. The release acts only under that token, so a lease taken since
+ *    (by this node's next request, or another node) stays.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -56,6 +70,14 @@ typedef struct lease {
     char id[ST_STORE_ID_MAX + 1];
 } lease;
 
+/* A take that got no reply: the lease it may have taken, released under its token once the
+ * tier answers (invariant 8). */
+typedef struct orphan {
+    char token[ST_TIER_TOKEN_LEN + 1];
+    char id[ST_STORE_ID_MAX + 1];
+} orphan;
+#define TN_ORPHANS 256
+
 typedef struct pending {
     uint64_t version; /* the local version to send */
     char id[ST_STORE_ID_MAX + 1];
@@ -72,6 +94,8 @@ struct st_tiernode {
     st_store *store;
     st_tier *tier; /* NULL until the tier was reached once */
     known *map[TN_BUCKETS];
+    orphan orphans[TN_ORPHANS];
+    uint32_t n_orphans;
     pending *q;    /* a ring of o.pending_max entries */
     uint32_t q_head, q_n;
     st_tiernode_stats st;
@@ -220,13 +244,65 @@ static int push_one(st_tiernode *tn, st_tier *t, const char *id, uint64_t versio
     return rc;
 }
 
+/* The queue thread's pause while the tier is down (retry_ms, or until woken). */
+static void retry_wait_locked(st_tiernode *tn)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)tn->o.retry_ms * 1000000ull;
+    ts.tv_sec += (time_t)(ns / 1000000000ull);
+    ts.tv_nsec = (long)(ns % 1000000000ull);
+    if (!tn->stop)
+        pthread_cond_timedwait(&tn->cv, &tn->mu, &ts);
+}
+
+/* A take of id under token got no reply (invariant 8). */
+static void orphan_add(st_tiernode *tn, const char *id, const char *token)
+{
+    if (!token[0])
+        return;
+    pthread_mutex_lock(&tn->mu);
+    if (tn->n_orphans == TN_ORPHANS) /* the oldest is left to expire by its TTL */
+        memmove(tn->orphans, tn->orphans + 1, (TN_ORPHANS - 1) * sizeof *tn->orphans);
+    else
+        tn->n_orphans++;
+    orphan *o = &tn->orphans[tn->n_orphans - 1];
+    snprintf(o->id, sizeof o->id, "%s", id);
+    memcpy(o->token, token, sizeof o->token);
+    tn->st.orphans = tn->n_orphans;
+    pthread_cond_broadcast(&tn->cv);
+    pthread_mutex_unlock(&tn->mu);
+}
+
 static void *queue_main(void *arg)
 {
     st_tiernode *tn = arg;
     pthread_mutex_lock(&tn->mu);
     while (!tn->stop) {
-        if (!tn->q_n) {
+        if (!tn->q_n && !tn->n_orphans) {
             pthread_cond_wait(&tn->cv, &tn->mu);
+            continue;
+        }
+        if (tn->n_orphans) { /* first: a lease left behind keeps other nodes out */
+            orphan o = tn->orphans[tn->n_orphans - 1];
+            pthread_mutex_unlock(&tn->mu);
+            st_tier *t = tier_get(tn);
+            int rc = t ? st_tier_lease_release(t, o.id, o.token) : ST_EIO;
+            pthread_mutex_lock(&tn->mu);
+            if (rc == ST_EIO) {
+                tn->st.up = 0;
+                retry_wait_locked(tn);
+                continue;
+            }
+            /* released, or not held under it (never taken, expired, or taken over) */
+            for (uint32_t i = 0; i < tn->n_orphans; i++)
+                if (!strcmp(tn->orphans[i].token, o.token)) {
+                    tn->orphans[i] = tn->orphans[--tn->n_orphans];
+                    break;
+                }
+            tn->st.orphans = tn->n_orphans;
+            if (!rc)
+                tn->st.orphans_released++;
             continue;
         }
         pending p = *q_at(tn, 0);
@@ -239,13 +315,7 @@ static void *queue_main(void *arg)
         pthread_mutex_lock(&tn->mu);
         if (rc == ST_EIO) {
             tn->st.up = 0;
-            struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)tn->o.retry_ms * 1000000ull;
-            ts.tv_sec += (time_t)(ns / 1000000000ull);
-            ts.tv_nsec = (long)(ns % 1000000000ull);
-            if (!tn->stop)
-                pthread_cond_timedwait(&tn->cv, &tn->mu, &ts);
+            retry_wait_locked(tn);
             continue;
         }
         if (!rc)
@@ -319,6 +389,16 @@ static void *renew_main(void *arg)
     return NULL;
 }
 
+static int fetch_in(st_tiernode *tn, const char *id, uint64_t max_bytes, int own, int *fetched);
+
+/* What a take's holder record says of the node that held the conversation before (invariant 6). */
+static void begun_handed(st_tiernode_begun *b, const st_tier_holder *prev)
+{
+    b->handed = 1;
+    b->park = prev->park;
+    memcpy(b->prev, prev->owner, sizeof b->prev);
+}
+
 int st_tiernode_begin(st_tiernode *tn, const char *id, int flags, st_tiernode_begun *b)
 {
     memset(b, 0, sizeof *b);
@@ -331,6 +411,10 @@ int st_tiernode_begin(st_tiernode *tn, const char *id, int flags, st_tiernode_be
         if (l && fresh) {
             pthread_mutex_unlock(&tn->mu);
             return st_error_set(ST_EBUSY, "session %s: a request of this node holds its lease", id);
+        }
+        if (fresh && tn->q_n > 0) { /* SAVEs wait for the tier (invariant 2): do not wait too */
+            pthread_mutex_unlock(&tn->mu);
+            return st_error_set(ST_EIO, "tier %s: not reachable (SAVEs are queued)", tn->url);
         }
         if (l && !l->lost) {
             l->refs++;
@@ -349,13 +433,17 @@ int st_tiernode_begin(st_tiernode *tn, const char *id, int flags, st_tiernode_be
                  : fresh ? st_tier_lease_take_held(t, id, tn->node_id, tn->o.lease_ms, tok, &prev)
                          : st_tier_lease_take(t, id, tn->node_id, tn->o.lease_ms, tok, &prev);
         if (fresh && rc == ST_ECONFLICT) { /* another node held it since: nothing taken */
-            b->handed = 1;
-            b->park = prev.park;
-            memcpy(b->prev, prev.owner, sizeof b->prev);
-            return rc;
+            begun_handed(b, &prev);
+            return st_error_set(rc, "session %s: node %s held it since this node did: this "
+                                "node's copy is older", id, b->prev[0] ? b->prev : "?");
         }
-        if (fresh && rc == ST_EBUSY) /* not a request refused: the spill stays local */
-            return rc;
+        if (fresh && rc == ST_EBUSY) { /* not counted as refused: a spill stays local */
+            char owner[ST_TIER_OWNER_MAX + 1] = "";
+            int64_t ttl = -2;
+            (void)st_tier_lease_owner(t, id, owner, sizeof owner, &ttl);
+            return st_error_set(ST_EBUSY, "session %s is in use on node %s (its lease, %lld ms "
+                                "left); retry", id, owner[0] ? owner : "?", (long long)ttl);
+        }
         if (rc == ST_EBUSY && !fresh) {
             char owner[ST_TIER_OWNER_MAX + 1] = "";
             int64_t ttl = -2;
@@ -390,8 +478,16 @@ int st_tiernode_begin(st_tiernode *tn, const char *id, int flags, st_tiernode_be
             return st_error_set(ST_EBUSY, "session %s is in use on node %s (its lease, %lld ms "
                                 "left); retry", id, owner[0] ? owner : "?", (long long)ttl);
         }
-        if (rc && (rc != ST_EIO || fresh))
-            return rc == ST_EIO ? st_error_set(ST_EIO, "tier %s: not reachable", tn->url) : rc;
+        if (rc == ST_EIO)
+            orphan_add(tn, id, tok);
+        if (rc == ST_EIO && fresh) {
+            pthread_mutex_lock(&tn->mu);
+            tn->st.up = 0;
+            pthread_mutex_unlock(&tn->mu);
+            return st_error_set(ST_EIO, "tier %s: not reachable", tn->url);
+        }
+        if (rc && rc != ST_EIO)
+            return rc;
         lease *n = calloc(1, sizeof *n);
         if (!n) {
             if (!rc)
@@ -412,9 +508,7 @@ int st_tiernode_begin(st_tiernode *tn, const char *id, int flags, st_tiernode_be
             tn->st.up = 0;
         if (!rc && prev.owner[0] && strcmp(prev.owner, tn->node_id)) {
             /* another node held it since this node did: whatever this node holds is older */
-            b->handed = 1;
-            b->park = prev.park;
-            memcpy(b->prev, prev.owner, sizeof b->prev);
+            begun_handed(b, &prev);
             tn->st.handovers++;
         }
         pthread_mutex_unlock(&tn->mu);
@@ -422,7 +516,7 @@ int st_tiernode_begin(st_tiernode *tn, const char *id, int flags, st_tiernode_be
             return 0;
         break;
     }
-    int rc = st_tiernode_fetch(tn, id, 0, &b->fetched);
+    int rc = fetch_in(tn, id, 0, prev.owner[0] && !strcmp(prev.owner, tn->node_id), &b->fetched);
     if (rc == ST_EIO) {
         st_error_clear();
         rc = 0;
@@ -616,6 +710,22 @@ void st_tiernode_free(st_tiernode *tn)
     free(tn);
 }
 
+static st_tier_outcome queue_locked(st_tiernode *tn, const char *id, uint64_t version)
+{
+    int ok = q_put_locked(tn, id, version);
+    if (!ok)
+        tn->st.unqueued++;
+    return ok ? ST_TIER_PENDING : ST_TIER_UNQUEUED;
+}
+
+st_tier_outcome st_tiernode_queue(st_tiernode *tn, const char *id, uint64_t version)
+{
+    pthread_mutex_lock(&tn->mu);
+    st_tier_outcome out = queue_locked(tn, id, version);
+    pthread_mutex_unlock(&tn->mu);
+    return out;
+}
+
 st_tier_outcome st_tiernode_saved(st_tiernode *tn, const char *id, uint64_t version,
                                   uint64_t *tier_version)
 {
@@ -623,11 +733,9 @@ st_tier_outcome st_tiernode_saved(st_tiernode *tn, const char *id, uint64_t vers
     pthread_mutex_lock(&tn->mu);
     int queue = tn->q_n > 0 || !tn->tier; /* invariant 2 */
     if (queue) {
-        int ok = q_put_locked(tn, id, version);
-        if (!ok)
-            tn->st.unqueued++;
+        st_tier_outcome out = queue_locked(tn, id, version);
         pthread_mutex_unlock(&tn->mu);
-        return ok ? ST_TIER_PENDING : ST_TIER_UNQUEUED;
+        return out;
     }
     st_tier *t = tn->tier;
     pthread_mutex_unlock(&tn->mu);
@@ -640,10 +748,7 @@ st_tier_outcome st_tiernode_saved(st_tiernode *tn, const char *id, uint64_t vers
         tn->st.conflicts++;
         out = ST_TIER_CONFLICT;
     } else if (rc == ST_EIO) {
-        int ok = q_put_locked(tn, id, version);
-        if (!ok)
-            tn->st.unqueued++;
-        out = ok ? ST_TIER_PENDING : ST_TIER_UNQUEUED;
+        out = queue_locked(tn, id, version);
     } else {
         tn->st.errors++;
         fprintf(stderr, "strata-server: tier: %s version %llu was not sent: %s: %s\n", id,
@@ -655,7 +760,9 @@ st_tier_outcome st_tiernode_saved(st_tiernode *tn, const char *id, uint64_t vers
     return out;
 }
 
-int st_tiernode_fetch(st_tiernode *tn, const char *id, uint64_t max_bytes, int *fetched)
+/* st_tiernode_fetch; own: the holder record named this node when its lease was taken just now
+ * (invariant 7). */
+static int fetch_in(st_tiernode *tn, const char *id, uint64_t max_bytes, int own, int *fetched)
 {
     *fetched = 0;
     st_tier *t = tier_get(tn);
@@ -677,6 +784,17 @@ int st_tiernode_fetch(st_tiernode *tn, const char *id, uint64_t max_bytes, int *
     pthread_mutex_unlock(&tn->mu);
     if (!head || head == mine)
         return 0;
+    st_version_info vi;
+    if (own && !mine && !st_store_version_info(tn->store, id, 0, &vi)) {
+        /* this process never sent or fetched it, but this node held it last (before a
+         * restart): the head is this node's own SAVE, and its copy at least as new */
+        pthread_mutex_lock(&tn->mu);
+        known_set_locked(tn, id, head);
+        tn->st.adopted++;
+        pthread_mutex_unlock(&tn->mu);
+        return 0;
+    }
+    st_error_clear();
     st_tier_xfer_stats xs;
     memset(&xs, 0, sizeof xs);
     rc = st_tier_pull(t, tn->store, id, head, max_bytes, &xs);
@@ -694,6 +812,11 @@ int st_tiernode_fetch(st_tiernode *tn, const char *id, uint64_t max_bytes, int *
         tn->st.up = rc != ST_EIO;
     pthread_mutex_unlock(&tn->mu);
     return rc;
+}
+
+int st_tiernode_fetch(st_tiernode *tn, const char *id, uint64_t max_bytes, int *fetched)
+{
+    return fetch_in(tn, id, max_bytes, 0, fetched);
 }
 
 void st_tiernode_stats_get(st_tiernode *tn, st_tiernode_stats *s)

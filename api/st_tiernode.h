@@ -43,6 +43,9 @@ typedef struct st_tiernode_stats {
     uint64_t conflicts, errors, unqueued, sent_from_queue;
     uint64_t leases_taken, leases_refused, leases_lost;
     uint64_t handovers;   /* begins that found another node held the conversation since */
+    uint64_t adopted;     /* heads taken as this node's own after a restart (invariant 7) */
+    uint64_t orphans;     /* gauge: takes without a reply whose lease waits to be released */
+    uint64_t orphans_released; /* such leases the tier held and released (invariant 8) */
     uint64_t park_pushes, park_pushed_bytes, park_pulls, park_pulled_bytes, park_errors;
     uint64_t leases_held; /* gauge */
     uint64_t pending;     /* gauge: conversations waiting in the queue */
@@ -62,6 +65,9 @@ void st_tiernode_free(st_tiernode *tn); /* accepts NULL; stops the thread (what 
  * Never fails the SAVE: the outcome says what happened. */
 st_tier_outcome st_tiernode_saved(st_tiernode *tn, const char *id, uint64_t version,
                                   uint64_t *tier_version);
+/* The same, queued without trying: the caller found the tier unreachable a moment ago (a SAVE
+ * whose lease could not be taken), so the SAVE does not wait for the tier's timeout twice. */
+st_tier_outcome st_tiernode_queue(st_tiernode *tn, const char *id, uint64_t version);
 /* id is not live on this node: when the tier's head of id is not the version this node last
  * sent or fetched (another node saved it since, or this node never had it), that head is put
  * into the local store as its new head (st_tier_pull) and *fetched is 1. 0 with *fetched 0 when
@@ -86,11 +92,12 @@ void st_tiernode_forget(st_tiernode *tn, const char *id);
  * live copy of id and load the store's head. end releases the lease when no other request of
  * this node holds it, and returns 1 when it was lost meanwhile (not renewed in time and taken by
  * another node, or found expired by the release at the end): the caller drops its live copy.
- * flags ST_TIERNODE_FRESH (a spill to the tier): only a lease taken from the tier now, and only
- * while the holder record names this node or nobody, will do: ST_EBUSY when a request of this
- * node or another node holds it, ST_EIO when the tier cannot be reached, ST_ECONFLICT with
- * b->handed (and b->prev, b->park) when another node held the conversation since this node did
- * (this node's copy is stale; the record is left as it is). */
+ * flags ST_TIERNODE_FRESH (a spill to the tier, a SAVE): only a lease taken from the tier now,
+ * and only while the holder record names this node or nobody, will do: ST_EBUSY when a request
+ * of this node or another node holds it, ST_EIO when the tier cannot be reached, ST_ECONFLICT
+ * with b->handed (and b->prev, b->park) when another node held the conversation since this node
+ * did (this node's copy is stale; the record is left as it is). A fresh take that succeeds
+ * never reports handed; fetched still tells that another node saved it since. */
 typedef struct st_tiernode_begun {
     int fetched;   /* the tier's head was newer than this node's copy: now in the local store */
     int handed;    /* another node (prev) held the conversation since this node did */

@@ -522,8 +522,10 @@ int st_tier_head_get(st_tier *t, const char *id, uint64_t *version);
 int st_tier_head_cas(st_tier *t, const char *id, uint64_t expect, uint64_t next, uint64_t *cur);
 /* The lease of a live conversation: owner (a node id, 1..ST_TIER_OWNER_MAX bytes without
  * spaces) for ttl_ms. take gives a token (ST_EBUSY if someone holds it); renew and release act
- * only under that token (ST_EBUSY when it expired or another node took it). owner reads the
- * holder (owner "" and *ttl_ms -2 when none).
+ * only under that token (ST_EBUSY when it expired or another node took it). A take (any of the
+ * three) that got no reply (ST_EIO) still gives the token it sent: the script may have run, and
+ * a release under that token once the tier answers frees what it may have taken. owner reads
+ * the holder (owner "" and *ttl_ms -2 when none).
  * The holder record (st_tier.c invariant 7): every take (and takeover) also records its owner as
  * the conversation's last holder, in the same script, and gives the record it replaced in *prev
  * (optional; owner "" when none): a node whose live copy was made before another node held the

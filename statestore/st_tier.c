@@ -1020,6 +1020,10 @@ static int lease_set(st_tier *t, const char *id, const char *owner, uint32_t ttl
                      : st_error_set(ST_EBUSY, "tier: %s: another node holds its lease", id);
         }
         freeReplyObject(r);
+    } else if (rc == ST_EIO) {
+        /* no reply: the script may have run (a stopped server answers later); the caller can
+         * release what it may have taken under this token once the tier answers */
+        memcpy(token, tok, sizeof tok);
     }
     pthread_mutex_unlock(&t->mu);
     return rc;

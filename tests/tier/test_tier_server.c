@@ -5,9 +5,11 @@
  * - a conversation saved on A continues on B with the tokens of the uninterrupted run on A (the
  *   completion says it was found in the tier); the control: a conversation B never got from
  *   the tier starts anew and continues otherwise;
- * - B saves it next (tier version 2); A, whose copy is older, SAVEs and is told "conflict" (the
- *   head's compare-and-set); A's next completion drops its stale copy and continues from B's
+ * - B saves it next (tier version 2); A, whose copy is older, SAVEs and is refused (409
+ *   conflict: B held it since) and drops its copy; A's next completion continues from B's
  *   version, with the tokens a third node C gives from the tier;
+ * - a SAVE of a copy another node continued since without saving is refused too, and that node
+ *   goes on from its own turn (control: the same SAVEs with every turn on A are accepted);
  * - the lease: while a completion runs on A, B's request for that conversation is refused (409
  *   busy, naming node-a), and A releases the lease when it ends;
  * - A killed with SIGKILL after an acknowledged SAVE and one more turn: B continues from the
@@ -28,7 +30,7 @@
  *   tokens; B restarted resumes from its own store; another system prompt finds nothing.
  * - PARK into the tier (test_park_across_nodes): a conversation A parked at its RAM ceiling
  *   continues on B after A is killed, with an uninterrupted run's tokens; A restarted drops its
- *   own park, older than B's turn (the handover).
+ *   own park, older than B's turn (the handover), and keeps one no other node touched.
  * Labels cluster and integration (in make test).
  */
 #include <pthread.h>
@@ -87,6 +89,18 @@ static json_t *save(uint16_t port, const char *id, const char *tier)
     return o;
 }
 
+/* A SAVE the node must refuse (409 conflict): its copy is older than another node's. */
+static json_t *save_refused(uint16_t port, const char *id)
+{
+    char path[128];
+    snprintf(path, sizeof path, "/v1/sessions/%s/save", id);
+    json_t *o = st_at_call(port, "POST", path, "{}", 409);
+    const char *code = json_string_value(json_object_get(json_object_get(o, "error"), "code"));
+    assert_non_null(code);
+    assert_string_equal(code, "conflict");
+    return o;
+}
+
 static void test_across_nodes(void **state)
 {
     (void)state;
@@ -113,12 +127,12 @@ static void test_across_nodes(void **state)
     /* the control: a conversation B cannot find starts anew, and its turn differs */
     json_t *n2 = turn(b.port, "never-saved", " and the second turn", "new");
     assert_false(same(n2, r2));
-    /* B saves s next; A's copy is older: its SAVE is refused by the tier's head */
+    /* B saves s next; A's copy is older: its SAVE is refused (B held it since), the copy dropped */
     json_decref(save(b.port, "s", "sent"));
-    json_t *sa = save(a.port, "s", "conflict");
-    printf("across: the stale node's SAVE: tier \"%s\"\n",
-           json_string_value(json_object_get(sa, "tier")));
-    assert_true(st_at_metric(a.port, "strata_tier_conflicts_total") >= 1);
+    json_t *sa = save_refused(a.port, "s");
+    printf("across: the stale node's SAVE: 409 %s\n",
+           json_string_value(json_object_get(json_object_get(sa, "error"), "message")));
+    assert_true(st_at_metric(a.port, "strata_saves_stale_total") == 1);
     /* A's next request finds the tier's head newer than its copy: it drops the copy and
      * continues from B's version, as a third node does */
     /* a third node continues from B's version (the tier's head), not A's */
@@ -128,6 +142,29 @@ static void test_across_nodes(void **state)
     assert_true(same(c3, a3));
     printf("across: A dropped its stale copy and continued from B's version, as node C did\n");
     assert_int_equal(st_hc_server_stop(&c, SIGTERM), 0);
+    /* u: saved on A, continued on B without a SAVE; A's SAVE of its older copy is refused (it
+     * would have put that copy over B's turn), and B goes on from its own slot, not from A's */
+    json_t *u1 = turn(a.port, "u", "The first turn of it", "new");
+    json_decref(save(a.port, "u", "sent"));
+    json_t *u2 = turn(b.port, "u", " and the second turn", "tier");
+    assert_true(same(u2, r2));
+    json_t *ua = save_refused(a.port, "u");
+    assert_true(st_at_metric(a.port, "strata_saves_stale_total") == 2);
+    json_decref(turn(b.port, "u", " then a third", "slot"));
+    json_t *ub = save(b.port, "u", "sent");
+    if (!strcmp(json_string_value(json_object_get(ub, "tier")), "sent"))
+        assert_int_equal(json_integer_value(json_object_get(ub, "tier_version")), 2);
+    /* the control: the same SAVEs with the second turn on A itself are accepted */
+    json_decref(turn(a.port, "v", "The first turn of it", "new"));
+    json_decref(save(a.port, "v", "sent"));
+    json_decref(turn(a.port, "v", " and the second turn", "slot"));
+    json_decref(save(a.port, "v", "sent"));
+    assert_true(st_at_metric(a.port, "strata_saves_stale_total") == 2);
+    printf("across: A's SAVE of u after B continued it unsaved: refused; v (no other node): saved\n");
+    json_decref(u1);
+    json_decref(u2);
+    json_decref(ua);
+    json_decref(ub);
     /* the lease: while a completion runs on A, B is refused the conversation (409, naming A) */
     st_at_bg bg;
     st_at_bg_completion(&bg, a.port, "long", "A long completion", 1500, true);
@@ -184,6 +221,9 @@ static void test_across_nodes(void **state)
         kill(g_rc.pid[i], SIGCONT);
     assert_int_equal(st_at_await_metric(a.port, "strata_tier_pending", 0), 0);
     assert_true(st_at_metric(a.port, "strata_tier_sent_from_queue_total") >= 1);
+    /* the SAVE's lease take got no reply while the cluster was stopped; the server ran it
+     * later: A released it under its token before sending the queue, or B would be refused */
+    assert_true(st_at_metric(a.port, "strata_tier_lease_orphans") == 0);
     json_t *qb = turn(b.port, "q", " and continued", "tier");
     assert_true(same(qb, p2));
     printf("cluster back: the queued SAVE reached the tier, B continued q as p continued\n");
@@ -439,7 +479,8 @@ static void test_prefix_across_nodes(void **state)
  * negative control: "pc", the same turns on A but held in its slot when A died, continues on B
  * from its SAVE, and its tokens differ. The handover: A restarted finds its own disk park of pk
  * in its store, but B held pk since: A drops that older copy and continues from the SAVE (the
- * tokens B gave pc), not from its park (the tokens B gave pk). */
+ * tokens B gave pc), not from its park (the tokens B gave pk). With no other node between, A
+ * restarted continues its own park (kept over SIGTERM, or spilled before SIGKILL). */
 static void test_park_across_nodes(void **state)
 {
     (void)state;
@@ -495,6 +536,27 @@ static void test_park_across_nodes(void **state)
     assert_true(st_at_metric(a.port, "strata_tier_handovers_total") == 1);
     printf("park across nodes: A restarted dropped its own older park of pk (B held it since) "
            "and continued from the SAVE\n");
+    /* no other node between: A's own park, kept over a graceful stop (pr) or spilled into its
+     * store and the tier before a SIGKILL (ps), is the newest state and continues after the
+     * restart, though the restarted A knows no tier version of it (st_tiernode.c invariant 7) */
+    for (int k = 0; k < 2; k++) {
+        const char *id = k ? "ps" : "pr";
+        json_decref(turn(a.port, id, turns[0], "new"));
+        json_decref(save(a.port, id, "sent"));
+        json_decref(turn(a.port, id, turns[1], "slot"));
+        if (k)
+            json_decref(st_at_call(a.port, "POST", "/v1/sessions/ps/park", "{}", 200));
+        assert_int_equal(st_hc_server_stop(&a, k ? SIGKILL : SIGTERM), k ? -1 : 0);
+        assert_int_equal(st_at_server_start(&a, &g_env, "store-park-a", fa, NULL), 0);
+        json_t *ar = turn(a.port, id, turns[2], "disk");
+        if (!same(ar, ref[2]))
+            fail_msg("%s: A restarted did not continue its own park", id);
+        json_decref(ar);
+        assert_true(st_at_metric(a.port, "strata_tier_adopted_total") == 1);
+        assert_true(st_at_metric(a.port, "strata_tier_handovers_total") == 0);
+    }
+    printf("park across nodes: A restarted (SIGTERM, SIGKILL) continued its own parks with the "
+           "uninterrupted run's tokens\n");
     json_decref(ak);
     json_decref(bk);
     json_decref(bc);
