@@ -486,6 +486,8 @@ typedef struct st_tier_opts {
     uint32_t ttl_s;      /* garbage collection (st_tier.c invariant 6): chunks, manifests and
                             heads expire ttl_s seconds after the last write that named them
                             (a chunk put again gets its TTL again); 0 (default): never */
+    int replay_takes;    /* fault injection for tests: every lease take is sent a second time
+                            once answered, as the client's retry after a lost reply is; 0 */
 } st_tier_opts;
 void st_tier_opts_default(st_tier_opts *o);
 /* url: "redis://HOST:PORT[,HOST:PORT...]", the seed nodes (at most 64); the first seed that

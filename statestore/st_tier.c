@@ -41,8 +41,10 @@
  *    under the lease's token), the tier version of session "park:<id>" that holds it; a take
  *    resets park to 0. So the record says where the conversation's newest state is: in the park
  *    it names, or live on the node it names (or lost with it), or, for any other node, in its
- *    head. Written with the TTL of invariant 6. A take whose reply was lost and is retried is
- *    refused (the lease is held): the caller's takeover then reads a record naming itself.
+ *    head. Written with the TTL of invariant 6. A take is idempotent under its token: the
+ *    script keeps the record it replaced in "st:p:{<id>}" for the lease's TTL, and a run that
+ *    finds the lease held under its own value (the client's retry after a lost reply) returns
+ *    that record again, so the retried take still sees the handover.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -966,10 +968,11 @@ static int lease_set(st_tier *t, const char *id, const char *owner, uint32_t ttl
                             owner ? owner : "", ST_TIER_OWNER_MAX);
     if (!ttl_ms)
         return st_error_set(ST_EINVAL, "tier: %s: a lease of 0 ms", id);
-    char k[200], ko[200], v[ST_TIER_OWNER_MAX + ST_TIER_TOKEN_LEN + 2], hv[ST_TIER_OWNER_MAX + 4];
-    char ttl[16], gc[16];
+    char k[200], ko[200], kp[200], v[ST_TIER_OWNER_MAX + ST_TIER_TOKEN_LEN + 2];
+    char hv[ST_TIER_OWNER_MAX + 4], ttl[16], gc[16];
     int kl = snprintf(k, sizeof k, "st:l:{%s}", id);
     int kol = holder_key(ko, sizeof ko, id);
+    int kpl = snprintf(kp, sizeof kp, "st:p:{%s}", id);
     pthread_mutex_lock(&t->mu);
     uint64_t x = ++t->epoch ^ ((uint64_t)(uintptr_t)t << 7) ^ (uint64_t)now_ms();
     x ^= x >> 33;
@@ -981,10 +984,14 @@ static int lease_set(st_tier *t, const char *id, const char *owner, uint32_t ttl
     int hl = snprintf(hv, sizeof hv, "%s 0", owner);
     int tl = snprintf(ttl, sizeof ttl, "%u", ttl_ms);
     int gl = snprintf(gc, sizeof gc, "%u", t->o.ttl_s);
-    /* ARGV: the lease's value, its TTL, the holder record, the record's TTL (0: none), the mode
-     * ("take", "held", or "over"), the owner */
+    /* KEYS: the lease, the holder record, the record this take replaced (kept for the lease's
+     * TTL: a retry of this take after a lost reply returns it again). ARGV: the lease's value,
+     * its TTL, the holder record, the record's TTL (0: none), the mode ("take", "held", or
+     * "over"), the owner */
     static const char lua[] =
         "local c = redis.call('GET', KEYS[1]) "
+        "if c == ARGV[1] then local p = redis.call('GET', KEYS[3]) "
+        "if p == false then p = '' end return {1, p} end "
         "if ARGV[5] ~= 'over' then if c ~= false then return {0, ''} end "
         "elseif c == false or string.sub(c, 1, -18) ~= ARGV[6] then return {0, ''} end "
         "local o = redis.call('GET', KEYS[2]) "
@@ -993,12 +1000,17 @@ static int lease_set(st_tier *t, const char *id, const char *owner, uint32_t ttl
         "redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) "
         "if ARGV[4] == '0' then redis.call('SET', KEYS[2], ARGV[3]) "
         "else redis.call('SET', KEYS[2], ARGV[3], 'EX', ARGV[4]) end "
-        "if o == false then o = '' end return {1, o}";
-    const char *argv[] = {"EVAL", lua, "2", k, ko, v, ttl, hv, gc,
+        "if o == false then o = '' end redis.call('SET', KEYS[3], o, 'PX', ARGV[2]) "
+        "return {1, o}";
+    const char *argv[] = {"EVAL", lua, "3", k, ko, kp, v, ttl, hv, gc,
                           mode == LEASE_OVER ? "over" : mode == LEASE_HELD ? "held" : "take", owner};
-    const size_t lens[] = {4, sizeof lua - 1, 1, (size_t)kl, (size_t)kol, (size_t)vl,
-                           (size_t)tl, (size_t)hl, (size_t)gl, 4, ol};
-    redisReply *r = tier_cmd(t, k, (size_t)kl, 11, argv, lens, 1, &rc);
+    const size_t lens[] = {4, sizeof lua - 1, 1, (size_t)kl, (size_t)kol, (size_t)kpl,
+                           (size_t)vl, (size_t)tl, (size_t)hl, (size_t)gl, 4, ol};
+    redisReply *r = tier_cmd(t, k, (size_t)kl, 12, argv, lens, 1, &rc);
+    if (r && t->o.replay_takes) { /* a lost reply retried (st_tier_opts.replay_takes) */
+        freeReplyObject(r);
+        r = tier_cmd(t, k, (size_t)kl, 12, argv, lens, 1, &rc);
+    }
     if (r) {
         if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
             r->element[0]->type != REDIS_REPLY_INTEGER) {
