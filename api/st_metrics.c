@@ -270,6 +270,9 @@ void st_metrics_render(st_metrics *m, struct evbuffer *o, const st_http_stats *h
                 "live copy dropped).", ts.leases_lost);
         counter(o, "strata_tier_handovers_total", "Conversations taken after another node had "
                 "held them (this node's older copy dropped).", ts.handovers);
+        counter(o, "strata_tier_leases_retaken_total", "Leases that expired while no other node "
+                "took them (a pause longer than their TTL), taken again by the renewal.",
+                ts.leases_retaken);
         gauge(o, "strata_tier_lease_orphans", "Lease takes that got no reply, waiting to be "
               "released under their token once the tier answers.", (double)ts.orphans);
         counter(o, "strata_tier_lease_orphans_released_total", "Leases such takes had taken, "

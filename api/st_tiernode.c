@@ -22,6 +22,10 @@
  *    thread renews every held lease every lease_ms / 3 and marks it lost when the tier says
  *    another node holds it (its TTL ran out first), which the requests' end reports. A lease
  *    taken while the tier was unreachable is held locally only (no token) and never renewed.
+ *    A renewal or release refused because the lease expired (the tier or this node paused
+ *    longer than its TTL) is not a loss while the holder record still names this node: no
+ *    other node took it since (lease_retake); the renewal then takes it again under a new
+ *    token (strata_tier_leases_retaken_total).
  * 6. Handover: a take tells (the holder record, st_tier.c invariant 7) whether another node held
  *    the conversation since this node last did; begin reports it, so that a node never extends
  *    a live copy made before another node worked on the conversation (its turns there would
@@ -347,6 +351,29 @@ static lease *lease_find_locked(st_tiernode *tn, const char *id)
     return NULL;
 }
 
+/* A renewal or release of id refused (ST_EBUSY): the lease expired (the tier or this node
+ * paused longer than its TTL). When the holder record still names this node, no other node took
+ * it since (every take sets the record, invariant 6): nothing was lost. With ntok, the lease is
+ * taken again (fresh: only while the record names this node) under a new token in ntok. 1: not
+ * lost (ntok set when taken again); 0: lost, or the tier could not tell. */
+static int lease_retake(st_tiernode *tn, st_tier *t, const char *id,
+                        char ntok[ST_TIER_TOKEN_LEN + 1])
+{
+    st_tier_holder h;
+    if (st_tier_holder_get(t, id, &h) || strcmp(h.owner, tn->node_id)) {
+        st_error_clear();
+        return 0;
+    }
+    if (!ntok)
+        return 1;
+    if (st_tier_lease_take_held(t, id, tn->node_id, tn->o.lease_ms, ntok, &h)) {
+        ntok[0] = '\0';
+        st_error_clear();
+        return 0;
+    }
+    return 1;
+}
+
 static void *renew_main(void *arg)
 {
     st_tiernode *tn = arg;
@@ -372,8 +399,22 @@ static void *renew_main(void *arg)
             st_tier *t = tn->tier;
             pthread_mutex_unlock(&tn->mu);
             int rc = t ? st_tier_lease_renew(t, id, tok, tn->o.lease_ms) : ST_EIO;
+            char ntok[ST_TIER_TOKEN_LEN + 1] = "";
+            if (rc == ST_EBUSY && lease_retake(tn, t, id, ntok))
+                rc = 0;
             pthread_mutex_lock(&tn->mu);
             lease *m = lease_find_locked(tn, id);
+            if (ntok[0]) {
+                if (m && !strcmp(m->token, tok)) {
+                    memcpy(m->token, ntok, sizeof m->token);
+                    tn->st.leases_retaken++;
+                } else { /* its requests ended meanwhile: give the new one back */
+                    pthread_mutex_unlock(&tn->mu);
+                    (void)st_tier_lease_release(t, id, ntok);
+                    pthread_mutex_lock(&tn->mu);
+                    m = lease_find_locked(tn, id);
+                }
+            }
             if (rc == ST_EBUSY && m && !strcmp(m->token, tok)) {
                 m->lost = 1;
                 tn->st.leases_lost++;
@@ -598,7 +639,8 @@ int st_tiernode_end(st_tiernode *tn, const char *id)
     /* the release is refused when the lease is not held under this token any more (it expired
      * and another node may have taken it before the renewal noticed): lost too; any other
      * failure (the tier unreachable) leaves it to expire by its TTL */
-    if (l->taken && !lost && t && st_tier_lease_release(t, id, l->token) == ST_EBUSY) {
+    if (l->taken && !lost && t && st_tier_lease_release(t, id, l->token) == ST_EBUSY &&
+        !lease_retake(tn, t, id, NULL)) {
         lost = 1;
         pthread_mutex_lock(&tn->mu);
         tn->st.leases_lost++;

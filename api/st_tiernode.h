@@ -44,6 +44,7 @@ typedef struct st_tiernode_stats {
     uint64_t leases_taken, leases_refused, leases_lost;
     uint64_t handovers;   /* begins that found another node held the conversation since */
     uint64_t adopted;     /* heads taken as this node's own after a restart (invariant 7) */
+    uint64_t leases_retaken; /* expired leases nobody took since, taken again by the renewal */
     uint64_t orphans;     /* gauge: takes without a reply whose lease waits to be released */
     uint64_t orphans_released; /* such leases the tier held and released (invariant 8) */
     uint64_t park_pushes, park_pushed_bytes, park_pulls, park_pulled_bytes, park_errors;

@@ -366,7 +366,8 @@ static void test_cluster_changes(void **state)
  * "lost"; the lease expires, B takes the conversation, continues and SAVEs it; once A runs again
  * its renewal is refused, the lease counted lost, and when A's request ends its live copy is
  * dropped: A's next completion of "lost" continues from B's SAVE (found "tier"), not from the
- * copy it held. The control: without the stop, A's next completion finds its slot. */
+ * copy it held. The control: without the stop, A's next completion finds its slot; with the
+ * stop but no other node taking it, A keeps its copy too (the lease expired, nothing was lost). */
 static void test_lost_lease(void **state)
 {
     (void)state;
@@ -381,6 +382,28 @@ static void test_lost_lease(void **state)
     json_decref(turn(a.port, "kept", "Kept on A", "new"));
     json_decref(turn(a.port, "kept", " and again", "slot"));
     st_at_bg bg;
+    /* the same pause with no other node taking the conversation: the lease expired but the
+     * holder record still names A, so nothing was lost: A keeps its copy ("slot", the tokens of
+     * the same turns without the pause) and its lease is taken again */
+    json_decref(st_at_complete(a.port, "expref", "A long completion on A", 1500, true));
+    json_t *er = turn(a.port, "expref", " and A again", "slot");
+    st_at_bg_completion(&bg, a.port, "exp", "A long completion on A", 1500, true);
+    for (int i = 0; st_at_metric(a.port, "strata_tier_leases_held") < 1; i++) {
+        if (i > 20000 || bg.done)
+            fail_msg("A's completion did not hold the lease");
+        usleep(1000);
+    }
+    kill(a.pid, SIGSTOP);
+    usleep(900 * 1000);
+    kill(a.pid, SIGCONT);
+    json_decref(st_at_bg_join(&bg, 200));
+    assert_true(st_at_metric(a.port, "strata_tier_leases_lost_total") == 0);
+    json_t *e2 = turn(a.port, "exp", " and A again", "slot");
+    assert_true(same(e2, er));
+    printf("expired lease nobody took: A kept its copy (%.0f taken again by the renewal)\n",
+           st_at_metric(a.port, "strata_tier_leases_retaken_total"));
+    json_decref(er);
+    json_decref(e2);
     st_at_bg_completion(&bg, a.port, "lost", "A long completion on A", 1500, true);
     for (int i = 0; st_at_metric(a.port, "strata_tier_leases_held") < 1; i++) {
         if (i > 20000 || bg.done)
