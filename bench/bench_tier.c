@@ -8,7 +8,8 @@
  * K/V a token: 12,288 bytes a token, about 19 MB fixed) of --tokens tokens (default 32,768) into
  * node A's store, and measures:
  *  1. the limits: one client's SET and GET of values of 1 MiB - 64 B (the tier's piece size) to
- *     one master, back to back (MB/s), as the tier's client does them (one at a time);
+ *     one master, back to back (MB/s), one at a time (the tier's client moves 4 pieces at a
+ *     time, spread over the masters: st_tier_xfer.c invariant 5, so a ratio above 1 can be);
  *  2. push (st_tier_push: the session file, its pieces, the manifest, the head, WAIT for a
  *     replica) from A's store: MB/s of the session file and x the SET rate;
  *  3. pull (st_tier_pull: pieces read and checked, the file checked and read, st_store_put into

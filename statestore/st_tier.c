@@ -22,8 +22,17 @@
  * 4. Durability. Each node's connection remembers that it wrote since its last WAIT;
  *    st_tier_sync sends WAIT to each such node, so an acknowledged write is on a replica too
  *    (Redis replicates asynchronously; WAIT is what makes a failover keep it).
- * 5. One mutex serialises the client: a command, its redirects and a refresh run under it, so
- *    the slot map and the connections are never seen half updated.
+ * 5. Threads. hiredis's async client on its libevent adapter does the I/O, on one event loop
+ *    thread that owns every connection (one per node, shared by all callers: their commands are
+ *    pipelined on it). A caller's command is a request queued to that thread (woken through a
+ *    pipe); the caller waits for its reply, at most timeout_ms, and on a timeout the connection
+ *    is dropped (every request on it answered "no reply") and made again by the next command.
+ *    One mutex guards the slot map, the node table, the queue and the requests; a caller holds
+ *    it except while it waits, so several callers' commands are in flight at once and the map
+ *    is never seen half updated. The loop thread takes it for each batch of the queue and each
+ *    reply; replies are moved out of hiredis's (which frees its own after the callback), not
+ *    copied. Sequence numbers in wire order per connection tell WAIT which writes it covers
+ *    (invariant 4), so that one caller's WAIT never clears another's unconfirmed write.
  * 6. Key layout (every key under the prefix "st:"): chunks "st:c:<sha-256 hex>" (no hash tag:
  *    chunks spread over the slots), a version's manifest "st:m:{<id>}:<version>", the head
  *    "st:h:{<id>}" and the lease "st:l:{<id>}": a session's small keys share one slot, so a
@@ -57,6 +66,13 @@
 #include "st_store.h"
 
 #if ST_HAVE_TIER
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <event2/event.h>
+#include <hiredis/adapters/libevent.h>
+#include <hiredis/async.h>
 #include <hiredis/hiredis.h>
 #endif
 
@@ -215,12 +231,30 @@ void st_tier_stats_get(st_tier *t, st_tier_stats *s)
 #else
 
 /* ---- the client ------------------------------------------------------------------------------ */
+struct st_tier;
+
 typedef struct tnode {
     char host[ST_TIER_HOST_MAX + 1];
     int port;
-    redisContext *c;
-    int dirty; /* invariant 4: wrote since its last WAIT */
+    struct st_tier *t;
+    redisAsyncContext *ac; /* the loop thread's (invariant 5); NULL: not connected */
+    uint64_t gen;          /* connections made to it: a request's seq counts in one of them */
+    uint64_t sent;         /* requests sent on the current connection, in wire order */
+    uint64_t wseq, cseq;   /* invariant 4: the last write answered, the last one WAIT covered */
+    int drop;              /* a caller timed out: the loop thread drops the connection */
 } tnode;
+
+/* One command of a caller, queued to the loop thread (invariant 5). */
+typedef struct treq {
+    struct treq *next;
+    int node, asking, argc, done, abandoned, refs; /* refs: the caller's and the loop's */
+    const char **argv;     /* the caller's, read only while it waits */
+    const size_t *lens;
+    redisReply *reply;     /* moved out of hiredis's reply */
+    uint64_t seq, gen;     /* where it went on the wire */
+    char why[256];         /* no reply: what happened */
+    pthread_cond_t cv;
+} treq;
 
 struct st_tier {
     pthread_mutex_t mu; /* invariant 5 */
@@ -232,6 +266,15 @@ struct st_tier {
     uint64_t epoch;                    /* a counter the lease tokens draw from */
     int unconfirmed;                   /* invariant 4: a written connection was lost */
     st_tier_stats st;
+    /* the loop thread */
+    struct event_base *base;
+    struct event *wake_ev;
+    int wake[2];
+    pthread_t loop;
+    int loop_on, stopping;
+    int loop_holds_mu; /* read and written by the loop thread only: hiredis may call back
+                          synchronously while it holds mu (a connection freed) */
+    treq *q, *q_tail;
 };
 
 static double now_ms(void)
@@ -247,42 +290,258 @@ static void sleep_ms(unsigned ms)
     nanosleep(&ts, NULL);
 }
 
-/* A connection closed: writes it made since its last WAIT can no longer be confirmed (WAIT
- * counts one connection's writes), so the next st_tier_sync fails (invariant 4). */
-static void node_drop(st_tier *t, tnode *n)
+static void loop_wake(st_tier *t)
 {
-    if (n->c)
-        redisFree(n->c);
-    if (n->dirty)
-        t->unconfirmed = 1;
-    n->c = NULL;
-    n->dirty = 0;
+    char c = 1;
+    ssize_t w = write(t->wake[1], &c, 1); /* full: the loop is awake already */
+    (void)w;
 }
 
-/* The node's connection, made if it has none; NULL with the reason in why. */
-static redisContext *node_conn(st_tier *t, tnode *n, char *why, size_t cap)
+static void req_unref_locked(treq *q)
 {
-    if (n->c)
-        return n->c;
-    struct timeval tv = {(time_t)(t->o.timeout_ms / 1000), (long)(t->o.timeout_ms % 1000) * 1000};
-    redisContext *c = redisConnectWithTimeout(n->host, n->port, tv);
-    if (!c) {
+    if (--q->refs)
+        return;
+    if (q->reply)
+        freeReplyObject(q->reply);
+    pthread_cond_destroy(&q->cv);
+    free(q);
+}
+
+static void req_finish_locked(treq *q)
+{
+    q->done = 1;
+    pthread_cond_signal(&q->cv);
+    req_unref_locked(q);
+}
+
+/* A connection gone (mu held): writes it made since its last WAIT can no longer be confirmed
+ * (WAIT counts one connection's writes), so the next st_tier_sync fails (invariant 4). */
+static void node_lost_locked(st_tier *t, tnode *n)
+{
+    if (n->wseq > n->cseq)
+        t->unconfirmed = 1;
+    n->ac = NULL;
+    n->sent = n->wseq = n->cseq = 0;
+}
+
+static void lock_cb(st_tier *t)
+{
+    if (!t->loop_holds_mu)
+        pthread_mutex_lock(&t->mu);
+}
+
+static void unlock_cb(st_tier *t)
+{
+    if (!t->loop_holds_mu)
+        pthread_mutex_unlock(&t->mu);
+}
+
+static void on_connect(const redisAsyncContext *ac, int status)
+{
+    tnode *n = ac->data;
+    st_tier *t = n->t;
+    lock_cb(t);
+    if (status != REDIS_OK) {
+        if (n->ac == ac) /* hiredis frees it after this */
+            node_lost_locked(t, n);
+    } else {
+        t->st.connects++;
+    }
+    unlock_cb(t);
+}
+
+static void on_disconnect(const redisAsyncContext *ac, int status)
+{
+    (void)status;
+    tnode *n = ac->data;
+    st_tier *t = n->t;
+    lock_cb(t);
+    if (n->ac == ac)
+        node_lost_locked(t, n);
+    unlock_cb(t);
+}
+
+static void on_reply(redisAsyncContext *ac, void *r, void *priv)
+{
+    tnode *n = ac->data;
+    st_tier *t = n->t;
+    treq *q = priv;
+    lock_cb(t);
+    if (r) {
+        /* moved out: hiredis frees the husk (a nil reply) when this returns */
+        redisReply *src = r, *dst = malloc(sizeof *dst);
+        if (dst) {
+            *dst = *src;
+            src->type = REDIS_REPLY_NIL;
+            src->str = NULL;
+            src->len = 0;
+            src->element = NULL;
+            src->elements = 0;
+            q->reply = dst;
+        } else {
+            snprintf(q->why, sizeof q->why, "out of memory for a reply");
+        }
+    } else {
+        snprintf(q->why, sizeof q->why, "%s", ac->errstr[0] ? ac->errstr : "connection lost");
+    }
+    req_finish_locked(q);
+    unlock_cb(t);
+}
+
+/* The node's connection, made if it has none (loop thread, mu held); NULL with why. */
+static redisAsyncContext *node_ac(st_tier *t, tnode *n, char *why, size_t cap)
+{
+    if (n->ac)
+        return n->ac;
+    redisAsyncContext *ac = redisAsyncConnect(n->host, n->port);
+    if (!ac) {
         snprintf(why, cap, "out of memory");
         return NULL;
     }
-    if (c->err) {
-        snprintf(why, cap, "%s", c->errstr);
-        redisFree(c);
+    if (ac->err) {
+        snprintf(why, cap, "%s", ac->errstr);
+        redisAsyncFree(ac);
         return NULL;
     }
-    if (redisSetTimeout(c, tv) != REDIS_OK) {
-        snprintf(why, cap, "%s", c->errstr);
-        redisFree(c);
+    ac->data = n;
+    if (redisLibeventAttach(ac, t->base) != REDIS_OK) {
+        snprintf(why, cap, "the event loop refused the connection");
+        redisAsyncFree(ac);
         return NULL;
     }
-    n->c = c;
-    t->st.connects++;
-    return c;
+    redisAsyncSetConnectCallback(ac, on_connect);
+    redisAsyncSetDisconnectCallback(ac, on_disconnect);
+    n->ac = ac;
+    n->gen++;
+    n->sent = n->wseq = n->cseq = 0;
+    return ac;
+}
+
+/* The loop thread: connections dropped on request, the queue sent, the stop. */
+static void on_wake(evutil_socket_t fd, short what, void *arg)
+{
+    (void)what;
+    st_tier *t = arg;
+    char buf[256];
+    while (read(fd, buf, sizeof buf) > 0) {
+    }
+    pthread_mutex_lock(&t->mu);
+    t->loop_holds_mu = 1;
+    for (uint32_t i = 0; i < t->n_nodes; i++) {
+        tnode *n = &t->nodes[i];
+        if ((n->drop || t->stopping) && n->ac) {
+            redisAsyncContext *ac = n->ac;
+            node_lost_locked(t, n);
+            redisAsyncFree(ac); /* its requests are answered "no reply" now */
+        }
+        n->drop = 0;
+    }
+    treq *q;
+    while ((q = t->q)) {
+        t->q = q->next;
+        if (!t->q)
+            t->q_tail = NULL;
+        if (q->abandoned) {
+            req_unref_locked(q);
+            continue;
+        }
+        if (t->stopping) {
+            snprintf(q->why, sizeof q->why, "the client is closing");
+            req_finish_locked(q);
+            continue;
+        }
+        tnode *n = &t->nodes[q->node];
+        redisAsyncContext *ac = node_ac(t, n, q->why, sizeof q->why);
+        if (ac && q->asking && redisAsyncCommand(ac, NULL, NULL, "ASKING") != REDIS_OK) {
+            snprintf(q->why, sizeof q->why, "%s", ac->errstr[0] ? ac->errstr : "not sent");
+            ac = NULL;
+        }
+        if (ac && redisAsyncCommandArgv(ac, on_reply, q, q->argc, q->argv, q->lens) == REDIS_OK) {
+            q->seq = ++n->sent;
+            q->gen = n->gen;
+        } else {
+            if (ac)
+                snprintf(q->why, sizeof q->why, "%s", ac->errstr[0] ? ac->errstr : "not sent");
+            req_finish_locked(q);
+        }
+    }
+    if (t->stopping)
+        event_base_loopbreak(t->base);
+    t->loop_holds_mu = 0;
+    pthread_mutex_unlock(&t->mu);
+}
+
+static void *loop_main(void *arg)
+{
+    st_tier *t = arg;
+    sigset_t ss; /* a write to a closed socket fails with EPIPE here, and kills nothing */
+    sigemptyset(&ss);
+    sigaddset(&ss, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &ss, NULL);
+    event_base_dispatch(t->base);
+    return NULL;
+}
+
+/* One command on node ni (ASKING first with asking), mu held: its reply (the caller frees), or
+ * NULL with why when none came in timeout_ms (the connection is dropped) or the connection
+ * failed. *seq and *gen: where it went on the wire (invariant 4). Waiting releases mu. */
+static redisReply *node_cmd(st_tier *t, int ni, int asking, int argc, const char **argv,
+                            const size_t *lens, uint32_t timeout_ms, uint64_t *seq, uint64_t *gen,
+                            char *why, size_t cap)
+{
+    treq *q = calloc(1, sizeof *q);
+    if (!q) {
+        snprintf(why, cap, "out of memory");
+        return NULL;
+    }
+    q->node = ni;
+    q->asking = asking;
+    q->argc = argc;
+    q->argv = argv;
+    q->lens = lens;
+    q->refs = 2;
+    pthread_cond_init(&q->cv, NULL);
+    if (t->q_tail)
+        t->q_tail->next = q;
+    else
+        t->q = q;
+    t->q_tail = q;
+    loop_wake(t);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)timeout_ms * 1000000ull;
+    ts.tv_sec += (time_t)(ns / 1000000000ull);
+    ts.tv_nsec = (long)(ns % 1000000000ull);
+    while (!q->done)
+        if (pthread_cond_timedwait(&q->cv, &t->mu, &ts) == ETIMEDOUT)
+            break;
+    redisReply *r = NULL;
+    if (q->done) {
+        r = q->reply;
+        q->reply = NULL;
+        *seq = q->seq;
+        *gen = q->gen;
+        if (!r)
+            snprintf(why, cap, "%s", q->why);
+    } else {
+        q->abandoned = 1; /* the loop frees it (its reply, if any, comes to nobody) */
+        t->nodes[ni].drop = 1;
+        loop_wake(t);
+        snprintf(why, cap, "no reply in %u ms", timeout_ms);
+    }
+    req_unref_locked(q);
+    return r;
+}
+
+/* A write answered on node n (mu held): WAIT must cover it (invariant 4). */
+static void node_written(st_tier *t, tnode *n, uint64_t seq, uint64_t gen)
+{
+    if (gen != n->gen || !n->ac) {
+        t->unconfirmed = 1; /* its connection is gone already */
+        return;
+    }
+    if (seq > n->wseq)
+        n->wseq = seq;
 }
 
 /* The index of host:port in the node table, added if new; -1 when the table is full. */
@@ -298,8 +557,10 @@ static int node_find(st_tier *t, const char *host, size_t hl, int port)
     memcpy(n->host, host, hl);
     n->host[hl] = 0;
     n->port = port;
-    n->c = NULL;
-    n->dirty = 0;
+    n->t = t;
+    n->ac = NULL;
+    n->gen = n->sent = n->wseq = n->cseq = 0;
+    n->drop = 0;
     return (int)t->n_nodes++;
 }
 
@@ -332,13 +593,13 @@ static int parse_hostport(const char *s, size_t len, const char **host, size_t *
  * every slot), -1 if it could not be read (why says so). */
 static int refresh_from(st_tier *t, uint32_t ni, char *why, size_t cap)
 {
-    redisContext *c = node_conn(t, &t->nodes[ni], why, cap);
-    if (!c)
-        return -1;
-    redisReply *r = redisCommand(c, "CLUSTER SLOTS");
+    static const char *argv[] = {"CLUSTER", "SLOTS"};
+    static const size_t lens[] = {7, 5};
+    uint64_t seq, gen;
+    char w[256];
+    redisReply *r = node_cmd(t, (int)ni, 0, 2, argv, lens, t->o.timeout_ms, &seq, &gen, w, sizeof w);
     if (!r) {
-        snprintf(why, cap, "%s", c->errstr);
-        node_drop(t, &t->nodes[ni]);
+        snprintf(why, cap, "%.64s:%d: %.160s", t->nodes[ni].host, t->nodes[ni].port, w);
         return -1;
     }
     int rc = -1;
@@ -418,13 +679,13 @@ static int refresh(st_tier *t, char *why, size_t cap)
     return -1;
 }
 
-enum { R_OK, R_MOVED, R_ASK, R_RETRY };
+enum { RP_OK, RP_MOVED, RP_ASK, RP_RETRY };
 
 /* What an error reply asks for (invariant 2); for MOVED and ASK the node in *to. */
 static int classify(st_tier *t, const redisReply *r, int *to)
 {
     if (r->type != REDIS_REPLY_ERROR)
-        return R_OK;
+        return RP_OK;
     int moved = !strncmp(r->str, "MOVED ", 6), ask = !strncmp(r->str, "ASK ", 4);
     if (moved || ask) {
         const char *sp = strchr(r->str + (moved ? 6 : 4), ' ');
@@ -433,22 +694,22 @@ static int classify(st_tier *t, const redisReply *r, int *to)
         int port;
         if (sp && !parse_hostport(sp + 1, strlen(sp + 1), &host, &hl, &port)) {
             if (hl == 0)
-                return R_RETRY;
+                return RP_RETRY;
             *to = node_find(t, host, hl, port);
             if (*to >= 0)
-                return moved ? R_MOVED : R_ASK;
+                return moved ? RP_MOVED : RP_ASK;
         }
-        return R_RETRY;
+        return RP_RETRY;
     }
     if (!strncmp(r->str, "TRYAGAIN", 8) || !strncmp(r->str, "CLUSTERDOWN", 11) ||
         !strncmp(r->str, "LOADING", 7) || !strncmp(r->str, "MASTERDOWN", 10))
-        return R_RETRY;
-    return R_OK; /* an answer: the caller reads the error */
+        return RP_RETRY;
+    return RP_OK; /* an answer: the caller reads the error */
 }
 
 /* Runs argv at the master of key's slot, following redirects (invariant 2): the reply (caller
  * frees; may be an error reply the command itself gave), or NULL with ST_EIO set. write: the
- * command writes (invariant 4). */
+ * command writes (invariant 4). mu held; released while the command waits (invariant 5). */
 static redisReply *tier_cmd(st_tier *t, const char *key, size_t klen, int argc, const char **argv,
                             const size_t *lens, int write, int *rc)
 {
@@ -464,56 +725,44 @@ static redisReply *tier_cmd(st_tier *t, const char *key, size_t klen, int argc, 
         } else {
             tnode *n = &t->nodes[ni];
             char cw[256];
-            redisContext *c = node_conn(t, n, cw, sizeof cw);
-            if (!c) {
+            uint64_t seq = 0, gen = 0;
+            redisReply *r = node_cmd(t, ni, ask_to >= 0, argc, argv, lens, t->o.timeout_ms, &seq,
+                                     &gen, cw, sizeof cw);
+            if (!r) {
                 snprintf(why, sizeof why, "%s:%d: %s", n->host, n->port, cw);
+                t->st.errors++;
             } else {
-                redisReply *r = NULL;
-                int sent = 1;
-                if (ask_to >= 0) {
-                    redisReply *a = redisCommand(c, "ASKING");
-                    sent = a != NULL;
-                    if (a)
-                        freeReplyObject(a);
+                int to = -1, k = classify(t, r, &to);
+                if (k == RP_OK) {
+                    if (write)
+                        node_written(t, n, seq, gen);
+                    t->st.commands++;
+                    return r;
                 }
-                if (sent)
-                    r = redisCommandArgv(c, argc, argv, lens);
-                if (!r) {
-                    snprintf(why, sizeof why, "%s:%d: %s", n->host, n->port,
-                             c->errstr[0] ? c->errstr : "no reply");
-                    node_drop(t, n);
-                    t->st.errors++;
-                } else {
-                    int to = -1, k = classify(t, r, &to);
-                    if (k == R_OK) {
-                        if (write)
-                            n->dirty = 1;
-                        t->st.commands++;
-                        return r;
+                snprintf(why, sizeof why, "%s:%d: %s", n->host, n->port, r->str);
+                freeReplyObject(r);
+                ask_to = -1;
+                if (k == RP_MOVED || k == RP_ASK) {
+                    if (++redirects > ST_TIER_REDIRECTS_MAX)
+                        break;
+                    if (k == RP_MOVED) {
+                        t->slot[slot] = (uint16_t)to;
+                        t->st.moved++;
+                    } else {
+                        ask_to = to;
+                        t->st.asked++;
                     }
-                    snprintf(why, sizeof why, "%s:%d: %s", n->host, n->port, r->str);
-                    freeReplyObject(r);
-                    ask_to = -1;
-                    if (k == R_MOVED || k == R_ASK) {
-                        if (++redirects > ST_TIER_REDIRECTS_MAX)
-                            break;
-                        if (k == R_MOVED) {
-                            t->slot[slot] = (uint16_t)to;
-                            t->st.moved++;
-                        } else {
-                            ask_to = to;
-                            t->st.asked++;
-                        }
-                        continue;
-                    }
-                    t->st.retries++;
+                    continue;
                 }
+                t->st.retries++;
             }
         }
         ask_to = -1;
         if (now_ms() + backoff > deadline)
             break;
+        pthread_mutex_unlock(&t->mu); /* other callers go on meanwhile */
         sleep_ms(backoff);
+        pthread_mutex_lock(&t->mu);
         backoff = backoff < 100 ? backoff * 2 : 200;
         char rw[256];
         if (refresh(t, rw, sizeof rw))
@@ -544,7 +793,25 @@ int st_tier_open(st_tier **out, const char *url, const st_tier_opts *o)
     for (uint32_t s = 0; s < ST_TIER_SLOTS; s++)
         t->slot[s] = UINT16_MAX;
     pthread_mutex_init(&t->mu, NULL);
+    t->wake[0] = t->wake[1] = -1;
     int rc = 0;
+    if (pipe(t->wake) || fcntl(t->wake[0], F_SETFL, O_NONBLOCK) ||
+        fcntl(t->wake[1], F_SETFL, O_NONBLOCK) || fcntl(t->wake[0], F_SETFD, FD_CLOEXEC) ||
+        fcntl(t->wake[1], F_SETFD, FD_CLOEXEC)) {
+        rc = st_error_set(errno ? errno : EIO, "tier: the event loop's pipe: %s", strerror(errno));
+        goto fail;
+    }
+    if (!(t->base = event_base_new()) ||
+        !(t->wake_ev = event_new(t->base, t->wake[0], EV_READ | EV_PERSIST, on_wake, t)) ||
+        event_add(t->wake_ev, NULL)) {
+        rc = st_error_set(ENOMEM, "tier: the event loop");
+        goto fail;
+    }
+    if ((rc = pthread_create(&t->loop, NULL, loop_main, t))) {
+        rc = st_error_set(rc, "tier: the event loop's thread");
+        goto fail;
+    }
+    t->loop_on = 1;
     const char *p = url + sizeof scheme - 1;
     while (*p) {
         const char *e = strchr(p, ',');
@@ -572,7 +839,10 @@ int st_tier_open(st_tier **out, const char *url, const st_tier_opts *o)
     t->n_seeds = t->n_nodes;
     t->epoch = (uint64_t)time(NULL) << 20;
     char why[256];
-    if (refresh(t, why, sizeof why)) {
+    pthread_mutex_lock(&t->mu);
+    int frc = refresh(t, why, sizeof why);
+    pthread_mutex_unlock(&t->mu);
+    if (frc) {
         rc = st_error_set(ST_EIO, "tier: %s: no seed answered: %s", url, why);
         goto fail;
     }
@@ -587,8 +857,20 @@ void st_tier_close(st_tier *t)
 {
     if (!t)
         return;
-    for (uint32_t i = 0; i < t->n_nodes; i++)
-        node_drop(t, &t->nodes[i]);
+    if (t->loop_on) { /* the loop frees every connection and stops */
+        pthread_mutex_lock(&t->mu);
+        t->stopping = 1;
+        loop_wake(t);
+        pthread_mutex_unlock(&t->mu);
+        pthread_join(t->loop, NULL);
+    }
+    if (t->wake_ev)
+        event_free(t->wake_ev);
+    if (t->base)
+        event_base_free(t->base);
+    for (int i = 0; i < 2; i++)
+        if (t->wake[i] >= 0)
+            close(t->wake[i]);
     pthread_mutex_destroy(&t->mu);
     free(t);
 }
@@ -1214,20 +1496,26 @@ int st_tier_sync(st_tier *t, uint32_t replicas, uint32_t timeout_ms)
         rc = st_error_set(ST_EIO, "tier: a connection that wrote was lost before its writes "
                           "were confirmed on a replica (write them again)");
     }
+    char wr[16], wt[16];
+    int wrl = snprintf(wr, sizeof wr, "%u", replicas), wtl = snprintf(wt, sizeof wt, "%u", timeout_ms);
+    const char *argv[] = {"WAIT", wr, wt};
+    const size_t lens[] = {4, (size_t)wrl, (size_t)wtl};
     for (uint32_t i = 0; i < t->n_nodes && !rc; i++) {
         tnode *n = &t->nodes[i];
-        if (!n->dirty || !n->c)
+        if (n->wseq <= n->cseq || !n->ac)
             continue;
         if (!replicas) {
-            n->dirty = 0;
+            n->cseq = n->wseq;
             t->unconfirmed = 0;
             continue;
         }
-        redisReply *r = redisCommand(n->c, "WAIT %u %u", replicas, timeout_ms);
+        uint64_t seq = 0, gen = 0;
+        char w[256];
+        redisReply *r = node_cmd(t, (int)i, 0, 3, argv, lens, t->o.timeout_ms + timeout_ms, &seq,
+                                 &gen, w, sizeof w);
         if (!r) {
             rc = st_error_set(ST_EIO, "tier: WAIT at %s:%d: %s (its writes may be lost)", n->host,
-                              n->port, n->c->errstr[0] ? n->c->errstr : "no reply");
-            node_drop(t, n);
+                              n->port, w);
         } else {
             if (r->type != REDIS_REPLY_INTEGER)
                 rc = unexpected(r, "WAIT");
@@ -1235,8 +1523,8 @@ int st_tier_sync(st_tier *t, uint32_t replicas, uint32_t timeout_ms)
                 rc = st_error_set(ST_EIO, "tier: %s:%d: %lld of %u replicas confirmed the writes "
                                   "within %u ms", n->host, n->port, r->integer, replicas,
                                   timeout_ms);
-            else
-                n->dirty = 0;
+            else if (gen == n->gen && seq - 1 > n->cseq) /* it covers what was sent before */
+                n->cseq = seq - 1;
             freeReplyObject(r);
         }
         t->st.waits++;

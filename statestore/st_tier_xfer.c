@@ -30,10 +30,17 @@
  *    after st_tier_sync confirmed every write on that many replicas.
  * 4. Pull puts the version into the local store with st_store_put (one transaction): on any
  *    error the local store is unchanged.
+ * 5. Pieces move TX_PAR at a time: the cuts are found first (one pass), then TX_PAR threads each
+ *    take the next piece (an atomic counter), so that several pieces are in flight on the tier
+ *    client's connections (pipelined: st_tier.c invariant 5) and their SHA-256 runs on several
+ *    cores. The first failure stops the rest from starting; its code and detail are the call's.
+ *    The manifest lists the pieces in file order whatever order they went in.
  */
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -49,6 +56,7 @@
 #define TX_PIECE_MIN (64u << 10)
 #define TX_MASK_BITS 17 /* pieces of about 64 KiB + 128 KiB on average */
 #define TX_SKIP_MAX 64  /* tier versions past orphaned manifests tried by one push */
+#define TX_PAR 4        /* pieces in flight at once (invariant 5) */
 
 /* ---- content-defined cuts (invariant 1) ---------------------------------------------------- */
 static uint64_t g_gear[256];
@@ -83,7 +91,101 @@ static size_t cut_len(const uint8_t *p, size_t n)
     return lim;
 }
 
+/* ---- pieces in parallel (invariant 5) -------------------------------------------------------- */
+typedef struct par {
+    int (*fn)(void *ctx, size_t i, uint64_t *moved); /* one piece; *moved: bytes it wrote */
+    void *ctx;
+    size_t n;
+    _Atomic size_t next;
+    _Atomic uint64_t moved;
+    _Atomic int failed;
+    pthread_mutex_t mu;
+    int rc;
+    char detail[512];
+} par;
+
+static void *par_main(void *arg)
+{
+    par *p = arg;
+    for (;;) {
+        if (atomic_load(&p->failed))
+            break;
+        size_t i = atomic_fetch_add(&p->next, 1);
+        if (i >= p->n)
+            break;
+        uint64_t moved = 0;
+        int rc = p->fn(p->ctx, i, &moved);
+        if (rc) {
+            pthread_mutex_lock(&p->mu);
+            if (!p->rc) {
+                p->rc = rc;
+                snprintf(p->detail, sizeof p->detail, "%s", st_errdetail());
+            }
+            pthread_mutex_unlock(&p->mu);
+            atomic_store(&p->failed, 1);
+            break;
+        }
+        atomic_fetch_add(&p->moved, moved);
+    }
+    return NULL;
+}
+
+/* fn(ctx, i) for every i < n, TX_PAR at a time; *moved (may be NULL): the sum of what they
+ * moved. The first failure's code, with its detail. */
+static int par_run(int (*fn)(void *, size_t, uint64_t *), void *ctx, size_t n, uint64_t *moved)
+{
+    par p;
+    memset(&p, 0, sizeof p);
+    p.fn = fn;
+    p.ctx = ctx;
+    p.n = n;
+    pthread_mutex_init(&p.mu, NULL);
+    pthread_t th[TX_PAR];
+    int started = 0;
+    for (int k = 1; k < TX_PAR && (size_t)k < n; k++) {
+        if (pthread_create(&th[started], NULL, par_main, &p))
+            break; /* fewer threads: the rest is done by those that started, and this one */
+        started++;
+    }
+    par_main(&p);
+    for (int k = 0; k < started; k++)
+        pthread_join(th[k], NULL);
+    pthread_mutex_destroy(&p.mu);
+    if (moved)
+        *moved = atomic_load(&p.moved);
+    if (p.rc)
+        return st_error_set(p.rc, "%s", p.detail);
+    return 0;
+}
+
 /* ---- push ----------------------------------------------------------------------------------- */
+typedef struct push_ctx {
+    st_tier *t;
+    const uint8_t *file;
+    const size_t *off; /* piece i starts at off[i], ends at off[i + 1] */
+    uint8_t *man;
+    _Atomic uint32_t new_pieces;
+} push_ctx;
+
+static int push_piece(void *arg, size_t i, uint64_t *moved)
+{
+    push_ctx *c = arg;
+    uint8_t *e = c->man + TX_MAN_HDR + i * TX_MAN_ENT;
+    size_t len = c->off[i + 1] - c->off[i];
+    int written = 0;
+    int rc = st_sha256(c->file + c->off[i], len, e);
+    if (!rc)
+        rc = st_tier_chunk_put(c->t, e, c->file + c->off[i], len, &written);
+    if (rc)
+        return rc;
+    st_put32(e + 32, (uint32_t)len);
+    if (written) {
+        atomic_fetch_add(&c->new_pieces, 1);
+        *moved = len;
+    }
+    return 0;
+}
+
 int st_tier_push(st_tier *t, st_store *st, const char *id, uint64_t version, uint64_t expect,
                  uint32_t replicas, uint32_t wait_ms, st_tier_xfer_stats *out)
 {
@@ -94,6 +196,7 @@ int st_tier_push(st_tier *t, st_store *st, const char *id, uint64_t version, uin
     memset(&s, 0, sizeof s);
     st_image *img = NULL;
     uint8_t *file = NULL, *man = NULL;
+    size_t *offs = NULL;
     size_t flen = 0, np = 0, cap = 0;
     int rc = st_store_get(st, id, version, &img);
     if (rc)
@@ -106,36 +209,34 @@ int st_tier_push(st_tier *t, st_store *st, const char *id, uint64_t version, uin
     if (rc)
         return rc;
     s.bytes = flen;
-    /* the pieces (invariant 1), their entries gathered for the manifest */
-    for (size_t off = 0; off < flen;) {
-        size_t len = cut_len(file + off, flen - off);
-        if (np == cap) {
+    /* the cuts (invariant 1), then the pieces (invariant 5), their entries in the manifest */
+    for (size_t o = 0; o < flen;) {
+        if (np + 1 >= cap) {
             size_t nc = cap ? 2 * cap : 64;
-            uint8_t *nm = realloc(man, TX_MAN_HDR + nc * TX_MAN_ENT + TX_MAN_TRAILER);
-            if (!nm) {
-                rc = st_error_set(ENOMEM, "tier push: %s: the manifest of %zu pieces", id, nc);
+            size_t *no = realloc(offs, nc * sizeof *offs);
+            if (!no) {
+                rc = st_error_set(ENOMEM, "tier push: %s: the cuts of %zu pieces", id, nc);
                 goto out;
             }
-            man = nm;
+            offs = no;
             cap = nc;
         }
-        uint8_t *e = man + TX_MAN_HDR + np * TX_MAN_ENT;
-        int written = 0;
-        if ((rc = st_sha256(file + off, len, e)) ||
-            (rc = st_tier_chunk_put(t, e, file + off, len, &written)))
-            goto out;
-        st_put32(e + 32, (uint32_t)len);
-        if (written) {
-            s.new_pieces++;
-            s.new_bytes += len;
-        }
-        np++;
-        off += len;
+        offs[np++] = o;
+        o += cut_len(file + o, flen - o);
     }
-    if (!man && !(man = malloc(TX_MAN_HDR + TX_MAN_TRAILER))) {
-        rc = st_error_set(ENOMEM, "tier push: %s: the manifest", id);
+    if (!offs && !(offs = malloc(sizeof *offs))) {
+        rc = st_error_set(ENOMEM, "tier push: %s: the cuts", id);
         goto out;
     }
+    offs[np] = flen;
+    if (!(man = malloc(TX_MAN_HDR + np * TX_MAN_ENT + TX_MAN_TRAILER))) {
+        rc = st_error_set(ENOMEM, "tier push: %s: the manifest of %zu pieces", id, np);
+        goto out;
+    }
+    push_ctx pc = {.t = t, .file = file, .off = offs, .man = man};
+    if ((rc = par_run(push_piece, &pc, np, &s.new_bytes)))
+        goto out;
+    s.new_pieces = atomic_load(&pc.new_pieces);
     s.pieces = (uint32_t)np;
     st_put32(man, TX_MAN_MAGIC);
     st_put16(man + 4, TX_MAN_FORMAT);
@@ -189,11 +290,41 @@ int st_tier_push(st_tier *t, st_store *st, const char *id, uint64_t version, uin
         *out = s; /* with a failed sync too: the head is at tv, unconfirmed */
 out:
     free(file);
+    free(offs);
     free(man);
     return rc;
 }
 
 /* ---- pull ----------------------------------------------------------------------------------- */
+typedef struct pull_ctx {
+    st_tier *t;
+    const char *id;
+    uint64_t tv, np;
+    uint8_t *file;
+    const size_t *off;
+    const uint8_t *man;
+} pull_ctx;
+
+static int pull_piece(void *arg, size_t i, uint64_t *moved)
+{
+    pull_ctx *c = arg;
+    const uint8_t *e = c->man + TX_MAN_HDR + i * TX_MAN_ENT;
+    size_t len = c->off[i + 1] - c->off[i], n = 0;
+    /* straight into the file, checked there against e's SHA-256 */
+    int rc = st_tier_chunk_get_into(c->t, e, c->file + c->off[i], len, &n);
+    if (rc == ST_ENOTFOUND)
+        return st_error_set(ST_ECORRUPT, "tier pull: %s version %llu: piece %zu of %llu is "
+                            "missing from the tier", c->id, (unsigned long long)c->tv, i,
+                            (unsigned long long)c->np);
+    if (rc)
+        return rc;
+    if (n != len)
+        return st_error_set(ST_ECORRUPT, "tier pull: %s version %llu: piece %zu has %zu bytes, "
+                            "the manifest says %zu", c->id, (unsigned long long)c->tv, i, n, len);
+    *moved = n;
+    return 0;
+}
+
 int st_tier_pull(st_tier *t, st_store *st, const char *id, uint64_t version, uint64_t max_bytes,
                  st_tier_xfer_stats *out)
 {
@@ -204,7 +335,7 @@ int st_tier_pull(st_tier *t, st_store *st, const char *id, uint64_t version, uin
     st_tier_xfer_stats s;
     memset(&s, 0, sizeof s);
     uint8_t *man = NULL, *file = NULL;
-    size_t mlen = 0;
+    size_t mlen = 0, *offs = NULL;
     st_image *img = NULL;
     int rc = 0;
     uint64_t tv = version;
@@ -280,27 +411,16 @@ int st_tier_pull(st_tier *t, st_store *st, const char *id, uint64_t version, uin
         rc = st_error_set(ENOMEM, "tier pull: %s: %llu bytes", id, (unsigned long long)flen);
         goto out;
     }
-    size_t off = 0;
-    for (uint64_t i = 0; i < np; i++) {
-        const uint8_t *e = man + TX_MAN_HDR + i * TX_MAN_ENT;
-        uint32_t len = st_get32(e + 32);
-        size_t n = 0;
-        /* straight into the file, checked there against e's SHA-256 */
-        if ((rc = st_tier_chunk_get_into(t, e, file + off, len, &n))) {
-            if (rc == ST_ENOTFOUND)
-                rc = st_error_set(ST_ECORRUPT, "tier pull: %s version %llu: piece %llu of %llu is "
-                                  "missing from the tier", id, (unsigned long long)tv,
-                                  (unsigned long long)i, (unsigned long long)np);
-            goto out;
-        }
-        if (n != len) {
-            rc = st_error_set(ST_ECORRUPT, "tier pull: %s version %llu: piece %llu has %zu bytes, "
-                              "the manifest says %u", id, (unsigned long long)tv,
-                              (unsigned long long)i, n, len);
-            goto out;
-        }
-        off += n;
+    if (!(offs = malloc((size_t)(np + 1) * sizeof *offs))) {
+        rc = st_error_set(ENOMEM, "tier pull: %s: %llu pieces", id, (unsigned long long)np);
+        goto out;
     }
+    offs[0] = 0;
+    for (uint64_t i = 0; i < np; i++)
+        offs[i + 1] = offs[i] + st_get32(man + TX_MAN_HDR + i * TX_MAN_ENT + 32);
+    pull_ctx pc = {.t = t, .id = id, .tv = tv, .np = np, .file = file, .off = offs, .man = man};
+    if ((rc = par_run(pull_piece, &pc, (size_t)np, NULL)))
+        goto out;
     if (st_checksum(file, (size_t)flen) != st_get64(man + 16)) {
         rc = st_error_set(ST_ECORRUPT, "tier pull: %s version %llu: the file does not hash to the "
                           "manifest's XXH3-64", id, (unsigned long long)tv);
@@ -319,6 +439,7 @@ int st_tier_pull(st_tier *t, st_store *st, const char *id, uint64_t version, uin
 out:
     st_image_free(img);
     free(file);
+    free(offs);
     free(man);
     return rc;
 }
