@@ -46,6 +46,11 @@
  *    the queue, once the tier answers: such a lease would keep every other node out of the
  *    conversation for its TTL. The release acts only under that token, so a lease taken since
  *    (by this node's next request, or another node) stays.
+ * 9. The map of known versions keeps at most TN_KNOWN_MAX conversations (about 45 MiB), the
+ *    least recently used dropped first. A conversation dropped from it is as after a restart
+ *    (invariant 7): its next take adopts the tier's head when this node held it last, or pulls
+ *    it; only a SAVE sent without a lease (from the queue) then extends "none" and is refused
+ *    as a conflict (it stays local).
  */
 #include <errno.h>
 #include <pthread.h>
@@ -59,9 +64,11 @@
 #include "st_tiernode.h"
 
 #define TN_BUCKETS 4096u
+#define TN_KNOWN_MAX (256u << 10) /* conversations whose tier version is kept (invariant 9) */
 
 typedef struct known {
     struct known *next;
+    struct known *older, *newer; /* least recently used first (invariant 9) */
     uint64_t tier_version;
     char id[ST_STORE_ID_MAX + 1];
 } known;
@@ -98,6 +105,8 @@ struct st_tiernode {
     st_store *store;
     st_tier *tier; /* NULL until the tier was reached once */
     known *map[TN_BUCKETS];
+    known *oldest, *newest;
+    uint32_t n_known;
     orphan orphans[TN_ORPHANS];
     uint32_t n_orphans;
     pending *q;    /* a ring of o.pending_max entries */
@@ -123,11 +132,53 @@ static uint32_t bucket(const char *id)
     return h % TN_BUCKETS;
 }
 
+static void known_unlink_locked(st_tiernode *tn, known *k)
+{
+    if (k->older)
+        k->older->newer = k->newer;
+    else
+        tn->oldest = k->newer;
+    if (k->newer)
+        k->newer->older = k->older;
+    else
+        tn->newest = k->older;
+    k->older = k->newer = NULL;
+}
+
+static void known_link_newest_locked(st_tiernode *tn, known *k)
+{
+    k->older = tn->newest;
+    k->newer = NULL;
+    if (tn->newest)
+        tn->newest->newer = k;
+    else
+        tn->oldest = k;
+    tn->newest = k;
+}
+
+/* id's entry out of the map and freed (NULL: nothing). */
+static void known_drop_locked(st_tiernode *tn, known *k)
+{
+    if (!k)
+        return;
+    for (known **pp = &tn->map[bucket(k->id)]; *pp; pp = &(*pp)->next)
+        if (*pp == k) {
+            *pp = k->next;
+            break;
+        }
+    known_unlink_locked(tn, k);
+    tn->n_known--;
+    free(k);
+}
+
 static known *known_find_locked(st_tiernode *tn, const char *id)
 {
     for (known *k = tn->map[bucket(id)]; k; k = k->next)
-        if (!strcmp(k->id, id))
+        if (!strcmp(k->id, id)) {
+            known_unlink_locked(tn, k); /* used: the newest */
+            known_link_newest_locked(tn, k);
             return k;
+        }
     return NULL;
 }
 
@@ -135,12 +186,16 @@ static void known_set_locked(st_tiernode *tn, const char *id, uint64_t tv)
 {
     known *k = known_find_locked(tn, id);
     if (!k) {
+        if (tn->n_known >= TN_KNOWN_MAX) /* invariant 9 */
+            known_drop_locked(tn, tn->oldest);
         if (!(k = calloc(1, sizeof *k)))
             return; /* the next SAVE of id then extends "none" and is refused as a conflict */
         snprintf(k->id, sizeof k->id, "%s", id);
         uint32_t b = bucket(id);
         k->next = tn->map[b];
         tn->map[b] = k;
+        known_link_newest_locked(tn, k);
+        tn->n_known++;
     }
     k->tier_version = tv;
 }
@@ -154,13 +209,7 @@ static uint64_t known_get_locked(st_tiernode *tn, const char *id)
 void st_tiernode_forget(st_tiernode *tn, const char *id)
 {
     pthread_mutex_lock(&tn->mu);
-    for (known **pp = &tn->map[bucket(id)]; *pp; pp = &(*pp)->next)
-        if (!strcmp((*pp)->id, id)) {
-            known *k = *pp;
-            *pp = k->next;
-            free(k);
-            break;
-        }
+    known_drop_locked(tn, known_find_locked(tn, id));
     pthread_mutex_unlock(&tn->mu);
 }
 
