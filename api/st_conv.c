@@ -65,7 +65,7 @@
  *    head is fetched into the store and this node's live copy (slot or park) is dropped before
  *    the request reads it; a lease lost during a request (not renewed in time, taken by another
  *    node) drops the live copy when the request ends. A SAVE of a named conversation takes the
- *    lease as a spill does (save_lease; invariant 11): a copy older than what another node made
+ *    lease as a spill does (live_lease; invariant 11; a PARK too): a copy older than what another node made
  *    since (held or saved) is dropped and the SAVE refused (409 conflict); then it is sent to
  *    the tier after the local commit (st_tiernode_saved: the tier never fails the SAVE; the
  *    tier away: queued, "pending").
@@ -654,7 +654,8 @@ static int park_from_tier(st_conv *cv, st_slot *s, const char *id, uint64_t tier
 {
     char pid[PARK_ID_MAX];
     park_id(pid, id);
-    drop_park_store(cv, id); /* one of this node's own, older */
+    drop_park_store(cv, id); /* one of this node's own, older (maybe of another model, which
+                                the pull's put would refuse): the pulled one replaces it */
     int rc = st_tiernode_park_pull(cv->env->tier, pid, tier_version, 0);
     st_version_info vi;
     if (!rc)
@@ -1577,13 +1578,14 @@ static void drop_live(st_conv *cv, int j, pentry *p)
     }
 }
 
-/* With a tier, a SAVE of a named conversation takes its lease as a spill does (fresh, and only
- * while the holder record names this node or nobody: invariant 11), so that a node never saves
- * a copy older than what another node made of the conversation since, saved or not. A stale
- * copy is dropped and the SAVE refused (ST_ECONFLICT); ST_EBUSY while another node (or a spill
- * of this one) holds the lease; the tier away: 0 with *leased 0 (the SAVE stays local and
- * queues, "pending": *leased -1). */
-static int save_lease(st_conv *cv, const char *id, int j, pentry *p, int *leased)
+/* With a tier, a SAVE or PARK (what) of a named conversation takes its lease as a spill does
+ * (fresh, and only while the holder record names this node or nobody: invariant 11), so that a
+ * node never saves or parks a copy older than what another node made of the conversation since,
+ * saved or not. A stale copy is dropped and the call refused (ST_ECONFLICT); ST_EBUSY while
+ * another node (or a spill of this one) holds the lease (on failure the copy is released); the
+ * tier away: 0 with *leased -1 (a SAVE stays local and queues, "pending"); taken: *leased 1. */
+static int live_lease(st_conv *cv, const char *id, int j, pentry *p, const char *what,
+                      int *leased)
 {
     *leased = 0;
     st_tiernode *tn = cv->env->tier;
@@ -1605,11 +1607,11 @@ static int save_lease(st_conv *cv, const char *id, int j, pentry *p, int *leased
         else
             snprintf(d, sizeof d, "session %s: another node saved it since this node's copy was "
                      "made (the tier's head is in this node's store now)", id);
-        fprintf(stderr, "strata-server: SAVE refused: %s: this node's copy is dropped\n", d);
+        fprintf(stderr, "strata-server: %s refused: %s: this node's copy is dropped\n", what, d);
         drop_live(cv, j, p);
-        cv->m->saves_stale++;
-        return st_error_set(ST_ECONFLICT, "%s: this node's copy was dropped and nothing saved; "
-                            "the next request continues from the tier", d);
+        cv->m->stale_refused++;
+        return st_error_set(ST_ECONFLICT, "%s: this node's copy was dropped (%s refused); the "
+                            "next request continues from the tier", d, what);
     }
     if (rc) {
         if (j >= 0)
@@ -1632,7 +1634,7 @@ int st_conv_save(st_conv *cv, const char *id, const st_conv_save_opts *o, st_con
     if (rc)
         return rc;
     int leased = 0;
-    if ((rc = save_lease(cv, id, j, p, &leased))) /* on failure it released the copy */
+    if ((rc = live_lease(cv, id, j, p, "SAVE", &leased))) /* on failure it released the copy */
         return rc;
     double t0 = st_conv_now_ms();
     st_image *img = NULL;
@@ -1752,6 +1754,11 @@ int st_conv_park(st_conv *cv, const char *id, st_conv_park_info *out)
         park_release(cv, p);
         return 0;
     }
+    int leased = 0;
+    if ((rc = live_lease(cv, id, j, NULL, "PARK", &leased))) /* on failure it released the slot */
+        return rc;
+    if (leased > 0) /* checked; a spill takes the lease again for itself */
+        (void)st_tiernode_end(cv->env->tier, id);
     double t0 = st_conv_now_ms();
     const char *where = "ram";
     uint64_t bytes = 0, tokens = st_slot_n_tokens(cv->slots[j].slot);

@@ -45,7 +45,7 @@ typedef struct st_conv_counters {
     _Atomic uint64_t restores, restore_bytes;
     _Atomic uint64_t parks_ram, parks_disk, park_spills, park_unspills, park_bytes;
     _Atomic uint64_t park_dropped_stale; /* parked copies dropped: another node held it since */
-    _Atomic uint64_t saves_stale; /* SAVEs refused: another node held or saved it since (409) */
+    _Atomic uint64_t stale_refused; /* SAVEs, PARKs refused: another node held or saved it since */
     _Atomic uint64_t conv_hits_slot, conv_hits_ram, conv_hits_disk, conv_hits_store, conv_new;
     _Atomic uint64_t prompt_reused, prompt_computed, tokens_generated;
     _Atomic uint64_t memguard_refusals;

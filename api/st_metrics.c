@@ -190,9 +190,9 @@ void st_metrics_render(st_metrics *m, struct evbuffer *o, const st_http_stats *h
                         U(m->conv.parks_ram), U(m->conv.parks_disk));
     counter(o, "strata_park_spills_total", "Parked images spilled from RAM to the store.", m->conv.park_spills);
     counter(o, "strata_park_unspills_total", "Spilled images brought back into a slot.", m->conv.park_unspills);
-    counter(o, "strata_saves_stale_total", "SAVEs refused (409) because another node held or "
-            "saved the conversation since this node's copy was made (the copy dropped).",
-            m->conv.saves_stale);
+    counter(o, "strata_stale_refused_total", "SAVEs and PARKs refused (409) because another "
+            "node held or saved the conversation since this node's copy was made (the copy "
+            "dropped).", m->conv.stale_refused);
     counter(o, "strata_park_dropped_stale_total", "Parked images dropped at a spill: another node "
             "held the conversation since.", m->conv.park_dropped_stale);
     gauge(o, "strata_park_pool_bytes", "Bytes of parked images held in RAM.", (double)m->conv.pool_ram_bytes);

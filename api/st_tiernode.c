@@ -534,9 +534,9 @@ int st_tiernode_begin(st_tiernode *tn, const char *id, int flags, st_tiernode_be
             return st_error_set(ST_EBUSY, "session %s is in use on node %s (its lease, %lld ms "
                                 "left); retry", id, owner[0] ? owner : "?", (long long)ttl);
         }
+        char owner[ST_TIER_OWNER_MAX + 1] = "";
+        int64_t ttl = -2;
         if (rc == ST_EBUSY && !fresh) {
-            char owner[ST_TIER_OWNER_MAX + 1] = "";
-            int64_t ttl = -2;
             (void)st_tier_lease_owner(t, id, owner, sizeof owner, &ttl);
             if (!strcmp(owner, tn->node_id) && tries < 50) {
                 /* another request of this node took it a moment ago: share its lease */
@@ -556,12 +556,11 @@ int st_tiernode_begin(st_tiernode *tn, const char *id, int flags, st_tiernode_be
                 rc = st_tier_lease_takeover(t, id, tn->node_id, tn->o.lease_ms, tok, &prev);
                 if (rc == ST_EBUSY && tries < 100)
                     continue; /* expired meanwhile (take again) or another node's now */
+                if (rc == ST_EBUSY) /* the owner read above is stale */
+                    (void)st_tier_lease_owner(t, id, owner, sizeof owner, &ttl);
             }
         }
         if (rc == ST_EBUSY) {
-            char owner[ST_TIER_OWNER_MAX + 1] = "";
-            int64_t ttl = -2;
-            (void)st_tier_lease_owner(t, id, owner, sizeof owner, &ttl);
             pthread_mutex_lock(&tn->mu);
             tn->st.leases_refused++;
             pthread_mutex_unlock(&tn->mu);

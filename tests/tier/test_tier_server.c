@@ -8,8 +8,8 @@
  * - B saves it next (tier version 2); A, whose copy is older, SAVEs and is refused (409
  *   conflict: B held it since) and drops its copy; A's next completion continues from B's
  *   version, with the tokens a third node C gives from the tier;
- * - a SAVE of a copy another node continued since without saving is refused too, and that node
- *   goes on from its own turn (control: the same SAVEs with every turn on A are accepted);
+ * - a SAVE (or PARK) of a copy another node continued since without saving is refused too, and
+ *   that node goes on from its own turn (control: the same calls with every turn on A succeed);
  * - the lease: while a completion runs on A, B's request for that conversation is refused (409
  *   busy, naming node-a), and A releases the lease when it ends;
  * - A killed with SIGKILL after an acknowledged SAVE and one more turn: B continues from the
@@ -132,7 +132,7 @@ static void test_across_nodes(void **state)
     json_t *sa = save_refused(a.port, "s");
     printf("across: the stale node's SAVE: 409 %s\n",
            json_string_value(json_object_get(json_object_get(sa, "error"), "message")));
-    assert_true(st_at_metric(a.port, "strata_saves_stale_total") == 1);
+    assert_true(st_at_metric(a.port, "strata_stale_refused_total") == 1);
     /* A's next request finds the tier's head newer than its copy: it drops the copy and
      * continues from B's version, as a third node does */
     /* a third node continues from B's version (the tier's head), not A's */
@@ -149,18 +149,29 @@ static void test_across_nodes(void **state)
     json_t *u2 = turn(b.port, "u", " and the second turn", "tier");
     assert_true(same(u2, r2));
     json_t *ua = save_refused(a.port, "u");
-    assert_true(st_at_metric(a.port, "strata_saves_stale_total") == 2);
+    assert_true(st_at_metric(a.port, "strata_stale_refused_total") == 2);
     json_decref(turn(b.port, "u", " then a third", "slot"));
     json_t *ub = save(b.port, "u", "sent");
     if (!strcmp(json_string_value(json_object_get(ub, "tier")), "sent"))
         assert_int_equal(json_integer_value(json_object_get(ub, "tier_version")), 2);
-    /* the control: the same SAVEs with the second turn on A itself are accepted */
+    /* a PARK too: w continued on B unsaved, A's PARK of its older copy is refused */
+    json_decref(turn(a.port, "w", "The first turn of it", "new"));
+    json_decref(save(a.port, "w", "sent"));
+    json_decref(turn(b.port, "w", " and the second turn", "tier"));
+    json_t *wa = st_at_call(a.port, "POST", "/v1/sessions/w/park", "{}", 409);
+    assert_string_equal(json_string_value(json_object_get(json_object_get(wa, "error"), "code")),
+                        "conflict");
+    json_decref(wa);
+    assert_true(st_at_metric(a.port, "strata_stale_refused_total") == 3);
+    /* the control: the same SAVEs (and a PARK) with the second turn on A itself are accepted */
     json_decref(turn(a.port, "v", "The first turn of it", "new"));
     json_decref(save(a.port, "v", "sent"));
     json_decref(turn(a.port, "v", " and the second turn", "slot"));
     json_decref(save(a.port, "v", "sent"));
-    assert_true(st_at_metric(a.port, "strata_saves_stale_total") == 2);
-    printf("across: A's SAVE of u after B continued it unsaved: refused; v (no other node): saved\n");
+    json_decref(st_at_call(a.port, "POST", "/v1/sessions/v/park", "{}", 200));
+    assert_true(st_at_metric(a.port, "strata_stale_refused_total") == 3);
+    printf("across: A's SAVE of u and PARK of w after B continued them unsaved: refused; v (no "
+           "other node): saved and parked\n");
     json_decref(u1);
     json_decref(u2);
     json_decref(ua);
