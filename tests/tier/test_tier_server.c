@@ -31,6 +31,8 @@
  * - PARK into the tier (test_park_across_nodes): a conversation A parked at its RAM ceiling
  *   continues on B after A is killed, with an uninterrupted run's tokens; A restarted drops its
  *   own park, older than B's turn (the handover), and keeps one no other node touched.
+ * - a RAM park another node continued before it was spilled (test_stale_spill): dropped at the
+ *   spill, not written; the control spilled and continued from the store.
  * Labels cluster and integration (in make test).
  */
 #include <pthread.h>
@@ -600,6 +602,53 @@ static void test_park_across_nodes(void **state)
     assert_int_equal(st_hc_server_stop(&b, SIGTERM), 0);
 }
 
+/* A RAM park that turned stale before its spill (api/st_conv.c invariant 11): A parks "x" in RAM
+ * (its pool of 1 MiB has room), B continues x without saving, then A parks other conversations
+ * until the pool is over its ceiling: the spill of x, the oldest, finds that B held it since,
+ * writes nothing and drops the entry (strata_park_dropped_stale_total); A's next turn of x comes
+ * from the SAVE (found "tier"), not from its park. The control: "y", parked the same way and
+ * touched by no other node, is spilled to A's store and continues from there ("disk"). */
+static void test_stale_spill(void **state)
+{
+    (void)state;
+    st_hc_server a, b;
+    const char *fa[] = {"--tier", g_url, "--node-id", "node-sa", "--slots", "2",
+                        "--conversation-cache-mib", "1", NULL};
+    const char *fb[] = {"--tier", g_url, "--node-id", "node-sb", "--slots", "2", NULL};
+    assert_int_equal(st_at_server_start(&a, &g_env, "store-stale-a", fa, NULL), 0);
+    assert_int_equal(st_at_server_start(&b, &g_env, "store-stale-b", fb, NULL), 0);
+    const char *ids[] = {"x", "y"};
+    for (int k = 0; k < 2; k++) {
+        json_decref(turn(a.port, ids[k], "Parked in RAM on A", "new"));
+        json_decref(save(a.port, ids[k], "sent"));
+        json_decref(turn(a.port, ids[k], " and a turn nobody saved", "slot"));
+    }
+    json_t *px = st_at_call(a.port, "POST", "/v1/sessions/x/park", "{}", 200);
+    assert_string_equal(json_string_value(json_object_get(px, "where")), "ram");
+    json_decref(px);
+    json_decref(st_at_call(a.port, "POST", "/v1/sessions/y/park", "{}", 200));
+    json_decref(turn(b.port, "x", " then on node B", "tier"));
+    int i = 0;
+    for (; i < 64 && st_at_metric(a.port, "strata_park_spills_total") < 1; i++) {
+        char id[32], path[64];
+        snprintf(id, sizeof id, "fill-%d", i);
+        json_decref(turn(a.port, id, "Filling the pool", "new"));
+        snprintf(path, sizeof path, "/v1/sessions/%s/park", id);
+        json_decref(st_at_call(a.port, "POST", path, "{}", 200));
+    }
+    assert_true(st_at_metric(a.port, "strata_park_dropped_stale_total") == 1);
+    assert_true(st_at_metric(a.port, "strata_park_spills_total") >= 1); /* y's */
+    json_t *ax = turn(a.port, "x", " then on node B", "tier");
+    json_t *ay = turn(a.port, "y", " then on node B", "disk");
+    assert_false(same(ax, ay)); /* x continued from its SAVE, y from its park */
+    printf("stale spill: after %d more parks A's pool spilled: x (B held it since) dropped, y "
+           "spilled and continued from A's store\n", i);
+    json_decref(ax);
+    json_decref(ay);
+    assert_int_equal(st_hc_server_stop(&a, SIGTERM), 0);
+    assert_int_equal(st_hc_server_stop(&b, SIGTERM), 0);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -631,6 +680,7 @@ int main(void)
         cmocka_unit_test(test_lost_lease),
         cmocka_unit_test(test_prefix_across_nodes),
         cmocka_unit_test(test_park_across_nodes),
+        cmocka_unit_test(test_stale_spill),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
