@@ -13,7 +13,9 @@
  * A reads a new system prompt of N tokens and a question (its point copied out of the slot; the
  * recorder then stores it and sends it to the tier, awaited and timed); R answers another question after that system prompt by a full read; B answers the same
  * request from the index. The first token is the reply (n_predict 1), so TTFT is the request's
- * wall time on the client. B's tokens must be R's (the run fails otherwise).
+ * wall time on the client. B's tokens must be R's (the run fails otherwise). Then A's and R's
+ * conversations are PARKed; every node's RAM ceiling is 0, so a PARK spills: to A's store and
+ * the tier (st_conv.c invariant 11), to R's store alone; the two times side by side.
  */
 #include <limits.h>
 #include <signal.h>
@@ -46,7 +48,8 @@ static int start(st_hc_server *s, const char *model, const char *store, const ch
     const char *args[32];
     int n = 0;
     const char *base[] = {"--store", sp, "--model", model, "--ctx", ctx, "--slots", "2",
-                          "--prompt-cache-root", "1024", "--backend", "cpu"};
+                          "--prompt-cache-root", "1024", "--backend", "cpu",
+                          "--conversation-cache-mib", "0"}; /* a PARK spills at once */
     for (size_t i = 0; i < sizeof base / sizeof *base; i++)
         args[n++] = base[i];
     if (url) {
@@ -90,6 +93,42 @@ static void ask(uint16_t port, const char *session, const char *sys, const char 
     *token = tk ? atoll(tk + 10) : -1;
     st_hc_resp_free(&r);
     free(body);
+}
+
+/* PARK of session on port (its RAM ceiling 0: spilled to the store, and with --tier to the
+ * tier): the request's wall time; *bytes the image's. */
+static double park(uint16_t port, const char *session, long long *bytes)
+{
+    char path[96];
+    snprintf(path, sizeof path, "/v1/sessions/%s/park", session);
+    st_hc_resp r;
+    double t0 = st_hc_now_ms();
+    if (st_hc_json(port, "POST", path, "{}", &r) || r.status != 200) {
+        fprintf(stderr, "bench_prefix: PARK %s: %d %s\n", session, r.status,
+                r.body ? (char *)r.body : "");
+        die("a PARK failed");
+    }
+    double ms = st_hc_now_ms() - t0;
+    const char *b = strstr((const char *)r.body, "\"bytes\":");
+    *bytes = b ? atoll(b + 8) : -1;
+    if (!strstr((const char *)r.body, "\"where\":\"disk\""))
+        die("a PARK did not spill to the store");
+    st_hc_resp_free(&r);
+    return ms;
+}
+
+/* A counter of node port's /metrics (-1 when absent). */
+static double metric(uint16_t port, const char *name)
+{
+    st_hc_resp r;
+    if (st_hc_request(port, "GET", "/metrics", NULL, NULL, 0, &r) || r.status != 200)
+        die("GET /metrics failed");
+    char k[160];
+    snprintf(k, sizeof k, "\n%s ", name);
+    const char *g = strstr((const char *)r.body, k);
+    double v = g ? atof(g + strlen(k)) : -1;
+    st_hc_resp_free(&r);
+    return v;
 }
 
 /* Waits until node port's recorder has put every point it queued (its gauge
@@ -171,7 +210,7 @@ int main(int argc, char **argv)
     char *sys = malloc((size_t)tokens + 1);
     if (!sys)
         die("no memory");
-    double sum_full = 0, sum_idx = 0, sum_rec = 0, sum_land = 0, sum_copy = 0;
+    double sum_full = 0, sum_idx = 0, sum_rec = 0, sum_land = 0, sum_copy = 0, sum_pk_a = 0, sum_pk_r = 0;
     int failures = 0;
     for (int run = 0; run < runs; run++) {
         for (long i = 0; i < tokens; i++) /* a new system prompt each run: no point is shared */
@@ -197,6 +236,15 @@ int main(int argc, char **argv)
                "first token %s\n",
                run + 1, rec_a, ms_a, ms_land, ms_r, ms_b, found, res_b, ms_b / ms_r, ms_r / ms_b,
                tok_b == tok_r ? "the full read's" : "DIFFERENT");
+        /* PARK at the RAM ceiling: A's conversation spills to its store and the tier, R's to
+         * its store only */
+        long long by_a = 0, by_r = 0;
+        double pk_a = park(a.port, sa, &by_a), pk_r = park(r.port, srr, &by_r);
+        printf("run %d: PARK of the %lld-byte image: A (store + tier) %.0f ms, R (store) %.0f ms: "
+               "%.2fx; the tier's part %.0f ms\n", run + 1, by_a, pk_a, pk_r, pk_a / pk_r,
+               pk_a - pk_r);
+        sum_pk_a += pk_a;
+        sum_pk_r += pk_r;
         sum_full += ms_r;
         sum_idx += ms_b;
         sum_rec += ms_a - ms_r;
@@ -208,6 +256,11 @@ int main(int argc, char **argv)
            "noise), the point stored and sent in the background %.0f ms after A's answer\n",
            sum_idx / runs, sum_full / runs, sum_idx / sum_full, sum_full / sum_idx, sum_copy / runs,
            sum_copy / (sum_full + sum_rec), sum_rec / runs, sum_land / runs);
+    printf("PARK at the RAM ceiling: %.0f ms with the tier vs %.0f ms to the store alone: %.2fx "
+           "(%.0f parks pushed to the tier)\n", sum_pk_a / runs, sum_pk_r / runs,
+           sum_pk_a / sum_pk_r, metric(a.port, "strata_tier_park_pushes_total"));
+    if (metric(a.port, "strata_tier_park_pushes_total") != runs)
+        die("A did not push every PARK to the tier");
     free(sys);
     st_hc_server_stop(&a, SIGTERM);
     st_hc_server_stop(&b, SIGTERM);
