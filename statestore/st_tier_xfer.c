@@ -30,23 +30,24 @@
  *    after st_tier_sync confirmed every write on that many replicas.
  * 4. Pull puts the version into the local store with st_store_put (one transaction): on any
  *    error the local store is unchanged.
- * 5. Pieces move TX_PAR at a time: the cuts are found first (one pass), then TX_PAR threads each
- *    take the next piece (an atomic counter), so that several pieces are in flight on the tier
- *    client's connections (pipelined: st_tier.c invariant 5) and their SHA-256 runs on several
- *    cores. The first failure stops the rest from starting; its code and detail are the call's.
- *    The manifest lists the pieces in file order whatever order they went in.
+ * 5. Pieces move TX_PAR at a time: the cuts are found first (one pass), then the store's thread
+ *    pool (st_store__par_run: TX_PAR threads, each taking the next piece) moves them, so that
+ *    several pieces are in flight on the tier client's connections (pipelined: st_tier.c
+ *    invariant 5) and their SHA-256 runs on several cores. The first failure stops the rest
+ *    from starting; its code and detail are the call's. The manifest lists the pieces in file
+ *    order whatever order they went in.
  */
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "st_codec.h"
 #include "st_file.h"
 #include "st_store.h"
+#include "st_store_lmdb_int.h" /* st_store__par_run */
 
 #define TX_MAN_MAGIC 0x4d545453u /* "STTM" */
 #define TX_MAN_FORMAT 1u
@@ -91,73 +92,6 @@ static size_t cut_len(const uint8_t *p, size_t n)
     return lim;
 }
 
-/* ---- pieces in parallel (invariant 5) -------------------------------------------------------- */
-typedef struct par {
-    int (*fn)(void *ctx, size_t i, uint64_t *moved); /* one piece; *moved: bytes it wrote */
-    void *ctx;
-    size_t n;
-    _Atomic size_t next;
-    _Atomic uint64_t moved;
-    _Atomic int failed;
-    pthread_mutex_t mu;
-    int rc;
-    char detail[512];
-} par;
-
-static void *par_main(void *arg)
-{
-    par *p = arg;
-    for (;;) {
-        if (atomic_load(&p->failed))
-            break;
-        size_t i = atomic_fetch_add(&p->next, 1);
-        if (i >= p->n)
-            break;
-        uint64_t moved = 0;
-        int rc = p->fn(p->ctx, i, &moved);
-        if (rc) {
-            pthread_mutex_lock(&p->mu);
-            if (!p->rc) {
-                p->rc = rc;
-                snprintf(p->detail, sizeof p->detail, "%s", st_errdetail());
-            }
-            pthread_mutex_unlock(&p->mu);
-            atomic_store(&p->failed, 1);
-            break;
-        }
-        atomic_fetch_add(&p->moved, moved);
-    }
-    return NULL;
-}
-
-/* fn(ctx, i) for every i < n, TX_PAR at a time; *moved (may be NULL): the sum of what they
- * moved. The first failure's code, with its detail. */
-static int par_run(int (*fn)(void *, size_t, uint64_t *), void *ctx, size_t n, uint64_t *moved)
-{
-    par p;
-    memset(&p, 0, sizeof p);
-    p.fn = fn;
-    p.ctx = ctx;
-    p.n = n;
-    pthread_mutex_init(&p.mu, NULL);
-    pthread_t th[TX_PAR];
-    int started = 0;
-    for (int k = 1; k < TX_PAR && (size_t)k < n; k++) {
-        if (pthread_create(&th[started], NULL, par_main, &p))
-            break; /* fewer threads: the rest is done by those that started, and this one */
-        started++;
-    }
-    par_main(&p);
-    for (int k = 0; k < started; k++)
-        pthread_join(th[k], NULL);
-    pthread_mutex_destroy(&p.mu);
-    if (moved)
-        *moved = atomic_load(&p.moved);
-    if (p.rc)
-        return st_error_set(p.rc, "%s", p.detail);
-    return 0;
-}
-
 /* ---- push ----------------------------------------------------------------------------------- */
 typedef struct push_ctx {
     st_tier *t;
@@ -165,10 +99,13 @@ typedef struct push_ctx {
     const size_t *off; /* piece i starts at off[i], ends at off[i + 1] */
     uint8_t *man;
     _Atomic uint32_t new_pieces;
+    _Atomic uint64_t new_bytes;
 } push_ctx;
 
-static int push_piece(void *arg, size_t i, uint64_t *moved)
+/* Piece i of a push (invariant 5, on st_store__par_run). */
+static int push_piece(void *arg, size_t i, st_frame_ctx **fctx)
 {
+    (void)fctx;
     push_ctx *c = arg;
     uint8_t *e = c->man + TX_MAN_HDR + i * TX_MAN_ENT;
     size_t len = c->off[i + 1] - c->off[i];
@@ -181,7 +118,7 @@ static int push_piece(void *arg, size_t i, uint64_t *moved)
     st_put32(e + 32, (uint32_t)len);
     if (written) {
         atomic_fetch_add(&c->new_pieces, 1);
-        *moved = len;
+        atomic_fetch_add(&c->new_bytes, (uint64_t)len);
     }
     return 0;
 }
@@ -234,9 +171,10 @@ int st_tier_push(st_tier *t, st_store *st, const char *id, uint64_t version, uin
         goto out;
     }
     push_ctx pc = {.t = t, .file = file, .off = offs, .man = man};
-    if ((rc = par_run(push_piece, &pc, np, &s.new_bytes)))
+    if ((rc = st_store__par_run(TX_PAR, np, push_piece, &pc)))
         goto out;
     s.new_pieces = atomic_load(&pc.new_pieces);
+    s.new_bytes = atomic_load(&pc.new_bytes);
     s.pieces = (uint32_t)np;
     st_put32(man, TX_MAN_MAGIC);
     st_put16(man + 4, TX_MAN_FORMAT);
@@ -305,8 +243,10 @@ typedef struct pull_ctx {
     const uint8_t *man;
 } pull_ctx;
 
-static int pull_piece(void *arg, size_t i, uint64_t *moved)
+/* Piece i of a pull (invariant 5, on st_store__par_run). */
+static int pull_piece(void *arg, size_t i, st_frame_ctx **fctx)
 {
+    (void)fctx;
     pull_ctx *c = arg;
     const uint8_t *e = c->man + TX_MAN_HDR + i * TX_MAN_ENT;
     size_t len = c->off[i + 1] - c->off[i], n = 0;
@@ -321,7 +261,6 @@ static int pull_piece(void *arg, size_t i, uint64_t *moved)
     if (n != len)
         return st_error_set(ST_ECORRUPT, "tier pull: %s version %llu: piece %zu has %zu bytes, "
                             "the manifest says %zu", c->id, (unsigned long long)c->tv, i, n, len);
-    *moved = n;
     return 0;
 }
 
@@ -419,7 +358,7 @@ int st_tier_pull(st_tier *t, st_store *st, const char *id, uint64_t version, uin
     for (uint64_t i = 0; i < np; i++)
         offs[i + 1] = offs[i] + st_get32(man + TX_MAN_HDR + i * TX_MAN_ENT + 32);
     pull_ctx pc = {.t = t, .id = id, .tv = tv, .np = np, .file = file, .off = offs, .man = man};
-    if ((rc = par_run(pull_piece, &pc, (size_t)np, NULL)))
+    if ((rc = st_store__par_run(TX_PAR, (size_t)np, pull_piece, &pc)))
         goto out;
     if (st_checksum(file, (size_t)flen) != st_get64(man + 16)) {
         rc = st_error_set(ST_ECORRUPT, "tier pull: %s version %llu: the file does not hash to the "
