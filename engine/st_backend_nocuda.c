@@ -75,6 +75,26 @@ int st_cuda_qmv_i8(uint32_t wtype, const void *w, uint32_t rows, uint32_t cols, 
     return st_error_set(ST_EINVAL, "cuda qmv: built without CUDA");
 }
 
+int st_cuda_quant_q8_k(const float *x, uint32_t cols, void *xq, void *stream)
+{
+    (void)x, (void)cols, (void)xq, (void)stream;
+    return st_error_set(ST_EINVAL, "cuda qmv: built without CUDA");
+}
+
+int st_cuda_qmv_n_i8(uint32_t wtype, uint32_t cols, const st_cuda_qmv_job *jobs, uint32_t n,
+                     const void *xq, void *stream)
+{
+    (void)wtype, (void)cols, (void)jobs, (void)n, (void)xq, (void)stream;
+    return st_error_set(ST_EINVAL, "cuda qmv: built without CUDA");
+}
+
+int st_cuda_qmv_swiglu_i8(uint32_t wtype, uint32_t rows, uint32_t cols, const void *gate,
+                          const void *up, const void *xq, float *y, void *stream)
+{
+    (void)wtype, (void)rows, (void)cols, (void)gate, (void)up, (void)xq, (void)y, (void)stream;
+    return st_error_set(ST_EINVAL, "cuda qmv: built without CUDA");
+}
+
 int st_cuda_dequant_supported(uint32_t type)
 {
     (void)type;

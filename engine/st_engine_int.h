@@ -408,6 +408,17 @@ int st_cuda_qmv_swiglu(uint32_t wtype, uint32_t rows, uint32_t cols, const void 
  * aligned; y as st_cuda_qmv. ST_EINVAL for another type or without CUDA. */
 int st_cuda_qmv_i8(uint32_t wtype, const void *w, uint32_t rows, uint32_t cols, const void *xq, float *y,
                    void *stream);
+/* The integer form of Q4_K (also through st_cuda_qmv_i8), as the forward pass runs it with
+ * STRATA_CUDA_QMV_I8=1 (st_qmv_cuda.cu invariant 7): st_cuda_quant_q8_k writes cols values of x
+ * (16-byte aligned) as the CPU's integer path quantizes them (st_qdot_get(ST_GGML_Q4_K)->quantize,
+ * byte for byte: 292-byte Q8_K blocks) to xq (cols / 256 * 292 bytes, 4-byte aligned);
+ * st_cuda_qmv_n_i8 and st_cuda_qmv_swiglu_i8 are st_cuda_qmv_n and st_cuda_qmv_swiglu over
+ * those activations. ST_EINVAL for another type, bad operands, or without CUDA. */
+int st_cuda_quant_q8_k(const float *x, uint32_t cols, void *xq, void *stream);
+int st_cuda_qmv_n_i8(uint32_t wtype, uint32_t cols, const st_cuda_qmv_job *jobs, uint32_t n,
+                     const void *xq, void *stream);
+int st_cuda_qmv_swiglu_i8(uint32_t wtype, uint32_t rows, uint32_t cols, const void *gate,
+                          const void *up, const void *xq, float *y, void *stream);
 
 /* Rows of a weight matrix widened to f32 on the GPU (st_dequant_cuda.cu), exactly the values
  * the CPU's scalar dequantization gives (st_wtype_get(type)->dequant[0]; F32 copied, F16 and

@@ -92,11 +92,13 @@
 
 extern "C" {
 #include "st_ops_int.h"
+#include "st_wtype.h"
 }
 #include "st_launch_cuda.cuh"
 #include "st_reduce_cuda.cuh"
 
 #define OC_BLAS_WS ((size_t)32 << 20)
+#define OC_XQ_BYTES ((size_t)1 << 20) /* Q8_K activations of rows up to 917,504 values */
 #define OC_DEQ_FLOATS ((size_t)16 << 20) /* the f32 tile of a widened weight: 64 MiB */
 /* the f16 products (invariant 2) split the same 64 MiB: a weight tile of 16 MiB, then the
  * activations of up to 48 MiB */
@@ -155,6 +157,8 @@ struct st_ops_cuda {
     size_t dn_smem_max; /* the delta rule's shared memory limit */
     int att_dec;        /* one-token attention on k_attn_dec (invariant 10; STRATA_CUDA_ATT_DEC) */
     int qmv_pair;       /* gate, up and swiglu of one token in one launch (STRATA_CUDA_QMV_PAIR) */
+    int qmv_i8;         /* Q4_K one-token products on int8 activations (STRATA_CUDA_QMV_I8) */
+    uint8_t *xq;        /* with qmv_i8: the Q8_K activations, OC_XQ_BYTES */
     uint64_t att_keys;  /* its keys per split at least (STRATA_CUDA_ATT_KEYS; 0: the rule's) */
 };
 
@@ -441,6 +445,14 @@ static int qmv_ok(const st_mm *p, const float *x)
            ((uintptr_t)x & 15) == 0 && ((uintptr_t)w->data & 15) == 0;
 }
 
+/* Whether weight a's one-token products take the integer form (STRATA_CUDA_QMV_I8=1: Q4_K;
+ * st_qmv_cuda.cu invariant 7). */
+static int qmv_i8_ok(const st_ops_cuda *oc, const st_wmat *a)
+{
+    return oc->qmv_i8 && oc->xq && a->type == ST_GGML_Q4_K && a->cols % 256 == 0 &&
+           (size_t)a->cols / 256 * 292 <= OC_XQ_BYTES;
+}
+
 static void oc_product(st_ops_cuda *oc, const st_mm *p, const float *x, uint32_t ldx, uint32_t T)
 {
     const st_wmat *w = p->w;
@@ -492,7 +504,12 @@ static uint32_t oc_qmv_run(st_ops_cuda *oc, const float *x, const st_mm *mm, uin
         return 0;
     if (oc->prof)
         prof_begin(oc, 1);
-    int rc = st_cuda_qmv_n(a->type, a->cols, jobs, k, x, oc->stream);
+    int rc = qmv_i8_ok(oc, a)
+                 ? st_cuda_quant_q8_k(x, a->cols, oc->xq, oc->stream) ||
+                           st_cuda_qmv_n_i8(a->type, a->cols, jobs, k, oc->xq, oc->stream)
+                       ? ST_EINVAL
+                       : 0
+                 : st_cuda_qmv_n(a->type, a->cols, jobs, k, x, oc->stream);
     if (rc)
         oc_fail(oc, rc);
     if (oc->prof)
@@ -660,8 +677,14 @@ static void oc_matmul_swiglu(void *ocp, const float *x, uint32_t ldx, uint32_t T
         oc->xh_src = NULL;
         if (oc->prof)
             prof_begin(oc, 1);
-        int rc = st_cuda_qmv_swiglu(g->type, g->rows, g->cols, g->data, u->data, x, mm[0].y,
-                                    oc->stream);
+        int rc = qmv_i8_ok(oc, g)
+                     ? st_cuda_quant_q8_k(x, g->cols, oc->xq, oc->stream) ||
+                               st_cuda_qmv_swiglu_i8(g->type, g->rows, g->cols, g->data, u->data,
+                                                     oc->xq, mm[0].y, oc->stream)
+                           ? ST_EINVAL
+                           : 0
+                     : st_cuda_qmv_swiglu(g->type, g->rows, g->cols, g->data, u->data, x, mm[0].y,
+                                          oc->stream);
         if (rc)
             oc_fail(oc, rc);
         if (oc->prof)
@@ -2007,6 +2030,7 @@ void st_ops_cuda_free(st_ops_cuda *oc)
     cudaFreeHost(oc->pos_h);
     cudaFree(oc->deq);
     cudaFree(oc->att_part);
+    cudaFree(oc->xq);
     free(oc);
 }
 
@@ -2066,6 +2090,11 @@ int st_ops_cuda_new(void *stream, uint32_t max_T, uint32_t n_ctx, uint32_t max_h
     if (qp && *qp && strcmp(qp, "0") && strcmp(qp, "1"))
         fprintf(stderr, "strata: cuda operations: STRATA_CUDA_QMV_PAIR=%s: 0 or 1; the paired "
                 "products stay on\n", qp);
+    const char *qi = getenv("STRATA_CUDA_QMV_I8");
+    oc->qmv_i8 = qi && !strcmp(qi, "1");
+    if (qi && *qi && strcmp(qi, "0") && strcmp(qi, "1"))
+        fprintf(stderr, "strata: cuda operations: STRATA_CUDA_QMV_I8=%s: 0 or 1; the Q4_K "
+                "products stay on f32 activations\n", qi);
     const char *kv = getenv("STRATA_CUDA_ATT_KEYS");
     if (kv && *kv) {
         char *end;
@@ -2130,7 +2159,9 @@ int st_ops_cuda_new(void *stream, uint32_t max_T, uint32_t n_ctx, uint32_t max_h
                       "cudaMalloc (weight tile)")) ||
         (rc = oc_cuda(oc, cudaMalloc((void **)&oc->att_part,
                                      oc->att_cap * (oc->max_hd + 2) * sizeof(float)),
-                      "cudaMalloc (attention)")))
+                      "cudaMalloc (attention)")) ||
+        (oc->qmv_i8 &&
+         (rc = oc_cuda(oc, cudaMalloc((void **)&oc->xq, OC_XQ_BYTES), "cudaMalloc (Q8_K x)"))))
         goto fail;
     oc->err = 0;
     *out = oc;

@@ -25,6 +25,11 @@
  *    bytes per lane per step); every other type, and those rows otherwise, the decoder-driven
  *    kernel, whose values are those of st_wtype_cuda.cuh's decoders (the CPU's scalar
  *    dequantization, bit for bit) multiplied into the sum as they are made.
+ * 7. The integer form of Q4_K (st_cuda_qmv_i8, and the forward pass with STRATA_CUDA_QMV_I8=1:
+ *    st_cuda_qmv_n_i8, st_cuda_qmv_swiglu_i8): the activations quantized to Q8_K by
+ *    k_quant_q8_k, which writes the CPU's integer path's bytes exactly; each lane's block dots
+ *    are exact integers (as the CPU's), so the result differs from the CPU's integer path only by
+ *    the order of the scaled sums. Deterministic as invariant 3.
  * 6. The paired form (st_cuda_qmv_swiglu; Q8_0, Q4_K, Q6_K): a CTA computes QMV_R rows of the
  *    gate weights and the same rows of the up weights over the same x (its x read once for
  *    both), each row's sum exactly as invariants 2 and 3 make it alone, and writes
@@ -261,6 +266,118 @@ __global__ void k_qmv_q4_k(qmv_jobs P, uint64_t row_bytes, uint32_t nb,
     qmv_finish<S, PAIR>(acc, r0, nr, y);
 }
 
+/* Q4_K weights against activations quantized as the CPU's integer path does (Q8_K: 292-byte
+ * blocks of an f32 d, 256 int8 and 16 int16 sums of 16; st_wtype_qdot.c qact_q8_K), the lanes
+ * as in k_qmv_q4_k: per lane and row 8 dp4a of 4 nibbles and 4 activation bytes (16 low values
+ * of sub-block 2g, 16 high of 2g + 1), the scale and min products exact integers, then two
+ * fused multiply-adds by f16(d) * x.d and f16(dmin) * x.d (invariant 7). */
+__device__ __forceinline__ int q4k_scale_i(uint4 head, uint32_t j, int *m)
+{
+    if (j < 4) {
+        *m = (int)(q4k_byte(head, j + 4) & 63);
+        return (int)(q4k_byte(head, j) & 63);
+    }
+    *m = (int)((q4k_byte(head, j + 4) >> 4) | ((q4k_byte(head, j) >> 6) << 4));
+    return (int)((q4k_byte(head, j + 4) & 0xF) | ((q4k_byte(head, j - 4) >> 6) << 4));
+}
+
+template <int S, int PAIR>
+__global__ void k_qmv_q4_k_i8(qmv_jobs P, uint64_t row_bytes, uint32_t nb, const uint8_t *xq)
+{
+    st_pdl_begin(); /* st_launch_cuda.cuh rule 1 */
+    QMV_JOB(P);
+    uint32_t lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    float acc[QMV_ROWS];
+#pragma unroll
+    for (int r = 0; r < QMV_ROWS; r++)
+        acc[r] = 0.0f;
+    uint32_t p = lane & 7, g = p >> 1, off = 64 * g + 16 * (p & 1);
+    for (uint32_t b = 4 * w + (lane >> 3); b < nb; b += 4 * S) {
+        const uint8_t *xb = xq + (uint64_t)b * 292;
+        float dx = *(const float *)xb;
+        const int *xl = (const int *)(xb + 4 + off), *xh = (const int *)(xb + 4 + off + 32);
+        int al[4], ah[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            al[i] = xl[i];
+            ah[i] = xh[i];
+        }
+        const int16_t *bs = (const int16_t *)(xb + 260);
+        int bl = bs[4 * g + (p & 1)], bh = bs[4 * g + 2 + (p & 1)];
+#pragma unroll
+        for (int r = 0; r < QMV_ROWS; r++) {
+            if ((uint32_t)(r % QMV_R) < nr) {
+                const uint8_t *blk = QMV_W(r) + (uint64_t)QMV_ROW(r) * row_bytes + (uint64_t)b * 144;
+                uint4 head = *(const uint4 *)blk;
+                uint4 qv = *(const uint4 *)(blk + 16 + 32 * g + 16 * (p & 1));
+                int m1, m2, sc1 = q4k_scale_i(head, 2 * g, &m1), sc2 = q4k_scale_i(head, 2 * g + 1, &m2);
+                uint32_t qw[4] = {qv.x, qv.y, qv.z, qv.w};
+                int sl = 0, sh = 0;
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    sl = __dp4a((int)(qw[i] & 0x0F0F0F0Fu), al[i], sl);
+                    sh = __dp4a((int)((qw[i] >> 4) & 0x0F0F0F0Fu), ah[i], sh);
+                }
+                float d = h2f_bits(head.x & 0xffff) * dx, dm = h2f_bits(head.x >> 16) * dx;
+                acc[r] = __fmaf_rn(d, __int2float_rn(sc1 * sl + sc2 * sh), acc[r]);
+                acc[r] = __fmaf_rn(-dm, __int2float_rn(m1 * bl + m2 * bh), acc[r]);
+            }
+        }
+    }
+    qmv_finish<S, PAIR>(acc, r0, nr, y);
+}
+
+/* The CPU's qact_q8_K on the GPU, byte for byte (invariant 7): a warp per block of 256, lane l
+ * its values 8l .. 8l + 7; the value of largest magnitude (the first such: ties go to the lower
+ * index), iscale = -127 / max, q = min(127, round-half-even(iscale * x)), the sums of 16 (lanes
+ * 2k and 2k + 1), d = 1 / iscale; an all-zero block all zeros. */
+__global__ void k_quant_q8_k(const float *x, uint32_t nb, uint8_t *xq)
+{
+    st_pdl_begin(); /* st_launch_cuda.cuh rule 1 */
+    uint32_t lane = threadIdx.x & 31, b = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (b >= nb)
+        return;
+    const float *xb = x + (uint64_t)b * 256 + 8 * lane;
+    float v[8];
+    float amax = 0.0f, mx = 0.0f;
+    uint32_t at = 0xffffffffu;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        v[i] = xb[i];
+        float a = fabsf(v[i]);
+        if (a > amax) {
+            amax = a;
+            mx = v[i];
+            at = 8 * lane + i;
+        }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float oa = __shfl_xor_sync(0xffffffffu, amax, o), om = __shfl_xor_sync(0xffffffffu, mx, o);
+        uint32_t ot = __shfl_xor_sync(0xffffffffu, at, o);
+        if (oa > amax || (oa == amax && ot < at)) {
+            amax = oa;
+            mx = om;
+            at = ot;
+        }
+    }
+    uint8_t *yb = xq + (uint64_t)b * 292;
+    int q[8], sum = 0;
+    float iscale = amax != 0.0f ? -127.0f / mx : 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        int t = amax != 0.0f ? __float2int_rn(iscale * v[i]) : 0;
+        q[i] = t < 127 ? t : 127;
+        sum += q[i];
+        yb[4 + 8 * lane + i] = (uint8_t)(int8_t)q[i];
+    }
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    if (!(lane & 1))
+        ((int16_t *)(yb + 260))[lane >> 1] = (int16_t)sum;
+    if (lane == 0)
+        *(float *)yb = amax != 0.0f ? 1.0f / iscale : 0.0f;
+}
+
 /* Q6_K: 210-byte blocks of 256 (128 bytes of low nibbles, 64 of high 2-bit pairs, 16 int8
  * scales, f16 d). A warp takes one block per step; per half n, lane l makes the values
  * 128n + l + {0, 32, 64, 96}. */
@@ -416,8 +533,13 @@ static int launched(const char *what)
 extern "C" int st_cuda_qmv_i8(uint32_t wtype, const void *w, uint32_t rows, uint32_t cols,
                               const void *xq, float *y, void *stream)
 {
+    if (wtype == ST_GGML_Q4_K) {
+        const st_cuda_qmv_job j = {w, y, rows};
+        return st_cuda_qmv_n_i8(wtype, cols, &j, 1, xq, stream);
+    }
     if (wtype != ST_GGML_Q8_0)
-        return st_error_set(ST_EINVAL, "cuda qmv: no integer kernel for weight type %u (Q8_0 has one)", wtype);
+        return st_error_set(ST_EINVAL, "cuda qmv: no integer kernel for weight type %u (Q8_0 and "
+                            "Q4_K have one)", wtype);
     if (!rows || !cols || cols % 32)
         return st_error_set(ST_EINVAL, "cuda qmv: %u x %u: the columns must be a positive multiple of 32",
                             rows, cols);
@@ -589,6 +711,23 @@ extern "C" int st_cuda_qmv_n(uint32_t wtype, uint32_t cols, const st_cuda_qmv_jo
 
 static uint64_t g_pair_runs; /* paired launches made by this process (tests) */
 
+/* The one job of a paired launch (invariant 6): gate's rows, up's beside them; -1 when the rows
+ * need more CTAs than one launch has. */
+static int pair_jobs(uint32_t rows, const void *gate, const void *up, float *y, qmv_jobs *P)
+{
+    uint64_t ctas64 = ((uint64_t)rows + QMV_R - 1) / QMV_R;
+    if (ctas64 > 0x7fffffffull)
+        return -1;
+    P->up = (const uint8_t *)up;
+    P->n = 1;
+    P->w[0] = (const uint8_t *)gate;
+    P->y[0] = y;
+    P->rows[0] = rows;
+    P->start[0] = 0;
+    P->start[1] = (uint32_t)ctas64;
+    return 0;
+}
+
 extern "C" uint64_t st_cuda_qmv_swiglu_runs(void)
 {
     return __atomic_load_n(&g_pair_runs, __ATOMIC_RELAXED);
@@ -614,17 +753,10 @@ extern "C" int st_cuda_qmv_swiglu(uint32_t wtype, uint32_t rows, uint32_t cols, 
         return st_error_set(ST_EINVAL, "cuda qmv: NULL or misaligned operand of the paired "
                             "product (weights and x 16-byte aligned)");
     uint32_t nb = cols / t->block;
-    uint64_t rb = (uint64_t)nb * t->bytes, ctas64 = ((uint64_t)rows + QMV_R - 1) / QMV_R;
-    if (ctas64 > 0x7fffffffull)
-        return st_error_set(ST_EINVAL, "cuda qmv: %u rows: too many CTAs for one launch", rows);
+    uint64_t rb = (uint64_t)nb * t->bytes;
     qmv_jobs P;
-    P.up = (const uint8_t *)up;
-    P.n = 1;
-    P.w[0] = (const uint8_t *)gate;
-    P.y[0] = y;
-    P.rows[0] = rows;
-    P.start[0] = 0;
-    P.start[1] = (uint32_t)ctas64;
+    if (pair_jobs(rows, gate, up, y, &P))
+        return st_error_set(ST_EINVAL, "cuda qmv: %u rows: too many CTAs for one launch", rows);
     uint32_t ctas = P.start[1], S = own_warps(wtype, nb);
     cudaStream_t st = (cudaStream_t)stream;
     switch (wtype) {
@@ -643,4 +775,87 @@ extern "C" int st_cuda_qmv(uint32_t wtype, const void *w, uint32_t rows, uint32_
 {
     const st_cuda_qmv_job j = {w, y, rows};
     return st_cuda_qmv_n(wtype, cols, &j, 1, x, stream);
+}
+
+#define I8_LAUNCH_P(PAIR)                                                                      \
+    do {                                                                                       \
+        if (S == 4)                                                                            \
+            (void)st_launch(k_qmv_q4_k_i8<4, PAIR>, ctas, 32 * 4, 0, st, P, rb, nb, xqb);       \
+        else if (S == 2)                                                                       \
+            (void)st_launch(k_qmv_q4_k_i8<2, PAIR>, ctas, 32 * 2, 0, st, P, rb, nb, xqb);       \
+        else                                                                                   \
+            (void)st_launch(k_qmv_q4_k_i8<1, PAIR>, ctas, 32, 0, st, P, rb, nb, xqb);           \
+    } while (0)
+
+extern "C" int st_cuda_quant_q8_k(const float *x, uint32_t cols, void *xq, void *stream)
+{
+    if (!cols || cols % 256)
+        return st_error_set(ST_EINVAL, "cuda qmv: %u values: not a positive multiple of 256", cols);
+    if (!x || !xq || ((uintptr_t)x & 15) || ((uintptr_t)xq & 3))
+        return st_error_set(ST_EINVAL, "cuda qmv: NULL or misaligned operand of the Q8_K "
+                            "quantization (x 16-byte aligned, xq 4-byte)");
+    uint32_t nb = cols / 256;
+    (void)st_launch(k_quant_q8_k, (nb + 3) / 4, 128, 0, (cudaStream_t)stream, x, nb,
+                    (uint8_t *)xq);
+    return launched("q8_k quantization");
+}
+
+extern "C" int st_cuda_qmv_n_i8(uint32_t wtype, uint32_t cols, const st_cuda_qmv_job *jobs,
+                                uint32_t n, const void *xq, void *stream)
+{
+    if (wtype != ST_GGML_Q4_K)
+        return st_error_set(ST_EINVAL, "cuda qmv: no integer kernel for weight type %u here (Q4_K)",
+                            wtype);
+    if (!cols || cols % 256)
+        return st_error_set(ST_EINVAL, "cuda qmv: %u columns: not a positive multiple of 256", cols);
+    if (!n || n > ST_CUDA_QMV_JOBS || !jobs || !xq || ((uintptr_t)xq & 3))
+        return st_error_set(ST_EINVAL, "cuda qmv: %u products, or a NULL or misaligned xq", n);
+    uint32_t nb = cols / 256;
+    uint64_t rb = (uint64_t)nb * 144;
+    qmv_jobs P;
+    P.up = NULL;
+    P.n = n;
+    P.start[0] = 0;
+    for (uint32_t j = 0; j < n; j++) {
+        const st_cuda_qmv_job *jb = &jobs[j];
+        if (!jb->w || !jb->y || !jb->rows || ((uintptr_t)jb->w & 15))
+            return st_error_set(ST_EINVAL, "cuda qmv: product %u of %u: a NULL, empty or "
+                                "misaligned operand", j, n);
+        uint64_t ctas = P.start[j] + ((uint64_t)jb->rows + QMV_R - 1) / QMV_R;
+        if (ctas > 0x7fffffffull)
+            return st_error_set(ST_EINVAL, "cuda qmv: too many CTAs for one launch");
+        P.w[j] = (const uint8_t *)jb->w;
+        P.y[j] = jb->y;
+        P.rows[j] = jb->rows;
+        P.start[j + 1] = (uint32_t)ctas;
+    }
+    uint32_t ctas = P.start[n], S = own_warps(wtype, nb);
+    cudaStream_t st = (cudaStream_t)stream;
+    const uint8_t *xqb = (const uint8_t *)xq;
+    I8_LAUNCH_P(0);
+    return launched("q4_k integer");
+}
+
+extern "C" int st_cuda_qmv_swiglu_i8(uint32_t wtype, uint32_t rows, uint32_t cols, const void *gate,
+                                     const void *up, const void *xq, float *y, void *stream)
+{
+    if (wtype != ST_GGML_Q4_K)
+        return st_error_set(ST_EINVAL, "cuda qmv: no paired integer kernel for weight type %u "
+                            "(Q4_K)", wtype);
+    if (!rows || !cols || cols % 256 || !gate || !up || !xq || !y || ((uintptr_t)gate & 15) ||
+        ((uintptr_t)up & 15) || ((uintptr_t)xq & 3))
+        return st_error_set(ST_EINVAL, "cuda qmv: a bad operand of the paired integer product");
+    uint32_t nb = cols / 256;
+    uint64_t rb = (uint64_t)nb * 144;
+    qmv_jobs P;
+    if (pair_jobs(rows, gate, up, y, &P))
+        return st_error_set(ST_EINVAL, "cuda qmv: %u rows: too many CTAs for one launch", rows);
+    uint32_t ctas = P.start[1], S = own_warps(wtype, nb);
+    cudaStream_t st = (cudaStream_t)stream;
+    const uint8_t *xqb = (const uint8_t *)xq;
+    I8_LAUNCH_P(1);
+    int rc = launched("q4_k paired integer");
+    if (!rc)
+        __atomic_add_fetch(&g_pair_runs, 1, __ATOMIC_RELAXED);
+    return rc;
 }

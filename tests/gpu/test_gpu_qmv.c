@@ -227,12 +227,12 @@ static void test_controls(void **state)
 /* The integer form (Q8_0 weights, activations quantized by the CPU's integer path) against the
  * CPU's integer path on the same bytes: the block dots are exact integers on both sides, only
  * the order of the scaled sums differs. Control: one changed weight byte moves its row. */
-static uint32_t check_i8(uint32_t rows, uint32_t cols, int corrupt, uint32_t *bad_row0)
+static uint32_t check_i8(uint32_t wt, uint32_t rows, uint32_t cols, int corrupt, uint32_t *bad_row0)
 {
-    const st_wtype *t = st_wtype_get(ST_GGML_Q8_0);
-    const st_qdot *qd = st_qdot_get(ST_GGML_Q8_0);
+    const st_wtype *t = st_wtype_get(wt);
+    const st_qdot *qd = st_qdot_get(wt);
     assert_non_null(qd);
-    uint64_t rb = (uint64_t)cols / 32 * t->bytes, xs = (uint64_t)cols / qd->block * qd->act_bytes;
+    uint64_t rb = (uint64_t)cols / t->block * t->bytes, xs = (uint64_t)cols / qd->block * qd->act_bytes;
     uint64_t s = 0xabcdefull + rows * 7 + cols;
     float *w = malloc((size_t)rows * cols * 4), *x = malloc((size_t)cols * 4), *deq = malloc((size_t)cols * 4);
     uint8_t *q = malloc((size_t)(rows * rb)), *xq = malloc((size_t)xs);
@@ -254,7 +254,27 @@ static uint32_t check_i8(uint32_t rows, uint32_t cols, int corrupt, uint32_t *ba
     CU_OK(cudaMalloc(&yd, (size_t)rows * 4));
     CU_OK(cudaMemcpy(qdv, q, rows * rb, cudaMemcpyHostToDevice));
     CU_OK(cudaMemcpy(xd, xq, xs, cudaMemcpyHostToDevice));
-    if (st_cuda_qmv_i8(ST_GGML_Q8_0, qdv, rows, cols, xd, yd, NULL))
+    if (wt == ST_GGML_Q4_K) { /* the GPU's quantization: the CPU's bytes, exactly */
+        float *xdev;
+        uint8_t *back = malloc((size_t)xs);
+        assert_non_null(back);
+        CU_OK(cudaMalloc((void **)&xdev, (size_t)cols * 4));
+        CU_OK(cudaMemcpy(xdev, x, (size_t)cols * 4, cudaMemcpyHostToDevice));
+        CU_OK(cudaMemset(xd, 0xA5, xs));
+        if (st_cuda_quant_q8_k(xdev, cols, xd, NULL))
+            fail_msg("st_cuda_quant_q8_k: %s", st_errdetail());
+        CU_OK(cudaMemcpy(back, xd, xs, cudaMemcpyDeviceToHost));
+        if (memcmp(back, xq, (size_t)xs)) {
+            uint64_t i = 0;
+            while (back[i] == xq[i])
+                i++;
+            fail_msg("q8_k quantization, %u values: byte %llu is %u on the GPU, %u on the CPU",
+                     cols, (unsigned long long)i, back[i], xq[i]);
+        }
+        CU_OK(cudaFree(xdev));
+        free(back);
+    }
+    if (st_cuda_qmv_i8(wt, qdv, rows, cols, xd, yd, NULL))
         fail_msg("st_cuda_qmv_i8: %s", st_errdetail());
     CU_OK(cudaMemcpy(y, yd, (size_t)rows * 4, cudaMemcpyDeviceToHost));
     uint32_t bad = 0;
@@ -274,8 +294,8 @@ static uint32_t check_i8(uint32_t rows, uint32_t cols, int corrupt, uint32_t *ba
                 *bad_row0 = 1;
         }
     }
-    printf("q8_0 int8 %5u x %5u%s: max |gpu - cpu integer path| / sum |w x| %.2e, %u rows out of "
-           "tolerance\n", rows, cols, corrupt ? " (row 0 changed)" : "", worst, bad);
+    printf("%s int8 %5u x %5u%s: max |gpu - cpu integer path| / sum |w x| %.2e, %u rows out of "
+           "tolerance\n", t->name, rows, cols, corrupt ? " (row 0 changed)" : "", worst, bad);
     CU_OK(cudaFree(qdv));
     CU_OK(cudaFree(xd));
     CU_OK(cudaFree(yd));
@@ -288,15 +308,27 @@ static void test_integer(void **state)
     (void)state;
     static const uint32_t shapes[][2] = {{1, 32}, {7, 512}, {33, 1024}, {1000, 4096}, {5, 2816}};
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
-        uint32_t b0, bad = check_i8(shapes[si][0], shapes[si][1], 0, &b0);
+        uint32_t b0, bad = check_i8(ST_GGML_Q8_0, shapes[si][0], shapes[si][1], 0, &b0);
         if (bad)
             fail_msg("q8_0 int8, %u x %u: %u rows differ from the CPU's integer path", shapes[si][0],
                      shapes[si][1], bad);
     }
-    uint32_t b0, bad = check_i8(9, 1024, 1, &b0);
+    uint32_t b0, bad = check_i8(ST_GGML_Q8_0, 9, 1024, 1, &b0);
     if (!b0 || bad != 1)
         fail_msg("control: a changed byte of row 0 gave %u rows out of tolerance", bad);
-    assert_int_equal(st_cuda_qmv_i8(ST_GGML_Q4_K, (void *)16, 1, 256, (void *)16, (float *)16, NULL), ST_EINVAL);
+    /* Q4_K on Q8_K activations (the forward pass's form with STRATA_CUDA_QMV_I8=1) */
+    static const uint32_t k4[][2] = {{1, 256}, {7, 512}, {33, 1024}, {1000, 4096}, {5, 2816},
+                                     {3, 8192}};
+    for (size_t si = 0; si < sizeof k4 / sizeof k4[0]; si++) {
+        bad = check_i8(ST_GGML_Q4_K, k4[si][0], k4[si][1], 0, &b0);
+        if (bad)
+            fail_msg("q4_k int8, %u x %u: %u rows differ from the CPU's integer path", k4[si][0],
+                     k4[si][1], bad);
+    }
+    bad = check_i8(ST_GGML_Q4_K, 9, 1024, 1, &b0);
+    if (!b0 || bad != 1)
+        fail_msg("control (q4_k): a changed byte of row 0 gave %u rows out of tolerance", bad);
+    assert_int_equal(st_cuda_qmv_i8(ST_GGML_Q6_K, (void *)16, 1, 256, (void *)16, (float *)16, NULL), ST_EINVAL);
 }
 
 int main(void)
