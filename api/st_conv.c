@@ -64,9 +64,10 @@
  *    is newer than the version this node last sent or fetched (another node saved it), the
  *    head is fetched into the store and this node's live copy (slot or park) is dropped before
  *    the request reads it; a lease lost during a request (not renewed in time, taken by another
- *    node) drops the live copy when the request ends. A SAVE of a named conversation takes the
- *    lease as a spill does (live_lease; invariant 11; a PARK too): a copy older than what another node made
- *    since (held or saved) is dropped and the SAVE refused (409 conflict); then it is sent to
+ *    node) drops the live copy when the request ends. A SAVE (and a PARK) of a named
+ *    conversation takes the lease as a spill does (live_lease; invariant 11): a copy older than
+ *    what another node made since (held or saved) is dropped and the SAVE refused (409
+ *    conflict); then it is sent to
  *    the tier after the local commit (st_tiernode_saved: the tier never fails the SAVE; the
  *    tier away: queued, "pending").
  * 10. With the prefix index (cv->prefix, st_prefix.h): a completion whose conversation holds
@@ -1607,11 +1608,12 @@ static int live_lease(st_conv *cv, const char *id, int j, pentry *p, const char 
         else
             snprintf(d, sizeof d, "session %s: another node saved it since this node's copy was "
                      "made (the tier's head is in this node's store now)", id);
-        fprintf(stderr, "strata-server: %s refused: %s: this node's copy is dropped\n", what, d);
+        fprintf(stderr, "strata-server: %s refused: %s: this node's older copy is dropped\n",
+                what, d);
         drop_live(cv, j, p);
         cv->m->stale_refused++;
-        return st_error_set(ST_ECONFLICT, "%s: this node's copy was dropped (%s refused); the "
-                            "next request continues from the tier", d, what);
+        return st_error_set(ST_ECONFLICT, "%s: this node's copy is older and was dropped (%s "
+                            "refused); the next request continues from the tier", d, what);
     }
     if (rc) {
         if (j >= 0)

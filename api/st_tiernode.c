@@ -349,8 +349,10 @@ static void *queue_main(void *arg)
             }
             /* released, or not held under it (never taken, expired, or taken over) */
             for (uint32_t i = 0; i < tn->n_orphans; i++)
-                if (!strcmp(tn->orphans[i].token, o.token)) {
-                    tn->orphans[i] = tn->orphans[--tn->n_orphans];
+                if (!strcmp(tn->orphans[i].token, o.token)) { /* in order: the oldest first */
+                    memmove(tn->orphans + i, tn->orphans + i + 1,
+                            (tn->n_orphans - i - 1) * sizeof *tn->orphans);
+                    tn->n_orphans--;
                     break;
                 }
             tn->st.orphans = tn->n_orphans;
@@ -524,8 +526,8 @@ int st_tiernode_begin(st_tiernode *tn, const char *id, int flags, st_tiernode_be
                          : st_tier_lease_take(t, id, tn->node_id, tn->o.lease_ms, tok, &prev);
         if (fresh && rc == ST_ECONFLICT) { /* another node held it since: nothing taken */
             begun_handed(b, &prev);
-            return st_error_set(rc, "session %s: node %s held it since this node did: this "
-                                "node's copy is older", id, b->prev[0] ? b->prev : "?");
+            return st_error_set(rc, "session %s: node %s held it since this node did", id,
+                                b->prev[0] ? b->prev : "?");
         }
         if (fresh && rc == ST_EBUSY) { /* not counted as refused: a spill stays local */
             char owner[ST_TIER_OWNER_MAX + 1] = "";

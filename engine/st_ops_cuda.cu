@@ -504,12 +504,13 @@ static uint32_t oc_qmv_run(st_ops_cuda *oc, const float *x, const st_mm *mm, uin
         return 0;
     if (oc->prof)
         prof_begin(oc, 1);
-    int rc = qmv_i8_ok(oc, a)
-                 ? st_cuda_quant_q8_k(x, a->cols, oc->xq, oc->stream) ||
-                           st_cuda_qmv_n_i8(a->type, a->cols, jobs, k, oc->xq, oc->stream)
-                       ? ST_EINVAL
-                       : 0
-                 : st_cuda_qmv_n(a->type, a->cols, jobs, k, x, oc->stream);
+    int rc;
+    if (qmv_i8_ok(oc, a)) {
+        if (!(rc = st_cuda_quant_q8_k(x, a->cols, oc->xq, oc->stream)))
+            rc = st_cuda_qmv_n_i8(a->type, a->cols, jobs, k, oc->xq, oc->stream);
+    } else {
+        rc = st_cuda_qmv_n(a->type, a->cols, jobs, k, x, oc->stream);
+    }
     if (rc)
         oc_fail(oc, rc);
     if (oc->prof)
@@ -677,14 +678,15 @@ static void oc_matmul_swiglu(void *ocp, const float *x, uint32_t ldx, uint32_t T
         oc->xh_src = NULL;
         if (oc->prof)
             prof_begin(oc, 1);
-        int rc = qmv_i8_ok(oc, g)
-                     ? st_cuda_quant_q8_k(x, g->cols, oc->xq, oc->stream) ||
-                               st_cuda_qmv_swiglu_i8(g->type, g->rows, g->cols, g->data, u->data,
-                                                     oc->xq, mm[0].y, oc->stream)
-                           ? ST_EINVAL
-                           : 0
-                     : st_cuda_qmv_swiglu(g->type, g->rows, g->cols, g->data, u->data, x, mm[0].y,
-                                          oc->stream);
+        int rc;
+        if (qmv_i8_ok(oc, g)) {
+            if (!(rc = st_cuda_quant_q8_k(x, g->cols, oc->xq, oc->stream)))
+                rc = st_cuda_qmv_swiglu_i8(g->type, g->rows, g->cols, g->data, u->data, oc->xq,
+                                           mm[0].y, oc->stream);
+        } else {
+            rc = st_cuda_qmv_swiglu(g->type, g->rows, g->cols, g->data, u->data, x, mm[0].y,
+                                    oc->stream);
+        }
         if (rc)
             oc_fail(oc, rc);
         if (oc->prof)
