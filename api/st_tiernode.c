@@ -529,16 +529,9 @@ int st_tiernode_begin(st_tiernode *tn, const char *id, int flags, st_tiernode_be
             return st_error_set(rc, "session %s: node %s held it since this node did", id,
                                 b->prev[0] ? b->prev : "?");
         }
-        if (fresh && rc == ST_EBUSY) { /* not counted as refused: a spill stays local */
-            char owner[ST_TIER_OWNER_MAX + 1] = "";
-            int64_t ttl = -2;
-            (void)st_tier_lease_owner(t, id, owner, sizeof owner, &ttl);
-            return st_error_set(ST_EBUSY, "session %s is in use on node %s (its lease, %lld ms "
-                                "left); retry", id, owner[0] ? owner : "?", (long long)ttl);
-        }
         char owner[ST_TIER_OWNER_MAX + 1] = "";
         int64_t ttl = -2;
-        if (rc == ST_EBUSY && !fresh) {
+        if (rc == ST_EBUSY) { /* fresh or not: a lease this node left behind is taken over */
             (void)st_tier_lease_owner(t, id, owner, sizeof owner, &ttl);
             if (!strcmp(owner, tn->node_id) && tries < 50) {
                 /* another request of this node took it a moment ago: share its lease */
@@ -564,7 +557,8 @@ int st_tiernode_begin(st_tiernode *tn, const char *id, int flags, st_tiernode_be
         }
         if (rc == ST_EBUSY) {
             pthread_mutex_lock(&tn->mu);
-            tn->st.leases_refused++;
+            if (!fresh) /* a spill's or SAVE's refusal is not a request refused */
+                tn->st.leases_refused++;
             pthread_mutex_unlock(&tn->mu);
             return st_error_set(ST_EBUSY, "session %s is in use on node %s (its lease, %lld ms "
                                 "left); retry", id, owner[0] ? owner : "?", (long long)ttl);

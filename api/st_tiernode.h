@@ -94,7 +94,8 @@ void st_tiernode_forget(st_tiernode *tn, const char *id);
  * this node holds it, and returns 1 when it was lost meanwhile (not renewed in time and taken by
  * another node, or found expired by the release at the end): the caller drops its live copy.
  * flags ST_TIERNODE_FRESH (a spill to the tier, a SAVE): only a lease taken from the tier now,
- * and only while the holder record names this node or nobody, will do: ST_EBUSY when a request
+ * and only while the holder record names this node or nobody, will do (a lease this node left
+ * behind, its release failed, is taken over as for a request): ST_EBUSY when a request
  * of this node or another node holds it, ST_EIO when the tier cannot be reached, ST_ECONFLICT
  * with b->handed (and b->prev, b->park) when another node held the conversation since this node
  * did (this node's copy is stale; the record is left as it is). A fresh take that succeeds
